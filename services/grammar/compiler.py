@@ -1,0 +1,137 @@
+"""From an OutputConstraint to an xgrammar CompiledGrammar for one model's token domain.
+
+`build_grammar` validates and converts (no vocabulary involved); `ModelCompiler.compile` adds the
+vocabulary. The compile cache (`services.grammar.cache`) wraps `ModelCompiler.compile` with the key
+from `cache_key`. Every rejection is a typed RequestError raised before xgrammar sees the source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+
+import xgrammar as xgr
+
+from shared.contract import ConstraintKind, OutputConstraint, canonical_json
+from shared.errors import InternalError, InvalidGrammar
+from shared.frontends.token_domain import TokenDomain
+
+# Bumped whenever a conversion changes the language a source compiles to: old cache entries die.
+CONVERTER_VERSION = "1"
+# The framing of a bare content constraint: the constrained bytes are the whole output.
+RAW_FRAMING = "raw"
+
+
+def ebnf_string(text: str) -> str:
+    """A GBNF string literal that matches `text` exactly (every code point escaped safely)."""
+    out = ['"']
+    for ch in text:
+        cp = ord(ch)
+        if ch == '"' or ch == "\\":
+            out.append("\\" + ch)
+        elif 0x20 <= cp < 0x7F:
+            out.append(ch)
+        elif cp <= 0xFFFF:
+            out.append(f"\\u{cp:04x}")
+        else:
+            out.append(f"\\U{cp:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def choice_to_ebnf(choices: tuple[str, ...]) -> str:
+    """Literal alternatives, case/whitespace/Unicode kept exactly; "" allows the empty output."""
+    alts = sorted(set(choices))
+    return "root ::= " + " | ".join(ebnf_string(c) if c else '""' for c in alts) + "\n"
+
+
+def build_grammar(constraint: OutputConstraint, domain: TokenDomain) -> xgr.Grammar:
+    """Validate and convert a content constraint into an xgrammar Grammar (raw framing)."""
+    kind = constraint.kind
+    if kind is ConstraintKind.GRAMMAR:
+        from services.grammar.gbnf import gbnf_to_ebnf
+
+        text = gbnf_to_ebnf(constraint.source, domain)
+    elif kind is ConstraintKind.REGEX:
+        from services.grammar.regex import regex_to_ebnf
+
+        text = regex_to_ebnf(constraint.source)
+    elif kind is ConstraintKind.CHOICE:
+        text = choice_to_ebnf(constraint.choices)
+    elif kind is ConstraintKind.JSON_OBJECT:
+        from services.grammar.schema import json_object_grammar
+
+        return json_object_grammar()
+    elif kind is ConstraintKind.JSON_SCHEMA:
+        from services.grammar.schema import schema_to_grammar
+
+        return schema_to_grammar(constraint.schema)
+    else:  # pragma: no cover - the enum is closed
+        raise InternalError(f"unknown constraint kind {kind!r}")
+    try:
+        return xgr.Grammar.from_ebnf(text)
+    except RuntimeError as exc:  # a conversion produced text xgrammar refuses: our bug
+        raise InternalError(f"converted {kind.value} grammar did not parse: {exc}") from None
+
+
+def cache_key(
+    constraint: OutputConstraint, domain: TokenDomain, *, framing: str = RAW_FRAMING, options: str = ""
+) -> str:
+    """hash(kind, canonical source, options, framing id, vocabulary id)."""
+    h = hashlib.sha256()
+    for part in (CONVERTER_VERSION, constraint.kind.value, constraint.canonical_source(), options,
+                 framing, domain.vocab_id):
+        h.update(len(part.encode()).to_bytes(8, "little"))
+        h.update(part.encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class CompileOutcome:
+    grammar: xgr.CompiledGrammar
+    compile_ms: float
+
+
+class ModelCompiler:
+    """One model's vocabulary-bound xgrammar compiler, created lazily and thread-safely on first use
+    (that time belongs to the first constrained request, never to unconstrained ones)."""
+
+    def __init__(self, domain: TokenDomain) -> None:
+        self.domain = domain
+        self._lock = threading.Lock()
+        self._info: xgr.TokenizerInfo | None = None
+        self._compiler: xgr.GrammarCompiler | None = None
+
+    @property
+    def tokenizer_info(self) -> xgr.TokenizerInfo:
+        self._ensure()
+        assert self._info is not None
+        return self._info
+
+    def _ensure(self) -> xgr.GrammarCompiler:
+        with self._lock:
+            if self._compiler is None:
+                self._info = self.domain.tokenizer_info()
+                # Our own cache owns reuse; xgrammar's internal one stays off (it is unbounded).
+                self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
+            return self._compiler
+
+    def compile(self, constraint: OutputConstraint) -> CompileOutcome:
+        """Validate, convert and compile; single-threaded inside, safe to call from many threads."""
+        start = time.perf_counter()
+        grammar = build_grammar(constraint, self.domain)
+        compiler = self._ensure()
+        try:
+            compiled = compiler.compile_grammar(grammar)
+        except RuntimeError as exc:
+            raise InvalidGrammar(f"grammar failed to compile: {exc}") from None
+        return CompileOutcome(compiled, (time.perf_counter() - start) * 1000.0)
+
+    def deserialize(self, text: str) -> xgr.CompiledGrammar:
+        return xgr.CompiledGrammar.deserialize_json(text, self.tokenizer_info)
+
+
+def options_fingerprint(**options: object) -> str:
+    return canonical_json({k: options[k] for k in sorted(options)})

