@@ -1,0 +1,130 @@
+"""JSON Schema -> xgrammar Grammar: a schema is either enforced completely or rejected.
+
+`check_schema` validates the caller's schema and reduces its compositions (no xgrammar involved);
+`schema_to_grammar` emits our own EBNF for the reduced graph (xgrammar's converter silently loosens
+several rules: see notes/xgrammar-facts.md); `json_object_grammar` is the json_object mode.
+Errors are InvalidSchema (not a valid schema) or UnsupportedSchema (valid, outside the enforced
+subset), each with the RFC 6901 pointer into the caller's schema and the source/tool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import xgrammar as xgr
+
+from services.grammar.schema.algebra import Graph
+from services.grammar.schema.context import Context
+from services.grammar.schema.emit import Emitter
+from services.grammar.schema.nodes import (
+    ArrayType, Literals, NoValue, ObjectType, ReducedSchema, Ref, StringType, Union,
+)
+from services.grammar.schema.patterns import PatternSupport
+from services.grammar.schema.reader import Reader
+from shared.errors import InternalError, SchemaSource
+
+
+def _context(source: SchemaSource, tool_index: int | None, tool_name: str | None) -> Context:
+    return Context(SchemaSource(source), tool_index, tool_name)
+
+
+def _reduce(schema: Any, ctx: Context, patterns: PatternSupport) -> ReducedSchema:
+    graph = Graph(ctx, patterns.matches)
+    root = Reader(schema, ctx, graph).read(schema)
+    reduced = ReducedSchema(root, graph.defs)
+    _finalize(reduced, ctx, patterns)
+    if isinstance(graph.resolve(root, ""), NoValue):
+        raise ctx.unsupported("", "the schema accepts no JSON value (unsatisfiable)")
+    return reduced
+
+
+def _finalize(reduced: ReducedSchema, ctx: Context, patterns: PatternSupport) -> None:
+    """Checks on the reduced graph: required names declared; string patterns compilable."""
+    seen: set[int] = set()
+    stack: list[Any] = [reduced.root, *reduced.defs.values()]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, Union):
+            stack.extend(node.branches)
+        elif isinstance(node, ArrayType):
+            stack.extend(node.prefix)
+            stack.append(node.items)
+        elif isinstance(node, ObjectType):
+            declared = {k for k, _ in node.properties}
+            for r in node.required:
+                if r.name not in declared:
+                    raise ctx.unsupported(r.pointer, f"required name {r.name!r} is not declared in "
+                                                     "properties")
+            stack.extend(v for _, v in node.properties)
+            stack.append(node.additional)
+        elif isinstance(node, StringType) and node.patterns:
+            patterns.check(node, ctx)
+
+
+def check_schema(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
+                 tool_index: int | None = None, tool_name: str | None = None) -> ReducedSchema:
+    """Validate and reduce `schema` (a parsed JSON object or boolean); no xgrammar involved.
+
+    Raises InvalidSchema / UnsupportedSchema with the pointer into `schema`."""
+    ctx = _context(source, tool_index, tool_name)
+    return _reduce(schema, ctx, PatternSupport(ctx))
+
+
+def reduce_tool_arguments(schema: Any, *, tool_index: int, tool_name: str) -> ReducedSchema:
+    """The reduction of a strict tool's argument schema, whose root must reduce to a closed object
+    (type=object, additionalProperties=false), possibly through $ref or allOf.
+
+    Raises InvalidSchema / UnsupportedSchema with source=TOOL_ARGUMENTS."""
+    src = SchemaSource.TOOL_ARGUMENTS
+    reduced = check_schema(schema, source=src, tool_index=tool_index, tool_name=tool_name)
+    ctx = _context(src, tool_index, tool_name)
+    root = reduced.root
+    while isinstance(root, Ref):
+        root = reduced.defs[root.name]
+    if not isinstance(root, ObjectType):
+        kind = "a finite value set" if isinstance(root, Literals) else \
+            "a union" if isinstance(root, Union) else "not an object"
+        raise ctx.unsupported("", f"a strict tool's argument schema must reduce to type=object; "
+                                  f"it reduces to {kind}")
+    if not isinstance(root.additional, NoValue):
+        where = "/additionalProperties" if isinstance(schema, dict) and \
+            "additionalProperties" in schema else ""
+        raise ctx.unsupported(where, "a strict tool's argument object needs "
+                                     "additionalProperties=false")
+    return ReducedSchema(root, reduced.defs)
+
+
+def schema_to_grammar(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
+                      tool_index: int | None = None, tool_name: str | None = None) -> xgr.Grammar:
+    """A Grammar whose language is exactly the schema's instances in the generation layout
+    (declared property order, whitespace runs of at most 32 characters between tokens).
+
+    Raises InvalidSchema / UnsupportedSchema (pointer into `schema`, source, tool info)."""
+    ctx = _context(source, tool_index, tool_name)
+    patterns = PatternSupport(ctx)
+    reduced = _reduce(schema, ctx, patterns)
+    text = Emitter(reduced, patterns.ebnf).grammar()
+    try:
+        return xgr.Grammar.from_ebnf(text)
+    except RuntimeError as exc:  # our emitter produced text xgrammar refuses: our bug
+        raise InternalError(f"schema grammar did not parse: {exc}") from None
+
+
+def schema_to_ebnf(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
+                   tool_index: int | None = None, tool_name: str | None = None) -> str:
+    """The EBNF text `schema_to_grammar` compiles (for inspection and the CLI)."""
+    ctx = _context(source, tool_index, tool_name)
+    patterns = PatternSupport(ctx)
+    return Emitter(_reduce(schema, ctx, patterns), patterns.ebnf).grammar()
+
+
+def json_object_grammar() -> xgr.Grammar:
+    """Any JSON object at the root (json_object mode), same layout as schema grammars."""
+    return schema_to_grammar({"type": "object"})
+
+
+__all__ = ["ReducedSchema", "check_schema", "json_object_grammar", "reduce_tool_arguments",
+           "schema_to_ebnf", "schema_to_grammar"]

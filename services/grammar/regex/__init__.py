@@ -1,0 +1,57 @@
+"""Regular expressions for the regex constraint (whole-content match) and for JSON Schema
+`pattern` (search semantics), parsed by our own ECMAScript-style parser (`parser.py`).
+
+xgrammar's own regex converter reads `.`, `\\s` and negated classes with sets that differ from
+ECMAScript's (its `.` admits newlines and surrogates, its `\\s` lacks most Unicode spaces) and
+silently drops misplaced `^`/`$`; we therefore never hand it user text: `regex_to_ebnf` writes EBNF
+directly, and `normalize_regex` returns an equivalent regex built only from explicit constructs.
+"""
+
+from __future__ import annotations
+
+from services.grammar.regex.charset import ANY, CharSet
+from services.grammar.regex.parser import Branch, parse_regex
+from services.grammar.regex.tree import Chars, Node, Repeat, Seq, alt, seq, to_ebnf, to_regex
+
+_ANY_STRING = Repeat(Chars(ANY), 0, None)
+
+
+def _whole_match_tree(pattern: str) -> Node:
+    return alt([b.node for b in parse_regex(pattern)])
+
+
+def _search_tree(branches: list[Branch]) -> Node:
+    """Strings that contain a match: unanchored ends of each alternative take any text."""
+    out: list[Node] = []
+    for b in branches:
+        if b.node == Seq(()) and not (b.starts_anchored or b.ends_anchored):
+            out.append(_ANY_STRING)
+            continue
+        parts: list[Node] = [] if b.starts_anchored else [_ANY_STRING]
+        parts.append(b.node)
+        if not b.ends_anchored:
+            parts.append(_ANY_STRING)
+        out.append(seq(parts))
+    return alt(out)
+
+
+def regex_to_ebnf(pattern: str) -> str:
+    """EBNF (entry rule `root`) whose language is the strings `pattern` matches as a whole.
+
+    An empty pattern allows only the empty string. Raises InvalidRegex (0-based `position`)."""
+    return "root ::= " + to_ebnf(_whole_match_tree(pattern)) + "\n"
+
+
+def normalize_regex(pattern: str, *, search: bool) -> str:
+    """An equivalent regex whose whole-match language xgrammar's regex converter reads literally.
+
+    With `search=True` (JSON Schema `pattern`), the result's whole-match language is the set of
+    strings in which `pattern` finds a match (ends unanchored unless ^ / $); with `search=False`
+    it is the whole-match language of `pattern`. The result uses only literal characters, explicit
+    positive classes, `( )`, `|`, `* + ? {m} {m,} {m,n}`. Raises InvalidRegex (0-based position)."""
+    branches = parse_regex(pattern)
+    tree = _search_tree(branches) if search else alt([b.node for b in branches])
+    return to_regex(tree)
+
+
+__all__ = ["CharSet", "normalize_regex", "regex_to_ebnf"]

@@ -1,0 +1,334 @@
+"""Intersection, value membership and oneOf exclusivity on the reduced schema graph.
+
+`Graph.meet` is the allOf intersection: per type, per property, per array position; a reference
+meets by a memoized derived definition so recursion stays a graph. `Graph.matches` decides whether a
+finite value belongs to a node (const/enum filtering, proofs). `Graph.prove_exclusive` is the oneOf
+check: type domains, finite value sets, or a common required discriminator with finite values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from fractions import Fraction
+from typing import Any
+
+from services.grammar.schema.context import MAX_DEPTH, Context
+from services.grammar.schema.nodes import (
+    NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
+    NumberType, ObjectType, Ref, Required, StringType, Union, make_union,
+)
+
+_IN_PROGRESS = NoValue()  # placeholder while a definition is being built
+
+
+def _lower(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> tuple[Fraction | None, bool]:
+    if a[0] is None:
+        return b
+    if b[0] is None or a[0] > b[0]:
+        return a
+    if b[0] > a[0]:
+        return b
+    return a[0], a[1] or b[1]
+
+
+def _upper(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> tuple[Fraction | None, bool]:
+    if a[0] is None:
+        return b
+    if b[0] is None or a[0] < b[0]:
+        return a
+    if b[0] < a[0]:
+        return b
+    return a[0], a[1] or b[1]
+
+
+def integer_bounds(num: NumberType, lo: int, hi: int) -> IntegerType | NoValue:
+    """Fold a number's exact bounds into an int64 integer range."""
+    if num.lo is not None:
+        lo = max(lo, math.floor(num.lo) + 1 if num.lo_exclusive else math.ceil(num.lo))
+    if num.hi is not None:
+        hi = min(hi, math.ceil(num.hi) - 1 if num.hi_exclusive else math.floor(num.hi))
+    return IntegerType(lo, hi) if lo <= hi else NEVER
+
+
+def number_empty(n: NumberType) -> bool:
+    if n.lo is None or n.hi is None:
+        return False
+    return n.lo > n.hi or (n.lo == n.hi and (n.lo_exclusive or n.hi_exclusive))
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """JSON value equality (1 == 1.0, but true != 1; member order does not matter)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def type_domain(node: Node, graph: "Graph", depth: int = 0) -> frozenset[str]:
+    """The JSON types a node can produce ("integer" and "number" both mean numbers)."""
+    if depth > MAX_DEPTH:
+        return frozenset({"null", "boolean", "number", "string", "array", "object"})
+    if isinstance(node, AnyValue):
+        return frozenset({"null", "boolean", "number", "string", "array", "object"})
+    if isinstance(node, NoValue):
+        return frozenset()
+    if isinstance(node, Ref):
+        return type_domain(graph.defs[node.name], graph, depth + 1)
+    if isinstance(node, Union):
+        return frozenset().union(*(type_domain(b, graph, depth + 1) for b in node.branches))
+    if isinstance(node, Literals):
+        return frozenset(_value_type(json.loads(t)) for t in node.texts)
+    return frozenset({{NullType: "null", BooleanType: "boolean", IntegerType: "number",
+                       NumberType: "number", StringType: "string", ArrayType: "array",
+                       ObjectType: "object"}[type(node)]})
+
+
+def _value_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+class Graph:
+    """The definitions of one reduction and the operations on them."""
+
+    def __init__(self, ctx: Context, pattern_matcher: Any) -> None:
+        self.ctx = ctx
+        self.defs: dict[str, Node] = {}
+        self._meet_memo: dict[tuple[str, Node], str] = {}
+        # pattern_matcher(pattern: Pattern, value: str) -> bool, or raises UnsupportedSchema
+        self.pattern_matcher = pattern_matcher
+
+    # -- references -------------------------------------------------------------------------
+    def resolve(self, node: Node, pointer: str) -> Node:
+        seen = 0
+        while isinstance(node, Ref):
+            target = self.defs[node.name]
+            if target is _IN_PROGRESS:
+                raise self.ctx.unsupported(pointer, f"reference {node.name!r} is intersected with "
+                                                    "itself while it is being defined")
+            node = target
+            seen += 1
+            if seen > MAX_DEPTH:
+                raise self.ctx.unsupported(pointer, "reference chain is too deep")
+        return node
+
+    def begin(self, name: str) -> None:
+        self.defs[name] = _IN_PROGRESS
+
+    def in_progress(self, name: str) -> bool:
+        return self.defs.get(name) is _IN_PROGRESS
+
+    # -- intersection -----------------------------------------------------------------------
+    def meet(self, a: Node, b: Node, pointer: str) -> Node:
+        """The allOf intersection of two nodes."""
+        if isinstance(a, AnyValue):
+            return b
+        if isinstance(b, AnyValue):
+            return a
+        if isinstance(a, NoValue) or isinstance(b, NoValue):
+            return NEVER
+        if a == b:
+            return a
+        self.ctx.count_merge(pointer)
+        if isinstance(a, Literals) or isinstance(b, Literals):
+            lits, other = (a, b) if isinstance(a, Literals) else (b, a)
+            return self.filter_literals(lits, other, pointer)
+        if isinstance(a, Ref) or isinstance(b, Ref):
+            ref, other = (a, b) if isinstance(a, Ref) else (b, a)
+            return self._meet_ref(ref, other, pointer)
+        if isinstance(a, Union):  # distribute, keeping the operand order (property order)
+            return make_union([self.meet(br, b, pointer) for br in a.branches])
+        if isinstance(b, Union):
+            return make_union([self.meet(a, br, pointer) for br in b.branches])
+        return self._meet_typed(a, b, pointer)
+
+    def _meet_ref(self, ref: Ref, other: Node, pointer: str) -> Node:
+        key = (ref.name, other)
+        if key in self._meet_memo:
+            return Ref(self._meet_memo[key])
+        name = f"{ref.name}&{len(self._meet_memo)}"
+        self._meet_memo[key] = name
+        self.begin(name)
+        target = self.resolve(ref, pointer)
+        self.defs[name] = self.meet(target, other, pointer)
+        return Ref(name)
+
+    def _meet_typed(self, a: Node, b: Node, pointer: str) -> Node:
+        if isinstance(a, NumberType) and isinstance(b, IntegerType):
+            a, b = b, a
+        if isinstance(a, IntegerType) and isinstance(b, NumberType):
+            return integer_bounds(b, a.lo, a.hi)
+        if type(a) is not type(b):
+            return NEVER
+        if isinstance(a, (NullType, BooleanType)):
+            return a
+        if isinstance(a, IntegerType):
+            lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
+            return IntegerType(lo, hi) if lo <= hi else NEVER
+        if isinstance(a, NumberType):
+            lo = _lower((a.lo, a.lo_exclusive), (b.lo, b.lo_exclusive))
+            hi = _upper((a.hi, a.hi_exclusive), (b.hi, b.hi_exclusive))
+            n = NumberType(lo[0], lo[1], hi[0], hi[1])
+            return NEVER if number_empty(n) else n
+        if isinstance(a, StringType):
+            return string_type(max(a.min_length, b.min_length),
+                               _min_opt(a.max_length, b.max_length),
+                               tuple(dict.fromkeys(a.patterns + b.patterns)))
+        if isinstance(a, ArrayType):
+            return self._meet_array(a, b, pointer)
+        return self._meet_object(a, b, pointer)
+
+    def _meet_array(self, a: ArrayType, b: ArrayType, pointer: str) -> Node:
+        n = max(len(a.prefix), len(b.prefix))
+        pos = lambda arr, i: arr.prefix[i] if i < len(arr.prefix) else arr.items  # noqa: E731
+        prefix = [self.meet(pos(a, i), pos(b, i), pointer) for i in range(n)]
+        return array_type(prefix, self.meet(a.items, b.items, pointer),
+                          max(a.min_items, b.min_items), _min_opt(a.max_items, b.max_items))
+
+    def _meet_object(self, a: ObjectType, b: ObjectType, pointer: str) -> Node:
+        names = list(dict.fromkeys([k for k, _ in a.properties] + [k for k, _ in b.properties]))
+        props = tuple((k, self.meet(a.value_of(k), b.value_of(k), pointer)) for k in names)
+        required = tuple({r.name: r for r in b.required + a.required}.values())
+        return object_type(props, required, self.meet(a.additional, b.additional, pointer))
+
+    # -- finite values ----------------------------------------------------------------------
+    def filter_literals(self, lits: Literals, other: Node, pointer: str) -> Node:
+        kept = tuple(t for t in lits.texts if self.matches(other, json.loads(t), pointer))
+        return Literals(kept) if kept else NEVER
+
+    def matches(self, node: Node, value: Any, pointer: str, depth: int = 0) -> bool:
+        """Whether the JSON value `value` belongs to `node`."""
+        if depth > MAX_DEPTH:
+            raise self.ctx.unsupported(pointer, f"finite value recursion deeper than {MAX_DEPTH}")
+        d = depth + 1
+        if isinstance(node, AnyValue):
+            return True
+        if isinstance(node, NoValue):
+            return False
+        if isinstance(node, Ref):
+            return self.matches(self.resolve(node, pointer), value, pointer, d)
+        if isinstance(node, Union):
+            return any(self.matches(b, value, pointer, d) for b in node.branches)
+        if isinstance(node, Literals):
+            return any(json_equal(json.loads(t), value) for t in node.texts)
+        if isinstance(node, NullType):
+            return value is None
+        if isinstance(node, BooleanType):
+            return isinstance(value, bool)
+        if isinstance(value, bool):
+            return False
+        if isinstance(node, IntegerType):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            return isinstance(value, int) and node.lo <= value <= node.hi
+        if isinstance(node, NumberType):
+            return isinstance(value, (int, float)) and _in_bounds(node, Fraction(value))
+        if isinstance(node, StringType):
+            if not isinstance(value, str) or len(value) < node.min_length:
+                return False
+            if node.max_length is not None and len(value) > node.max_length:
+                return False
+            return all(self.pattern_matcher(p, value) for p in node.patterns)
+        if isinstance(node, ArrayType):
+            if not isinstance(value, list) or len(value) < node.min_items:
+                return False
+            if node.max_items is not None and len(value) > node.max_items:
+                return False
+            return all(self.matches(node.prefix[i] if i < len(node.prefix) else node.items, v,
+                                    pointer, d) for i, v in enumerate(value))
+        assert isinstance(node, ObjectType)
+        if not isinstance(value, dict) or not node.required_names <= value.keys():
+            return False
+        return all(self.matches(node.value_of(k), v, pointer, d) for k, v in value.items())
+
+    # -- oneOf --------------------------------------------------------------------------------
+    def prove_exclusive(self, branches: list[Node], pointer: str) -> None:
+        """Raise UnsupportedSchema unless every pair of branches is provably disjoint."""
+        for i in range(len(branches)):
+            for j in range(i + 1, len(branches)):
+                if not self._disjoint(branches[i], branches[j], pointer):
+                    raise self.ctx.unsupported(
+                        pointer, f"oneOf branches {i} and {j} cannot be proved exclusive (by type, "
+                                 "finite values or a required discriminator); use anyOf")
+
+    def _disjoint(self, a: Node, b: Node, pointer: str) -> bool:
+        a, b = self.resolve(a, pointer), self.resolve(b, pointer)
+        if isinstance(a, NoValue) or isinstance(b, NoValue):
+            return True
+        if not type_domain(a, self) & type_domain(b, self):
+            return True
+        if isinstance(a, Literals) or isinstance(b, Literals):
+            lits, other = (a, b) if isinstance(a, Literals) else (b, a)
+            return not any(self.matches(other, json.loads(t), pointer) for t in lits.texts)
+        if isinstance(a, Union) or isinstance(b, Union):
+            u, other = (a, b) if isinstance(a, Union) else (b, a)
+            return all(self._disjoint(br, other, pointer) for br in u.branches)
+        if isinstance(a, ObjectType) and isinstance(b, ObjectType):
+            for name in a.required_names & b.required_names:
+                va = self.resolve(a.value_of(name), pointer)
+                vb = self.resolve(b.value_of(name), pointer)
+                if isinstance(va, Literals) and isinstance(vb, Literals) and self._disjoint(va, vb, pointer):
+                    return True
+        return False
+
+
+def _in_bounds(n: NumberType, v: Fraction) -> bool:
+    if n.lo is not None and (v < n.lo or (n.lo_exclusive and v == n.lo)):
+        return False
+    return not (n.hi is not None and (v > n.hi or (n.hi_exclusive and v == n.hi)))
+
+
+def _min_opt(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def string_type(min_length: int, max_length: int | None, patterns: tuple = ()) -> Node:
+    if max_length is not None and min_length > max_length:
+        return NEVER
+    return StringType(min_length, max_length, patterns)
+
+
+def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int | None) -> Node:
+    """An array node with impossible positions cut: the array may end before a NEVER position;
+    only when min_items crosses it is the whole array impossible."""
+    limit = max_items
+    for i, p in enumerate(prefix):
+        if isinstance(p, NoValue):
+            limit = i if limit is None else min(limit, i)
+            break
+    if isinstance(items, NoValue):
+        limit = len(prefix) if limit is None else min(limit, len(prefix))
+    if limit is not None and min_items > limit:
+        return NEVER
+    if limit is not None:
+        prefix = prefix[:limit]
+    while prefix and prefix[-1] == items:  # trailing positions equal to the tail rule
+        prefix = prefix[:-1]
+    return ArrayType(tuple(prefix), items, min_items, limit)
+
+
+def object_type(props: tuple, required: tuple[Required, ...], additional: Node) -> Node:
+    obj = ObjectType(props, required, additional)
+    if any(isinstance(obj.value_of(r.name), NoValue) for r in required):
+        return NEVER
+    return obj
+
+
+def pattern_search(regex: str, value: str) -> bool:
+    return re.search(regex, value) is not None

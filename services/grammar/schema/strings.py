@@ -1,0 +1,86 @@
+"""JSON string grammars with canonical escapes: one encoding per Unicode scalar value.
+
+An unescaped character is any scalar except '"', '\\' and controls; the controls with a short
+escape use it (\\b \\t \\n \\f \\r), the other controls use lowercase \\u00xx, and '"' / '\\' use
+\\" / \\\\. Because the encoding is injective, a length counts decoded characters exactly and a
+key grammar can exclude declared names by their bytes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from services.grammar.compiler import ebnf_string
+
+# One canonical JSON string unit; surrogate code points are excluded explicitly (xgrammar's negated
+# class would otherwise accept their 3-byte encodings, which are not UTF-8).
+# One canonical JSON string unit (the encoding json.dumps(ensure_ascii=False) produces).
+CHAR_RULE = r'[^"\\\x00-\x1f\ud800-\udfff] | "\\" ["\\bfnrt] | "\\u00" ("0" [0-7bef] | "1" [0-9a-f])'
+
+_SHORT = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+# Every escaped unit, for excluding specific units in a key trie.
+ESCAPED_UNITS = tuple(sorted(set(_SHORT.values()) | {f"\\u{c:04x}" for c in range(0x20)
+                                                       if chr(c) not in _SHORT}))
+
+
+def unit(ch: str) -> str:
+    """The canonical JSON encoding of one character."""
+    return json.dumps(ch, ensure_ascii=False)[1:-1]
+
+
+def literal(text: str) -> str:
+    """EBNF for the canonical JSON string (quotes included) of `text`."""
+    return ebnf_string(json.dumps(text, ensure_ascii=False))
+
+
+def _class_char(ch: str) -> str:
+    cp = ord(ch)
+    if ch in "\\]^-[":
+        return "\\" + ch
+    if 0x20 <= cp < 0x7F:
+        return ch
+    return f"\\u{cp:04x}" if cp <= 0xFFFF else f"\\U{cp:08x}"
+
+
+def key_excluding(names: list[str], rule: str, char_rule: str) -> dict[str, str]:
+    """Rules `rule`, `rule_1`, ... for a JSON string (quotes included) that is none of `names`.
+
+    A trie over canonical units: at each node the next unit either follows a child edge, or is any
+    other unit and frees the rest; the closing quote is allowed only where no name ends.
+    """
+    trie: dict[str, dict] = {}
+    for name in names:
+        node = trie
+        for ch in name:
+            node = node.setdefault(unit(ch), {})
+        node["\0end"] = {}
+    rules: dict[str, str] = {}
+    free = f"{rule}_free"
+    rules[free] = f'({char_rule})* "\\""'
+    counter = [0]
+
+    def build(node: dict) -> str:
+        name = f"{rule}_{counter[0]}"
+        counter[0] += 1
+        alts = [] if "\0end" in node else ['"\\""']
+        raw_children = []
+        esc_children = set()
+        for u, sub in node.items():
+            if u == "\0end":
+                continue
+            alts.append(f"{ebnf_string(u)} {build(sub)}")
+            if u.startswith("\\"):
+                esc_children.add(u)
+            else:
+                raw_children.append(u)
+        excluded = "".join(_class_char(c) for c in raw_children)
+        alts.append(f'[^"\\\\\\x00-\\x1f\\ud800-\\udfff{excluded}] {free}')
+        for esc in ESCAPED_UNITS:
+            if esc not in esc_children:
+                alts.append(f"{ebnf_string(esc)} {free}")
+        rules[name] = " | ".join(alts)
+        return name
+
+    top = build(trie)
+    rules[rule] = f'"\\"" {top}'
+    return rules

@@ -1,0 +1,169 @@
+"""The generation contract between the gateway and the worker: requests in, events out.
+
+Protocol translation (OpenAI Chat / Responses, Anthropic Messages, completions) produces a
+`GenerateRequest`; the worker answers with a stream of `GenerationEvent`s that always ends with
+exactly one `Finished`. Plain data, no third-party types: the same objects travel in process and
+(as protobuf) over gRPC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Union
+
+from shared.contract import OutputConstraint, ToolChoice, ToolDefinition
+from shared.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy (ties to the smaller id)
+    top_p: float = 1.0  # (0, 1]
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # [0, 1)
+    seed: int | None = None  # None: drawn per request
+    presence_penalty: float = 0.0  # [-2, 2], OpenAI semantics
+    frequency_penalty: float = 0.0  # [-2, 2]
+    repetition_penalty: float = 1.0  # > 0, 1 = off
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("temperature", 0.0 <= self.temperature <= 100.0, "between 0 and 100"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
+            ("top_k", self.top_k >= 0, ">= 0"),
+            ("min_p", 0.0 <= self.min_p < 1.0, "in [0, 1)"),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "between -2 and 2"),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "between -2 and 2"),
+            ("repetition_penalty", self.repetition_penalty > 0.0, "> 0"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise InvalidRequest(f"{name} must be {expected}, got {getattr(self, name)!r}",
+                                     field=name)
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    max_tokens: int | None = None  # None: until the context is full
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    constraint: OutputConstraint | None = None
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    stop: tuple[str, ...] = ()  # stop strings (rejected for constrained requests)
+    stop_token_ids: tuple[int, ...] = ()  # extra stop ids (rejected for constrained requests)
+    timeout_s: float | None = None  # deadline from submission
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}", field="max_tokens")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise InvalidRequest("timeout must be positive", field="timeout")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments_json: str  # the complete arguments object as JSON text
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "system" | "user" | "assistant" | "tool"
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None  # for role "tool"
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """Either chat messages (rendered by the model's chat template) or raw text to continue."""
+
+    messages: tuple[ChatMessage, ...] | None = None
+    text: str | None = None
+    tools: tuple[ToolDefinition, ...] = ()
+    continue_final_assistant: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.text is None):
+            raise InvalidRequest("give either messages or a raw text prompt", field="prompt")
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    request_id: str
+    prompt: PromptInput
+    options: RequestOptions = field(default_factory=RequestOptions)
+    model: str = "smollm2"
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # EOS / stop condition; for constrained output: ended normally
+    LENGTH = "length"  # max_tokens or context exhausted
+    TOOL_CALLS = "tool_calls"  # the turn ended with tool calls
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallArgumentsDelta:
+    index: int
+    fragment: str  # concatenated fragments of one call equal its final arguments_json
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: FinishReason
+    usage: Usage
+    content: str = ""  # the whole published content
+    tool_calls: tuple[ToolCall, ...] = ()
+    constraint: dict[str, Any] | None = None  # the constraint report, when a matcher was enabled
+    error: dict[str, Any] | None = None  # InfernixError.to_dict() when finish_reason is ERROR
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: prepare, queue, ttft, decode
+    stop_sequence: str | None = None  # the stop string that ended the output (Anthropic reports it)
+
+
+GenerationEvent = Union[TextDelta, ToolCallStart, ToolCallArgumentsDelta, Finished]
+
+
+class WorkerClient:
+    """What the gateway needs from a worker; in-process and gRPC implementations share it.
+
+    `generate` yields events and always ends with one `Finished` (errors after submission arrive as
+    `Finished(ERROR)`); request errors found before generation starts (bad schema, conflicting
+    constraints) raise the typed `RequestError` from `generate` before the first event.
+    """
+
+    async def models(self) -> list[str]:
+        raise NotImplementedError
+
+    def generate(self, request: GenerateRequest):  # -> AsyncIterator[GenerationEvent]
+        raise NotImplementedError
+
+    async def cancel(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    async def count_tokens(self, prompt: PromptInput, model: str) -> int:
+        raise NotImplementedError
+
+    async def health(self) -> dict[str, Any]:
+        raise NotImplementedError
