@@ -1,0 +1,451 @@
+"""OutputSession: one request's grammar matcher transactions and its output decoder.
+
+One session per request. The `xgrammar.CompiledGrammar` is shared between requests; the matcher,
+the decoder and any pending preview belong to this session alone, and only the Engine's worker
+thread calls it. A session built without a grammar (an unconstrained request) only decodes output,
+tracks EOS and the budget, and reports no constraint.
+
+Transactions (design document, section 5):
+
+- `lookahead(drafts, out)` fills one mask row per position, accepting drafts temporarily, and
+  always rolls the matcher back to the committed baseline with `GrammarMatcher.rollback`; it never
+  replays the output. Its counts and time are work paid and stay in the report.
+- `preview(tokens)` accepts the produced tokens provisionally (matcher, EOS, budget, decoder) and
+  fixes the accepted prefix; `confirm()` commits it after the Program commit succeeded (nothing
+  there can fail), `discard()` returns to the mark. `preview_forced(tokens)` does the same for a
+  fixed control string. A lookahead while a preview is pending is an internal error.
+
+Mask rows: bit i of int32 word w is token 32w+i; bits past the domain size are zero (xgrammar 0.2.8
+may set them, so every filled row is cleaned). Positions that are not Ready (DeadEnd, Unreachable)
+get the filler row of `filler_row`: every id of the domain allowed. A kernel that precomputes such a
+column therefore always finds a finite candidate (never a spurious "no candidate" failure); what it
+samples there never enters the accepted prefix, because the Program reads the position state.
+
+Output text: the session publishes the exact bytes of accepted tokens as `str` deltas. Bytes of an
+unfinished UTF-8 character are held back until the character completes; EOS is never text. At a
+length cut (or `finish_incomplete`) held-back bytes are flushed with U+FFFD and the session marks
+its display truncated: such a result is incomplete, never a grammar success.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import lru_cache
+from typing import Sequence
+
+import torch
+import xgrammar as xgr
+
+from services.worker.constraint_report import (
+    BRANCHES,
+    CACHE_HITS,
+    ConstraintCounters,
+    ConstraintReport,
+)
+from shared.errors import ConstraintDeadEnd, InternalError, InvalidRequest
+from shared.frontends.token_domain import TokenDomain
+
+
+class PositionState(IntEnum):
+    """Per-position mask descriptor; the values are what the Program stores in its int8 buffer."""
+
+    DISABLED = 0  # unconstrained row: no mask, the existing sampling route
+    READY = 1  # the prefix is legal and the row holds its legal mask
+    DEAD_END = 2  # this hypothetical prefix has no legal next token; filler row
+    UNREACHABLE = 3  # an earlier draft was illegal or EOS was accepted; filler row
+
+
+@lru_cache(maxsize=8)
+def _tail_word(size: int) -> int:
+    # The last word's valid bits as a signed int32 (bits past `size` zero).
+    bits = size - 32 * ((size - 1) // 32)
+    return _int32((1 << bits) - 1)
+
+
+@lru_cache(maxsize=8)
+def _filler(size: int) -> torch.Tensor:
+    row = torch.full(((size + 31) // 32,), -1, dtype=torch.int32)  # [ceil(V/32)]
+    row[-1] = _tail_word(size)
+    return row
+
+
+def filler_row(size: int) -> torch.Tensor:
+    """The safe filler of non-Ready positions: all ids below `size` allowed, bits past it zero.
+    Returns a fresh `[ceil(size/32)]` int32 tensor."""
+    return _filler(size).clone()
+
+
+@dataclass(frozen=True)
+class LookaheadResult:
+    """Position states of one lookahead; position i is the prefix committed + drafts[:i]."""
+
+    states: tuple[PositionState, ...]  # len(drafts) + 1 entries
+    base_position: int  # committed output tokens before position 0
+    illegal_at: int | None = None  # index of the first illegal draft (its position is Ready)
+    eos_at: int | None = None  # index of a draft EOS the matcher accepted
+    dead_end_at: int | None = None  # the DeadEnd position, if any
+
+    @property
+    def ready(self) -> int:
+        """Leading Ready positions: the extent of valid mask rows."""
+        n = 0
+        while n < len(self.states) and self.states[n] is PositionState.READY:
+            n += 1
+        return n
+
+    def states_tensor(self) -> torch.Tensor:
+        """`[len(drafts)+1]` int8 tensor of the PositionState values."""
+        return torch.tensor([int(s) for s in self.states], dtype=torch.int8)
+
+    def dead_end_error(self) -> ConstraintDeadEnd | None:
+        """The error that fails this request if verification reaches the DeadEnd position."""
+        if self.dead_end_at is None:
+            return None
+        position = self.base_position + self.dead_end_at
+        return ConstraintDeadEnd(
+            f"the constraint allows no token at output position {position}", position=position
+        )
+
+
+@dataclass(frozen=True)
+class PreviewResult:
+    """The provisional outcome of a preview. Nothing is published before `confirm()`."""
+
+    accepted: int  # tokens of the produced sequence accepted (EOS included when accepted)
+    terminated: bool = False  # EOS accepted: a normal completion
+    length_cut: bool = False  # the output budget ran out at the end of the accepted prefix
+    text: str = ""  # the text delta to publish after confirm
+    failure: InternalError | None = None  # an illegal token; the session is back at its mark
+
+
+@dataclass
+class _Pending:
+    matcher_tokens: int
+    accepted: int
+    held: bytes
+    terminated: bool
+    length_cut: bool
+    published: int
+    truncated: bool = False
+
+
+class OutputSession:
+    """One request's matcher and output decoder (see the module docstring).
+
+    `compiled`: the shared compiled grammar, or None for an unconstrained request. `prefix`: the
+    content a ContinueFinalAssistant request continues (UTF-8 bytes; accepted by the matcher at
+    creation, never published, part of completeness; default b""). `max_new_tokens`: the output
+    budget (default None = unlimited); accepted tokens, EOS and forced control tokens count.
+    `branch`: the report's branch (default "content"). `cache` ("l1" | "redis" | None), `built`,
+    `waited`, `compile_ms`: the compile-cache outcome for the report.
+
+    Raises InvalidRequest(field="prefix") when the prefix is not UTF-8 or the grammar refuses it,
+    InvalidRequest(field="max_new_tokens") for a negative budget, InternalError when the grammar
+    was compiled for a different vocabulary size or `branch`/`cache` is unknown.
+    """
+
+    def __init__(
+        self,
+        domain: TokenDomain,
+        compiled: xgr.CompiledGrammar | None = None,
+        *,
+        prefix: bytes | str = b"",
+        max_new_tokens: int | None = None,
+        branch: str = "content",
+        cache: str | None = None,
+        built: bool = False,
+        waited: bool = False,
+        compile_ms: float = 0.0,
+    ) -> None:
+        start = time.perf_counter()
+        if branch not in BRANCHES or cache not in CACHE_HITS:
+            raise InternalError(f"unknown report branch {branch!r} or cache outcome {cache!r}")
+        if max_new_tokens is not None and max_new_tokens < 0:
+            raise InvalidRequest(f"max_new_tokens must be >= 0, got {max_new_tokens}",
+                                 field="max_new_tokens")
+        prefix = prefix.encode("utf-8") if isinstance(prefix, str) else bytes(prefix)
+        try:
+            prefix.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(f"prefix is not UTF-8 text: {exc}", field="prefix") from None
+        self.domain = domain
+        self.branch = branch
+        self.max_new_tokens = max_new_tokens
+        self._counters = ConstraintCounters(cache=cache, built=built, waited=waited,
+                                            compile_ms=compile_ms)
+        self._matcher: xgr.GrammarMatcher | None = None
+        self._pending: _Pending | None = None
+        self._generated = 0  # committed output tokens
+        self._held = b""  # committed bytes of an unfinished character, not yet published
+        self._published = 0  # bytes published as text
+        self._eos = False  # EOS committed
+        self._cut = False  # ended by the budget or an interruption
+        self._truncated = False  # held bytes were flushed with U+FFFD
+        self._scratch: torch.Tensor | None = None  # [1, ceil(V/32)] for can_continue
+        if compiled is None:
+            return
+        vocab = compiled.tokenizer_info.vocab_size
+        if vocab != domain.size:
+            raise InternalError(f"grammar compiled for {vocab} token ids, domain has {domain.size}")
+        stops = sorted(domain.eos_ids) or None
+        self._matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stops)
+        if prefix and not self._matcher.accept_string(prefix):
+            raise InvalidRequest("the continued content prefix is not a prefix of the constrained "
+                                 "output language", field="prefix")
+        self._counters.prepare_seconds += time.perf_counter() - start
+
+    # ---------------------------------------------------------------- masks
+
+    @property
+    def constrained(self) -> bool:
+        return self._matcher is not None
+
+    @property
+    def generated(self) -> int:
+        """Committed output tokens (EOS and forced control tokens included)."""
+        return self._generated
+
+    @property
+    def remaining(self) -> int | None:
+        """Output budget left, None when unlimited."""
+        if self.max_new_tokens is None:
+            return None
+        return max(0, self.max_new_tokens - self._generated)
+
+    @property
+    def finished(self) -> bool:
+        """True after EOS, a length cut or `finish_incomplete`."""
+        return self._eos or self._cut
+
+    def lookahead(self, drafts: Sequence[int], out: torch.Tensor) -> LookaheadResult:
+        """Fill `out[0..len(drafts)]` with the masks of committed + drafts[:i] and roll back.
+
+        `out`: `[>= len(drafts)+1, ceil(V/32)]` int32 CPU tensor (a view of the Program's pinned
+        buffer). An unconstrained session returns DISABLED states and writes nothing. Raises
+        InternalError while a preview is pending, after the session finished, on a wrong buffer,
+        or when the matcher refuses a draft its own mask allowed.
+        """
+        self._check_idle("lookahead")
+        n = len(drafts)
+        if self._matcher is None:
+            return LookaheadResult((PositionState.DISABLED,) * (n + 1), self._generated)
+        size = self.domain.size
+        if out.dtype != torch.int32 or out.dim() != 2 or out.shape[0] < n + 1 \
+                or out.shape[1] != self.domain.mask_words or out.device.type != "cpu":
+            raise InternalError(f"mask buffer must be [>= {n + 1}, {self.domain.mask_words}] int32 "
+                                f"on the CPU, got {list(out.shape)} {out.dtype} on {out.device}")
+        matcher, tail, filler = self._matcher, _tail_word(size), _filler(size)
+        states = [PositionState.UNREACHABLE] * (n + 1)
+        illegal_at = eos_at = dead_at = None
+        accepted = 0
+        start = time.perf_counter()
+        try:
+            for i in range(n + 1):
+                # out[i]: [ceil(V/32)] int32, the legal set after committed + drafts[:i]
+                matcher.fill_next_token_bitmask(out, i)
+                out[i, -1] &= tail
+                self._counters.mask_positions += 1
+                if not bool(out[i].any()):
+                    states[i] = PositionState.DEAD_END
+                    out[i].copy_(filler)
+                    dead_at = i
+                    break
+                states[i] = PositionState.READY
+                if i == n:  # the bonus mask
+                    break
+                draft = int(drafts[i])
+                if not (0 <= draft < size) or not (int(out[i, draft >> 5]) >> (draft & 31)) & 1:
+                    illegal_at = i
+                    break
+                if not matcher.accept_token(draft):
+                    raise InternalError(f"the matcher refused draft {draft} that its mask allowed")
+                accepted += 1
+                if matcher.is_terminated():
+                    eos_at = i
+                    break
+            if i < n:  # positions after the stop are Unreachable
+                out[i + 1:n + 1].copy_(filler.expand(n - i, -1))
+        finally:
+            mid = time.perf_counter()
+            self._counters.mask_seconds += mid - start
+            if accepted:
+                matcher.rollback(accepted)
+                self._counters.rollback_seconds += time.perf_counter() - mid
+        return LookaheadResult(tuple(states), self._generated, illegal_at, eos_at, dead_at)
+
+    # ---------------------------------------------------------------- previews
+
+    def preview(self, tokens: Sequence[int]) -> PreviewResult:
+        """Accept the actually produced tokens provisionally, up to EOS and the remaining budget.
+
+        Tokens after an accepted EOS or past the budget are not accepted. An illegal token returns a
+        result with `failure` set (an internal inconsistency: the mask said legal) and leaves the
+        session at its mark with nothing pending. Raises InternalError while another preview is
+        pending or after the session finished."""
+        return self._preview(tokens, forced=False)
+
+    def preview_forced(self, tokens: Sequence[int]) -> PreviewResult:
+        """Preview a fixed control token sequence (e.g. a thinking-budget close): every token must
+        be accepted, the budget does not shorten it (its tokens still count), no RNG is involved."""
+        return self._preview(tokens, forced=True)
+
+    def confirm(self) -> None:
+        """Commit the pending preview after the Program commit succeeded. Nothing here can fail
+        except calling it without a pending preview (InternalError)."""
+        pending = self._pending
+        if pending is None:
+            raise InternalError("confirm() without a pending preview")
+        self._pending = None
+        self._generated += pending.accepted
+        self._held = pending.held
+        self._published += pending.published
+        self._eos = pending.terminated
+        self._cut = pending.length_cut
+        self._truncated = pending.truncated
+
+    def discard(self) -> None:
+        """Return the matcher to the mark of the pending preview; a no-op when none is pending."""
+        pending = self._pending
+        if pending is None:
+            return
+        self._pending = None
+        self._rollback_preview(pending.matcher_tokens)
+
+    def finish_incomplete(self) -> str:
+        """End the output without EOS (cancellation, context exhaustion, a failed row): discards a
+        pending preview (nothing uncommitted is published) and returns the flushed held-back bytes
+        as display text (U+FFFD for an unfinished character); "" when already finished."""
+        self.discard()
+        text = self._held.decode("utf-8", "replace")
+        self._truncated = self._truncated or bool(self._held)
+        self._published += len(self._held)
+        self._held = b""
+        self._cut = self._cut or not self._eos
+        return text
+
+    def _preview(self, tokens: Sequence[int], *, forced: bool) -> PreviewResult:
+        self._check_idle("preview")
+        matcher, domain = self._matcher, self.domain
+        remaining = self.remaining
+        accepted = matcher_tokens = 0
+        terminated = False
+        failure: InternalError | None = None
+        data = bytearray(self._held)
+        start = time.perf_counter()
+        for token in map(int, tokens):
+            if not forced and remaining is not None and accepted >= remaining:
+                break
+            if matcher is not None:
+                if not matcher.accept_token(token):
+                    failure = InternalError(f"the matcher refused produced token {token} at output "
+                                            f"position {self._generated + accepted}")
+                    break
+                matcher_tokens += 1
+                terminated = matcher.is_terminated()
+            elif not domain.is_ordinary(token) and token not in domain.eos_ids \
+                    and token not in domain.control_ids:
+                failure = InternalError(f"produced token {token} is never generable")
+                break
+            else:
+                terminated = token in domain.eos_ids
+            accepted += 1
+            if terminated:
+                break
+            data += domain.token_bytes[token]
+        self._counters.accept_seconds += time.perf_counter() - start
+        if failure is not None:
+            self._rollback_preview(matcher_tokens)
+            return PreviewResult(0, failure=failure)
+        left = None if remaining is None else remaining - accepted
+        length_cut = not terminated and left is not None and left <= 0
+        truncated = False
+        if terminated or length_cut:  # final: flush everything
+            text = bytes(data).decode("utf-8", "replace")
+            held = b""
+            truncated = _incomplete_tail(bytes(data))
+        else:
+            text, consumed = codecs.utf_8_decode(bytes(data), "replace", False)
+            held = bytes(data[consumed:])
+        self._pending = _Pending(matcher_tokens, accepted, held, terminated, length_cut,
+                                 len(data) - len(held), truncated)
+        return PreviewResult(accepted, terminated, length_cut, text)
+
+    def _rollback_preview(self, matcher_tokens: int) -> None:
+        if matcher_tokens and self._matcher is not None:
+            start = time.perf_counter()
+            self._matcher.rollback(matcher_tokens)
+            self._counters.discard_seconds += time.perf_counter() - start
+
+    def _check_idle(self, what: str, *, allow_finished: bool = False) -> None:
+        if self._pending is not None:
+            raise InternalError(f"{what} while a preview is pending")
+        if self.finished and not allow_finished:
+            raise InternalError(f"{what} after the output finished")
+
+    # ---------------------------------------------------------------- the three facts
+
+    @property
+    def can_continue(self) -> bool:
+        """Some non-EOS token is legal after the committed output (False once finished)."""
+        self._check_idle("can_continue", allow_finished=True)
+        if self.finished:
+            return False
+        if self._matcher is None:
+            return True
+        if self._scratch is None:
+            self._scratch = torch.empty((1, self.domain.mask_words), dtype=torch.int32)
+        start = time.perf_counter()
+        row = self._scratch  # [1, ceil(V/32)]
+        self._matcher.fill_next_token_bitmask(row, 0)
+        row[0, -1] &= _tail_word(self.domain.size)
+        for eos in self.domain.eos_ids:  # clear the EOS bits (int32: bit 31 is the sign)
+            row[0, eos >> 5] &= _int32(~(1 << (eos & 31)) & 0xFFFFFFFF)
+        self._counters.mask_seconds += time.perf_counter() - start
+        return bool(row.any())
+
+    @property
+    def may_end(self) -> bool:
+        """The committed content (prefix + suffix) is in a state where the language may end."""
+        self._check_idle("may_end", allow_finished=True)
+        return True if self._matcher is None else self._matcher.is_completed()
+
+    @property
+    def ended_normally(self) -> bool:
+        """EOS was accepted: a normal (constrained) completion."""
+        return self._eos
+
+    @property
+    def display_truncated(self) -> bool:
+        """The published text ended with U+FFFD for an unfinished character (cut mid-character)."""
+        return self._truncated
+
+    # ---------------------------------------------------------------- report
+
+    def add_upload_bytes(self, n: int) -> None:
+        """Count mask H2D bytes of a successful commit (called by the Program)."""
+        self._counters.mask_upload_bytes += n
+
+    def add_draft_wait(self, seconds: float) -> None:
+        """Count a draft-ready wait this request experienced (called by the Engine)."""
+        self._counters.draft_wait_exposed_seconds += seconds
+
+    def report(self) -> ConstraintReport | None:
+        """The constraint report of the committed state; None for an unconstrained request."""
+        if self._matcher is None:
+            return None
+        self._check_idle("report", allow_finished=True)
+        return self._counters.snapshot(branch=self.branch, complete=self._matcher.is_completed(),
+                                       terminated=self._eos)
+
+
+def _int32(word: int) -> int:
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+def _incomplete_tail(data: bytes) -> bool:
+    # True when `data` ends inside a UTF-8 character (what a non-final decode would hold back).
+    _, consumed = codecs.utf_8_decode(data, "replace", False)
+    return consumed < len(data)
