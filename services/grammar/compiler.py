@@ -11,12 +11,19 @@ import hashlib
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
 import xgrammar as xgr
 
 from shared.contract import ConstraintKind, OutputConstraint, canonical_json
 from shared.errors import InternalError, InvalidGrammar
 from shared.frontends.token_domain import TokenDomain
+
+if TYPE_CHECKING:
+    from services.grammar.tools import ToolSpec
+
+# What compiles: a content constraint, or a tool spec (tool framing, policy, optional JSON content).
+Compilable = Union[OutputConstraint, "ToolSpec"]
 
 # Bumped whenever a conversion changes the language a source compiles to: old cache entries die.
 CONVERTER_VERSION = "1"
@@ -47,8 +54,27 @@ def choice_to_ebnf(choices: tuple[str, ...]) -> str:
     return "root ::= " + " | ".join(ebnf_string(c) if c else '""' for c in alts) + "\n"
 
 
-def build_grammar(constraint: OutputConstraint, domain: TokenDomain) -> xgr.Grammar:
-    """Validate and convert a content constraint into an xgrammar Grammar (raw framing)."""
+def source_kind(constraint: "Compilable") -> str:
+    """The kind part of a cache key: a content constraint's kind, or "tools" for a tool spec."""
+    return constraint.kind.value if isinstance(constraint, OutputConstraint) else "tools"
+
+
+def framing_of(constraint: "Compilable") -> str:
+    """The only framing a source compiles under: raw content, or the tool format's framing."""
+    if isinstance(constraint, OutputConstraint):
+        return RAW_FRAMING
+    from services.grammar.tools import FRAMING
+
+    return FRAMING
+
+
+def build_grammar(constraint: "Compilable", domain: TokenDomain) -> xgr.Grammar:
+    """Validate and convert a content constraint (raw framing) or a tool spec into an xgrammar
+    Grammar."""
+    if not isinstance(constraint, OutputConstraint):
+        from services.grammar.tools import tool_grammar_ebnf
+
+        return _from_ebnf(tool_grammar_ebnf(constraint), "tools")
     kind = constraint.kind
     if kind is ConstraintKind.GRAMMAR:
         from services.grammar.gbnf import gbnf_to_ebnf
@@ -70,18 +96,22 @@ def build_grammar(constraint: OutputConstraint, domain: TokenDomain) -> xgr.Gram
         return schema_to_grammar(constraint.schema)
     else:  # pragma: no cover - the enum is closed
         raise InternalError(f"unknown constraint kind {kind!r}")
+    return _from_ebnf(text, kind.value)
+
+
+def _from_ebnf(text: str, what: str) -> xgr.Grammar:
     try:
         return xgr.Grammar.from_ebnf(text)
     except RuntimeError as exc:  # a conversion produced text xgrammar refuses: our bug
-        raise InternalError(f"converted {kind.value} grammar did not parse: {exc}") from None
+        raise InternalError(f"converted {what} grammar did not parse: {exc}") from None
 
 
 def cache_key(
-    constraint: OutputConstraint, domain: TokenDomain, *, framing: str = RAW_FRAMING, options: str = ""
+    constraint: "Compilable", domain: TokenDomain, *, framing: str = RAW_FRAMING, options: str = ""
 ) -> str:
     """hash(kind, canonical source, options, framing id, vocabulary id)."""
     h = hashlib.sha256()
-    for part in (CONVERTER_VERSION, constraint.kind.value, constraint.canonical_source(), options,
+    for part in (CONVERTER_VERSION, source_kind(constraint), constraint.canonical_source(), options,
                  framing, domain.vocab_id):
         h.update(len(part.encode()).to_bytes(8, "little"))
         h.update(part.encode())
@@ -118,7 +148,7 @@ class ModelCompiler:
                 self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
             return self._compiler
 
-    def compile(self, constraint: OutputConstraint) -> CompileOutcome:
+    def compile(self, constraint: "Compilable") -> CompileOutcome:
         """Validate, convert and compile; single-threaded inside, safe to call from many threads."""
         start = time.perf_counter()
         grammar = build_grammar(constraint, self.domain)

@@ -1,0 +1,180 @@
+"""The grammar-compile gRPC service (grpclib): Compile and Health over the per-model caches.
+
+A Compile request carries the constraint as the public contract's fields (kind, source, choices),
+the model name and the framing id; the reply carries the cache key and the compile statistics.
+Compiled grammars themselves never travel over gRPC: workers read them by key from Redis.
+Typed errors travel as structured status details (`shared.proto.errors`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Mapping, Sequence
+
+from grpclib.server import Server, Stream
+from grpclib.utils import graceful_exit
+
+from services.grammar.cache import DEFAULT_CACHE_BYTES, CacheConfig, CompileStats, ModelCaches
+from services.grammar.compiler import RAW_FRAMING, framing_of, source_kind
+from shared.contract import ConstraintKind, OutputConstraint
+from shared.errors import InfernixError, InternalError, InvalidRequest
+from shared.frontends import MODELS, get_domain
+from shared.frontends.token_domain import TokenDomain
+from shared.logging import configure_logging, get_logger
+from shared.proto import grammar_pb2 as pb
+from shared.proto.errors import ErrorStatusCodec, grpc_error
+from shared.proto.grammar_grpc import GrammarBase
+
+log = get_logger(__name__)
+
+DEFAULT_PORT = 50052
+
+_HIT_TO_PB = {None: pb.CACHE_HIT_NONE, "l1": pb.CACHE_HIT_L1, "redis": pb.CACHE_HIT_REDIS}
+_HIT_FROM_PB = {v: k for k, v in _HIT_TO_PB.items()}
+
+
+def constraint_to_request(constraint: OutputConstraint, *, model: str,
+                          framing: str | None = None) -> pb.CompileRequest:
+    if not isinstance(constraint, OutputConstraint):  # a tool spec
+        return pb.CompileRequest(model=model, kind=source_kind(constraint),
+                                 source=constraint.to_json(), framing=framing or framing_of(constraint))
+    return pb.CompileRequest(model=model, kind=constraint.kind.value, source=constraint.source,
+                             choices=list(constraint.choices), framing=framing or RAW_FRAMING)
+
+
+def constraint_from_request(request: pb.CompileRequest) -> OutputConstraint:
+    """Rebuild the constraint through the contract's own constructors (same validation).
+
+    Raises InvalidRequest(field="kind") for an unknown kind, and the constructors' typed errors."""
+    if request.kind == "tools":
+        from services.grammar.tools import ToolSpec
+
+        return ToolSpec.from_json(request.source)
+    try:
+        kind = ConstraintKind(request.kind)
+    except ValueError:
+        raise InvalidRequest(f"unknown constraint kind {request.kind!r}; expected one of "
+                             f"{', '.join(k.value for k in ConstraintKind)}", field="kind") from None
+    if kind is ConstraintKind.GRAMMAR:
+        return OutputConstraint.grammar(request.source)
+    if kind is ConstraintKind.REGEX:
+        return OutputConstraint.regex(request.source)
+    if kind is ConstraintKind.JSON_OBJECT:
+        return OutputConstraint.json_object()
+    if kind is ConstraintKind.JSON_SCHEMA:
+        return OutputConstraint.json_schema(request.source)
+    return OutputConstraint.choice(list(request.choices))
+
+
+def stats_to_proto(stats: CompileStats) -> pb.CompileStats:
+    return pb.CompileStats(hit=_HIT_TO_PB[stats.hit], built=stats.built, waited=stats.waited,
+                           compile_ms=stats.compile_ms, queue_ms=stats.queue_ms,
+                           load_ms=stats.load_ms, total_ms=stats.total_ms,
+                           redis_fallback=stats.redis_fallback)
+
+
+def stats_from_proto(msg: pb.CompileStats) -> CompileStats:
+    return CompileStats(hit=_HIT_FROM_PB.get(msg.hit), built=msg.built, waited=msg.waited,
+                        compile_ms=msg.compile_ms, queue_ms=msg.queue_ms, load_ms=msg.load_ms,
+                        total_ms=msg.total_ms, redis_fallback=msg.redis_fallback)
+
+
+class GrammarService(GrammarBase):
+    """Compile and Health over `caches`; typed errors become status details."""
+
+    def __init__(self, caches: ModelCaches) -> None:
+        self.caches = caches
+
+    async def compile(self, request: pb.CompileRequest) -> pb.CompileReply:
+        """One Compile, without the transport. Raises the typed errors of the request."""
+        cache = self.caches[request.model]
+        constraint = constraint_from_request(request)
+        result = await cache.compile(constraint, framing=request.framing or None)
+        return pb.CompileReply(key=result.key, stats=stats_to_proto(result.stats))
+
+    async def Compile(self, stream: Stream[pb.CompileRequest, pb.CompileReply]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        try:
+            reply = await self.compile(request)
+        except InfernixError as exc:
+            if exc.fault != "request":
+                log.error("grammar_compile_failed", model=request.model, error=exc.type_name)
+            raise grpc_error(exc) from None
+        except Exception as exc:  # a bug: logged with its traceback, reported as internal
+            log.exception("grammar_compile_crashed", model=request.model)
+            raise grpc_error(InternalError(f"grammar compile failed: {type(exc).__name__}")) from None
+        await stream.send_message(reply)
+
+    async def Health(self, stream: Stream[pb.HealthRequest, pb.HealthReply]) -> None:
+        await stream.recv_message()
+        store = self.caches.store
+        redis_ok = True if store is None else await store.ping()
+        await stream.send_message(pb.HealthReply(status="SERVING", models=list(self.caches.models),
+                                                 redis_ok=redis_ok))
+
+
+def create_server(caches: ModelCaches) -> Server:
+    """A grpclib Server (not started) for the grammar service over `caches`."""
+    return Server([GrammarService(caches)], status_details_codec=ErrorStatusCodec())
+
+
+def resolve_models(models: Sequence[str] | Mapping[str, TokenDomain]) -> dict[str, TokenDomain]:
+    """Model names (built-in frontends) or a mapping name -> TokenDomain, as a mapping."""
+    if isinstance(models, Mapping):
+        return dict(models)
+    if isinstance(models, str) or not models:
+        raise ValueError("models must be a non-empty list of model names")
+    return {name: get_domain(name) for name in models}
+
+
+async def serve(*, host: str = "127.0.0.1", port: int = DEFAULT_PORT, redis_url: str | None = None,
+                cache_bytes: int = DEFAULT_CACHE_BYTES,
+                models: Sequence[str] | Mapping[str, TokenDomain] = ("smollm2",)) -> None:
+    """Run the grammar service until the first SIGTERM/SIGINT (the second exits at once).
+
+    `redis_url` None keeps compiled grammars in process only; `cache_bytes` bounds the L1 and
+    the Redis store (default 256 MiB each). Raises InvalidRequest for an unknown model name."""
+    domains = resolve_models(models)
+    caches = ModelCaches.open(domains, redis_url=redis_url,
+                              config=CacheConfig(cache_bytes=cache_bytes))
+    server = create_server(caches)
+    try:
+        with graceful_exit([server]):
+            await server.start(host, port)
+            log.info("grammar_service_started", host=host, port=port, models=list(domains),
+                     redis=bool(redis_url))
+            await server.wait_closed()
+    finally:
+        await caches.aclose()
+    log.info("grammar_service_stopped")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Flags with environment defaults of the same name (--redis-url <- INFERNIX_REDIS_URL)."""
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="infernix grammar", description="grammar-compile service")
+    p.add_argument("--host", default=env("INFERNIX_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env("INFERNIX_PORT", DEFAULT_PORT)))
+    p.add_argument("--redis-url", default=env("INFERNIX_REDIS_URL") or None)
+    p.add_argument("--grammar-cache-bytes", type=int,
+                   default=int(env("INFERNIX_GRAMMAR_CACHE_BYTES", DEFAULT_CACHE_BYTES)))
+    p.add_argument("--model", default=env("INFERNIX_MODEL", "smollm2"),
+                   help=f"comma-separated model names ({', '.join(MODELS)})")
+    p.add_argument("--log-level", default=env("INFERNIX_LOG_LEVEL", "INFO"))
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`infernix grammar`: run the service in the foreground."""
+    args = parse_args(argv)
+    configure_logging(args.log_level)
+    models = [m.strip() for m in args.model.split(",") if m.strip()]
+    asyncio.run(serve(host=args.host, port=args.port, redis_url=args.redis_url,
+                      cache_bytes=args.grammar_cache_bytes, models=models))
+
+
+if __name__ == "__main__":
+    main()

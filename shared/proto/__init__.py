@@ -1,0 +1,1 @@
+"""Protobuf messages and grpclib stubs generated from the .proto files here (`generate.sh`)."""
