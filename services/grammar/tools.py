@@ -1,0 +1,210 @@
+"""The tool contract for Hermes-style framing (the built-in default model's tool format).
+
+A call is the canonical text the chat template renders:
+
+    <tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>
+
+Calls follow each other separated by one newline; once in the call sequence only further calls and
+EOS are legal. The three independent choices of the design document:
+
+- base structure: the framing and the declared (allowed) names are always enforced once a grammar
+  is built; the free text before the first call under `auto` can never spell `<tool_call>` (the
+  model's format has no dedicated token, so the opener is text: a spelled opener always starts a
+  call, which is how the output decoder reads it too);
+- arguments: a strict tool's ARGS is its argument schema's grammar (the root must reduce to a
+  closed object); a non-strict tool's ARGS is any JSON object;
+- call policy: `auto` = free text then zero or more calls; `required` = one or more calls from the
+  start; `parallel=False` = at most one call; `none` = content only (no grammar of its own).
+
+A JSON content constraint together with tools under `auto` is the union: JSON content OR a call
+sequence, never both. GBNF, choice and regex content constraints with an active tool set conflict.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from services.grammar.compiler import ebnf_string
+from shared.contract import (
+    ConstraintKind, OutputConstraint, ToolChoice, ToolConstraints, ToolDefinition, ToolMode,
+    canonical_json,
+)
+from shared.errors import ConflictingConstraint, SchemaSource
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+NAME_PREFIX = '{"name": "'
+ARGS_PREFIX = '", "arguments": '
+CALL_SUFFIX = "}\n" + CALL_CLOSE
+FRAMING = "hermes-v1"
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """Everything that defines a tool grammar. Non-strict schemas are not part of its identity."""
+
+    tools: tuple[ToolDefinition, ...]
+    choice: ToolChoice
+    content: OutputConstraint | None = None
+
+    def allowed(self) -> tuple[ToolDefinition, ...]:
+        names = self.choice.allowed_names
+        return tuple(t for t in self.tools if names is None or t.name in names)
+
+    def canonical_source(self) -> str:
+        """The cache identity: allowed names, strict schemas, call policy and content."""
+        return canonical_json({
+            "tools": [[t.name, t.strict, t.parameters if t.strict else None] for t in self.allowed()],
+            "mode": self.choice.mode.value,
+            "parallel": self.choice.parallel,
+            "content": None if self.content is None else
+            [self.content.kind.value, self.content.canonical_source()],
+        })
+
+    def to_json(self) -> str:
+        """The spec as JSON text (what travels over gRPC); `from_json` reads it back."""
+        c = self.content
+        return canonical_json({
+            "tools": [{"name": t.name, "strict": t.strict,
+                       "parameters": t.parameters if t.strict else None} for t in self.allowed()],
+            "mode": self.choice.mode.value,
+            "parallel": self.choice.parallel,
+            "content": None if c is None else {"kind": c.kind.value, "source": c.source},
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> "ToolSpec":
+        """Raises InvalidRequest (field "source") for text that is not a tool spec."""
+        from shared.contract import parse_json_text
+        from shared.errors import InvalidRequest
+
+        data = parse_json_text(text, field="source")
+        try:
+            tools = tuple(ToolDefinition.create(t["name"], t["parameters"], strict=t["strict"],
+                                                index=i) for i, t in enumerate(data["tools"]))
+            choice = ToolChoice(ToolMode(data["mode"]), None, bool(data["parallel"]))
+            content = data["content"]
+            if content is not None:
+                kind = ConstraintKind(content["kind"])
+                content = OutputConstraint.json_object() if kind is ConstraintKind.JSON_OBJECT \
+                    else OutputConstraint.json_schema(content["source"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidRequest(f"malformed tool spec: {exc}", field="source") from None
+        return cls(tools, choice, content)
+
+
+def needs_tool_grammar(tools: tuple[ToolDefinition, ...], choice: ToolChoice,
+                       content: OutputConstraint | None) -> bool:
+    """Whether a request's output language is a tool grammar (else: the content constraint alone,
+    or free generation). Raises ConflictingConstraint for GBNF/choice/regex with active tools."""
+    if not tools or choice.mode is ToolMode.NONE:
+        return False
+    if content is not None and content.kind not in (ConstraintKind.JSON_OBJECT,
+                                                    ConstraintKind.JSON_SCHEMA):
+        raise ConflictingConstraint(
+            f"a {content.kind.value} constraint cannot be combined with active tools; use "
+            "tool_choice none or drop the tools", field="tool_choice")
+    if choice.constraints is ToolConstraints.AUTOMATIC:
+        # Only what the request asks for: an ordinary auto turn with non-strict tools is free.
+        asks = (choice.mode is ToolMode.REQUIRED or not choice.parallel
+                or choice.allowed_names is not None or content is not None
+                or any(t.strict for t in tools))
+        return asks
+    return True
+
+
+def _text_without(word: str, prefix: str) -> tuple[str, dict[str, str]]:
+    """Rules for any text that never contains `word` (a KMP automaton, one rule per state)."""
+    from services.grammar.regex.charset import CharSet, ebnf_class
+
+    n = len(word)
+    fail = [0] * (n + 1)  # KMP failure function
+    k = 0
+    for i in range(1, n):
+        while k and word[i] != word[k]:
+            k = fail[k]
+        if word[i] == word[k]:
+            k += 1
+        fail[i + 1] = k
+
+    def step(state: int, ch: str) -> int:
+        while state and word[state] != ch:
+            state = fail[state]
+        return state + 1 if word[state] == ch else 0
+
+    rules: dict[str, str] = {}
+    alphabet = sorted(set(word))
+    others = ebnf_class(CharSet.chars("".join(alphabet)).invert().scalars())
+    for s in range(n):
+        alts = ['""']
+        for ch in alphabet:
+            nxt = step(s, ch)
+            if nxt < n:
+                alts.append(f"{ebnf_string(ch)} {prefix}{nxt}")
+        alts.append(f"{others} {prefix}0")
+        rules[f"{prefix}{s}"] = " | ".join(alts)
+    return f"{prefix}0", rules
+
+
+_RULE_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::= ", re.M)
+_IDENT = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z_][A-Za-z0-9_]*')
+
+
+def embed(ebnf: str, prefix: str) -> tuple[str, str]:
+    """Rename every rule of a whole grammar with `prefix` so several can live in one grammar.
+
+    Returns (rules text, the renamed root). Literals and classes are left untouched."""
+    names = set(_RULE_LINE.findall(ebnf))
+
+    def rename(m: re.Match) -> str:
+        tok = m.group(0)
+        return prefix + tok if tok in names else tok
+
+    return _IDENT.sub(rename, ebnf), prefix + "root"
+
+
+def _schema_ebnf(schema: object, *, index: int, name: str, strict: bool) -> str:
+    from services.grammar.schema import reduce_tool_arguments, schema_to_ebnf
+
+    if not strict:
+        return schema_to_ebnf({"type": "object"})
+    reduce_tool_arguments(schema, tool_index=index, tool_name=name)
+    return schema_to_ebnf(schema, source=SchemaSource.TOOL_ARGUMENTS, tool_index=index,
+                          tool_name=name)
+
+
+def tool_grammar_ebnf(spec: ToolSpec) -> str:
+    """The EBNF (entry `root`) of a tool spec. Raises UnsupportedSchema / InvalidSchema (source
+    tool_arguments, with the tool's index and name) for a strict tool's unusable schema."""
+    lines: list[str] = []
+    call_alts = []
+    index_of = {t.name: i for i, t in enumerate(spec.tools)}
+    for tool in spec.allowed():
+        i = index_of[tool.name]
+        body, root = embed(_schema_ebnf(tool.parameters, index=i, name=tool.name,
+                                        strict=tool.strict), f"t{i}_")
+        lines.append(body)
+        head = ebnf_string(f"{CALL_OPEN}\n{NAME_PREFIX}{tool.name}{ARGS_PREFIX}")
+        call_alts.append(f"{head} {root} {ebnf_string(CALL_SUFFIX)}")
+    lines.append("call ::= " + " | ".join(call_alts))
+    if spec.choice.parallel:
+        lines.append('calls ::= call ("\\n" call)*')
+    else:
+        lines.append("calls ::= call")
+    mode = spec.choice.mode
+    if spec.content is not None:
+        from services.grammar.schema import schema_to_ebnf
+
+        schema = {"type": "object"} if spec.content.kind is ConstraintKind.JSON_OBJECT \
+            else spec.content.schema
+        body, root = embed(schema_to_ebnf(schema), "c_")
+        lines.append(body)
+        top = f"{root} | calls" if mode is ToolMode.AUTO else "calls"
+    elif mode is ToolMode.AUTO:
+        free, rules = _text_without(CALL_OPEN, "free")
+        lines.extend(f"{k} ::= {v}" for k, v in rules.items())
+        top = f"{free} | {free} calls"
+    else:
+        top = "calls"
+    return f"root ::= {top}\n" + "\n".join(lines) + "\n"
