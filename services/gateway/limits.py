@@ -1,0 +1,76 @@
+"""Gateway request limits and API-key checks."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from shared.contract import canonical_json
+from shared.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class GatewayLimits:
+    max_body_bytes: int = 4 * 1024 * 1024  # bytes of one request body; larger bodies get 413
+    max_messages: int = 512  # chat messages / Responses input items / Anthropic messages
+    max_tools: int = 128  # declared tools per request
+    max_schema_bytes: int = 256 * 1024  # canonical JSON bytes of one schema (or grammar/regex text)
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_messages", "max_tools", "max_schema_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GatewayLimits.{name} must be a positive integer, got {value!r}")
+
+    def check_messages(self, count: int, path: str) -> None:
+        """Raise InvalidRequest(field=path) when more than `max_messages` were given."""
+        if count > self.max_messages:
+            raise InvalidRequest(
+                f"{path} holds {count} entries, more than this gateway's limit max_messages="
+                f"{self.max_messages}", field=path)
+
+    def check_tools(self, count: int, path: str) -> None:
+        """Raise InvalidRequest(field=path) when more than `max_tools` were declared."""
+        if count > self.max_tools:
+            raise InvalidRequest(
+                f"{path} declares {count} tools, more than this gateway's limit max_tools="
+                f"{self.max_tools}", field=path)
+
+    def check_schema(self, schema: Any, path: str) -> None:
+        """Raise InvalidRequest(field=path) when the schema's canonical JSON exceeds the limit."""
+        size = len(canonical_json(schema).encode())
+        self._check_source_size(size, path, "schema")
+
+    def check_source(self, text: str, path: str) -> None:
+        """The same byte limit for grammar and regex text and choice lists."""
+        self._check_source_size(len(text.encode()), path, "constraint source")
+
+    def _check_source_size(self, size: int, path: str, what: str) -> None:
+        if size > self.max_schema_bytes:
+            raise InvalidRequest(
+                f"{path}: the {what} is {size} bytes, more than this gateway's limit "
+                f"max_schema_bytes={self.max_schema_bytes}", field=path)
+
+
+def presented_keys(headers: Mapping[str, str]) -> list[str]:
+    """The API keys a request presents: `Authorization: Bearer KEY` and/or `x-api-key: KEY`."""
+    keys = []
+    auth = headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer " and auth[7:].strip():
+        keys.append(auth[7:].strip())
+    key = headers.get("x-api-key", "").strip()
+    if key:
+        keys.append(key)
+    return keys
+
+
+def key_allowed(presented: list[str], api_keys: frozenset[str]) -> bool:
+    """True when no keys are configured or a presented key equals one of them (constant time)."""
+    if not api_keys:
+        return True
+    found = False
+    for key in presented:
+        for allowed in api_keys:
+            found |= hmac.compare_digest(key.encode(), allowed.encode())
+    return found

@@ -1,0 +1,281 @@
+"""OpenAI Chat Completions: `POST /v1/chat/completions` <-> the worker contract."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from services.gateway import fields as f
+from services.gateway.errors import ErrorPaths
+from services.gateway.limits import GatewayLimits
+from services.gateway.sse import DONE, SSE
+from services.gateway.translate import (
+    Translated,
+    allowed_names,
+    json_schema_constraint,
+    merge_content_constraint,
+    structured_outputs,
+    structured_outputs_key,
+    tool_definition,
+    tool_policy,
+)
+from shared.contract import OutputConstraint, ToolChoice, ToolMode, parse_json_text
+from shared.errors import InvalidRequest, Unsupported
+from shared.generation import (
+    ChatMessage,
+    Finished,
+    FinishReason,
+    GenerateRequest,
+    PromptInput,
+    RequestOptions,
+    SamplingParams,
+    TextDelta,
+    ToolCall,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+)
+
+_TEXT_PARTS = ("text",)
+FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
+          FinishReason.TOOL_CALLS: "tool_calls"}
+
+
+def error_paths(body: dict) -> ErrorPaths:
+    key = structured_outputs_key(body)
+    rf = body.get("response_format")
+    standard = isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema")
+    constraint = f"structured_outputs.{key}" if key else ("response_format" if standard else None)
+    max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    return ErrorPaths(
+        content_schema="response_format.json_schema.schema",
+        constraint=constraint,
+        tool_base="tools[{i}]",
+        tool_fields={"parameters": "function.parameters", "name": "function.name",
+                     "description": "function.description", "strict": "function.strict"},
+        aliases={"max_tokens": max_field, "prompt": "messages",
+                 "constraint": constraint or "response_format"},
+    )
+
+
+def translate(body: dict, request_id: str, limits: GatewayLimits) -> Translated:
+    """Chat body -> GenerateRequest. Raises typed RequestErrors naming the original field."""
+    model = f.get_str(body, "model", "", required=True)
+    n = f.get_int(body, "n", "", default=1)
+    if n != 1:
+        raise Unsupported(f"n must be 1 (one choice per request), got {n}", field="n")
+    if f.get_bool(body, "logprobs", "", default=False):
+        raise Unsupported("logprobs are not supported", field="logprobs")
+    messages = _messages(body, limits)
+    tools = _tools(body, limits)
+    choice = tool_policy(tools, _tool_choice(body))
+    constraint = merge_content_constraint(_response_format(body, limits),
+                                          structured_outputs(body, limits), "response_format")
+    max_tokens = f.get_int(body, "max_completion_tokens", "")
+    if max_tokens is None:
+        max_tokens = f.get_int(body, "max_tokens", "")
+    sampling = SamplingParams(
+        temperature=f.get_number(body, "temperature", "", default=1.0),
+        top_p=f.get_number(body, "top_p", "", default=1.0),
+        seed=f.get_int(body, "seed", ""),
+        presence_penalty=f.get_number(body, "presence_penalty", "", default=0.0),
+        frequency_penalty=f.get_number(body, "frequency_penalty", "", default=0.0),
+    )
+    options = RequestOptions(max_tokens=max_tokens, sampling=sampling, constraint=constraint,
+                             tool_choice=choice, stop=f.stop_strings(body, "stop", ""))
+    stream = f.get_bool(body, "stream", "", default=False)
+    stream_options = f.get_dict(body, "stream_options", "") or {}
+    include_usage = f.get_bool(stream_options, "include_usage", "stream_options", default=False)
+    request = GenerateRequest(request_id, PromptInput(messages=messages, tools=tools), options,
+                              model)
+    return Translated(request, error_paths(body), stream=stream, include_usage=include_usage)
+
+
+def _messages(body: dict, limits: GatewayLimits) -> tuple[ChatMessage, ...]:
+    raw = f.get_list(body, "messages", "", required=True)
+    if not raw:
+        raise InvalidRequest("messages must hold at least one message", field="messages")
+    limits.check_messages(len(raw), "messages")
+    out = []
+    for i, message in enumerate(raw):
+        path = f"messages[{i}]"
+        message = f.as_dict(message, path)
+        role = f.get_str(message, "role", path, required=True)
+        content = f.get(message, "content", path)
+        text = None if content is f.MISSING else f.text_parts(content, f"{path}.content",
+                                                              part_types=_TEXT_PARTS)
+        name = f.get_str(message, "name", path)
+        if role in ("system", "developer", "user"):
+            if text is None:
+                raise InvalidRequest(f"{path}.content is required", field=f"{path}.content")
+            out.append(ChatMessage("user" if role == "user" else "system", text, name=name))
+        elif role == "assistant":
+            calls = _assistant_calls(message, path)
+            if text is None and not calls:
+                raise InvalidRequest(f"{path} needs content or tool_calls", field=f"{path}.content")
+            out.append(ChatMessage("assistant", text, calls, name=name))
+        elif role == "tool":
+            call_id = f.get_str(message, "tool_call_id", path, required=True)
+            out.append(ChatMessage("tool", text or "", tool_call_id=call_id))
+        else:
+            raise Unsupported(f"{path}.role {role!r} is not supported (system, developer, user, "
+                              "assistant, tool)", field=f"{path}.role")
+    return tuple(out)
+
+
+def _assistant_calls(message: dict, path: str) -> tuple[ToolCall, ...]:
+    calls = f.get_list(message, "tool_calls", path) or []
+    out = []
+    for j, call in enumerate(calls):
+        call_path = f"{path}.tool_calls[{j}]"
+        call = f.as_dict(call, call_path)
+        kind = f.get_str(call, "type", call_path, default="function")
+        f.reject_unless(kind == "function", f"{call_path}.type",
+                        f"{call_path}.type {kind!r} is not supported; only function calls")
+        function = f.get_dict(call, "function", call_path, required=True)
+        fn_path = f"{call_path}.function"
+        arguments = f.get_str(function, "arguments", fn_path, required=True)
+        parse_json_text(arguments, field=f"{fn_path}.arguments")
+        out.append(ToolCall(f.get_str(call, "id", call_path, required=True),
+                            f.get_str(function, "name", fn_path, required=True), arguments))
+    return tuple(out)
+
+
+def _tools(body: dict, limits: GatewayLimits) -> tuple:
+    raw = f.get_list(body, "tools", "") or []
+    limits.check_tools(len(raw), "tools")
+    tools = []
+    for i, tool in enumerate(raw):
+        path = f"tools[{i}]"
+        tool = f.as_dict(tool, path)
+        kind = f.get_str(tool, "type", path, required=True)
+        f.reject_unless(kind == "function", f"{path}.type",
+                        f"{path}.type {kind!r} is not supported; only function tools")
+        function = f.get_dict(tool, "function", path, required=True)
+        fn_path = f"{path}.function"
+        parameters = f.get_dict(function, "parameters", fn_path)
+        tools.append(tool_definition(
+            i, f.get_str(function, "name", fn_path, required=True), parameters,
+            description=f.get_str(function, "description", fn_path),
+            strict=f.get_bool(function, "strict", fn_path, default=False),
+            schema_path=f"{fn_path}.parameters", limits=limits))
+    return tuple(tools)
+
+
+def _tool_choice(body: dict) -> ToolChoice:
+    parallel = f.get_bool(body, "parallel_tool_calls", "", default=True)
+    value = f.get(body, "tool_choice", "")
+    if value is f.MISSING:
+        return ToolChoice(parallel=parallel)
+    if isinstance(value, str):
+        modes = {"auto": ToolMode.AUTO, "none": ToolMode.NONE, "required": ToolMode.REQUIRED}
+        if value not in modes:
+            raise InvalidRequest(f"tool_choice {value!r} must be auto, none, required or a named "
+                                 "function", field="tool_choice")
+        return ToolChoice(modes[value], parallel=parallel)
+    value = f.as_dict(value, "tool_choice")
+    kind = f.get_str(value, "type", "tool_choice", required=True)
+    if kind == "function":
+        function = f.get_dict(value, "function", "tool_choice", required=True)
+        return ToolChoice.named(f.get_str(function, "name", "tool_choice.function", required=True))
+    if kind == "allowed_tools":
+        allowed = f.get_dict(value, "allowed_tools", "tool_choice", required=True)
+        mode = f.get_str(allowed, "mode", "tool_choice.allowed_tools", required=True)
+        if mode not in ("auto", "required"):
+            raise InvalidRequest(f"tool_choice.allowed_tools.mode {mode!r} must be auto or required",
+                                 field="tool_choice.allowed_tools.mode")
+        names = allowed_names(allowed.get("tools"), "tool_choice.allowed_tools.tools",
+                              nested_function=True)
+        return ToolChoice(ToolMode(mode), names, parallel)
+    raise Unsupported(f"tool_choice.type {kind!r} is not supported (function, allowed_tools)",
+                      field="tool_choice.type")
+
+
+def _response_format(body: dict, limits: GatewayLimits) -> OutputConstraint | None:
+    rf = f.get_dict(body, "response_format", "")
+    if rf is None:
+        return None
+    kind = f.get_str(rf, "type", "response_format", required=True)
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputConstraint.json_object()
+    if kind == "json_schema":
+        spec = f.get_dict(rf, "json_schema", "response_format", required=True)
+        f.get_bool(spec, "strict", "response_format.json_schema")  # type-checked; always enforced
+        return json_schema_constraint(f.get(spec, "schema", "response_format.json_schema"),
+                                      "response_format.json_schema.schema", limits)
+    raise Unsupported(f"response_format.type {kind!r} is not supported (text, json_object, "
+                      "json_schema)", field="response_format.type")
+
+
+# ---- replies ----
+
+def _report(finished: Finished) -> dict[str, Any]:
+    return {"constraint": finished.constraint}
+
+
+def _usage(finished: Finished) -> dict[str, int]:
+    u = finished.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens}
+
+
+def _call_json(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments_json}}
+
+
+def aggregate(tr: Translated, finished: Finished, created: int) -> dict[str, Any]:
+    """The chat.completion object of a finished generation."""
+    message: dict[str, Any] = {"role": "assistant", "refusal": None,
+                               "content": finished.content or (None if finished.tool_calls else "")}
+    if finished.tool_calls:
+        message["tool_calls"] = [_call_json(c) for c in finished.tool_calls]
+    return {
+        "id": tr.request.request_id, "object": "chat.completion", "created": created,
+        "model": tr.request.model,
+        "choices": [{"index": 0, "message": message, "logprobs": None,
+                     "finish_reason": FINISH[finished.finish_reason]}],
+        "usage": _usage(finished), "infernix": _report(finished),
+    }
+
+
+class Streamer:
+    """chat.completion.chunk events: role first, content and tool-call deltas, the finish chunk
+    (with the constraint report), an optional usage chunk, then [DONE]."""
+
+    def __init__(self, tr: Translated) -> None:
+        self.tr = tr
+        self.created = int(time.time())
+
+    def _chunk(self, delta: dict | None, finish: str | None = None, **extra: Any) -> SSE:
+        choices = [] if delta is None else [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        return SSE({"id": self.tr.request.request_id, "object": "chat.completion.chunk",
+                    "created": self.created, "model": self.tr.request.model,
+                    "choices": choices, **extra})
+
+    def begin(self) -> list[SSE]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def event(self, event: Any) -> list[SSE]:
+        if isinstance(event, TextDelta):
+            return [self._chunk({"content": event.text})] if event.text else []
+        if isinstance(event, ToolCallStart):
+            return [self._chunk({"tool_calls": [{"index": event.index, "id": event.id,
+                                                 "type": "function", "function": {
+                                                     "name": event.name, "arguments": ""}}]})]
+        if isinstance(event, ToolCallArgumentsDelta):
+            return [self._chunk({"tool_calls": [{"index": event.index,
+                                                 "function": {"arguments": event.fragment}}]})]
+        return []
+
+    def finish(self, finished: Finished) -> list[SSE]:
+        out = [self._chunk({}, FINISH[finished.finish_reason], infernix=_report(finished))]
+        if self.tr.include_usage:
+            out.append(self._chunk(None, usage=_usage(finished)))
+        return out + [DONE]
+
+    def fail(self, error_body: dict) -> list[SSE]:
+        return [SSE(error_body), DONE]

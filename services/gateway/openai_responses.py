@@ -1,0 +1,326 @@
+"""OpenAI Responses: `POST /v1/responses` <-> the worker contract (stateless: no stored
+responses, so `previous_response_id` and `background` are refused)."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from typing import Any
+
+from services.gateway import fields as f
+from services.gateway.errors import ErrorPaths
+from services.gateway.limits import GatewayLimits
+from services.gateway.sse import SSE
+from services.gateway.translate import (
+    Translated,
+    allowed_names,
+    json_schema_constraint,
+    tool_definition,
+    tool_policy,
+)
+from shared.contract import OutputConstraint, ToolChoice, ToolMode, parse_json_text
+from shared.errors import InternalError, InvalidRequest, Unsupported
+from shared.generation import (
+    ChatMessage,
+    Finished,
+    FinishReason,
+    GenerateRequest,
+    PromptInput,
+    RequestOptions,
+    SamplingParams,
+    TextDelta,
+    ToolCall,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+)
+
+_PARTS = ("input_text", "output_text")
+
+
+def error_paths(body: dict) -> ErrorPaths:
+    return ErrorPaths(
+        content_schema="text.format.schema", constraint="text.format", tool_base="tools[{i}]",
+        aliases={"max_tokens": "max_output_tokens", "prompt": "input", "constraint": "text.format"})
+
+
+def translate(body: dict, request_id: str, limits: GatewayLimits) -> Translated:
+    """Responses body -> GenerateRequest. Raises typed RequestErrors naming the original field."""
+    model = f.get_str(body, "model", "", required=True)
+    for key in ("previous_response_id", "conversation"):
+        f.reject_unless(f.get(body, key, "") is f.MISSING, key,
+                        f"{key} is not supported: this server stores no responses; send the "
+                        "whole conversation as input")
+    f.reject_unless(not f.get_bool(body, "background", "", default=False), "background",
+                    "background responses are not supported")
+    messages = _input(body, limits)
+    tools = _tools(body, limits)
+    choice = tool_policy(tools, _tool_choice(body))
+    text = f.get_dict(body, "text", "") or {}
+    constraint = _format(text, limits)
+    sampling = SamplingParams(temperature=f.get_number(body, "temperature", "", default=1.0),
+                              top_p=f.get_number(body, "top_p", "", default=1.0))
+    options = RequestOptions(max_tokens=f.get_int(body, "max_output_tokens", ""),
+                             sampling=sampling, constraint=constraint, tool_choice=choice)
+    request = GenerateRequest(request_id, PromptInput(messages=messages, tools=tools), options,
+                              model)
+    echo = {
+        "instructions": f.get_str(body, "instructions", ""),
+        "max_output_tokens": options.max_tokens,
+        "parallel_tool_calls": choice.parallel,
+        "temperature": sampling.temperature, "top_p": sampling.top_p,
+        "tool_choice": body.get("tool_choice") or "auto",
+        "tools": body.get("tools") or [],
+        "text": {"format": text.get("format") or {"type": "text"}},
+        "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
+    }
+    return Translated(request, error_paths(body), stream=f.get_bool(body, "stream", "", default=False),
+                      echo=echo)
+
+
+def _input(body: dict, limits: GatewayLimits) -> tuple[ChatMessage, ...]:
+    out: list[ChatMessage] = []
+    instructions = f.get_str(body, "instructions", "")
+    if instructions:
+        out.append(ChatMessage("system", instructions))
+    raw = f.get(body, "input", "", required=True)
+    if isinstance(raw, str):
+        return tuple(out + [ChatMessage("user", raw)])
+    if not isinstance(raw, list) or not raw:
+        raise f.wrong_type("input", "a string or a non-empty array of input items", raw)
+    limits.check_messages(len(raw), "input")
+    for i, item in enumerate(raw):
+        path = f"input[{i}]"
+        item = f.as_dict(item, path)
+        kind = f.get_str(item, "type", path, default="message")
+        if kind == "message":
+            role = f.get_str(item, "role", path, required=True)
+            text = f.text_parts(f.get(item, "content", path, required=True), f"{path}.content",
+                                part_types=_PARTS)
+            if role not in ("user", "system", "developer", "assistant"):
+                raise Unsupported(f"{path}.role {role!r} is not supported", field=f"{path}.role")
+            out.append(ChatMessage("system" if role == "developer" else role, text))
+        elif kind == "function_call":
+            arguments = f.get_str(item, "arguments", path, required=True)
+            parse_json_text(arguments, field=f"{path}.arguments")
+            call = ToolCall(f.get_str(item, "call_id", path, required=True),
+                            f.get_str(item, "name", path, required=True), arguments)
+            if out and out[-1].role == "assistant":
+                out[-1] = dataclasses.replace(out[-1], tool_calls=out[-1].tool_calls + (call,))
+            else:
+                out.append(ChatMessage("assistant", None, (call,)))
+        elif kind == "function_call_output":
+            output = f.text_parts(f.get(item, "output", path, required=True), f"{path}.output",
+                                  part_types=_PARTS)
+            out.append(ChatMessage("tool", output,
+                                   tool_call_id=f.get_str(item, "call_id", path, required=True)))
+        else:
+            raise Unsupported(f"{path}.type {kind!r} is not supported (message, function_call, "
+                              "function_call_output)", field=f"{path}.type")
+    return tuple(out)
+
+
+def _tools(body: dict, limits: GatewayLimits) -> tuple:
+    raw = f.get_list(body, "tools", "") or []
+    limits.check_tools(len(raw), "tools")
+    tools = []
+    for i, tool in enumerate(raw):
+        path = f"tools[{i}]"
+        tool = f.as_dict(tool, path)
+        kind = f.get_str(tool, "type", path, required=True)
+        f.reject_unless(kind == "function", f"{path}.type",
+                        f"{path}.type {kind!r} is not supported; only function tools")
+        tools.append(tool_definition(
+            i, f.get_str(tool, "name", path, required=True), f.get_dict(tool, "parameters", path),
+            description=f.get_str(tool, "description", path),
+            # The Responses API documents strict as defaulting to true.
+            strict=f.get_bool(tool, "strict", path, default=True),
+            schema_path=f"{path}.parameters", limits=limits))
+    return tuple(tools)
+
+
+def _tool_choice(body: dict) -> ToolChoice:
+    parallel = f.get_bool(body, "parallel_tool_calls", "", default=True)
+    value = f.get(body, "tool_choice", "")
+    if value is f.MISSING:
+        return ToolChoice(parallel=parallel)
+    if isinstance(value, str):
+        if value not in ("auto", "none", "required"):
+            raise InvalidRequest(f"tool_choice {value!r} must be auto, none, required or a named "
+                                 "function", field="tool_choice")
+        return ToolChoice(ToolMode(value), parallel=parallel)
+    value = f.as_dict(value, "tool_choice")
+    kind = f.get_str(value, "type", "tool_choice", required=True)
+    if kind == "function":
+        return ToolChoice.named(f.get_str(value, "name", "tool_choice", required=True))
+    if kind == "allowed_tools":
+        mode = f.get_str(value, "mode", "tool_choice", required=True)
+        if mode not in ("auto", "required"):
+            raise InvalidRequest(f"tool_choice.mode {mode!r} must be auto or required",
+                                 field="tool_choice.mode")
+        names = allowed_names(value.get("tools"), "tool_choice.tools", nested_function=False)
+        return ToolChoice(ToolMode(mode), names, parallel)
+    raise Unsupported(f"tool_choice.type {kind!r} is not supported (function, allowed_tools)",
+                      field="tool_choice.type")
+
+
+def _format(text: dict, limits: GatewayLimits) -> OutputConstraint | None:
+    fmt = f.get_dict(text, "format", "text")
+    if fmt is None:
+        return None
+    kind = f.get_str(fmt, "type", "text.format", required=True)
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputConstraint.json_object()
+    if kind == "json_schema":
+        f.get_str(fmt, "name", "text.format")
+        f.get_bool(fmt, "strict", "text.format")  # type-checked; the schema is always enforced
+        return json_schema_constraint(f.get(fmt, "schema", "text.format"), "text.format.schema",
+                                      limits)
+    raise Unsupported(f"text.format.type {kind!r} is not supported (text, json_object, "
+                      "json_schema)", field="text.format.type")
+
+
+# ---- replies ----
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
+    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def response_object(tr: Translated, created: float, status: str, output: list[dict],
+                    finished: Finished | None = None, error: dict | None = None) -> dict:
+    """The `response` object in the given status."""
+    obj: dict[str, Any] = {
+        "id": tr.request.request_id, "object": "response", "created_at": created,
+        "status": status, "error": error, "incomplete_details": None, "model": tr.request.model,
+        "output": output, **tr.echo,
+        "usage": None,
+    }
+    if finished is not None:
+        u = finished.usage
+        obj["usage"] = {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
+                        "total_tokens": u.prompt_tokens + u.completion_tokens,
+                        "input_tokens_details": {"cached_tokens": 0},
+                        "output_tokens_details": {"reasoning_tokens": 0}}
+        if finished.finish_reason is FinishReason.LENGTH:
+            obj["incomplete_details"] = {"reason": "max_output_tokens"}
+        obj["infernix"] = {"constraint": finished.constraint}
+    return obj
+
+
+def _status(finished: Finished) -> str:
+    return "incomplete" if finished.finish_reason is FinishReason.LENGTH else "completed"
+
+
+def aggregate(tr: Translated, finished: Finished, created: int) -> dict[str, Any]:
+    """The response object of a finished generation."""
+    status = _status(finished)
+    output = []
+    if finished.content or not finished.tool_calls:
+        output.append(_message_item(_item_id("msg"), finished.content, status))
+    output += [_call_item(_item_id("fc"), c.id, c.name, c.arguments_json, "completed")
+               for c in finished.tool_calls]
+    return response_object(tr, created, status, output, finished)
+
+
+class Streamer:
+    """The Responses event sequence, each event with its sequence_number."""
+
+    def __init__(self, tr: Translated) -> None:
+        self.tr = tr
+        self.created = int(time.time())
+        self.seq = 0
+        self.output: list[dict] = []  # finished items, in output order
+        self.open: dict | None = None  # the item being streamed
+        self.text = ""  # accumulated text or arguments of the open item
+
+    def _ev(self, kind: str, **data: Any) -> SSE:
+        ev = SSE({"type": kind, "sequence_number": self.seq, **data}, event=kind)
+        self.seq += 1
+        return ev
+
+    def begin(self) -> list[SSE]:
+        obj = response_object(self.tr, self.created, "in_progress", [])
+        return [self._ev("response.created", response=obj),
+                self._ev("response.in_progress", response=obj)]
+
+    def _close(self, status: str = "completed") -> list[SSE]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        index = len(self.output)
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+            done = _message_item(item["id"], self.text, status)
+            events = [
+                self._ev("response.output_text.done", item_id=item["id"], output_index=index,
+                         content_index=0, text=self.text, logprobs=[]),
+                self._ev("response.content_part.done", item_id=item["id"], output_index=index,
+                         content_index=0, part=part)]
+        else:
+            done = _call_item(item["id"], item["call_id"], item["name"], self.text, status)
+            events = [self._ev("response.function_call_arguments.done", item_id=item["id"],
+                               output_index=index, name=item["name"], arguments=self.text)]
+        self.output.append(done)
+        return events + [self._ev("response.output_item.done", output_index=index, item=done)]
+
+    def event(self, event: Any) -> list[SSE]:
+        index = len(self.output)
+        out: list[SSE] = []
+        if isinstance(event, TextDelta):
+            if not event.text:
+                return []
+            if self.open is None or self.open["type"] != "message":
+                out += self._close()
+                index = len(self.output)
+                self.open, self.text = _message_item(_item_id("msg"), "", "in_progress"), ""
+                self.open["content"] = []
+                out += [self._ev("response.output_item.added", output_index=index, item=self.open),
+                        self._ev("response.content_part.added", item_id=self.open["id"],
+                                 output_index=index, content_index=0,
+                                 part={"type": "output_text", "text": "", "annotations": [],
+                                       "logprobs": []})]
+            self.text += event.text
+            out.append(self._ev("response.output_text.delta", item_id=self.open["id"],
+                                output_index=index, content_index=0, delta=event.text, logprobs=[]))
+        elif isinstance(event, ToolCallStart):
+            out += self._close()
+            index = len(self.output)
+            self.open = _call_item(_item_id("fc"), event.id, event.name, "", "in_progress")
+            self.open["call_index"] = event.index
+            self.text = ""
+            item = {k: v for k, v in self.open.items() if k != "call_index"}
+            out.append(self._ev("response.output_item.added", output_index=index, item=item))
+        elif isinstance(event, ToolCallArgumentsDelta):
+            if self.open is None or self.open.get("call_index") != event.index:
+                raise InternalError(f"arguments for call {event.index} arrived while it "
+                                            "was not the open call")
+            self.text += event.fragment
+            out.append(self._ev("response.function_call_arguments.delta", item_id=self.open["id"],
+                                output_index=index, delta=event.fragment))
+        return out
+
+    def finish(self, finished: Finished) -> list[SSE]:
+        status = _status(finished)
+        out = self._close(status if self.open and self.open["type"] == "message" else "completed")
+        obj = response_object(self.tr, self.created, status, self.output, finished)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        return out + [self._ev(kind, response=obj)]
+
+    def fail(self, error: dict) -> list[SSE]:
+        obj = response_object(self.tr, self.created, "failed", self.output,
+                              error={"code": error["error"].get("code") or "server_error",
+                                     "message": error["error"]["message"]})
+        return [self._ev("response.failed", response=obj)]
+

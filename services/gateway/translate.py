@@ -1,0 +1,125 @@
+"""Pieces of protocol translation shared by all entries: the `structured_outputs` extension,
+response schemas, tool declarations and the call policy, and the translated-request record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.gateway import fields as f
+from services.gateway.errors import ErrorPaths
+from services.gateway.limits import GatewayLimits
+from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode, validate_tools
+from shared.errors import ConflictingConstraint, InvalidRequest
+from shared.generation import GenerateRequest
+
+STRUCTURED_OUTPUT_KEYS = ("grammar", "regex", "choice")
+
+
+@dataclass(frozen=True)
+class Translated:
+    """A protocol request translated into the worker contract, with what the reply needs."""
+
+    request: GenerateRequest
+    paths: ErrorPaths
+    stream: bool = False
+    include_usage: bool = False  # OpenAI stream_options.include_usage
+    echo: dict[str, Any] = field(default_factory=dict)  # request values the reply repeats
+
+
+def structured_outputs_key(body: dict) -> str | None:
+    """The single key of a well-formed `structured_outputs` object, for error paths."""
+    value = body.get("structured_outputs")
+    if isinstance(value, dict) and len(value) == 1:
+        return next(iter(value))
+    return None
+
+
+def structured_outputs(body: dict, limits: GatewayLimits) -> OutputConstraint | None:
+    """The Infernix extension `structured_outputs`: exactly one of grammar, regex or choice.
+
+    Raises InvalidRequest naming `structured_outputs` or `structured_outputs.<key>`."""
+    value = f.get_dict(body, "structured_outputs", "")
+    if value is None:
+        return None
+    unknown = [k for k in value if k not in STRUCTURED_OUTPUT_KEYS]
+    if unknown:
+        raise InvalidRequest(
+            f"structured_outputs.{unknown[0]} is not a known constraint; give exactly one of "
+            f"{', '.join(STRUCTURED_OUTPUT_KEYS)}", field=f"structured_outputs.{unknown[0]}")
+    if len(value) != 1:
+        raise InvalidRequest(
+            f"structured_outputs must hold exactly one of {', '.join(STRUCTURED_OUTPUT_KEYS)}, "
+            f"got {len(value)}", field="structured_outputs")
+    key, source = next(iter(value.items()))
+    path = f"structured_outputs.{key}"
+    if key == "choice":
+        if not isinstance(source, list):
+            raise f.wrong_type(path, "an array of strings", source)
+        limits.check_source("".join(s for s in source if isinstance(s, str)), path)
+        return OutputConstraint.choice(source)
+    if not isinstance(source, str):
+        raise f.wrong_type(path, "a string", source)
+    limits.check_source(source, path)
+    if key == "grammar":
+        return OutputConstraint.grammar(source)
+    return OutputConstraint.regex(source)
+
+
+def merge_content_constraint(standard: OutputConstraint | None, extension: OutputConstraint | None,
+                             standard_path: str) -> OutputConstraint | None:
+    """A content constraint has one source: a standard response format plus the extension is a
+    ConflictingConstraint naming `structured_outputs`."""
+    if standard is not None and extension is not None:
+        raise ConflictingConstraint(
+            f"{standard_path} and structured_outputs both constrain the content; a content "
+            "constraint has one source", field="structured_outputs")
+    return standard if standard is not None else extension
+
+
+def json_schema_constraint(schema: Any, path: str, limits: GatewayLimits) -> OutputConstraint:
+    """A response JSON Schema (object or boolean) found at `path`."""
+    if schema is f.MISSING or schema is None:
+        raise InvalidRequest(f"{path} is required for a json_schema format", field=path)
+    if not isinstance(schema, (dict, bool)):
+        raise f.wrong_type(path, "a JSON Schema object", schema)
+    limits.check_schema(schema, path)
+    return OutputConstraint.json_schema(schema)
+
+
+def tool_definition(index: int, name: Any, parameters: Any, *, description: Any, strict: bool,
+                    schema_path: str, limits: GatewayLimits) -> ToolDefinition:
+    """One function tool; the parameters schema's size is checked against the gateway limit."""
+    if parameters is not None:
+        limits.check_schema(parameters, schema_path)
+    return ToolDefinition.create(name, parameters, description=description, strict=strict,
+                                 index=index)
+
+
+def tool_policy(tools: tuple[ToolDefinition, ...], choice: ToolChoice) -> ToolChoice:
+    """Check the declarations against the choice (duplicates, unknown names, required without
+    tools) and return the choice. With no tools declared every mode but REQUIRED is plain AUTO."""
+    validate_tools(tools, choice)
+    if not tools and choice.mode is not ToolMode.REQUIRED:
+        return ToolChoice(parallel=choice.parallel)
+    return choice
+
+
+def allowed_names(entries: Any, path: str, *, nested_function: bool) -> tuple[str, ...]:
+    """Names from an `allowed_tools` list: `{type: function, function: {name}}` (Chat) or
+    `{type: function, name}` (Responses)."""
+    if not isinstance(entries, list) or not entries:
+        raise f.wrong_type(path, "a non-empty array of tools", entries)
+    names = []
+    for i, entry in enumerate(entries):
+        entry_path = f.join(path, i)
+        entry = f.as_dict(entry, entry_path)
+        kind = f.get_str(entry, "type", entry_path, required=True)
+        f.reject_unless(kind == "function", f.join(entry_path, "type"),
+                        f"{entry_path}.type {kind!r} is not supported; only function tools")
+        if nested_function:
+            function = f.get_dict(entry, "function", entry_path, required=True)
+            names.append(f.get_str(function, "name", f.join(entry_path, "function"), required=True))
+        else:
+            names.append(f.get_str(entry, "name", entry_path, required=True))
+    return tuple(dict.fromkeys(names))

@@ -1,0 +1,135 @@
+"""A scripted in-process `WorkerClient` for gateway tests.
+
+It records every request, then streams a script: text deltas, tool calls (start + argument
+fragments) and one Finished whose content and calls are the concatenation of what was streamed.
+It can instead raise a typed error before the first event, end with Finished(ERROR), or die
+mid-stream after a given number of events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from shared.errors import InfernixError
+from shared.generation import (
+    Finished,
+    FinishReason,
+    GenerateRequest,
+    GenerationEvent,
+    PromptInput,
+    TextDelta,
+    ToolCall,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+    Usage,
+    WorkerClient,
+)
+
+
+@dataclass(frozen=True)
+class ScriptedCall:
+    id: str
+    name: str
+    fragments: tuple[str, ...]  # argument fragments; their concatenation is the arguments JSON
+
+
+@dataclass
+class Script:
+    text: tuple[str, ...] = ()
+    calls: tuple[ScriptedCall, ...] = ()
+    finish_reason: FinishReason | None = None  # default: TOOL_CALLS with calls, else STOP
+    usage: Usage = Usage(prompt_tokens=7, completion_tokens=5)
+    constraint: dict[str, Any] | None = None
+    stop_sequence: str | None = None
+    raise_before: InfernixError | None = None  # raised from generate before the first event
+    error: dict[str, Any] | None = None  # Finished(ERROR, error=...) after the streamed events
+    die_after: int | None = None  # raise ConnectionError after this many events
+    delay_s: float = 0.0  # pause before each event
+
+
+class WorkerDied(ConnectionError):
+    pass
+
+
+@dataclass
+class FakeWorker(WorkerClient):
+    script: Script = field(default_factory=Script)
+    served: tuple[str, ...] = ("smollm2",)
+    requests: list[GenerateRequest] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    healthy: bool = True
+
+    def reset(self, script: Script | None = None) -> None:
+        """Forget recorded requests and cancellations; use `script` (default: a plain one)."""
+        self.script = script or Script()
+        self.requests.clear()
+        self.cancelled.clear()
+        self.healthy = True
+
+    @property
+    def last(self) -> GenerateRequest:
+        return self.requests[-1]
+
+    async def models(self) -> list[str]:
+        return list(self.served)
+
+    def _events(self) -> list[GenerationEvent]:
+        s = self.script
+        events: list[GenerationEvent] = [TextDelta(t) for t in s.text]
+        for i, call in enumerate(s.calls):
+            events.append(ToolCallStart(i, call.id, call.name))
+            events += [ToolCallArgumentsDelta(i, frag) for frag in call.fragments]
+        if s.error is not None:
+            reason = FinishReason.ERROR
+        else:
+            reason = s.finish_reason or (FinishReason.TOOL_CALLS if s.calls else FinishReason.STOP)
+        events.append(Finished(
+            reason, s.usage, content="".join(s.text),
+            tool_calls=tuple(ToolCall(c.id, c.name, "".join(c.fragments)) for c in s.calls),
+            constraint=s.constraint, error=s.error, timings={"prepare": 0.001, "ttft": 0.002},
+            stop_sequence=s.stop_sequence))
+        return events
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationEvent]:
+        self.requests.append(request)
+        if self.script.raise_before is not None:
+            raise self.script.raise_before
+        for n, event in enumerate(self._events()):
+            if self.script.die_after is not None and n == self.script.die_after:
+                raise WorkerDied("the worker process went away")
+            if self.script.delay_s:
+                await asyncio.sleep(self.script.delay_s)
+            yield event
+
+    async def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+    async def count_tokens(self, prompt: PromptInput, model: str) -> int:
+        return sum(len((m.content or "").split()) for m in prompt.messages or ())
+
+    async def health(self) -> dict[str, Any]:
+        if not self.healthy:
+            raise ConnectionError("worker unreachable")
+        return {"models": list(self.served)}
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(worker: WorkerClient, **app_options: Any) -> AsyncIterator[str]:
+    """A real gateway server on a free 127.0.0.1 port in this event loop; yields its base URL
+    (`http://127.0.0.1:PORT`)."""
+    from aiohttp import web
+
+    from services.gateway import create_app
+
+    runner = web.AppRunner(create_app(worker, **app_options), shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
