@@ -110,7 +110,8 @@ def _emit(out: TextIO, obj: dict[str, Any]) -> None:
     out.flush()
 
 
-def run_check(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     from services.grammar.compiler import ModelCompiler
     from services.grammar.matching import accepts
 
@@ -160,7 +161,8 @@ def run_check(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     return status
 
 
-def run_sample(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     from services.grammar.compiler import ModelCompiler
     from services.grammar.matching import random_walk
 
@@ -202,18 +204,55 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     serve = gsub.add_parser("serve", help="run the gRPC GrammarService")
     serve.add_argument("--host", default=env("HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(env("GRAMMAR_PORT", "50051")))
-    serve.add_argument("--redis-url", default=env("REDIS_URL", None),
+    serve.add_argument("--port", type=int, default=int(env("PORT", "50051")))
+    serve.add_argument("--redis-url", default=env("REDIS_URL", None) or None,
                        help="shared compiled-grammar store; omitted: in-process cache only")
-    serve.add_argument("--cache-bytes", type=int, default=int(env("GRAMMAR_CACHE_BYTES", str(256 << 20))),
-                       help="grammar_cache_bytes: L1 and Redis budget (default 256 MiB)")
+    serve.add_argument("--grammar-cache-bytes", type=int,
+                       default=int(env("GRAMMAR_CACHE_BYTES", str(256 << 20))),
+                       help="L1 and Redis budget for compiled grammars (default 256 MiB)")
     serve.add_argument("--models", nargs="+", default=env("MODELS", "smollm2").split(","),
                        choices=MODELS)
+    serve.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     serve.set_defaults(func=run_serve)
+
+    health = gsub.add_parser("health", help="ask a running grammar service for its health")
+    health.add_argument("--address", default="127.0.0.1:50051", metavar="HOST:PORT")
+    health.add_argument("--timeout", type=float, default=3.0)
+    health.set_defaults(func=run_health)
+
+
+def run_health(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    """Exit 0 when the service at --address answers Health with SERVING (docker health checks)."""
+    import asyncio
+
+    from grpclib.client import Channel
+
+    from shared.proto.grammar_grpc import GrammarStub
+    from shared.proto.grammar_pb2 import HealthRequest
+
+    host, _, port = args.address.rpartition(":")
+
+    async def ask() -> dict[str, Any]:
+        channel = Channel(host or "127.0.0.1", int(port))
+        try:
+            reply = await GrammarStub(channel).Health(HealthRequest(), timeout=args.timeout)
+            return {"status": reply.status, "models": list(reply.models), "redis_ok": reply.redis_ok}
+        finally:
+            channel.close()
+
+    try:
+        health = asyncio.run(ask())
+    except (OSError, asyncio.TimeoutError) as exc:
+        _emit(out, {"status": "UNREACHABLE", "error": type(exc).__name__})
+        return 1
+    _emit(out, health)
+    return 0 if health["status"] == "SERVING" else 1
 
 
 def env(name: str, default: str | None) -> str | None:
-    """Every setting is also an environment variable INFERNIX_<NAME>."""
+    """Every setting is also an environment variable named after its flag: --redis-url is
+    INFERNIX_REDIS_URL."""
     import os
 
     return os.environ.get(f"INFERNIX_{name}", default)
@@ -223,7 +262,9 @@ def run_serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from services.grammar.service import serve
+    from shared.logging import configure_logging
 
+    configure_logging(args.log_level)
     asyncio.run(serve(host=args.host, port=args.port, redis_url=args.redis_url,
-                      cache_bytes=args.cache_bytes, models=tuple(args.models)))
+                      cache_bytes=args.grammar_cache_bytes, models=tuple(args.models)))
     return EXIT_OK

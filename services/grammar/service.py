@@ -8,9 +8,6 @@ Typed errors travel as structured status details (`shared.proto.errors`).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import os
 from typing import Mapping, Sequence
 
 from grpclib.server import Server, Stream
@@ -20,16 +17,16 @@ from services.grammar.cache import DEFAULT_CACHE_BYTES, CacheConfig, CompileStat
 from services.grammar.compiler import RAW_FRAMING, framing_of, source_kind
 from shared.contract import ConstraintKind, OutputConstraint
 from shared.errors import InfernixError, InternalError, InvalidRequest
-from shared.frontends import MODELS, get_domain
+from shared.frontends import get_domain
 from shared.frontends.token_domain import TokenDomain
-from shared.logging import configure_logging, get_logger
+from shared.logging import get_logger
 from shared.proto import grammar_pb2 as pb
 from shared.proto.errors import ErrorStatusCodec, grpc_error
 from shared.proto.grammar_grpc import GrammarBase
 
 log = get_logger(__name__)
 
-DEFAULT_PORT = 50052
+DEFAULT_PORT = 50051
 
 _HIT_TO_PB = {None: pb.CACHE_HIT_NONE, "l1": pb.CACHE_HIT_L1, "redis": pb.CACHE_HIT_REDIS}
 _HIT_FROM_PB = {v: k for k, v in _HIT_TO_PB.items()}
@@ -150,31 +147,3 @@ async def serve(*, host: str = "127.0.0.1", port: int = DEFAULT_PORT, redis_url:
     finally:
         await caches.aclose()
     log.info("grammar_service_stopped")
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Flags with environment defaults of the same name (--redis-url <- INFERNIX_REDIS_URL)."""
-    env = os.environ.get
-    p = argparse.ArgumentParser(prog="infernix grammar", description="grammar-compile service")
-    p.add_argument("--host", default=env("INFERNIX_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(env("INFERNIX_PORT", DEFAULT_PORT)))
-    p.add_argument("--redis-url", default=env("INFERNIX_REDIS_URL") or None)
-    p.add_argument("--grammar-cache-bytes", type=int,
-                   default=int(env("INFERNIX_GRAMMAR_CACHE_BYTES", DEFAULT_CACHE_BYTES)))
-    p.add_argument("--model", default=env("INFERNIX_MODEL", "smollm2"),
-                   help=f"comma-separated model names ({', '.join(MODELS)})")
-    p.add_argument("--log-level", default=env("INFERNIX_LOG_LEVEL", "INFO"))
-    return p.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """`infernix grammar`: run the service in the foreground."""
-    args = parse_args(argv)
-    configure_logging(args.log_level)
-    models = [m.strip() for m in args.model.split(",") if m.strip()]
-    asyncio.run(serve(host=args.host, port=args.port, redis_url=args.redis_url,
-                      cache_bytes=args.grammar_cache_bytes, models=models))
-
-
-if __name__ == "__main__":
-    main()

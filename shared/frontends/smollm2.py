@@ -48,9 +48,9 @@ def _field_strings(reader, name: str) -> list[str]:
 
 @lru_cache(maxsize=4)
 def read_gguf_vocab(path: str) -> GgufVocab:
-    import gguf
+    from shared.frontends.gguf_reader import open_gguf
 
-    reader = gguf.GGUFReader(path)
+    reader = open_gguf(path)
     types_field = reader.fields["tokenizer.ggml.token_type"]
     return GgufVocab(
         tokens=tuple(_field_strings(reader, "tokenizer.ggml.tokens")),

@@ -1,0 +1,192 @@
+"""A Llama-family dense decoder (Llama, Qwen2, Qwen3) for a serving engine with resident lanes.
+
+Every forward writes the keys and values of its tokens into the preallocated `KVCache` at the
+given positions of each row's lane, then attends each query at position p to the lane's cached
+positions 0..p. The same call serves
+
+- prefill of a chunk: tokens [B, T] at positions start_b .. start_b + T - 1, causal inside the chunk
+  and attending to what earlier chunks cached;
+- batched decode: T = 1, each row at its own position;
+- verification of K drafted tokens: T = K + 1.
+
+Rows shorter than T are padded on the right with any token at the following positions (still
+< max_len): the padding writes cache slots beyond the row's last real token, which no real query
+reads before the row's next forward overwrites them. Their logits are meaningless.
+
+Module and parameter names follow Hugging Face (`model.layers.3.self_attn.q_proj.weight`), so a
+checkpoint's state dict loads as is. Per block (pre-norm):
+
+    h = x + o_proj(attention(rope(q_norm(q_proj(n))), rope(k_norm(k_proj(n))), v_proj(n))),  n = norm(x)
+    out = h + down_proj(silu(gate_proj(m)) * up_proj(m)),  m = norm(h)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.worker.models.config import ModelConfig
+from services.worker.models.kv_cache import KVCache
+from services.worker.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, the statistics in float32."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype | None = None, device=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Embedding(nn.Module):
+    """Token embedding [vocab, hidden]; left uninitialised (the loaders always fill it), which also
+    keeps construction on `meta` free of the random-init path."""
+
+    def __init__(self, vocab: int, dim: int, dtype: torch.dtype | None = None, device=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab, dim, dtype=dtype, device=device))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.weight)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None, device) -> None:
+        super().__init__()
+        c = config
+        kw = {"dtype": dtype, "device": device}
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias, **kw)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias, **kw)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias, **kw)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias, **kw)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
+                visible: torch.Tensor, kv_len: int) -> torch.Tensor:
+        # x: [B, T, hidden]; cos, sin: [B, T, D/2]; k_cache, v_cache: [lanes, max_len, Hkv, D]
+        # lanes: [B]; positions: [B, T]; visible: [B, 1, T, kv_len] bool
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [B, T, H, D]
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, D]
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache[lanes[:, None], positions] = k.to(k_cache.dtype)
+        v_cache[lanes[:, None], positions] = v.to(v_cache.dtype)
+        keys = k_cache[lanes, :kv_len].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+        values = v_cache[lanes, :kv_len].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=visible, enable_gqa=self.num_heads != self.num_kv_heads
+        )  # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None, device) -> None:
+        super().__init__()
+        c, kw = config, {"dtype": dtype, "device": device}
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, **kw)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, **kw)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None, device) -> None:
+        super().__init__()
+        kw = {"dtype": dtype, "device": device}
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        self.self_attn = Attention(config, **kw)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        self.mlp = MLP(config, **kw)
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None, device) -> None:
+        super().__init__()
+        kw = {"dtype": dtype, "device": device}
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, **kw)
+        self.layers = nn.ModuleList(DecoderLayer(config, **kw) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+
+
+class DenseDecoder(nn.Module):
+    """The whole causal LM. `forward(tokens, positions, cache, lanes) -> logits`.
+
+    Parameters are named as in Hugging Face checkpoints; with tied embeddings there is no
+    `lm_head` and the logits use `model.embed_tokens.weight`.
+    """
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        kw = {"dtype": dtype, "device": device}
+        self.model = Backbone(config, **kw)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False, **kw)
+        w, self.rope_scaling = inverse_frequencies(config.rope, config.head_dim)
+        self.register_buffer("rope_w", w.to(device=device), persistent=False)  # [D/2] float32
+        self.source_path: str | None = None  # checkpoint directory or GGUF file, set by the loaders
+
+    def reset_rope(self, device: torch.device | str) -> None:
+        """Recompute the RoPE frequencies on `device` (after loading a model built on `meta`)."""
+        w, self.rope_scaling = inverse_frequencies(self.config.rope, self.config.head_dim)
+        self.rope_w = w.to(device)
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The LM head matrix [vocab, hidden] (the embedding when tied)."""
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                      lanes: torch.Tensor, *, kv_len: int | None = None) -> torch.Tensor:
+        """Final normed hidden states [B, T, hidden] after writing this chunk into `cache`.
+
+        tokens, positions: [B, T] int64; lanes: [B] int64, distinct; kv_len: a host-side bound with
+        every position < kv_len <= cache.max_len (default cache.max_len), so attention reads only the
+        first kv_len slots of each lane.
+        """
+        B, T = tokens.shape
+        L = cache.max_len if kv_len is None else kv_len
+        assert positions.shape == (B, T) and lanes.shape == (B,), (positions.shape, lanes.shape)
+        assert 0 < L <= cache.max_len and cache.num_layers == self.config.num_layers
+        cos, sin = rope_cos_sin(self.rope_w, positions, self.rope_scaling)  # [B, T, D/2] each
+        slots = torch.arange(L, device=tokens.device)  # [L]
+        visible = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, L]
+        x = self.model.embed_tokens(tokens)  # [B, T, hidden]
+        for i, layer in enumerate(self.model.layers):
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache.keys(i), cache.values(i),
+                                    lanes, positions, visible, L)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> [..., vocab] in the model's dtype."""
+        return F.linear(hidden, self.output_weight)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, lanes: torch.Tensor,
+                *, kv_len: int | None = None, logit_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab] of a prefill chunk or decode step (see `hidden_states` for the
+        arguments). With logit_index: [B, S] int64 indices into T, only those columns: [B, S, vocab]
+        (e.g. each row's last real token of a padded prefill chunk)."""
+        hidden = self.hidden_states(tokens, positions, cache, lanes, kv_len=kv_len)  # [B, T, hidden]
+        if logit_index is not None:
+            hidden = hidden.gather(1, logit_index[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, S, hidden]
+        return self.logits(hidden)
