@@ -153,6 +153,13 @@ class ConstraintDeadEnd(RequestError):
     position: int | None = None
 
 
+@dataclass
+class DeadlineExceeded(RequestError):
+    """The request's own timeout passed before it finished (what was published stays published)."""
+
+    timeout_s: float | None = None
+
+
 def error_from_dict(data: dict[str, Any]) -> InfernixError:
     """Rebuild the typed error that `InfernixError.to_dict` produced (unknown types become
     `InternalError`, keeping the message)."""
@@ -166,6 +173,7 @@ def error_from_dict(data: dict[str, Any]) -> InfernixError:
 __all__ = [
     "ConflictingConstraint",
     "ConstraintDeadEnd",
+    "DeadlineExceeded",
     "InfernixError",
     "InternalError",
     "InvalidChoice",

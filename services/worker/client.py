@@ -1,0 +1,68 @@
+"""The in-process WorkerClient (embedded mode): the gateway's view of an Engine in this process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from services.grammar.cache import ModelCaches
+from services.grammar.client import GrammarClient, InProcessGrammarClient
+from services.worker.engine import Engine, EngineConfig
+from services.worker.runtime import ModelRuntime
+from shared.errors import InvalidRequest
+from shared.generation import (
+    GenerateRequest,
+    GenerationEvent,
+    PromptInput,
+    WorkerClient,
+)
+
+
+class InProcessWorkerClient(WorkerClient):
+    """`generate` yields the Engine's events for one request (TextDelta ... Finished); request
+    errors raise before the first event. Leaving the iteration early cancels the request."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def models(self) -> list[str]:
+        return [self.engine.runtime.name]
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationEvent]:
+        stream = await self.engine.submit(request)
+        try:
+            async for event in stream:
+                yield event
+        finally:
+            if not stream.finished:
+                self.engine.cancel(request.request_id)
+
+    async def cancel(self, request_id: str) -> None:
+        self.engine.cancel(request_id)
+
+    async def count_tokens(self, prompt: PromptInput, model: str) -> int:
+        """Rendered prompt tokens; raises InvalidRequest(field="model") for another model."""
+        if model != self.engine.runtime.name:
+            raise InvalidRequest(f"model {model!r} is not served here; expected "
+                                 f"{self.engine.runtime.name!r}", field="model")
+        return await asyncio.to_thread(self.engine.count_tokens, prompt)
+
+    async def health(self) -> dict[str, Any]:
+        return self.engine.health()
+
+    async def aclose(self) -> None:
+        """Stop the engine (unfinished requests finish as cancelled) and close its grammar client."""
+        await asyncio.to_thread(self.engine.stop)
+        await self.engine.grammar.close()
+
+
+def open_in_process(runtime: ModelRuntime, config: EngineConfig = EngineConfig(), *,
+                    grammar: GrammarClient | None = None) -> InProcessWorkerClient:
+    """A started Engine over `runtime` behind an InProcessWorkerClient. Without `grammar`, an
+    in-process grammar client with an in-memory cache for the runtime's model."""
+    if grammar is None:
+        grammar = InProcessGrammarClient(ModelCaches.open({runtime.name: runtime.domain}))
+    engine = Engine(runtime, grammar, config)
+    engine.start()
+    return InProcessWorkerClient(engine)
