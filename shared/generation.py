@@ -167,3 +167,6 @@ class WorkerClient:
 
     async def health(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Release what the client holds (connections, an in-process engine)."""

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerate shared/proto/*_pb2.py and *_grpc.py (grpclib stubs) from the .proto files.
+# Regenerate shared/proto/*_pb2.py and *_grpc.py (grpclib stubs) from the .proto files:
+# status.proto (typed errors), grammar.proto (grammar service), worker.proto (worker service).
 # Needs grpcio-tools (protoc) and grpclib (the protoc-gen-grpclib_python plugin).
 # Run from anywhere; the generated modules import as shared.proto.<name>_pb2 / _grpc.
 set -euo pipefail
