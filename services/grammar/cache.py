@@ -206,28 +206,34 @@ class GrammarCache:
     async def get(self, key: str) -> xgr.CompiledGrammar | None:
         """The compiled grammar of `key` from L1, a build in flight, or Redis; None if none has it
         (never builds)."""
+        return (await self.lookup(key))[0]
+
+    async def lookup(self, key: str) -> tuple[xgr.CompiledGrammar | None, Literal["l1", "redis"] | None]:
+        """`get(key)` together with where it was found: "l1", "redis", or None (a build in
+        flight of this process, or not found)."""
         grammar = self._l1.get(key)
         if grammar is not None:
-            return grammar
+            return grammar, "l1"
         task = self._flights.get(key)
         if task is not None:
             try:
-                return (await asyncio.shield(task))[0]
+                return (await asyncio.shield(task))[0], None
             except RequestError:
-                return None
+                return None, None
         if self.store is None:
-            return None
+            return None, None
         try:
             blob = await self.store.get(self.domain.vocab_id, key)
         except StoreUnavailable:
             self.metrics.redis_fallbacks.inc()
-            return None
+            return None, None
         if blob is None:
-            return None
+            return None, None
         grammar = await self._load(key, blob, _Fill())
         if grammar is not None:
             self._put_l1(key, grammar)
-        return grammar
+            return grammar, "redis"
+        return None, None
 
     async def get_compiled(self, key: str) -> xgr.CompiledGrammar:
         """`get(key)`, else a rebuild from the remembered constraint of `key`.

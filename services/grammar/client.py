@@ -8,6 +8,8 @@ that key (Redis lost or the blob evicted: a request never fails for it).
 
 from __future__ import annotations
 
+import dataclasses
+
 import abc
 from dataclasses import dataclass
 
@@ -96,7 +98,13 @@ class GrpcGrammarClient(GrammarClient):
             raise InternalError(f"the grammar service and this worker disagree on model {model!r}:"
                                 " different vocabularies or converter versions")
         cache.remember(reply.key, constraint, framing)
-        return CompileResult(reply.key, stats_from_proto(reply.stats))
+        # The report describes how this request got its grammar here: from this worker's L1, from
+        # Redis, or (rebuilt) neither; built/waited/compile_ms are the service's.
+        grammar, found = await cache.lookup(reply.key)
+        if grammar is None:
+            await cache.get_compiled(reply.key)
+        stats = dataclasses.replace(stats_from_proto(reply.stats), hit=found)
+        return CompileResult(reply.key, stats)
 
     async def get_compiled(self, key: str, model: str) -> xgr.CompiledGrammar:
         return await self.caches[model].get_compiled(key)

@@ -1,0 +1,193 @@
+"""docker-compose.yml cannot rot: its services start as local processes with the commands and
+environment parsed from the file, and requests go through them (issue 4 §3).
+
+CI has no Docker engine, so each service runs as the process its `command` names, with its
+`environment`; service host names are rewritten to 127.0.0.1 and ports to free ones, and the worker
+runs on the CPU. Also checked here: a schema compiled once through the grammar service is a Redis hit
+for a second worker process (issue 4 §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                           "population": {"type": "integer", "minimum": 0}},
+          "required": ["city", "population"], "additionalProperties": False}
+
+
+def _compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+class Stack:
+    """The compose services as local processes; `rewrite` maps service:port to loopback ports."""
+
+    def __init__(self) -> None:
+        self.compose = _compose()["services"]
+        self.ports = {name: free_port() for name in self.compose}
+        self.extra_ports: dict[str, int] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.workdir = tempfile.mkdtemp(prefix="infernix-compose-")
+
+    def rewrite(self, value: str) -> str:
+        for name, port in {**self.ports, **self.extra_ports}.items():
+            base = name.split("#")[0]
+            for default in ("6379", "50051", "50052", "8000"):
+                value = value.replace(f"{base}:{default}", f"127.0.0.1:{port}") \
+                    if name == base else value
+        return value
+
+    def env(self, service: str, port: int) -> dict[str, str]:
+        env = dict(os.environ)
+        for key, value in (self.compose[service].get("environment") or {}).items():
+            env[key] = self.rewrite(str(value))
+        env["INFERNIX_HOST"] = "127.0.0.1"
+        env["INFERNIX_PORT"] = str(port)
+        if service == "worker":
+            env["INFERNIX_DEVICE"] = "cpu"  # CI has no GPU; everything else as in the file
+            env["INFERNIX_LANES"] = "2"
+            env["INFERNIX_MAX_LEN"] = "1024"
+        return env
+
+    def start(self, service: str, *, name: str | None = None, port: int | None = None) -> None:
+        name = name or service
+        port = port or self.ports[service]
+        command = list(self.compose[service]["command"])
+        if service == "redis":
+            command = [shutil.which("redis-server") or "redis-server", *command[1:],
+                       "--port", str(port), "--bind", "127.0.0.1", "--dir", self.workdir]
+            env = dict(os.environ)
+        else:
+            assert command[0] == "infernix", command
+            command = [sys.executable, "-m", "services.cli", *command[1:]]
+            env = self.env(service, port)
+        with open(Path(self.workdir) / f"{name}.log", "wb") as log:  # the child keeps its own copy
+            self.procs[name] = subprocess.Popen(command, env=env, cwd=ROOT,
+                                                stdout=subprocess.DEVNULL, stderr=log)
+
+    def wait_healthy(self, service: str, *, port: int | None = None, timeout: float = 180) -> None:
+        """Run the service's own health check command (addresses rewritten)."""
+        port = port or self.ports[service]
+        test = self.compose[service]["healthcheck"]["test"][1:]
+        if test[0] == "redis-cli":
+            test = [shutil.which("redis-cli") or "redis-cli", "-p", str(port), *test[1:]]
+        elif test[0] == "infernix":
+            test = [sys.executable, "-m", "services.cli", *test[1:]]
+            test = [t.replace("127.0.0.1:50051", f"127.0.0.1:{port}")
+                    .replace("127.0.0.1:50052", f"127.0.0.1:{port}") for t in test]
+        else:
+            test = [sys.executable if t == "python" else t.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+                    for t in test]
+        deadline = time.monotonic() + timeout
+        while True:
+            if subprocess.run(test, capture_output=True).returncode == 0:
+                return
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    log = (Path(self.workdir) / f"{name}.log").read_text(errors="replace")[-3000:]
+                    raise AssertionError(f"{name} exited with {proc.returncode}:\n{log}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{service} did not become healthy")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def stack():
+    s = Stack()
+    try:
+        s.start("redis")
+        s.wait_healthy("redis")
+        s.start("grammar")
+        s.wait_healthy("grammar")
+        s.start("worker")
+        s.wait_healthy("worker")
+        s.start("gateway")
+        s.wait_healthy("gateway")
+        yield s
+    finally:
+        s.stop()
+
+
+def test_compose_file_declares_the_four_services_with_health_checks() -> None:
+    services = _compose()["services"]
+    assert set(services) == {"redis", "grammar", "worker", "gateway"}
+    assert all("healthcheck" in s for s in services.values())
+    worker = services["worker"]
+    assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert any(v.endswith(":ro") for v in worker["volumes"])
+    for service in services.values():  # every setting is an INFERNIX_* variable
+        assert all(k.startswith("INFERNIX_") for k in (service.get("environment") or {}))
+
+
+def test_requests_flow_through_the_compose_services(stack: Stack) -> None:
+    """The openai SDK against the gateway: plain chat, and a JSON Schema response validated with
+    jsonschema; then a second worker process finds the schema's grammar in Redis."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{stack.ports['gateway']}/v1", api_key="unused",
+                    max_retries=0, timeout=300)
+    plain = client.chat.completions.create(model="smollm2", max_tokens=8, temperature=0,
+                                           messages=[{"role": "user", "content": "Say hello."}])
+    assert plain.choices[0].message.content
+    structured = client.chat.completions.create(
+        model="smollm2", max_tokens=120, temperature=0,
+        messages=[{"role": "user", "content": "Give a city and its population as JSON."}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}})
+    choice = structured.choices[0]
+    assert choice.finish_reason == "stop", choice
+    jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+    # A second worker process on the same grammar service and Redis: the schema is a Redis hit.
+    second = free_port()
+    stack.start("worker", name="worker2", port=second)
+    stack.wait_healthy("worker", port=second)
+    from services.worker.remote import GrpcWorkerClient
+    from shared.contract import OutputConstraint
+    from shared.generation import (
+        ChatMessage, GenerateRequest, PromptInput, RequestOptions, SamplingParams,
+    )
+
+    async def ask() -> dict:
+        worker = GrpcWorkerClient("127.0.0.1", second)
+        try:
+            request = GenerateRequest(
+                "second-worker", PromptInput(messages=(ChatMessage("user", "City as JSON."),)),
+                RequestOptions(max_tokens=4, sampling=SamplingParams(temperature=0),
+                               constraint=OutputConstraint.json_schema(SCHEMA)))
+            events = [e async for e in worker.generate(request)]
+            return events[-1].constraint
+        finally:
+            await worker.aclose()
+
+    report = asyncio.run(ask())
+    assert report["cache"] == "redis" and report["built"] is False, report
