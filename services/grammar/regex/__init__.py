@@ -35,6 +35,12 @@ def _search_tree(branches: list[Branch]) -> Node:
     return alt(out)
 
 
+def search_tree(pattern: str) -> Node:
+    """The tree whose whole-match language is the strings in which `pattern` finds a match
+    (JSON Schema `pattern`: ends unanchored unless ^ / $). Raises InvalidRegex (0-based position)."""
+    return _search_tree(parse_regex(pattern))
+
+
 def regex_to_ebnf(pattern: str) -> str:
     """EBNF (entry rule `root`) whose language is the strings `pattern` matches as a whole.
 
@@ -54,4 +60,4 @@ def normalize_regex(pattern: str, *, search: bool) -> str:
     return to_regex(tree)
 
 
-__all__ = ["CharSet", "normalize_regex", "regex_to_ebnf"]
+__all__ = ["CharSet", "normalize_regex", "regex_to_ebnf", "search_tree"]

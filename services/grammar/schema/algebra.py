@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from fractions import Fraction
 from typing import Any
 
@@ -328,7 +327,3 @@ def object_type(props: tuple, required: tuple[Required, ...], additional: Node) 
     if any(isinstance(obj.value_of(r.name), NoValue) for r in required):
         return NEVER
     return obj
-
-
-def pattern_search(regex: str, value: str) -> bool:
-    return re.search(regex, value) is not None
