@@ -38,7 +38,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
 
 
-def _open_worker(args: argparse.Namespace, grammar=None):
+def _open_worker(args: argparse.Namespace, grammar=None, registry=None):
     import torch
 
     from services.worker.client import open_in_process
@@ -49,7 +49,7 @@ def _open_worker(args: argparse.Namespace, grammar=None):
     runtime = load_runtime(args.model, device=args.device, dtype=dtype)
     config = EngineConfig(max_batch=args.lanes, max_len=args.max_len,
                           prefill_chunk=args.prefill_chunk)
-    return open_in_process(runtime, config, grammar=grammar)
+    return open_in_process(runtime, config, grammar=grammar, registry=registry)
 
 
 def _api_keys(args: argparse.Namespace) -> frozenset[str]:
@@ -64,10 +64,13 @@ def run_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
 
     async def main() -> None:
-        worker = await asyncio.to_thread(_open_worker, args)
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry()  # one /metrics for the gateway, engine and grammar cache
+        worker = await asyncio.to_thread(_open_worker, args, None, registry)
         try:
             await serve_gateway(host=args.host, port=args.port, worker=worker,
-                                api_keys=_api_keys(args))
+                                api_keys=_api_keys(args), registry=registry)
         finally:
             await worker.aclose()
 
@@ -78,25 +81,31 @@ def run_serve(args: argparse.Namespace) -> int:
 def run_worker_serve(args: argparse.Namespace) -> int:
     from services.grammar.cache import CacheConfig, ModelCaches
     from services.grammar.client import GrpcGrammarClient, InProcessGrammarClient
+    from prometheus_client import CollectorRegistry
+
     from services.worker.service import serve as serve_worker
     from shared.frontends import get_domain
     from shared.logging import configure_logging
+    from shared.metrics import GrammarMetrics, serve_metrics
 
     configure_logging(args.log_level)
+    registry = CollectorRegistry()
+    serve_metrics(args.metrics_port, registry, args.host)
 
     async def main() -> None:
         domains = {args.model: get_domain(args.model)}
+        metrics = GrammarMetrics(registry)
         if args.grammar:
             host, port = _split_address(args.grammar)
-            caches = ModelCaches.open(domains, redis_url=args.redis_url,
+            caches = ModelCaches.open(domains, redis_url=args.redis_url, metrics=metrics,
                                       config=CacheConfig(cache_bytes=args.grammar_cache_bytes,
                                                          read_only=True))
             grammar = GrpcGrammarClient(host, port, caches)
         else:
-            caches = ModelCaches.open(domains, redis_url=args.redis_url,
+            caches = ModelCaches.open(domains, redis_url=args.redis_url, metrics=metrics,
                                       config=CacheConfig(cache_bytes=args.grammar_cache_bytes))
             grammar = InProcessGrammarClient(caches)
-        worker = await asyncio.to_thread(_open_worker, args, grammar)
+        worker = await asyncio.to_thread(_open_worker, args, grammar, registry)
         try:
             await serve_worker(host=args.host, port=args.port, worker=worker)
         finally:
@@ -182,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     wserve.add_argument("--redis-url", default=env("REDIS_URL", None) or None)
     wserve.add_argument("--grammar-cache-bytes", type=int,
                         default=int(env("GRAMMAR_CACHE_BYTES", str(256 << 20))))
+    wserve.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0")),
+                        help="serve Prometheus /metrics on this port (0: off)")
     _add_engine_args(wserve)
     wserve.set_defaults(func=run_worker_serve)
     whealth = wsub.add_parser("health", help="ask a running worker for its health")

@@ -35,6 +35,12 @@ class GrammarMetrics:
             buckets=(0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
             registry=self.registry,
         )
+        self.cold_compiles_in_flight = Gauge(
+            "infernix_grammar_cold_compiles_in_flight",
+            "Cold compiles running now (at most two per model)",
+            ["model"],
+            registry=self.registry,
+        )
         self.l1_bytes = Gauge(
             "infernix_grammar_l1_bytes",
             "Bytes of compiled grammars held in the in-process LRU",
@@ -46,6 +52,61 @@ class GrammarMetrics:
         if outcome not in COMPILE_OUTCOMES:
             raise ValueError(f"outcome {outcome!r} is not one of {COMPILE_OUTCOMES}")
         self.compiles.labels(model=model, outcome=outcome).inc()
+
+
+# Fixed label values of the worker's request counter.
+CONSTRAINT_KINDS = ("none", "grammar", "json_object", "json_schema", "choice", "regex", "tools")
+FINISH_REASONS = ("stop", "length", "tool_calls", "cancelled", "error")
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class WorkerMetrics:
+    """Engine metrics: requests by constraint kind and outcome, lanes, queue, latencies, mask work."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter(
+            "infernix_worker_requests_total",
+            "Finished requests by constraint kind and finish reason", ["constraint", "outcome"],
+            registry=self.registry)
+        self.lanes_in_use = Gauge(
+            "infernix_worker_lanes_in_use", "Resident lanes holding a request", registry=self.registry)
+        self.queue_depth = Gauge(
+            "infernix_worker_queue_depth", "Requests waiting for a lane", registry=self.registry)
+        self.ttft_seconds = Histogram(
+            "infernix_worker_ttft_seconds", "Submission to first published token",
+            buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.tpot_seconds = Histogram(
+            "infernix_worker_time_per_token_seconds", "Decode time per output token after the first",
+            buckets=_TOKEN_BUCKETS, registry=self.registry)
+        self.mask_cpu_seconds = Counter(
+            "infernix_worker_mask_cpu_seconds_total",
+            "CPU seconds spent filling masks, looking ahead and rolling back", registry=self.registry)
+        self.tokens = Counter(
+            "infernix_worker_tokens_total", "Prompt and completion tokens of finished requests",
+            ["kind"], registry=self.registry)
+
+    def finished(self, constraint: str, outcome: str, *, ttft: float | None, tpot: float | None,
+                 mask_seconds: float, prompt_tokens: int, completion_tokens: int) -> None:
+        if constraint not in CONSTRAINT_KINDS or outcome not in FINISH_REASONS:
+            raise ValueError(f"unknown label value in ({constraint!r}, {outcome!r})")
+        self.requests.labels(constraint=constraint, outcome=outcome).inc()
+        if ttft is not None:
+            self.ttft_seconds.observe(ttft)
+        if tpot is not None:
+            self.tpot_seconds.observe(tpot)
+        self.mask_cpu_seconds.inc(mask_seconds)
+        self.tokens.labels(kind="prompt").inc(prompt_tokens)
+        self.tokens.labels(kind="completion").inc(completion_tokens)
+
+
+def serve_metrics(port: int, registry: CollectorRegistry, host: str = "0.0.0.0") -> None:
+    """Expose `registry` on http://host:port/metrics from a daemon thread (port 0: off)."""
+    if port:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=host, registry=registry)
 
 
 def render(registry: CollectorRegistry) -> bytes:

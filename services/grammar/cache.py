@@ -339,7 +339,12 @@ class GrammarCache:
         queued = time.perf_counter()
         async with self._cold:
             fill.queue_ms = _ms_since(queued)
-            outcome = await asyncio.to_thread(self.compiler.compile, constraint)
+            in_flight = self.metrics.cold_compiles_in_flight.labels(model=self.model)
+            in_flight.inc()
+            try:
+                outcome = await asyncio.to_thread(self.compiler.compile, constraint)
+            finally:
+                in_flight.dec()
         fill.built, fill.hit, fill.compile_ms = True, None, outcome.compile_ms
         self.metrics.compile_seconds.labels(model=self.model).observe(outcome.compile_ms / 1000.0)
         return outcome.grammar

@@ -213,6 +213,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--models", nargs="+", default=env("MODELS", "smollm2").split(","),
                        choices=MODELS)
     serve.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    serve.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0")),
+                       help="serve Prometheus /metrics on this port (0: off)")
     serve.set_defaults(func=run_serve)
 
     health = gsub.add_parser("health", help="ask a running grammar service for its health")
@@ -266,5 +268,6 @@ def run_serve(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     asyncio.run(serve(host=args.host, port=args.port, redis_url=args.redis_url,
-                      cache_bytes=args.grammar_cache_bytes, models=tuple(args.models)))
+                      cache_bytes=args.grammar_cache_bytes, models=tuple(args.models),
+                      metrics_port=args.metrics_port))
     return EXIT_OK

@@ -20,6 +20,7 @@ from shared.errors import InfernixError, InternalError, InvalidRequest
 from shared.frontends import get_domain
 from shared.frontends.token_domain import TokenDomain
 from shared.logging import get_logger
+from shared.metrics import GrammarMetrics, serve_metrics
 from shared.proto import grammar_pb2 as pb
 from shared.proto.errors import ErrorStatusCodec, grpc_error
 from shared.proto.grammar_grpc import GrammarBase
@@ -129,13 +130,17 @@ def resolve_models(models: Sequence[str] | Mapping[str, TokenDomain]) -> dict[st
 
 async def serve(*, host: str = "127.0.0.1", port: int = DEFAULT_PORT, redis_url: str | None = None,
                 cache_bytes: int = DEFAULT_CACHE_BYTES,
-                models: Sequence[str] | Mapping[str, TokenDomain] = ("smollm2",)) -> None:
+                models: Sequence[str] | Mapping[str, TokenDomain] = ("smollm2",),
+                metrics_port: int = 0) -> None:
     """Run the grammar service until the first SIGTERM/SIGINT (the second exits at once).
 
     `redis_url` None keeps compiled grammars in process only; `cache_bytes` bounds the L1 and
-    the Redis store (default 256 MiB each). Raises InvalidRequest for an unknown model name."""
+    the Redis store (default 256 MiB each); `metrics_port` > 0 serves Prometheus /metrics. Raises
+    InvalidRequest for an unknown model name."""
     domains = resolve_models(models)
-    caches = ModelCaches.open(domains, redis_url=redis_url,
+    metrics = GrammarMetrics()
+    serve_metrics(metrics_port, metrics.registry, host)
+    caches = ModelCaches.open(domains, redis_url=redis_url, metrics=metrics,
                               config=CacheConfig(cache_bytes=cache_bytes))
     server = create_server(caches)
     try:

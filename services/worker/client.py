@@ -6,11 +6,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from services.grammar.cache import ModelCaches
 from services.grammar.client import GrammarClient, InProcessGrammarClient
 from services.worker.engine import Engine, EngineConfig
 from services.worker.runtime import ModelRuntime
 from shared.errors import InvalidRequest
+from shared.metrics import GrammarMetrics, WorkerMetrics
 from shared.generation import (
     GenerateRequest,
     GenerationEvent,
@@ -58,11 +61,14 @@ class InProcessWorkerClient(WorkerClient):
 
 
 def open_in_process(runtime: ModelRuntime, config: EngineConfig = EngineConfig(), *,
-                    grammar: GrammarClient | None = None) -> InProcessWorkerClient:
+                    grammar: GrammarClient | None = None,
+                    registry: CollectorRegistry | None = None) -> InProcessWorkerClient:
     """A started Engine over `runtime` behind an InProcessWorkerClient. Without `grammar`, an
-    in-process grammar client with an in-memory cache for the runtime's model."""
+    in-process grammar client with an in-memory cache for the runtime's model. Metrics go to
+    `registry` (a fresh one when None)."""
     if grammar is None:
-        grammar = InProcessGrammarClient(ModelCaches.open({runtime.name: runtime.domain}))
-    engine = Engine(runtime, grammar, config)
+        grammar = InProcessGrammarClient(ModelCaches.open(
+            {runtime.name: runtime.domain}, metrics=GrammarMetrics(registry)))
+    engine = Engine(runtime, grammar, config, WorkerMetrics(registry))
     engine.start()
     return InProcessWorkerClient(engine)

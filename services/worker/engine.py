@@ -67,6 +67,7 @@ from shared.generation import (
     Usage,
 )
 from shared.logging import get_logger
+from shared.metrics import WorkerMetrics
 
 log = get_logger(__name__)
 
@@ -122,10 +123,12 @@ class Engine:
     `runtime`: the served model bundle. `grammar`: where constraints compile. Call `start()` before
     submitting and `stop()` at the end (unfinished requests finish as cancelled)."""
 
-    def __init__(self, runtime, grammar: GrammarClient, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(self, runtime, grammar: GrammarClient, config: EngineConfig = EngineConfig(),
+                 metrics: WorkerMetrics | None = None) -> None:
         self.runtime = runtime
         self.grammar = grammar
         self.config = config
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
                                cuda_graphs=config.cuda_graphs)
@@ -189,7 +192,9 @@ class Engine:
             stop=StopStrings(options.stop) if options.stop else None,
             stop_token_ids=frozenset(options.stop_token_ids), deadline=deadline,
             timeout_s=options.timeout_s, submitted_at=submitted,
-            tool_stream=self._tool_stream(request, tool_spec))
+            tool_stream=self._tool_stream(request, tool_spec),
+            constraint_kind="tools" if tool_spec is not None else
+            options.constraint.kind.value if options.constraint is not None else "none")
         self._check_running()  # compilation may have outlived the engine
         with self._lock:
             if request.request_id in self._live:
@@ -333,6 +338,8 @@ class Engine:
                              InternalError(f"the batch step failed: {exc}"))
             return True
         self._commit(pending)
+        self.metrics.lanes_in_use.set(len(self._resident))
+        self.metrics.queue_depth.set(len(self._waiting))
         return True
 
     def _retire(self, now: float) -> None:
@@ -482,10 +489,17 @@ class Engine:
         if report is not None and job.tool_stream is not None:
             report = dataclasses.replace(report, branch=job.tool_stream.branch)
         constraint = report.to_dict() if report is not None else None
+        timings = self._timings(job)
         self._send(job, Finished(reason, Usage(job.num_prompt_tokens, job.num_output_tokens),
                                  content=job.content(), tool_calls=calls, constraint=constraint,
                                  error=error.to_dict() if error is not None else None,
-                                 timings=self._timings(job)))
+                                 timings=timings))
+        decode_tokens = job.num_output_tokens - 1
+        self.metrics.finished(
+            job.constraint_kind, reason.value, ttft=timings.get("ttft"),
+            tpot=timings["decode"] / decode_tokens if "decode" in timings and decode_tokens > 0 else None,
+            mask_seconds=report.mask_seconds + report.rollback_seconds if report is not None else 0.0,
+            prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens)
         log.info("request_done", request_id=job.request_id, finish_reason=reason.value,
                  prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens,
                  error=error.type_name if error is not None else None, constraint=constraint)

@@ -68,6 +68,7 @@ class Request:
     published: list[str] = field(default_factory=list)
     # The Hermes tool-call decoder when tools are active (content and calls split out of the text).
     tool_stream: "ToolStream | None" = None
+    constraint_kind: str = "none"  # metrics label: a ConstraintKind value, "tools" or "none"
     output_counts: dict[int, int] = field(default_factory=dict)  # token -> occurrences in output
     submitted_at: float = field(default_factory=time.monotonic)
     enqueued_at: float | None = None
