@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import xgrammar as xgr
+
 from shared.frontends.token_domain import TokenDomain
 
 # Multi-byte tokens that cross JSON punctuation, like real BPE merges do.
@@ -28,3 +30,29 @@ def byte_domain() -> TokenDomain:
         control_ids=frozenset({ctl}),
         special_names=(("<eos>", eos), ("<ctl>", ctl)),
     )
+
+
+def language(compiled: xgr.CompiledGrammar, alphabet: str | list[str], max_len: int) -> set[str]:
+    """Every string over `alphabet` of at most `max_len` characters the matcher completes,
+    by DFS over byte tokens (token id = byte value in the byte domain) with rollback."""
+    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=False)
+    found: set[str] = set()
+
+    def walk(prefix: str) -> None:
+        if matcher.is_completed():
+            found.add(prefix)
+        if len(prefix) == max_len:
+            return
+        for ch in alphabet:
+            accepted = 0
+            for byte in ch.encode():
+                if not matcher.accept_token(byte):
+                    break
+                accepted += 1
+            else:
+                walk(prefix + ch)
+            if accepted:
+                matcher.rollback(accepted)
+
+    walk("")
+    return found

@@ -12,7 +12,7 @@ from services.grammar import matching
 from services.grammar.compiler import build_grammar
 from shared.contract import OutputConstraint
 from shared.errors import InvalidChoice
-from tests.support import byte_domain
+from tests.support import byte_domain, language
 
 
 @pytest.fixture(scope="module")
@@ -22,32 +22,6 @@ def compiler() -> xgr.GrammarCompiler:
 
 def compile_choice(compiler: xgr.GrammarCompiler, options: list[str]) -> xgr.CompiledGrammar:
     return compiler.compile_grammar(build_grammar(OutputConstraint.choice(options), byte_domain()))
-
-
-def language(compiled: xgr.CompiledGrammar, alphabet: list[str], max_len: int) -> set[str]:
-    """Strings over `alphabet` (at most `max_len` chars) the matcher completes (DFS over byte
-    tokens, id = byte value, with rollback)."""
-    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=False)
-    found: set[str] = set()
-
-    def walk(prefix: str) -> None:
-        if matcher.is_completed():
-            found.add(prefix)
-        if len(prefix) == max_len:
-            return
-        for ch in alphabet:
-            accepted = 0
-            for byte in ch.encode():
-                if not matcher.accept_token(byte):
-                    break
-                accepted += 1
-            else:
-                walk(prefix + ch)
-            if accepted:
-                matcher.rollback(accepted)
-
-    walk("")
-    return found
 
 
 CASES = [

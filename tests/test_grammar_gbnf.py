@@ -17,7 +17,7 @@ from services.grammar.compiler import build_grammar
 from services.grammar.gbnf import gbnf_to_ebnf
 from shared.contract import OutputConstraint
 from shared.errors import InvalidGrammar
-from tests.support import byte_domain
+from tests.support import byte_domain, language
 
 
 @pytest.fixture(scope="module")
@@ -27,37 +27,6 @@ def compiler() -> xgr.GrammarCompiler:
 
 def compile_gbnf(compiler: xgr.GrammarCompiler, text: str) -> xgr.CompiledGrammar:
     return compiler.compile_grammar(build_grammar(OutputConstraint.grammar(text), byte_domain()))
-
-
-def language(compiled: xgr.CompiledGrammar, alphabet: str | list[str], max_len: int) -> set[str]:
-    """Strings over `alphabet` (at most `max_len` chars) the matcher completes: DFS over byte
-    tokens (id = byte value in the byte domain) with rollback."""
-    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=False)
-    found: set[str] = set()
-
-    def walk(prefix: str) -> None:
-        if matcher.is_completed():
-            found.add(prefix)
-        if len(prefix) == max_len:
-            return
-        for ch in alphabet:
-            accepted = 0
-            for byte in ch.encode():
-                if not matcher.accept_token(byte):
-                    break
-                accepted += 1
-            else:
-                walk(prefix + ch)
-            if accepted:
-                matcher.rollback(accepted)
-
-    walk("")
-    return found
-
-
-# ---- an independent enumerator: rules as Python data, languages by fixed-point iteration --------
-# A symbol is a str (literal), a frozenset (one char of the set), ("ref", name),
-# ("alt", [seq, ...]) or ("rep", symbol, lo, hi|None); a rule is a list of alternatives (lists).
 
 
 def enumerate_rules(rules: dict[str, list[list]], max_len: int) -> set[str]:

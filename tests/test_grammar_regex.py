@@ -14,38 +14,12 @@ from services.grammar import matching
 from services.grammar.regex import normalize_regex, regex_to_ebnf
 from services.grammar.regex import charset
 from shared.errors import InvalidRegex
-from tests.support import byte_domain
+from tests.support import byte_domain, language
 
 
 @pytest.fixture(scope="module")
 def compiler() -> xgr.GrammarCompiler:
     return xgr.GrammarCompiler(byte_domain().tokenizer_info(), max_threads=1, cache_enabled=False)
-
-
-def language(compiled: xgr.CompiledGrammar, alphabet: list[str], max_len: int) -> set[str]:
-    """Every string over `alphabet` of at most `max_len` characters the matcher completes,
-    by DFS over byte tokens (token id = byte value in the byte domain) with rollback."""
-    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=False)
-    found: set[str] = set()
-
-    def walk(prefix: str) -> None:
-        if matcher.is_completed():
-            found.add(prefix)
-        if len(prefix) == max_len:
-            return
-        for ch in alphabet:
-            accepted = 0
-            for byte in ch.encode():
-                if not matcher.accept_token(byte):
-                    break
-                accepted += 1
-            else:
-                walk(prefix + ch)
-            if accepted:
-                matcher.rollback(accepted)
-
-    walk("")
-    return found
 
 
 def oracle(pattern: str, alphabet: list[str], max_len: int, *, search: bool = False,

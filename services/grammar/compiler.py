@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Union
 
 import xgrammar as xgr
 
+from services.grammar.regex.tree import ebnf_literal
 from shared.contract import ConstraintKind, OutputConstraint, canonical_json
 from shared.errors import InternalError, InvalidGrammar
 from shared.frontends.token_domain import TokenDomain
@@ -31,27 +32,10 @@ CONVERTER_VERSION = "1"
 RAW_FRAMING = "raw"
 
 
-def ebnf_string(text: str) -> str:
-    """A GBNF string literal that matches `text` exactly (every code point escaped safely)."""
-    out = ['"']
-    for ch in text:
-        cp = ord(ch)
-        if ch == '"' or ch == "\\":
-            out.append("\\" + ch)
-        elif 0x20 <= cp < 0x7F:
-            out.append(ch)
-        elif cp <= 0xFFFF:
-            out.append(f"\\u{cp:04x}")
-        else:
-            out.append(f"\\U{cp:08x}")
-    out.append('"')
-    return "".join(out)
-
-
 def choice_to_ebnf(choices: tuple[str, ...]) -> str:
     """Literal alternatives, case/whitespace/Unicode kept exactly; "" allows the empty output."""
     alts = sorted(set(choices))
-    return "root ::= " + " | ".join(ebnf_string(c) if c else '""' for c in alts) + "\n"
+    return "root ::= " + " | ".join(ebnf_literal(c) if c else '""' for c in alts) + "\n"
 
 
 def source_kind(constraint: "Compilable") -> str:

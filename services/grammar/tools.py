@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from services.grammar.compiler import ebnf_string
+from services.grammar.regex.tree import ebnf_literal
 from shared.contract import (
     ConstraintKind, OutputConstraint, ToolChoice, ToolConstraints, ToolDefinition, ToolMode,
     canonical_json,
@@ -141,7 +141,7 @@ def _text_without(word: str, prefix: str) -> tuple[str, dict[str, str]]:
         for ch in alphabet:
             nxt = step(s, ch)
             if nxt < n:
-                alts.append(f"{ebnf_string(ch)} {prefix}{nxt}")
+                alts.append(f"{ebnf_literal(ch)} {prefix}{nxt}")
         alts.append(f"{others} {prefix}0")
         rules[f"{prefix}{s}"] = " | ".join(alts)
     return f"{prefix}0", rules
@@ -185,8 +185,8 @@ def tool_grammar_ebnf(spec: ToolSpec) -> str:
         body, root = embed(_schema_ebnf(tool.parameters, index=i, name=tool.name,
                                         strict=tool.strict), f"t{i}_")
         lines.append(body)
-        head = ebnf_string(f"{CALL_OPEN}\n{NAME_PREFIX}{tool.name}{ARGS_PREFIX}")
-        call_alts.append(f"{head} {root} {ebnf_string(CALL_SUFFIX)}")
+        head = ebnf_literal(f"{CALL_OPEN}\n{NAME_PREFIX}{tool.name}{ARGS_PREFIX}")
+        call_alts.append(f"{head} {root} {ebnf_literal(CALL_SUFFIX)}")
     lines.append("call ::= " + " | ".join(call_alts))
     if spec.choice.parallel:
         lines.append('calls ::= call ("\\n" call)*')

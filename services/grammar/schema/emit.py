@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from services.grammar.compiler import ebnf_string
+from services.grammar.regex.tree import ebnf_literal
 from services.grammar.schema import numbers
 from services.grammar.schema.nodes import (
     AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType, NumberType,
@@ -109,7 +109,7 @@ class Emitter:
             return '("[" ws ' + ' ws "," ws '.join(self._value_literal(x) for x in v) + ' ws "]")'
         if isinstance(v, str):
             return literal(v)
-        return ebnf_string(json.dumps(v))
+        return ebnf_literal(json.dumps(v))
 
     def _string(self, node: StringType) -> str:
         if node.patterns:

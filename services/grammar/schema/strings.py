@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from services.grammar.compiler import ebnf_string
+from services.grammar.regex.tree import ebnf_literal
 
 # One canonical JSON string unit; surrogate code points are excluded explicitly (xgrammar's negated
 # class would otherwise accept their 3-byte encodings, which are not UTF-8).
@@ -30,7 +30,7 @@ def unit(ch: str) -> str:
 
 def literal(text: str) -> str:
     """EBNF for the canonical JSON string (quotes included) of `text`."""
-    return ebnf_string(json.dumps(text, ensure_ascii=False))
+    return ebnf_literal(json.dumps(text, ensure_ascii=False))
 
 
 def _class_char(ch: str) -> str:
@@ -68,7 +68,7 @@ def key_excluding(names: list[str], rule: str, char_rule: str) -> dict[str, str]
         for u, sub in node.items():
             if u == "\0end":
                 continue
-            alts.append(f"{ebnf_string(u)} {build(sub)}")
+            alts.append(f"{ebnf_literal(u)} {build(sub)}")
             if u.startswith("\\"):
                 esc_children.add(u)
             else:
@@ -77,7 +77,7 @@ def key_excluding(names: list[str], rule: str, char_rule: str) -> dict[str, str]
         alts.append(f'[^"\\\\\\x00-\\x1f\\ud800-\\udfff{excluded}] {free}')
         for esc in ESCAPED_UNITS:
             if esc not in esc_children:
-                alts.append(f"{ebnf_string(esc)} {free}")
+                alts.append(f"{ebnf_literal(esc)} {free}")
         rules[name] = " | ".join(alts)
         return name
 
