@@ -16,13 +16,14 @@ from services.grammar.schema.nodes import (
     AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType, NumberType,
     ObjectType, ReducedSchema, Ref, StringType, Union,
 )
-from services.grammar.schema.strings import CHAR_RULE, key_excluding, literal
-
-MAX_WHITESPACE = 32
+from services.grammar.schema.strings import (
+    CHAR_RULE, MAX_WHITESPACE, STRING_SUB_RULE, key_excluding, literal,
+)
 
 _BASE = f"""ws ::= [ \\t\\n\\r]{{0,{MAX_WHITESPACE}}}
 char ::= {CHAR_RULE}
-string ::= "\\"" char* "\\""
+string ::= "\\"" string_sub
+string_sub ::= {STRING_SUB_RULE}
 value ::= object | array | string | number | "true" | "false" | "null"
 object ::= "{{" ws ( member ws ( "," ws member ws )* )? "}}"
 member ::= string ws ":" ws value
@@ -157,7 +158,7 @@ class Emitter:
         extra = None
         if not isinstance(node.additional, NoValue):
             key = self._fresh("k")
-            self.rules.update(key_excluding(names, key, CHAR_RULE))
+            self.rules.update(key_excluding(names, key))
             extra = f'{key} ws ":" ws {self.rule(node.additional)}'
         prefix = self._fresh("o")
         self.rules[prefix] = "(nothing)"
