@@ -367,3 +367,32 @@ def test_finish_incomplete_flushes_and_discards():
     report = session.report()
     assert report is not None and not report.complete and not report.terminated
     assert session.finish_incomplete() == ""
+
+
+def test_fill_ordinary_equals_lookahead_per_session():
+    """The batched ordinary-decode fill (one multi-threaded xgrammar call for many rows) gives
+    every session the mask, state and counters its own `lookahead(())` would, dead ends included."""
+    tiny = TokenDomain(name="tiny", token_bytes=(b"a", b"bc", b"<eos>"), size=3,
+                       eos_ids=frozenset({2}), control_ids=frozenset())
+    tiny_compiler = xgr.GrammarCompiler(tiny.tokenizer_info(), max_threads=1, cache_enabled=False)
+    dead = OutputSession(tiny, tiny_compiler.compile_grammar('root ::= "a" "bd" | "bc"'))
+    commit(dead, [0])  # "a": nothing can follow
+    sessions = [OutputSession(byte_domain(), choice("red", "green", "gr")),
+                OutputSession(byte_domain(), gbnf('root ::= [0-9]+ "."')),
+                OutputSession(byte_domain(), choice("yes", "no"))]
+    commit(sessions[0], toks(b"gr"))
+    commit(sessions[1], toks(b"12"))
+    expected = [s.lookahead([], buffer(1)) for s in sessions]
+    masks = [buffer(1) for _ in sessions]
+    for s, m in zip(sessions, masks):
+        s.lookahead([], m)
+    out = torch.full((7, byte_domain().mask_words), -1, dtype=torch.int32)
+    results = OutputSession.fill_ordinary(sessions, out, [0, 3, 6], xgr.BatchGrammarMatcher(2))
+    assert [r.states for r in results] == [e.states for e in expected] == [(R,)] * 3
+    for row, m in zip([0, 3, 6], masks):
+        assert torch.equal(out[row], m[0])
+    assert [s.report().mask_positions for s in sessions] == [3, 3, 3]
+    tiny_out = torch.zeros(1, tiny.mask_words, dtype=torch.int32)
+    [result] = OutputSession.fill_ordinary([dead], tiny_out, [0], xgr.BatchGrammarMatcher(1))
+    assert result.states == (D,) and torch.equal(tiny_out[0], filler_row(3))
+    assert isinstance(result.dead_end_error(), ConstraintDeadEnd)

@@ -276,6 +276,38 @@ class OutputSession:
                 self._counters.rollback_seconds += time.perf_counter() - mid
         return LookaheadResult(tuple(states), self._generated, illegal_at, eos_at, dead_at)
 
+    @staticmethod
+    def fill_ordinary(sessions: Sequence["OutputSession"], out: torch.Tensor, rows: Sequence[int],
+                      batcher: xgr.BatchGrammarMatcher) -> list[LookaheadResult]:
+        """`lookahead(())` of several constrained sessions at once: the position-0 masks of an
+        ordinary decode step filled by xgrammar's multi-threaded batch call.
+
+        `out`: `[M, ceil(V/32)]` int32 CPU tensor; session k writes row `rows[k]`. The shared wall
+        time is split evenly over the sessions' reports. Same results and errors as `lookahead`."""
+        for session in sessions:
+            session._check_idle("lookahead")
+            if session._matcher is None:
+                raise InternalError("fill_ordinary needs constrained sessions")
+        if not sessions:
+            return []
+        size = sessions[0].domain.size
+        tail, filler = _tail_word(size), _filler(size)
+        start = time.perf_counter()
+        batcher.batch_fill_next_token_bitmask([s._matcher for s in sessions], out, list(rows))
+        share = (time.perf_counter() - start) / len(sessions)
+        results = []
+        for session, r in zip(sessions, rows):
+            out[r, -1] &= tail  # bits past V: xgrammar may set them
+            session._counters.mask_positions += 1
+            session._counters.mask_seconds += share
+            if bool(out[r].any()):
+                results.append(LookaheadResult((PositionState.READY,), session._generated))
+            else:
+                out[r].copy_(filler)
+                results.append(LookaheadResult((PositionState.DEAD_END,), session._generated,
+                                               dead_end_at=0))
+        return results
+
     # ---------------------------------------------------------------- previews
 
     def preview(self, tokens: Sequence[int]) -> PreviewResult:

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from enum import Enum
 
 import torch
+import xgrammar as xgr
 
 from kernels.sampling_contract import PenaltyHistory, SampleStatus, SamplingParams
 from services.worker.models import KVCache
-from services.worker.output_session import PositionState
+from services.worker.output_session import OutputSession, PositionState
 from services.worker.request import Request
 from services.worker.runtime import ModelRuntime
 from shared.errors import InfernixError, InternalError
@@ -207,6 +208,8 @@ class Program:
         self._graphs: dict[int, _DecodeGraph] = {}
         self._graph_sizes = _graph_sizes(max_batch)
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        # Fills the masks of several constrained rows in one call, on xgrammar's own threads.
+        self._batcher = xgr.BatchGrammarMatcher(max_threads="auto")
         self._ready = _ReadyEvent() if self.cuda else None
         if self.cuda:
             from kernels.sampling import sample
@@ -332,21 +335,31 @@ class Program:
         return graph
 
     def _fill_masks(self, rows: Sequence[BatchRow], sampled: list[int]):
-        """Lookahead (no drafts) for every constrained sampled row into its host mask row; sets
-        the descriptors. Returns (dead-end errors by row, mask bytes by row)."""
+        """Lookahead (no drafts) for every constrained sampled row into its host mask row, all
+        rows in one multi-threaded xgrammar call when there are several; sets the descriptors.
+        Returns (dead-end errors by row, mask bytes by row)."""
         failures: dict[int, InfernixError] = {}
         mask_bytes: dict[int, int] = {}
         row_words = self.host_masks.shape[-1]
+        stride = self.max_drafts + 1
+        constrained = []  # (batch row i, compact row j)
         for j, i in enumerate(sampled):
-            session = rows[i].request.session
             self.host_mask_row[j] = -1
-            if not session.constrained:
-                continue
-            result = session.lookahead((), self.host_masks[j])  # writes [K+1, W] row j
+            if rows[i].request.session.constrained:
+                constrained.append((i, j))
+        if len(constrained) > 1:
+            sessions = [rows[i].request.session for i, _ in constrained]
+            flat = self.host_masks.view(-1, row_words)  # [B*(K+1), W]
+            results = OutputSession.fill_ordinary(sessions, flat, [j * stride for _, j in constrained],
+                                                  self._batcher)
+        else:
+            results = [rows[i].request.session.lookahead((), self.host_masks[j])
+                       for i, j in constrained]  # writes [K+1, W] row j
+        for (i, j), result in zip(constrained, results):
             if result.states[0] is PositionState.DEAD_END:
                 failures[i] = result.dead_end_error()
                 continue
-            self.host_mask_row[j] = j * (self.max_drafts + 1)
+            self.host_mask_row[j] = j * stride
             mask_bytes[i] = 4 * row_words if self.cuda else 0
         return failures, mask_bytes
 
