@@ -197,6 +197,7 @@ async def test_redis_budget_evicts_least_recently_used(make_store, raw):
 
     for step, i in enumerate((0, 1, 2, 3, 4, 5)):
         await writer.compile(constraints[i])
+        await writer.drain()  # the blob is stored in the background
         use(i)
         assert await raw.strlen(names[i]) == sizes[i]
         if step == 3:  # a Redis hit on the oldest survivor makes it the most recent
@@ -263,8 +264,10 @@ async def test_single_flight_across_replicas(make_store, make_compiler, raw):
     other = [r for i, r in enumerate(results) if i % 2 != builder]
     owner = [r for r in other if not (r.stats.waited and r.stats.hit is None)]
     assert len(owner) == 1 and owner[0].stats.hit == "redis" and owner[0].stats.waited
+    for cache in caches:
+        await cache.drain()
     lock = stores[0].lock_name(byte_domain().vocab_id, results[0].key)
-    assert await raw.exists(lock) == 0  # released after the build
+    assert await raw.exists(lock) == 0  # released once the blob is stored
 
 
 @pytest.mark.asyncio
@@ -279,6 +282,7 @@ async def test_expired_lock_of_a_dead_replica_is_taken_over(store, raw):
     result = await cache.compile(constraint)
     assert time.monotonic() - start >= 0.25
     assert result.stats.waited and result.stats.built
+    await cache.drain()
     assert await raw.exists(store.blob_name(byte_domain().vocab_id, key)) == 1
 
 
@@ -291,7 +295,9 @@ async def test_two_cold_compiles_at_most_and_hits_never_wait(store, make_compile
     hot = OutputConstraint.choice(["hot"])
     await cache.compile(hot)
     warm = OutputConstraint.choice(["warm", "in", "redis"])
-    await GrammarCache(CountingCompiler(), store=store).compile(warm)
+    warmer = GrammarCache(CountingCompiler(), store=store)
+    await warmer.compile(warm)
+    await warmer.drain()
     compiler.gate.clear()
     compiler.started = 0
     cold = [asyncio.create_task(cache.compile(OutputConstraint.choice(options(30, 10, seed=s))))
@@ -350,6 +356,7 @@ async def test_redis_outage_falls_back_logs_once_and_reconnects(redis_server, st
     fallbacks = lambda: cache.metrics.registry.get_sample_value(  # noqa: E731
         "infernix_grammar_redis_fallbacks_total") or 0.0
     assert not (await cache.compile(OutputConstraint.choice(["before"]))).stats.redis_fallback
+    await cache.drain()
     redis_server.stop()
     with capture_logs() as logs:
         for word in ("during", "outage", "still"):

@@ -139,6 +139,7 @@ class GrammarCache:
         self._l1 = _LRU(config.cache_bytes)
         self._cold = asyncio.Semaphore(config.max_cold_compiles)
         self._flights: dict[str, asyncio.Task] = {}
+        self._publishing: set[asyncio.Task] = set()  # blobs being written to Redis
         self._recipes: OrderedDict[str, tuple[OutputConstraint, str]] = OrderedDict()
 
     @property
@@ -302,6 +303,7 @@ class GrammarCache:
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.25)
         keepalive = None
+        published = False
         try:
             if token is not None:
                 keepalive = asyncio.get_running_loop().create_task(self._keep_lock(key, token))
@@ -311,19 +313,43 @@ class GrammarCache:
                     if grammar is not None:
                         return grammar
             grammar = await self._build(constraint, fill)
+            # The requester gets its grammar now; serialising, compressing and storing it (longer
+            # than many compiles) happens in the background, still under the key's lock so that
+            # other replicas wait for the blob instead of building again.
+            task = asyncio.get_running_loop().create_task(
+                self._publish(key, grammar, token, keepalive))
+            self._publishing.add(task)
+            task.add_done_callback(self._publishing.discard)
+            store.track(task)
+            published = True
+            return grammar
         finally:
-            if keepalive is not None:
-                keepalive.cancel()
-                try:
-                    await store.unlock(vocab, key, token)
-                except StoreUnavailable:
-                    pass  # the lock expires by itself
-        blob = await asyncio.to_thread(encode_blob, grammar)
+            if not published:
+                await self._release(key, token, keepalive)
+
+    async def _publish(self, key: str, grammar: xgr.CompiledGrammar, token: str | None,
+                       keepalive: asyncio.Task | None) -> None:
         try:
-            await store.put(vocab, key, blob)
+            blob = await asyncio.to_thread(encode_blob, grammar)
+            await self.store.put(self.domain.vocab_id, key, blob)
         except StoreUnavailable:
-            fill.redis_fallback = True
-        return grammar
+            self.metrics.redis_fallbacks.inc()
+        finally:
+            await self._release(key, token, keepalive)
+
+    async def _release(self, key: str, token: str | None, keepalive: asyncio.Task | None) -> None:
+        if keepalive is not None:
+            keepalive.cancel()
+        if token is not None:
+            try:
+                await self.store.unlock(self.domain.vocab_id, key, token)
+            except StoreUnavailable:
+                pass  # the lock expires by itself
+
+    async def drain(self) -> None:
+        """Wait until every grammar built here is stored in Redis (or failed to be)."""
+        while self._publishing:
+            await asyncio.gather(*list(self._publishing), return_exceptions=True)
 
     async def _keep_lock(self, key: str, token: str) -> None:
         ttl = self.config.lock_ttl_ms
@@ -407,6 +433,9 @@ class ModelCaches:
         return cache
 
     async def aclose(self) -> None:
+        """Finish storing what was built, then close the Redis connection."""
+        for cache in self._caches.values():
+            await cache.drain()
         if self.store is not None:
             await self.store.aclose()
 

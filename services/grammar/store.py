@@ -22,6 +22,8 @@ each; the first success after it logs `grammar_redis_reconnected`.
 
 from __future__ import annotations
 
+import asyncio
+
 import secrets
 import time
 from dataclasses import dataclass
@@ -122,6 +124,7 @@ class RedisStore:
             socket_connect_timeout=config.timeout_s,
             retry=Retry(NoBackoff(), 1),  # one reconnect for a pooled connection Redis dropped
         )
+        self._writes: set[asyncio.Task] = set()  # background writes that aclose() completes
         self._put = self._redis.register_script(_PUT)
         self._get = self._redis.register_script(_GET)
         self._renew = self._redis.register_script(_RENEW)
@@ -221,5 +224,13 @@ class RedisStore:
         name = self.lock_name(vocab_id, key)
         await self._call("unlock", lambda: self._renew(keys=[name], args=[token, 0]))
 
+    def track(self, task: asyncio.Task) -> None:
+        """Own a background write: `aclose` waits for it before closing the connection."""
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
     async def aclose(self) -> None:
+        """Finish the background writes, then close the connection."""
+        while self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)
         await self._redis.aclose()
