@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 extras=""
+# A distribution's own Python (PEP 668) refuses plain pip installs; this script is the installer.
+if $PY -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
+  export PIP_BREAK_SYSTEM_PACKAGES=1
+fi
 if [[ "${1:-}" == "--test" ]]; then
   extras="[test]"
   if ! command -v redis-server >/dev/null 2>&1; then
