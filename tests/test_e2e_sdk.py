@@ -159,3 +159,42 @@ def test_metrics_cover_gateway_worker_and_grammar_cache(server: str) -> None:
     assert 'infernix_worker_requests_total{constraint="json_schema",outcome="stop"}' in text
     assert 'infernix_worker_requests_total{constraint="tools",outcome="tool_calls"}' in text
     assert "Paris" not in text and "properties" not in text  # never request or schema text
+
+
+def test_first_sigterm_finishes_streams_then_exits() -> None:
+    """Issue 4: "the first SIGTERM stops accepting, finishes or cancels in-flight streams with a
+    proper terminal event, then exits"."""
+    import threading
+
+    port = free_port()
+    env = dict(os.environ, INFERNIX_PORT=str(port), INFERNIX_LANES="2", INFERNIX_MAX_LEN="512")
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "serve"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.5)
+        client = _openai(base, key="unused")
+        stream = client.chat.completions.create(
+            model="smollm2", max_tokens=60, temperature=0, stream=True,
+            messages=[{"role": "user", "content": "Write a long story about the sea."}])
+        chunks = iter(stream)
+        first = next(chunks)
+        assert first.choices
+        threading.Timer(0.1, proc.send_signal, (signal.SIGTERM,)).start()
+        rest = list(chunks)  # the stream still ends with its terminal chunk
+        finish = [c.choices[0].finish_reason for c in rest if c.choices and c.choices[0].finish_reason]
+        assert finish and finish[-1] in ("stop", "length")
+        assert proc.wait(timeout=60) == 0
+        with pytest.raises(OSError):
+            urllib.request.urlopen(base + "/healthz", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
