@@ -34,8 +34,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from services.grammar.client import GrammarClient
-from services.grammar.tools import ToolSpec, needs_tool_grammar
-from services.worker.output_session import OutputSession
+from services.worker.prepare import (
+    build_output_session, check_options, constraint_kind, tool_stream_for,
+)
 from services.worker.program import (
     BatchRow,
     PendingBatch,
@@ -44,18 +45,13 @@ from services.worker.program import (
     StepBatch,
 )
 from services.worker.request import Request, RequestState
-from services.worker.runtime import PreparedPrompt, resolve_sampling
+from services.worker.runtime import resolve_sampling
 from services.worker.stop_strings import StopStrings
-from services.worker.tool_stream import ToolStream
-from shared.contract import ToolMode, validate_tools
 from shared.errors import (
-    ConflictingConstraint,
-    ConstraintDeadEnd,
     DeadlineExceeded,
     InfernixError,
     InternalError,
     InvalidRequest,
-    Unsupported,
 )
 from shared.generation import (
     Finished,
@@ -164,7 +160,7 @@ class Engine:
 
         Raises (before any event) the typed RequestError of a bad request: InvalidRequest (model,
         prompt, request_id, stop_token_ids), ConflictingConstraint (`stop` / `stop_token_ids` with
-        a constraint), Unsupported (tool calls), the grammar service's InvalidSchema /
+        a constraint), Unsupported (tools with a raw text prompt), the grammar service's InvalidSchema /
         InvalidGrammar / ..., ConstraintDeadEnd (nothing legal at the first position);
         InternalError when the engine is not running."""
         submitted = time.monotonic()
@@ -174,14 +170,15 @@ class Engine:
             raise InvalidRequest(f"model {request.model!r} is not served here; expected "
                                  f"{self.runtime.name!r}", field="model")
         self._check_running()
-        tool_spec = self._check_options(request)
+        tool_spec = check_options(request, self.runtime.domain)
         prepared = await asyncio.to_thread(self.runtime.prepare, request.prompt)
         room = self.program.max_len - len(prepared.token_ids) + 1
         if room < 1:
             raise InvalidRequest(f"the prompt has {len(prepared.token_ids)} tokens; a lane holds "
                                  f"{self.program.max_len}", field="prompt")
         budget = min(options.max_tokens or room, room)
-        session = await self.build_output_session(request, prepared, budget, tool_spec)
+        session = await build_output_session(request, prepared, budget, tool_spec,
+                                             runtime=self.runtime, grammar=self.grammar)
         stream = RequestStream(asyncio.get_running_loop(), request.request_id)
         constrained = session.constrained
         job = Request(
@@ -192,9 +189,8 @@ class Engine:
             stop=StopStrings(options.stop) if options.stop else None,
             stop_token_ids=frozenset(options.stop_token_ids), deadline=deadline,
             timeout_s=options.timeout_s, submitted_at=submitted,
-            tool_stream=self._tool_stream(request, tool_spec),
-            constraint_kind="tools" if tool_spec is not None else
-            options.constraint.kind.value if options.constraint is not None else "none")
+            tool_stream=tool_stream_for(request, tool_spec),
+            constraint_kind=constraint_kind(request, tool_spec))
         self._check_running()  # compilation may have outlived the engine
         with self._lock:
             if request.request_id in self._live:
@@ -204,32 +200,6 @@ class Engine:
         job.enqueued_at = time.monotonic()  # an expired deadline is retired by the next step
         self._inbox.put(job)
         return stream
-
-    async def build_output_session(self, request: GenerateRequest, prepared: PreparedPrompt,
-                                   max_new_tokens: int, tool_spec: ToolSpec | None = None
-                                   ) -> OutputSession:
-        """The one place where a request's output language is decided: a tool grammar (tools
-        active), else the content constraint, else none. Compiles through the GrammarClient."""
-        domain = self.runtime.domain
-        constraint = tool_spec if tool_spec is not None else request.options.constraint
-        if constraint is None:
-            return OutputSession(domain, None, max_new_tokens=max_new_tokens)
-        result = await self.grammar.compile(constraint, model=self.runtime.name)
-        compiled = await self.grammar.get_compiled(result.key, self.runtime.name)
-        stats = result.stats
-
-        def make() -> OutputSession:
-            session = OutputSession(domain, compiled, prefix=prepared.prefix,
-                                    max_new_tokens=max_new_tokens, cache=stats.hit,
-                                    built=stats.built, waited=stats.waited,
-                                    compile_ms=stats.compile_ms,
-                                    branch="undecided" if tool_spec is not None else "content")
-            if not (session.may_end or session.can_continue):
-                raise ConstraintDeadEnd("the constraint allows no token at output position 0",
-                                        position=0)
-            return session
-
-        return await asyncio.to_thread(make)
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a queued or running request from any thread; False when it is not live."""
@@ -254,41 +224,6 @@ class Engine:
     def _check_running(self) -> None:
         if not self._running:
             raise InternalError("the engine is not running")
-
-    def _check_options(self, request: GenerateRequest) -> ToolSpec | None:
-        """Reject bad option combinations; returns the tool spec when a tool grammar applies."""
-        options, prompt = request.options, request.prompt
-        tool_spec = None
-        if prompt.tools:
-            validate_tools(prompt.tools, options.tool_choice)
-            if prompt.text is not None and options.tool_choice.mode is not ToolMode.NONE:
-                raise Unsupported("tools need chat messages; a raw text prompt has no tool framing",
-                                  field="tools")
-            if needs_tool_grammar(prompt.tools, options.tool_choice, options.constraint):
-                tool_spec = ToolSpec(prompt.tools, options.tool_choice, options.constraint)
-        if options.constraint is not None or tool_spec is not None:
-            for name in ("stop", "stop_token_ids"):
-                if getattr(options, name):
-                    raise ConflictingConstraint(
-                        f"{name} cannot be combined with an output constraint: constrained output "
-                        "ends where its language ends", field=name)
-        for t in options.stop_token_ids:
-            if not 0 <= t < self.runtime.domain.size:
-                raise InvalidRequest(f"stop token id {t} is outside the vocabulary "
-                                     f"[0, {self.runtime.domain.size})", field="stop_token_ids")
-        return tool_spec
-
-    @staticmethod
-    def _tool_stream(request: GenerateRequest, tool_spec: ToolSpec | None) -> ToolStream | None:
-        """The call decoder: constrained with a tool grammar, free when tools are declared but
-        nothing is enforced, absent without active tools."""
-        if tool_spec is not None:
-            # With a JSON union the decoder still reads calls; JSON content has no opener.
-            return ToolStream(constrained=True)
-        prompt = request.prompt
-        if prompt.tools and request.options.tool_choice.mode is not ToolMode.NONE:
-            return ToolStream(constrained=False)
-        return None
 
     # ---------------------------------------------------------------- worker thread
 
