@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Union
 import xgrammar as xgr
 
 from services.grammar.regex.tree import ebnf_literal
-from shared.contract import ConstraintKind, OutputConstraint, canonical_json
+from shared.contract import ConstraintKind, OutputConstraint
 from shared.errors import InternalError, InvalidGrammar
 from shared.frontends.token_domain import TokenDomain
 
@@ -145,7 +145,3 @@ class ModelCompiler:
 
     def deserialize(self, text: str) -> xgr.CompiledGrammar:
         return xgr.CompiledGrammar.deserialize_json(text, self.tokenizer_info)
-
-
-def options_fingerprint(**options: object) -> str:
-    return canonical_json({k: options[k] for k in sorted(options)})

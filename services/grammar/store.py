@@ -143,11 +143,6 @@ class RedisStore:
 
     # -- health ------------------------------------------------------------------------------
 
-    @property
-    def available(self) -> bool:
-        """False from the first failure of an outage until the next successful command."""
-        return not self._down
-
     async def _call(self, op: str, coro_factory):
         if self._down and time.monotonic() < self._retry_at:
             raise StoreUnavailable(f"redis is unavailable (retrying every {self.config.retry_s} s)")

@@ -128,7 +128,6 @@ class _Pending:
     held: bytes
     terminated: bool
     length_cut: bool
-    published: int
     truncated: bool = False
 
 
@@ -180,7 +179,6 @@ class OutputSession:
         self._pending: _Pending | None = None
         self._generated = 0  # committed output tokens
         self._held = b""  # committed bytes of an unfinished character, not yet published
-        self._published = 0  # bytes published as text
         self._eos = False  # EOS committed
         self._cut = False  # ended by the budget or an interruption
         self._truncated = False  # held bytes were flushed with U+FFFD
@@ -333,7 +331,6 @@ class OutputSession:
         self._pending = None
         self._generated += pending.accepted
         self._held = pending.held
-        self._published += pending.published
         self._eos = pending.terminated
         self._cut = pending.length_cut
         self._truncated = pending.truncated
@@ -353,7 +350,6 @@ class OutputSession:
         self.discard()
         text = self._held.decode("utf-8", "replace")
         self._truncated = self._truncated or bool(self._held)
-        self._published += len(self._held)
         self._held = b""
         self._cut = self._cut or not self._eos
         return text
@@ -401,8 +397,7 @@ class OutputSession:
         else:
             text, consumed = codecs.utf_8_decode(bytes(data), "replace", False)
             held = bytes(data[consumed:])
-        self._pending = _Pending(matcher_tokens, accepted, held, terminated, length_cut,
-                                 len(data) - len(held), truncated)
+        self._pending = _Pending(matcher_tokens, accepted, held, terminated, length_cut, truncated)
         return PreviewResult(accepted, terminated, length_cut, text)
 
     def _rollback_preview(self, matcher_tokens: int) -> None:

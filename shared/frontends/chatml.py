@@ -63,17 +63,22 @@ class RenderedPrompt:
     continuation: str = ""  # the existing final assistant content a continuation extends
 
 
-def render_chatml(prompt: PromptInput, *, add_generation_prompt: bool = True) -> RenderedPrompt:
-    """Render chat messages as SmolLM2's ChatML (raises InvalidRequest naming the bad message)."""
-    if prompt.messages is None:
-        return RenderedPrompt(prompt.text or "")
-    messages = list(prompt.messages)
+def check_messages(messages: tuple[ChatMessage, ...]) -> list[ChatMessage]:
+    """The messages as a list; raises InvalidRequest for none or an unknown role (naming it)."""
     if not messages:
         raise InvalidRequest("messages must not be empty", field="messages")
     for i, m in enumerate(messages):
         if m.role not in ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}, got "
                                  f"{m.role!r}", field=f"messages[{i}].role")
+    return list(messages)
+
+
+def render_chatml(prompt: PromptInput, *, add_generation_prompt: bool = True) -> RenderedPrompt:
+    """Render chat messages as SmolLM2's ChatML (raises InvalidRequest naming the bad message)."""
+    if prompt.messages is None:
+        return RenderedPrompt(prompt.text or "")
+    messages = check_messages(prompt.messages)
     parts: list[str] = []
     if messages[0].role == "system":
         system, rest = messages[0].content or "", messages[1:]

@@ -33,7 +33,7 @@ from functools import lru_cache
 from typing import Any
 
 from shared.errors import InvalidRequest
-from shared.frontends.chatml import ROLES, RenderedPrompt, render_chatml
+from shared.frontends.chatml import RenderedPrompt, check_messages, render_chatml
 from shared.frontends.token_domain import (
     TokenDomain,
     byte_level_to_bytes,
@@ -316,13 +316,7 @@ class HFFrontend:
         template = (self.tool_template if prompt.tools and self.tool_template else self.chat_template)
         if prompt.messages is None or template is None:
             return render_chatml(prompt)
-        messages = list(prompt.messages)
-        if not messages:
-            raise InvalidRequest("messages must not be empty", field="messages")
-        for i, m in enumerate(messages):
-            if m.role not in ROLES:
-                raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}, got "
-                                     f"{m.role!r}", field=f"messages[{i}].role")
+        messages = check_messages(prompt.messages)
         dicts = [message_dict(m) for m in messages]
         continuation = ""
         if prompt.continue_final_assistant:

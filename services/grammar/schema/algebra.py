@@ -128,9 +128,6 @@ class Graph:
     def begin(self, name: str) -> None:
         self.defs[name] = _IN_PROGRESS
 
-    def in_progress(self, name: str) -> bool:
-        return self.defs.get(name) is _IN_PROGRESS
-
     # -- intersection -----------------------------------------------------------------------
     def meet(self, a: Node, b: Node, pointer: str) -> Node:
         """The allOf intersection of two nodes."""

@@ -39,11 +39,10 @@ class Emitter:
         self.pattern_ebnf = pattern_ebnf
         self.rules: dict[str, str] = {}
         self.memo: dict[Node, str] = {}
-        self.number_rule = ""
         self._counter = 0
 
     def grammar(self) -> str:
-        self.number_rule = self._named("number", numbers.number_ebnf(numbers.NumberType()))
+        self._named("number", numbers.number_ebnf(numbers.NumberType()))
         root = self.rule(self.schema.root)
         body = "".join(f"{k} ::= {v}\n" for k, v in self.rules.items())
         return f"root ::= {root}\n" + _BASE + body

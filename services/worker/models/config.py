@@ -122,11 +122,6 @@ class ModelConfig:
         if not isinstance(self.rope, RopeConfig):
             raise ModelConfigError("rope_parameters", f"must be a RopeConfig, got {type(self.rope).__name__}")
 
-    @property
-    def group_size(self) -> int:
-        """Query heads per key/value head."""
-        return self.num_heads // self.num_kv_heads
-
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> "ModelConfig":
         """Build from a Hugging Face `config.json` dictionary (transformers 4 `rope_scaling` +
