@@ -392,3 +392,39 @@ async def test_real_vocabulary_round_trips_through_redis(store):
     assert (built.stats.built, loaded.stats.hit) == (True, "redis")
     for text in ("Paris", "London", "Rome", "Pari", "Berlin"):
         assert accepts(loaded.grammar, text) == (text in ("Paris", "London", "Rome"))
+
+
+@pytest.mark.asyncio
+async def test_request_does_not_wait_for_the_redis_write(redis_server, raw):
+    """A cold compile answers once the grammar is built; storing the blob (serialise, compress,
+    write: longer than many compiles) finishes afterwards, still under the key's lock, so another
+    replica waits for the blob instead of building again."""
+    release = asyncio.Event()
+
+    class SlowStore(RedisStore):
+        async def put(self, vocab_id: str, key: str, blob: bytes) -> bool:
+            await release.wait()
+            return await super().put(vocab_id, key, blob)
+
+    store = SlowStore(StoreConfig(redis_server.url, timeout_s=0.3, retry_s=0.05))
+    other_store = new_store(redis_server.url)
+    try:
+        writer = GrammarCache(CountingCompiler(), store=store)
+        constraint = OutputConstraint.choice(["left", "right", "up"])
+        result = await asyncio.wait_for(writer.compile(constraint), timeout=5)
+        assert result.stats.built
+        vocab = byte_domain().vocab_id
+        assert await raw.exists(store.blob_name(vocab, result.key)) == 0
+        assert await raw.exists(store.lock_name(vocab, result.key)) == 1  # still held
+        other_compiler = CountingCompiler()
+        waiting = asyncio.create_task(GrammarCache(other_compiler, store=other_store).compile(constraint))
+        await asyncio.sleep(0.1)
+        release.set()
+        got = await asyncio.wait_for(waiting, timeout=5)
+        assert got.stats.hit == "redis" and got.stats.waited and other_compiler.started == 0
+        await writer.drain()
+        assert await raw.exists(store.lock_name(vocab, result.key)) == 0
+    finally:
+        release.set()
+        await store.aclose()
+        await other_store.aclose()
