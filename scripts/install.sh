@@ -18,6 +18,9 @@ if [[ "${1:-}" == "--test" ]]; then
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
   fi
 fi
+# Every install runs under the lock (constraints.txt; refresh it with scripts/lock.sh), pip's
+# isolated build environment included, so a new release elsewhere never changes a fresh machine.
+export PIP_CONSTRAINT="$PWD/constraints.txt"
 # torch first, pinned: this version resolves to the CPU build on the development machines instead
 # of a multi-GB CUDA build; GPU hosts bring their own torch.
 $PY -m pip install -q torch==2.13.0

@@ -32,6 +32,12 @@ class InfernixError(Exception):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # One class per error name: a second definition would silently turn every error of that
+        # name rebuilt from its dictionary into the other class.
+        known = InfernixError.registry.get(cls.__name__)
+        if known is not None and (known.__module__, known.__qualname__) != \
+                (cls.__module__, cls.__qualname__):
+            raise TypeError(f"error type {cls.__name__} is already defined in {known.__module__}")
         InfernixError.registry[cls.__name__] = cls
 
     def __post_init__(self) -> None:

@@ -67,11 +67,12 @@ CASES = [
 ]
 
 
-def _cases(with_alphabet: bool = True):
-    for pattern, py, flags, alphabet, n in CASES:
-        if (alphabet is not None) == with_alphabet:
-            yield pytest.param(pattern, pattern if py is None else py, flags, alphabet, n,
-                               id=repr(pattern))
+def _cases(with_alphabet: bool = True) -> list:
+    # A list, not a generator: pytest 9.1+ deprecates iterators as parametrize values.
+    return [pytest.param(pattern, pattern if py is None else py, flags, alphabet, n,
+                         id=repr(pattern))
+            for pattern, py, flags, alphabet, n in CASES
+            if (alphabet is not None) == with_alphabet]
 
 
 @pytest.mark.parametrize("pattern,py,flags,alphabet,n", _cases())

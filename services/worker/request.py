@@ -24,15 +24,7 @@ from enum import Enum
 
 from services.worker.output_session import OutputSession
 from services.worker.stop_strings import StopStrings
-from shared.errors import InfernixError
 from shared.generation import GenerationEvent, SamplingParams
-
-
-@dataclass
-class DeadlineExceeded(InfernixError):
-    """The request's timeout passed before it finished (what was published stays published)."""
-
-    timeout_s: float | None = None
 
 if TYPE_CHECKING:
     from services.worker.tool_stream import ToolStream
