@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 import torch
@@ -151,13 +152,23 @@ async def test_cancel_waiting_request_and_closed_stream(runtime):
     """A queued request cancelled before it got a lane finishes as cancelled with no output; a
     consumer that closes its stream cancels its request (the lane frees); the running request is
     unaffected."""
-    client = open_client(runtime, max_batch=1, max_len=96)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_first_forward(tokens, positions, lanes):  # keeps the lane busy until the cancel is in
+        if not release.is_set():
+            held.set()
+            release.wait(20)
+
+    hooked_runtime, model = hooked(runtime)
+    model.before = hold_first_forward
+    client = open_client(hooked_runtime, max_batch=1, max_len=96)
     try:
         running = asyncio.create_task(collect(client, text_request("run", "busy", greedy(30), runtime.name)))
-        await wait_for(lambda: client.engine.health()["resident"] == 1)
+        await wait_for(held.is_set)
         queued = asyncio.create_task(collect(client, text_request("queued", "wait", greedy(5), runtime.name)))
         await wait_for(lambda: "queued" in client.engine._live)
         await client.cancel("queued")
+        release.set()
         deltas, fin = await queued
         assert fin.finish_reason.value == "cancelled" and deltas == [] and fin.usage.completion_tokens == 0
         _, done = await running

@@ -20,7 +20,7 @@ import xgrammar as xgr
 
 from services.grammar.compiler import ModelCompiler
 from services.grammar.matching import legal_ids
-from services.worker.output_session import OutputSession, PositionState, filler_row
+from services.worker.output.session import OutputSession, PositionState, filler_row
 from shared.contract import OutputConstraint
 from shared.errors import ConstraintDeadEnd, InternalError, InvalidRequest
 from shared.frontends.token_domain import TokenDomain
@@ -145,7 +145,7 @@ def test_dead_end_positions():
     assert torch.equal(out[1], filler_row(3)) and torch.equal(out[2], filler_row(3))
     assert session.lookahead([], out).states == (R,)  # rolled back: the start is fine
     commit(session, [0])
-    result = session.lookahead([], out)
+    result = session.lookahead([], out, position=1)
     assert result.states == (D,)
     error = result.dead_end_error()
     assert isinstance(error, ConstraintDeadEnd) and error.position == 1
@@ -195,7 +195,7 @@ def test_preview_confirm_discard():
         session.preview(toks(b"c"))
     session.discard()
     session.lookahead([], out)
-    assert torch.equal(out[0], before) and session.generated == 0
+    assert torch.equal(out[0], before)
     commit(session, toks(b"ab"))
     session.lookahead([], out)
     assert torch.equal(out[0], fresh_mask(compiled, toks(b"ab")))
@@ -266,16 +266,16 @@ def test_length_cut_is_incomplete():
     """"When a length interruption falls inside a multi-byte character ... the result is only a
     truncated display"; "Complete content stopping at the output limit may show complete=true,
     terminated=false"."""
-    session = OutputSession(DOMAIN, choice("\u65e5\u672c"), max_new_tokens=4)
-    result = session.preview(toks("\u65e5\u672c".encode()))
+    session = OutputSession(DOMAIN, choice("\u65e5\u672c"))
+    result = session.preview(toks("\u65e5\u672c".encode()), limit=4)
     assert (result.accepted, result.length_cut, result.terminated) == (4, True, False)
     assert result.text == "\u65e5\ufffd"
     session.confirm()
     assert session.finished and session.display_truncated and not session.ended_normally
     report = session.report()
     assert report is not None and not report.complete and not report.terminated
-    exact = OutputSession(DOMAIN, choice("ab", "abc"), max_new_tokens=2)
-    result = exact.preview(toks(b"abc"))
+    exact = OutputSession(DOMAIN, choice("ab", "abc"))
+    result = exact.preview(toks(b"abc"), limit=2)
     assert (result.accepted, result.length_cut, result.text) == (2, True, "ab")
     exact.confirm()
     report = exact.report()
@@ -312,14 +312,19 @@ def test_prefix_continuation():
 def test_forced_control_preview():
     """"Fixed control tokens advance through the same matcher's preview/commit ... they count
     toward the output budget"; the forced string is not shortened by K+1 or the budget."""
-    session = OutputSession(DOMAIN, gbnf('root ::= "</think>" [a-z]+'), max_new_tokens=3)
+    grammar = gbnf('root ::= "</think>" [a-z]+')
+    session = OutputSession(DOMAIN, grammar)
     forced = toks(b"</think>")
-    result = session.preview_forced(forced)
+    result = session.preview_forced(forced, limit=3)
     assert result.accepted == len(forced) and result.text == "</think>" and result.length_cut
     session.discard()
-    assert session.generated == 0
-    bad = session.preview_forced(toks(b"</x"))
-    assert bad.failure is not None and session.generated == 0
+    after_discard = buffer(1)
+    session.lookahead([], after_discard)
+    assert torch.equal(after_discard[0], fresh_mask(grammar, []))
+    bad = session.preview_forced(toks(b"</x"), limit=3)
+    assert bad.failure is not None
+    session.lookahead([], after_discard)
+    assert torch.equal(after_discard[0], fresh_mask(grammar, []))
 
 
 def test_constraint_report_counts():
@@ -343,7 +348,7 @@ def test_constraint_report_counts():
 def test_unconstrained_session():
     """"A batch with no constraints ... passes no mask": an unconstrained session writes no mask,
     reports no constraint, and still decodes text, EOS and the budget."""
-    session = OutputSession(DOMAIN, None, max_new_tokens=10)
+    session = OutputSession(DOMAIN, None)
     out = buffer(3)
     out.fill_(7)
     result = session.lookahead([1, 2], out)
@@ -387,12 +392,14 @@ def test_fill_ordinary_equals_lookahead_per_session():
     for s, m in zip(sessions, masks):
         s.lookahead([], m)
     out = torch.full((7, byte_domain().mask_words), -1, dtype=torch.int32)
-    results = OutputSession.fill_ordinary(sessions, out, [0, 3, 6], xgr.BatchGrammarMatcher(2))
+    results = OutputSession.fill_ordinary(sessions, out, [0, 3, 6], xgr.BatchGrammarMatcher(2),
+                                          [2, 2, 0])
     assert [r.states for r in results] == [e.states for e in expected] == [(R,)] * 3
     for row, m in zip([0, 3, 6], masks):
         assert torch.equal(out[row], m[0])
     assert [s.report().mask_positions for s in sessions] == [3, 3, 3]
     tiny_out = torch.zeros(1, tiny.mask_words, dtype=torch.int32)
-    [result] = OutputSession.fill_ordinary([dead], tiny_out, [0], xgr.BatchGrammarMatcher(1))
+    [result] = OutputSession.fill_ordinary([dead], tiny_out, [0], xgr.BatchGrammarMatcher(1), [1])
     assert result.states == (D,) and torch.equal(tiny_out[0], filler_row(3))
-    assert isinstance(result.dead_end_error(), ConstraintDeadEnd)
+    error = result.dead_end_error()
+    assert isinstance(error, ConstraintDeadEnd) and error.position == 1

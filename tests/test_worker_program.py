@@ -1,4 +1,5 @@
-"""Program: lanes, mask buffers and descriptors, per-row results and the partial commit."""
+"""Program: lanes, mask buffers and descriptors, per-row results, and a commit of device state
+only (ledgers are the Request's: tests/test_worker_engine_commit.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import xgrammar as xgr
 
 from services.grammar.compiler import ModelCompiler
 from services.grammar.matching import legal_ids
-from services.worker.output_session import OutputSession
+from services.worker.output.session import OutputSession
 from services.worker.program import BatchRow, Program, RowOutcome, StepBatch
 from services.worker.request import Request
 from shared.contract import OutputConstraint
@@ -45,9 +46,10 @@ def test_buffers_are_allocated_once_with_the_design_shapes(runtime):
     once at start"; the KV cache holds one region per lane."""
     program = Program(runtime, max_batch=3, max_len=40, max_drafts=2)
     words = (runtime.domain.size + 31) // 32
-    assert program.host_masks.shape == (3, 3, words) and program.host_masks.dtype == torch.int32
-    assert program.device_masks.shape == (3, 3, words)
-    assert program.cache.lanes == 3 and program.cache.max_len == 40
+    masks = program.masks
+    assert masks.host.shape == (3, 3, words) and masks.host.dtype == torch.int32
+    assert masks.device_masks.shape == (3, 3, words)
+    assert program.state.lanes == 3 and program.state.max_len == 40
     assert [program.acquire_lane() for _ in range(4)] == [0, 1, 2, None]
     program.release_lane(1)
     assert program.acquire_lane() == 1
@@ -70,21 +72,24 @@ def test_mixed_batch_masks_only_constrained_rows(runtime, compiler):
         pending = program.step(prefill_batch(program, [free, digits]))
         assert [r.outcome for r in pending.results] == [RowOutcome.TOKENS, RowOutcome.TOKENS]
         assert pending.results[1].tokens[0] in legal
-        assert program.host_mask_row.tolist() == [-1, 1]  # row 0 disabled, row 1 -> mask row 1
-        assert not program.host_masks[0].any()  # no all-ones mask was written for row 0
+        assert program.masks.host_row[:2].tolist() == [-1, 1]  # row 0 disabled, row 1 -> row 1
+        assert not program.masks.host[0].any()  # no all-ones mask was written for row 0
 
 
-def committed(session: OutputSession, text: str) -> OutputSession:
-    session.preview([ord(c) for c in text])
-    session.confirm()
-    return session
+def committed(request: Request, text: str) -> Request:
+    """`request` with `text` already committed as output (session and ledger)."""
+    tokens = [ord(c) for c in text]
+    request.session.preview(tokens)
+    request.session.confirm()
+    request.commit(0, tokens)
+    return request
 
 
 def test_per_row_results_and_partial_commit():
     """Design: "the PendingBatch carries an explicit per-row result that separates normal output
     from a request-level constraint failure. The failed row commits zero tokens"; non-finite
-    logits are "reported separately" and "never continue through token 0". Rows left out of the
-    commit keep their ledgers; committed rows advance theirs."""
+    logits are "reported separately" and "never continue through token 0". The Program's commit
+    is device state only: no ledger moves there."""
     runtime, model = hooked(tiny_runtime(no_z_domain()))
     domain = runtime.domain
     compiler = ModelCompiler(domain)
@@ -92,8 +97,8 @@ def test_per_row_results_and_partial_commit():
     only_a = compiler.compile(OutputConstraint.choice(["a"])).grammar
     program = Program(runtime, max_batch=4, max_len=40)
     free = make_request(runtime, "free", "hello", OutputSession(domain), temperature=0.0)
-    dead = make_request(runtime, "dead", "hello", committed(OutputSession(domain, az), "a"))
-    eos = make_request(runtime, "eos", "hello", committed(OutputSession(domain, only_a), "a"))
+    dead = committed(make_request(runtime, "dead", "hello", OutputSession(domain, az)), "a")
+    eos = committed(make_request(runtime, "eos", "hello", OutputSession(domain, only_a)), "a")
     nan = make_request(runtime, "nan", "hello", OutputSession(domain))
     model.after = lambda logits, positions, lanes: logits[3].fill_(float("nan"))
     pending = program.step(prefill_batch(program, [free, dead, eos, nan]))
@@ -103,8 +108,6 @@ def test_per_row_results_and_partial_commit():
     assert pending.results[1].error.position == 1
     assert pending.results[2].tokens[0] in domain.eos_ids  # the only legal token after "a"
     assert isinstance(pending.results[3].error, InternalError) and pending.results[3].tokens == ()
-    program.commit(pending, {0: list(pending.results[0].tokens)})
-    assert free.num_cached == len(free.prompt_ids)
-    assert free.output_ids == list(pending.results[0].tokens)
-    for r in (dead, eos, nan):
-        assert r.num_cached == 0 and r.output_ids == []
+    program.commit(pending, {0: len(free.prompt_ids)})
+    assert free.num_cached == 0 and free.output_ids == []
+    assert [r.output_ids for r in (dead, eos, nan)] == [[ord("a")], [ord("a")], []]

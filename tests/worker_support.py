@@ -53,11 +53,19 @@ class HookedModel(nn.Module):
         self.after: Callable | None = None
         self.calls = 0
 
-    def forward(self, tokens, positions, cache, lanes, *, kv_len=None, logit_index=None):
+    def max_len_for_budget(self, *args, **kwargs):
+        return self.inner.max_len_for_budget(*args, **kwargs)
+
+    def new_state(self, *args, **kwargs):
+        return self.inner.new_state(*args, **kwargs)
+
+    def forward(self, tokens, positions, cache, lanes, *, kv_len=None, logit_index=None,
+                num_tokens=None):
         self.calls += 1
         if self.before is not None:
             self.before(tokens, positions, lanes)
-        logits = self.inner(tokens, positions, cache, lanes, kv_len=kv_len, logit_index=logit_index)
+        logits = self.inner(tokens, positions, cache, lanes, kv_len=kv_len, logit_index=logit_index,
+                            num_tokens=num_tokens)
         if self.after is not None:
             self.after(logits, positions, lanes)
         return logits

@@ -1,4 +1,4 @@
-"""One generation request inside the worker: its state, its counts and its output.
+"""One generation request inside the worker: its state, its ledgers, its budget and its output.
 
 The Engine owns every `Request` and changes it only on its worker thread, except for
 `cancel_requested`, which any thread may set (a single attribute store). The state machine:
@@ -7,27 +7,28 @@ The Engine owns every `Request` and changes it only on its worker thread, except
     WAITING --cancel / deadline-------------------------> TERMINAL
     (PAUSED: reserved for preemption; a paused request keeps its committed matcher, not its lane)
 
-Counts: `prompt_ids` and `output_ids` are the committed tokens; `num_cached` says how many of
-`prompt_ids + output_ids` have their keys and values in the lane. While prefilling num_cached <
-len(prompt_ids); while decoding it is one behind the committed tokens (the newest sampled token is
-fed by the next step).
+The Request is the one owner of every count: `prompt_ids` and `output_ids` are the committed
+tokens (EOS included when accepted), `max_new_tokens` the output budget and `remaining` what is
+left of it, `num_cached` how many of `prompt_ids + output_ids` the lane's model state holds. While
+prefilling num_cached < len(prompt_ids); while decoding it is one behind the committed tokens (the
+newest sampled token is fed by the next step). `commit(fed_end, tokens)` is the only place these
+counts change. The OutputSession holds the matcher and the text decoder, not counts.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from services.worker.output_session import OutputSession
-from services.worker.stop_strings import StopStrings
+from services.worker.output.session import OutputSession
+from services.worker.output.stop_strings import StopStrings
 from shared.generation import GenerationEvent, SamplingParams
 
 if TYPE_CHECKING:
-    from services.worker.tool_stream import ToolStream
+    from services.worker.output.tool_stream import ToolStream
 
 
 class RequestState(Enum):
@@ -47,7 +48,7 @@ class Request:
     seed: int  # RNG key of this request's stream
     session: OutputSession
     sink: Callable[[GenerationEvent], None]  # thread-safe event delivery
-    max_new_tokens: int  # effective output budget (max_tokens capped by the lane's context)
+    max_new_tokens: int  # effective output budget (max_tokens capped by the lane's context), >= 1
     stop: StopStrings | None = None  # unconstrained requests only
     stop_token_ids: frozenset[int] = frozenset()  # unconstrained requests only
     deadline: float | None = None  # time.monotonic() seconds; None = none
@@ -58,7 +59,7 @@ class Request:
     num_cached: int = 0
     cancel_requested: bool = False
     published: list[str] = field(default_factory=list)
-    # The Hermes tool-call decoder when tools are active (content and calls split out of the text).
+    # The tool-call decoder when tools are active (content and calls split out of the text).
     tool_stream: "ToolStream | None" = None
     constraint_kind: str = "none"  # metrics label: a ConstraintKind value, "tools" or "none"
     output_counts: dict[int, int] = field(default_factory=dict)  # token -> occurrences in output
@@ -83,6 +84,11 @@ class Request:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def remaining(self) -> int:
+        """Output tokens the budget still allows."""
+        return max(0, self.max_new_tokens - len(self.output_ids))
+
+    @property
     def in_prefill(self) -> bool:
         return self.num_cached < len(self.prompt_ids)
 
@@ -100,8 +106,18 @@ class Request:
             return list(self.prompt_ids[self.num_cached:self.num_cached + limit])
         return [self.output_ids[-1]]
 
+    def commit(self, fed_end: int, tokens: list[int]) -> None:
+        """The ledger after a committed step: the lane holds positions < fed_end, and `tokens`
+        joined the output."""
+        self.num_cached = fed_end
+        self.output_ids.extend(tokens)
+        for t in tokens:
+            self.output_counts[t] = self.output_counts.get(t, 0) + 1
+
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
+
+    # ---------------------------------------------------------------- sampling history
 
     def penalized(self) -> bool:
         s = self.sampling
@@ -116,11 +132,6 @@ class Request:
             for t in self.prompt_ids:
                 counts.setdefault(t, 0)
         return list(counts), list(counts.values())
-
-    def record_output(self, tokens: list[int]) -> None:
-        self.output_ids.extend(tokens)
-        for t in tokens:
-            self.output_counts[t] = self.output_counts.get(t, 0) + 1
 
     def content(self) -> str:
         return "".join(self.published)

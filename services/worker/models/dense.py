@@ -150,6 +150,20 @@ class DenseDecoder(nn.Module):
         w, self.rope_scaling = inverse_frequencies(self.config.rope, self.config.head_dim)
         self.rope_w = w.to(device)
 
+    def max_len_for_budget(self, lanes: int, budget_bytes: int, dtype: torch.dtype) -> int:
+        """The longest lanes whose KV fits `budget_bytes`, capped at the model's context. Raises
+        ValueError when not even one position per lane fits."""
+        per_lane = KVCache.tokens_for_budget(self.config, budget_bytes, dtype) // max(lanes, 1)
+        if per_lane <= 0:
+            raise ValueError(f"a KV budget of {budget_bytes} bytes holds no position for {lanes} "
+                             f"lanes ({KVCache.bytes_per_token(self.config, dtype)} bytes per token)")
+        return min(per_lane, self.config.max_position_embeddings)
+
+    def new_state(self, lanes: int, max_len: int, *, dtype: torch.dtype,
+                  device: torch.device | str) -> KVCache:
+        """The per-lane state of this model: its KV cache (models/state.py)."""
+        return KVCache.allocate(self.config, lanes, max_len, dtype, device)
+
     @property
     def output_weight(self) -> torch.Tensor:
         """The LM head matrix [vocab, hidden] (the embedding when tied)."""
@@ -182,10 +196,12 @@ class DenseDecoder(nn.Module):
         return F.linear(hidden, self.output_weight)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, lanes: torch.Tensor,
-                *, kv_len: int | None = None, logit_index: torch.Tensor | None = None) -> torch.Tensor:
+                *, kv_len: int | None = None, logit_index: torch.Tensor | None = None,
+                num_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, T, vocab] of a prefill chunk or decode step (see `hidden_states` for the
         arguments). With logit_index: [B, S] int64 indices into T, only those columns: [B, S, vocab]
-        (e.g. each row's last real token of a padded prefill chunk)."""
+        (e.g. each row's last real token of a padded prefill chunk). num_tokens: [B] real tokens
+        per row; a dense model needs no such bound (padding writes only uncommitted slots)."""
         hidden = self.hidden_states(tokens, positions, cache, lanes, kv_len=kv_len)  # [B, T, hidden]
         if logit_index is not None:
             hidden = hidden.gather(1, logit_index[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, S, hidden]

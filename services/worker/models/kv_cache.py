@@ -4,7 +4,8 @@ Layout: one tensor `data: [num_layers, 2, lanes, max_len, num_kv_heads, head_dim
 `values(layer)` are views `[lanes, max_len, num_kv_heads, head_dim]`. Token `p` of the request that
 occupies lane `l` lives at `[l, p]`. The model writes each forward's keys and values at the given
 positions and reads the lane's positions `0..p` for a query at position `p`, so a lane is reused by
-simply writing a new request over it from position 0: nothing is ever cleared.
+simply writing a new request over it from position 0: nothing is ever cleared. It is the dense
+model's `ModelState` (models/state.py).
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class KVCache:
     def values(self, layer: int) -> torch.Tensor:
         """Values of one layer: [lanes, max_len, num_kv_heads, head_dim] (a view)."""
         return self.data[layer, 1]
+
+    def commit(self, lanes: torch.Tensor, kept: torch.Tensor) -> None:
+        """Nothing to do: keys and values past the kept positions lie beyond the committed
+        frontier and are overwritten before being read (models/state.py)."""
 
     @staticmethod
     def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:

@@ -14,6 +14,7 @@ class StopStrings:
         self.stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that stopped the output
 
     def feed(self, text: str) -> str:
         """Add `text`; return what may be published now. Sets `stopped` at a complete stop string
@@ -21,8 +22,9 @@ class StopStrings:
         if self.stopped:
             return ""
         buf = self._held + text
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, -len(s), s) for s in self.stops if (i := buf.find(s)) >= 0]
+        if found:
+            cut, _, self.matched = min(found)  # the earliest; the longest of those starting there
             self.stopped = True
             self._held = ""
             return buf[:cut]

@@ -10,8 +10,8 @@ Transactions (design document, section 5):
 - `lookahead(drafts, out)` fills one mask row per position, accepting drafts temporarily, and
   always rolls the matcher back to the committed baseline with `GrammarMatcher.rollback`; it never
   replays the output. Its counts and time are work paid and stay in the report.
-- `preview(tokens)` accepts the produced tokens provisionally (matcher, EOS, budget, decoder) and
-  fixes the accepted prefix; `confirm()` commits it after the Program commit succeeded (nothing
+- `preview(tokens, limit=)` accepts the produced tokens provisionally (matcher, EOS, the output
+  budget left that the Request passes, decoder) and fixes the accepted prefix; `confirm()` commits it after the Program commit succeeded (nothing
   there can fail), `discard()` returns to the mark. `preview_forced(tokens)` does the same for a
   fixed control string. A lookahead while a preview is pending is an internal error.
 
@@ -21,15 +21,17 @@ get the filler row of `filler_row`: every id of the domain allowed. A kernel tha
 column therefore always finds a finite candidate (never a spurious "no candidate" failure); what it
 samples there never enters the accepted prefix, because the Program reads the position state.
 
-Output text: the session publishes the exact bytes of accepted tokens as `str` deltas. Bytes of an
-unfinished UTF-8 character are held back until the character completes; EOS is never text. At a
-length cut (or `finish_incomplete`) held-back bytes are flushed with U+FFFD and the session marks
-its display truncated: such a result is incomplete, never a grammar success.
+Output text: the session publishes the exact bytes of accepted tokens as `str` deltas (text.py).
+Bytes of an unfinished UTF-8 character are held back until the character completes; EOS is never
+text. At a length cut (or `finish_incomplete`) held-back bytes are flushed with U+FFFD and the
+session marks its display truncated: such a result is incomplete, never a grammar success.
+
+Counts are not the session's: the Request owns the output ledger and the budget, and passes the
+output position (for error messages) and the budget left (`limit`) to the calls that need them.
 """
 
 from __future__ import annotations
 
-import codecs
 import time
 from dataclasses import dataclass
 from enum import IntEnum
@@ -39,12 +41,13 @@ from typing import Sequence
 import torch
 import xgrammar as xgr
 
-from services.worker.constraint_report import (
+from services.worker.output.report import (
     BRANCHES,
     CACHE_HITS,
     ConstraintCounters,
     ConstraintReport,
 )
+from services.worker.output.text import decode
 from shared.errors import ConstraintDeadEnd, InternalError, InvalidRequest
 from shared.frontends.token_domain import TokenDomain
 
@@ -136,13 +139,11 @@ class OutputSession:
 
     `compiled`: the shared compiled grammar, or None for an unconstrained request. `prefix`: the
     content a ContinueFinalAssistant request continues (UTF-8 bytes; accepted by the matcher at
-    creation, never published, part of completeness; default b""). `max_new_tokens`: the output
-    budget (default None = unlimited); accepted tokens, EOS and forced control tokens count.
-    `branch`: the report's branch (default "content"). `cache` ("l1" | "redis" | None), `built`,
+    creation, never published, part of completeness; default b""). `branch`: the report's branch (default "content"). `cache` ("l1" | "redis" | None), `built`,
     `waited`, `compile_ms`: the compile-cache outcome for the report.
 
     Raises InvalidRequest(field="prefix") when the prefix is not UTF-8 or the grammar refuses it,
-    InvalidRequest(field="max_new_tokens") for a negative budget, InternalError when the grammar
+    InternalError when the grammar
     was compiled for a different vocabulary size or `branch`/`cache` is unknown.
     """
 
@@ -152,7 +153,6 @@ class OutputSession:
         compiled: xgr.CompiledGrammar | None = None,
         *,
         prefix: bytes | str = b"",
-        max_new_tokens: int | None = None,
         branch: str = "content",
         cache: str | None = None,
         built: bool = False,
@@ -162,9 +162,6 @@ class OutputSession:
         start = time.perf_counter()
         if branch not in BRANCHES or cache not in CACHE_HITS:
             raise InternalError(f"unknown report branch {branch!r} or cache outcome {cache!r}")
-        if max_new_tokens is not None and max_new_tokens < 0:
-            raise InvalidRequest(f"max_new_tokens must be >= 0, got {max_new_tokens}",
-                                 field="max_new_tokens")
         prefix = prefix.encode("utf-8") if isinstance(prefix, str) else bytes(prefix)
         try:
             prefix.decode("utf-8")
@@ -172,12 +169,10 @@ class OutputSession:
             raise InvalidRequest(f"prefix is not UTF-8 text: {exc}", field="prefix") from None
         self.domain = domain
         self.branch = branch
-        self.max_new_tokens = max_new_tokens
         self._counters = ConstraintCounters(cache=cache, built=built, waited=waited,
                                             compile_ms=compile_ms)
         self._matcher: xgr.GrammarMatcher | None = None
         self._pending: _Pending | None = None
-        self._generated = 0  # committed output tokens
         self._held = b""  # committed bytes of an unfinished character, not yet published
         self._eos = False  # EOS committed
         self._cut = False  # ended by the budget or an interruption
@@ -202,34 +197,23 @@ class OutputSession:
         return self._matcher is not None
 
     @property
-    def generated(self) -> int:
-        """Committed output tokens (EOS and forced control tokens included)."""
-        return self._generated
-
-    @property
-    def remaining(self) -> int | None:
-        """Output budget left, None when unlimited."""
-        if self.max_new_tokens is None:
-            return None
-        return max(0, self.max_new_tokens - self._generated)
-
-    @property
     def finished(self) -> bool:
         """True after EOS, a length cut or `finish_incomplete`."""
         return self._eos or self._cut
 
-    def lookahead(self, drafts: Sequence[int], out: torch.Tensor) -> LookaheadResult:
+    def lookahead(self, drafts: Sequence[int], out: torch.Tensor, *,
+                  position: int = 0) -> LookaheadResult:
         """Fill `out[0..len(drafts)]` with the masks of committed + drafts[:i] and roll back.
 
         `out`: `[>= len(drafts)+1, ceil(V/32)]` int32 CPU tensor (a view of the Program's pinned
-        buffer). An unconstrained session returns DISABLED states and writes nothing. Raises
+        buffer). `position`: committed output tokens (the result's base position). An unconstrained session returns DISABLED states and writes nothing. Raises
         InternalError while a preview is pending, after the session finished, on a wrong buffer,
         or when the matcher refuses a draft its own mask allowed.
         """
         self._check_idle("lookahead")
         n = len(drafts)
         if self._matcher is None:
-            return LookaheadResult((PositionState.DISABLED,) * (n + 1), self._generated)
+            return LookaheadResult((PositionState.DISABLED,) * (n + 1), position)
         size = self.domain.size
         if out.dtype != torch.int32 or out.dim() != 2 or out.shape[0] < n + 1 \
                 or out.shape[1] != self.domain.mask_words or out.device.type != "cpu":
@@ -272,15 +256,17 @@ class OutputSession:
             if accepted:
                 matcher.rollback(accepted)
                 self._counters.rollback_seconds += time.perf_counter() - mid
-        return LookaheadResult(tuple(states), self._generated, illegal_at, eos_at, dead_at)
+        return LookaheadResult(tuple(states), position, illegal_at, eos_at, dead_at)
 
     @staticmethod
     def fill_ordinary(sessions: Sequence["OutputSession"], out: torch.Tensor, rows: Sequence[int],
-                      batcher: xgr.BatchGrammarMatcher) -> list[LookaheadResult]:
+                      batcher: xgr.BatchGrammarMatcher,
+                      positions: Sequence[int]) -> list[LookaheadResult]:
         """`lookahead(())` of several constrained sessions at once: the position-0 masks of an
         ordinary decode step filled by xgrammar's multi-threaded batch call.
 
-        `out`: `[M, ceil(V/32)]` int32 CPU tensor; session k writes row `rows[k]`. The shared wall
+        `out`: `[M, ceil(V/32)]` int32 CPU tensor; session k writes row `rows[k]`; `positions[k]`
+        is its committed output length. The shared wall
         time is split evenly over the sessions' reports. Same results and errors as `lookahead`."""
         for session in sessions:
             session._check_idle("lookahead")
@@ -294,33 +280,38 @@ class OutputSession:
         batcher.batch_fill_next_token_bitmask([s._matcher for s in sessions], out, list(rows))
         share = (time.perf_counter() - start) / len(sessions)
         results = []
-        for session, r in zip(sessions, rows):
+        for session, r, position in zip(sessions, rows, positions):
             out[r, -1] &= tail  # bits past V: xgrammar may set them
             session._counters.mask_positions += 1
             session._counters.mask_seconds += share
             if bool(out[r].any()):
-                results.append(LookaheadResult((PositionState.READY,), session._generated))
+                results.append(LookaheadResult((PositionState.READY,), position))
             else:
                 out[r].copy_(filler)
-                results.append(LookaheadResult((PositionState.DEAD_END,), session._generated,
-                                               dead_end_at=0))
+                results.append(LookaheadResult((PositionState.DEAD_END,), position, dead_end_at=0))
         return results
 
     # ---------------------------------------------------------------- previews
 
-    def preview(self, tokens: Sequence[int]) -> PreviewResult:
-        """Accept the actually produced tokens provisionally, up to EOS and the remaining budget.
+    def preview(self, tokens: Sequence[int], *, limit: int | None = None,
+                position: int = 0) -> PreviewResult:
+        """Accept the actually produced tokens provisionally, up to EOS and `limit` (the output
+        budget left, None = unlimited; the Request owns the budget). `position`: committed output
+        tokens (for error messages).
 
-        Tokens after an accepted EOS or past the budget are not accepted. An illegal token returns a
+        Tokens after an accepted EOS or past the limit are not accepted; reaching the limit
+        without EOS is a length cut. An illegal token returns a
         result with `failure` set (an internal inconsistency: the mask said legal) and leaves the
         session at its mark with nothing pending. Raises InternalError while another preview is
         pending or after the session finished."""
-        return self._preview(tokens, forced=False)
+        return self._preview(tokens, limit, position, forced=False)
 
-    def preview_forced(self, tokens: Sequence[int]) -> PreviewResult:
+    def preview_forced(self, tokens: Sequence[int], *, limit: int | None = None,
+                       position: int = 0) -> PreviewResult:
         """Preview a fixed control token sequence (e.g. a thinking-budget close): every token must
-        be accepted, the budget does not shorten it (its tokens still count), no RNG is involved."""
-        return self._preview(tokens, forced=True)
+        be accepted, the budget does not shorten it (its tokens still count against `limit`), no
+        RNG is involved."""
+        return self._preview(tokens, limit, position, forced=True)
 
     def confirm(self) -> None:
         """Commit the pending preview after the Program commit succeeded. Nothing here can fail
@@ -329,7 +320,6 @@ class OutputSession:
         if pending is None:
             raise InternalError("confirm() without a pending preview")
         self._pending = None
-        self._generated += pending.accepted
         self._held = pending.held
         self._eos = pending.terminated
         self._cut = pending.length_cut
@@ -354,22 +344,22 @@ class OutputSession:
         self._cut = self._cut or not self._eos
         return text
 
-    def _preview(self, tokens: Sequence[int], *, forced: bool) -> PreviewResult:
+    def _preview(self, tokens: Sequence[int], limit: int | None, position: int, *,
+                 forced: bool) -> PreviewResult:
         self._check_idle("preview")
         matcher, domain = self._matcher, self.domain
-        remaining = self.remaining
         accepted = matcher_tokens = 0
         terminated = False
         failure: InternalError | None = None
-        data = bytearray(self._held)
+        data = bytearray()
         start = time.perf_counter()
         for token in map(int, tokens):
-            if not forced and remaining is not None and accepted >= remaining:
+            if not forced and limit is not None and accepted >= limit:
                 break
             if matcher is not None:
                 if not matcher.accept_token(token):
                     failure = InternalError(f"the matcher refused produced token {token} at output "
-                                            f"position {self._generated + accepted}")
+                                            f"position {position + accepted}")
                     break
                 matcher_tokens += 1
                 terminated = matcher.is_terminated()
@@ -387,18 +377,11 @@ class OutputSession:
         if failure is not None:
             self._rollback_preview(matcher_tokens)
             return PreviewResult(0, failure=failure)
-        left = None if remaining is None else remaining - accepted
-        length_cut = not terminated and left is not None and left <= 0
-        truncated = False
-        if terminated or length_cut:  # final: flush everything
-            text = bytes(data).decode("utf-8", "replace")
-            held = b""
-            truncated = _incomplete_tail(bytes(data))
-        else:
-            text, consumed = codecs.utf_8_decode(bytes(data), "replace", False)
-            held = bytes(data[consumed:])
-        self._pending = _Pending(matcher_tokens, accepted, held, terminated, length_cut, truncated)
-        return PreviewResult(accepted, terminated, length_cut, text)
+        length_cut = not terminated and limit is not None and accepted >= limit
+        out = decode(self._held, bytes(data), final=terminated or length_cut)
+        self._pending = _Pending(matcher_tokens, accepted, out.held, terminated, length_cut,
+                                 out.truncated)
+        return PreviewResult(accepted, terminated, length_cut, out.text)
 
     def _rollback_preview(self, matcher_tokens: int) -> None:
         if matcher_tokens and self._matcher is not None:
@@ -471,8 +454,3 @@ class OutputSession:
 def _int32(word: int) -> int:
     return word - (1 << 32) if word >= 1 << 31 else word
 
-
-def _incomplete_tail(data: bytes) -> bool:
-    # True when `data` ends inside a UTF-8 character (what a non-final decode would hold back).
-    _, consumed = codecs.utf_8_decode(data, "replace", False)
-    return consumed < len(data)

@@ -1,0 +1,218 @@
+"""The Engine: request lifecycle and continuous batching of the worker.
+
+Two sides, one boundary:
+
+- `submit` runs on the caller's event loop: `prepare` (prepare.py) checks the options, renders the
+  prompt, compiles the constraint through the GrammarClient and builds the OutputSession, off the
+  worker thread and never blocking the loop; only then does the request join the worker's inbox.
+  Request errors raise from `submit`, before any event.
+- One worker thread runs `step()` in a loop and does all torch work. It never waits on the event
+  loop: events go out through each request's thread-safe sink, requests and cancels come in through
+  a `queue.Queue`.
+
+One step:
+
+    retire cancelled / expired -> admit waiting into free lanes -> batch = schedule()
+    -> pending = program.step(batch) -> postprocess.commit(pending)
+
+where the commit path (postprocess.py) previews every row, commits the Program's device state,
+confirms the sessions and ledgers, and only then publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from services.grammar.client import GrammarClient
+from services.worker.engine.postprocess import Postprocessor
+from services.worker.engine.prepare import prepare
+from services.worker.engine.scheduler import Scheduler
+from services.worker.engine.stream import RequestStream
+from services.worker.program import Program
+from services.worker.request import Request
+from shared.errors import DeadlineExceeded, InternalError, InvalidRequest
+from shared.generation import FinishReason, GenerateRequest, PromptInput
+from shared.logging import get_logger
+from shared.metrics import WorkerMetrics
+
+log = get_logger(__name__)
+
+_STOP = object()  # inbox sentinel: leave the loop
+_WAKE = object()  # inbox sentinel: look at the queues again (a cancel arrived)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_batch: int = 4  # resident lanes B, >= 1
+    max_len: int | None = None  # positions per lane (prompt + output); None: from the KV budget
+    kv_budget_bytes: int = 256 << 20  # KV cache bytes when max_len is None, > 0
+    prefill_chunk: int = 512  # prompt tokens per row per prefill step, >= 1
+    cuda_graphs: bool = True  # capture decode graphs per batch size on CUDA
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_len is not None and self.max_len < 2:
+            raise ValueError(f"EngineConfig.max_len must be >= 2, got {self.max_len}")
+
+
+class Engine:
+    """Continuous batching over a fixed number of lanes (see the module docstring).
+
+    `runtime`: the served model bundle. `grammar`: where constraints compile. Call `start()` before
+    submitting and `stop()` at the end (unfinished requests finish as cancelled)."""
+
+    def __init__(self, runtime, grammar: GrammarClient, config: EngineConfig = EngineConfig(),
+                 metrics: WorkerMetrics | None = None) -> None:
+        self.runtime = runtime
+        self.grammar = grammar
+        self.config = config
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
+        self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
+                               kv_budget_bytes=config.kv_budget_bytes,
+                               cuda_graphs=config.cuda_graphs)
+        self.scheduler = Scheduler(config.prefill_chunk)
+        self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget)
+        self.steps = 0
+        self._inbox: queue.Queue = queue.Queue()
+        self._live: dict[str, Request] = {}
+        self._lock = threading.Lock()  # guards _live across threads
+        self._thread: threading.Thread | None = None
+        self._running = False
+
+    # ---------------------------------------------------------------- caller side
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="infernix-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the worker thread; unfinished requests finish as cancelled."""
+        self._running = False
+        if self._thread is not None:
+            self._inbox.put(_STOP)
+            self._thread.join(timeout)
+            self._thread = None
+
+    async def submit(self, request: GenerateRequest) -> RequestStream:
+        """Prepare `request` and queue it; returns its event stream.
+
+        Raises (before any event) what `prepare` raises, InvalidRequest(field="request_id") for
+        an id already running, InternalError when the engine is not running."""
+        submitted = time.monotonic()
+        self._check_running()
+        ready = await prepare(request, runtime=self.runtime, grammar=self.grammar,
+                              max_len=self.program.max_len, submitted=submitted)
+        stream = RequestStream(asyncio.get_running_loop(), request.request_id)
+        job = Request(
+            request_id=request.request_id, prompt_ids=ready.prompt_ids, sampling=ready.sampling,
+            seed=ready.seed, session=ready.session, sink=stream.push,
+            max_new_tokens=ready.max_new_tokens, stop=ready.stop,
+            stop_token_ids=frozenset(request.options.stop_token_ids), deadline=ready.deadline,
+            timeout_s=request.options.timeout_s, submitted_at=submitted,
+            tool_stream=ready.tool_stream, constraint_kind=ready.constraint_kind)
+        self._check_running()  # compilation may have outlived the engine
+        with self._lock:
+            if request.request_id in self._live:
+                raise InvalidRequest(f"request id {request.request_id!r} is already running",
+                                     field="request_id")
+            self._live[request.request_id] = job
+        job.enqueued_at = time.monotonic()  # an expired deadline is retired by the next step
+        self._inbox.put(job)
+        return stream
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a queued or running request from any thread; False when it is not live."""
+        with self._lock:
+            job = self._live.get(request_id)
+        if job is None:
+            return False
+        job.cancel_requested = True
+        self._inbox.put(_WAKE)
+        return True
+
+    def count_tokens(self, prompt: PromptInput) -> int:
+        """Prompt tokens after rendering (compiles nothing)."""
+        return len(self.runtime.prepare(prompt).token_ids)
+
+    def health(self) -> dict:
+        return {"status": "ok" if self._running else "stopped", "model": self.runtime.name,
+                "device": str(self.program.device), "max_batch": self.program.max_batch,
+                "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
+                "waiting": len(self.scheduler.waiting), "steps": self.steps}
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise InternalError("the engine is not running")
+
+    def _forget(self, job: Request) -> None:
+        with self._lock:
+            self._live.pop(job.request_id, None)
+
+    # ---------------------------------------------------------------- worker thread
+
+    def step(self) -> bool:
+        """One engine step on the worker thread; False when there was nothing to run."""
+        self._retire(time.monotonic())
+        self.scheduler.admit(self.program)
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return False
+        self.steps += 1
+        try:
+            pending = self.program.step(batch)
+        except Exception as exc:  # the round failed as a whole: its rows fail, nothing commits
+            log.exception("program_step_failed")
+            self.post.fail_batch(batch, InternalError(f"the batch step failed: {exc}"))
+            return True
+        self.post.commit(pending)
+        self.metrics.lanes_in_use.set(len(self.scheduler.resident))
+        self.metrics.queue_depth.set(len(self.scheduler.waiting))
+        return True
+
+    def _retire(self, now: float) -> None:
+        for job in self.scheduler.live():
+            if job.cancel_requested:
+                self.post.finish(job, FinishReason.CANCELLED)
+            elif job.expired(now):
+                self.post.finish(job, FinishReason.ERROR, DeadlineExceeded(
+                    f"the request did not finish within {job.timeout_s} s",
+                    timeout_s=job.timeout_s))
+
+    def _run(self) -> None:
+        try:
+            while self._take_inbox(block=self.scheduler.idle):
+                try:
+                    self.step()
+                except Exception as exc:  # a bug: fail what is resident, keep serving
+                    log.exception("engine_step_failed")
+                    for job in list(self.scheduler.resident):
+                        self.post.finish(job, FinishReason.ERROR,
+                                         InternalError(f"engine failure: {exc}"))
+        finally:
+            self._running = False
+            self._take_inbox(block=False)
+            for job in self.scheduler.live():
+                self.post.finish(job, FinishReason.CANCELLED)
+            self.program.close()
+
+    def _take_inbox(self, *, block: bool) -> bool:
+        """Move new requests into the waiting queue; False when asked to stop."""
+        try:
+            item = self._inbox.get(block=block)
+            while True:
+                if item is _STOP:
+                    return False
+                if isinstance(item, Request):
+                    self.scheduler.add(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            return True

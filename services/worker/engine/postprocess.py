@@ -1,0 +1,230 @@
+"""The one commit path of a step, and how requests finish.
+
+`commit(pending)` walks the PendingBatch's rows once, in the design document's order:
+
+    preview every row  ->  Program commit (device state)  ->  confirm (matcher, decoder, ledgers)
+    ->  publish  ->  finish the rows that ended
+
+Failure rules (design document, section 5):
+- a row whose request was cancelled commits nothing of the round and finishes as cancelled;
+- a row whose result is a constraint dead end or non-finite logits commits zero tokens and
+  finishes with its error, while the other rows commit;
+- when a preview fails (the matcher refuses a token its own mask allowed), every preview of the
+  batch is restored and the round aborts: nothing commits, the failing row finishes with the
+  internal error, the others run the same step again;
+- when the Program commit fails, no matcher state is confirmed and nothing of the round is
+  published: every row of the batch finishes with the internal error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.worker.output.session import PreviewResult
+from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
+from services.worker.request import Request, RequestState
+from services.worker.engine.scheduler import Scheduler
+from shared.errors import InfernixError, InternalError
+from shared.generation import Finished, FinishReason, GenerationEvent, TextDelta, Usage
+from shared.logging import get_logger
+from shared.metrics import WorkerMetrics
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class _Preview:
+    result: PreviewResult
+    tokens: list[int]  # the accepted output tokens (a matched stop id included)
+    stop_id: bool  # the output ended at one of the request's stop token ids
+
+
+@dataclass
+class _Round:
+    """Per batch index: the previews and the failed rows of one round."""
+
+    previews: dict[int, _Preview]
+    failures: dict[int, InfernixError]
+    aborted_by: int | None = None  # the row whose preview failed
+
+
+class Postprocessor:
+    """Commits steps and finishes requests. `on_terminal(job)` runs once per finished request
+    (the Engine forgets it there)."""
+
+    def __init__(self, program: Program, scheduler: Scheduler, metrics: WorkerMetrics,
+                 on_terminal: Callable[[Request], None]) -> None:
+        self.program = program
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self._on_terminal = on_terminal
+
+    # ---------------------------------------------------------------- the commit path
+
+    def commit(self, pending: PendingBatch) -> None:
+        rows = pending.batch.rows
+        round_ = self._preview(pending)
+        if round_.aborted_by is not None:
+            for preview_row in round_.previews:
+                rows[preview_row].request.session.discard()
+            i = round_.aborted_by
+            self.finish(rows[i].request, FinishReason.ERROR, round_.failures[i])
+            return
+        kept = {i: len(row.tokens) for i, row in enumerate(rows)
+                if not row.request.cancel_requested and i not in round_.failures}
+        try:
+            self.program.commit(pending, kept)
+        except Exception as exc:  # nothing confirmed, nothing published
+            log.exception("program_commit_failed")
+            for i in round_.previews:
+                rows[i].request.session.discard()
+            self.fail_batch(pending.batch, InternalError(f"commit failed: {exc}"))
+            return
+        for i in kept:
+            self._confirm(pending, i, round_.previews.get(i))
+        self._publish(pending.batch, round_)
+
+    def fail_batch(self, batch: StepBatch, error: InfernixError) -> None:
+        for row in batch.rows:
+            self.finish(row.request, FinishReason.ERROR, error)
+
+    def _preview(self, pending: PendingBatch) -> _Round:
+        round_ = _Round({}, {})
+        for i, (row, res) in enumerate(zip(pending.batch.rows, pending.results)):
+            job = row.request
+            if job.cancel_requested or res.outcome is RowOutcome.NO_OUTPUT:
+                continue
+            if res.outcome is not RowOutcome.TOKENS:
+                round_.failures[i] = res.error or InternalError("row failed")
+                continue
+            tokens = list(res.tokens)
+            cut = next((k for k, t in enumerate(tokens) if t in job.stop_token_ids), None)
+            result = job.session.preview(tokens if cut is None else tokens[:cut],
+                                         limit=job.remaining, position=job.num_output_tokens)
+            if result.failure is not None:
+                round_.failures[i] = result.failure
+                round_.aborted_by = i
+                return round_
+            stop_id = cut is not None and result.accepted == cut
+            round_.previews[i] = _Preview(result, tokens[:result.accepted + (1 if stop_id else 0)],
+                                          stop_id)
+        return round_
+
+    def _confirm(self, pending: PendingBatch, i: int, preview: _Preview | None) -> None:
+        row = pending.batch.rows[i]
+        job = row.request
+        if preview is not None:
+            job.session.confirm()
+            nbytes = pending.results[i].mask_bytes
+            if nbytes:
+                job.session.add_upload_bytes(nbytes)
+        job.commit(row.end, preview.tokens if preview is not None else [])
+
+    def _publish(self, batch: StepBatch, round_: _Round) -> None:
+        now = time.monotonic()
+        for i, row in enumerate(batch.rows):
+            job = row.request
+            if job.cancel_requested:
+                self.finish(job, FinishReason.CANCELLED)
+            elif i in round_.failures:
+                self.finish(job, FinishReason.ERROR, round_.failures[i])
+            elif i in round_.previews:
+                preview = round_.previews[i]
+                if job.first_token_at is None:
+                    job.first_token_at = now
+                self._emit_text(job, preview.result.text)
+                if preview.result.terminated or preview.stop_id or \
+                        (job.stop is not None and job.stop.stopped):
+                    self.finish(job, FinishReason.STOP)
+                elif preview.result.length_cut:
+                    self.finish(job, FinishReason.LENGTH)
+
+    # ---------------------------------------------------------------- publication
+
+    def _emit_text(self, job: Request, text: str) -> None:
+        if job.stop is not None:
+            text = job.stop.feed(text)
+        if not text:
+            return
+        if job.tool_stream is None:
+            job.published.append(text)
+            self._send(job, TextDelta(text))
+            return
+        self._send_tool_events(job, job.tool_stream.feed(text))
+
+    def _send_tool_events(self, job: Request, events: list) -> None:
+        for event in events:
+            if isinstance(event, TextDelta):
+                job.published.append(event.text)
+            self._send(job, event)
+
+    def _send(self, job: Request, event: GenerationEvent) -> None:
+        try:
+            job.sink(event)
+        except Exception:  # the consumer is gone (closed loop): stop generating for it
+            job.cancel_requested = True
+
+    # ---------------------------------------------------------------- finishing
+
+    def finish(self, job: Request, reason: FinishReason, error: InfernixError | None = None) -> None:
+        """End `job` once: flush its held text, read its tool calls, free its lane and publish
+        its Finished event with usage, constraint report and timings."""
+        if job.is_terminal:
+            return
+        session = job.session
+        if not session.finished:
+            self._emit_text(job, session.finish_incomplete())
+        if job.stop is not None:
+            tail = job.stop.flush()
+            if tail:
+                job.published.append(tail)
+                self._send(job, TextDelta(tail))
+        calls: tuple = ()
+        if job.tool_stream is not None:
+            try:
+                self._send_tool_events(job, job.tool_stream.finish(complete=session.ended_normally))
+            except InternalError as exc:  # the grammar confirmed a call the decoder cannot read
+                reason, error = FinishReason.ERROR, exc
+            calls = job.tool_stream.tool_calls()
+            if calls and reason is FinishReason.STOP:
+                reason = FinishReason.TOOL_CALLS
+        if job.lane is not None:
+            self.program.release_lane(job.lane)
+            job.lane = None
+        self.scheduler.remove(job)
+        job.state = RequestState.TERMINAL
+        self._on_terminal(job)
+        report = session.report()
+        if report is not None and job.tool_stream is not None:
+            report = dataclasses.replace(report, branch=job.tool_stream.branch)
+        constraint = report.to_dict() if report is not None else None
+        timings = _timings(job)
+        stop_sequence = job.stop.matched if job.stop is not None else None
+        self._send(job, Finished(reason, Usage(job.num_prompt_tokens, job.num_output_tokens),
+                                 content=job.content(), tool_calls=calls, constraint=constraint,
+                                 error=error.to_dict() if error is not None else None,
+                                 timings=timings, stop_sequence=stop_sequence))
+        decode_tokens = job.num_output_tokens - 1
+        self.metrics.finished(
+            job.constraint_kind, reason.value, ttft=timings.get("ttft"),
+            tpot=timings["decode"] / decode_tokens if "decode" in timings and decode_tokens > 0 else None,
+            mask_seconds=report.mask_seconds + report.rollback_seconds if report is not None else 0.0,
+            prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens)
+        log.info("request_done", request_id=job.request_id, finish_reason=reason.value,
+                 prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens,
+                 error=error.type_name if error is not None else None, constraint=constraint)
+
+
+def _timings(job: Request) -> dict[str, float]:
+    now = time.monotonic()
+    out = {}
+    if job.enqueued_at is not None:
+        out["prepare"] = job.enqueued_at - job.submitted_at
+        out["queue"] = (job.admitted_at or now) - job.enqueued_at
+    if job.first_token_at is not None:
+        out["ttft"] = job.first_token_at - job.submitted_at
+        out["decode"] = now - job.first_token_at
+    return out

@@ -1,0 +1,148 @@
+"""Request preparation on the caller's event loop: `prepare(request) -> PreparedRequest`.
+
+The one place where a request's output language is decided (a tool grammar, a content constraint
+or none): it checks the options, renders and tokenizes the prompt through the model's Frontend,
+compiles the constraint through the GrammarClient (cold compiles happen here, never on the worker
+thread) and builds the request's OutputSession. Every request error raises here, before the
+request joins the queue and before any event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass
+
+from services.grammar.client import GrammarClient
+from services.grammar.tools import ToolSpec, needs_tool_grammar
+from services.worker.output.session import OutputSession
+from services.worker.output.stop_strings import StopStrings
+from services.worker.output.tool_stream import ToolStream
+from services.worker.runtime import ModelRuntime, PreparedPrompt, resolve_sampling
+from shared.contract import ToolMode, validate_tools
+from shared.errors import ConflictingConstraint, ConstraintDeadEnd, InvalidRequest, Unsupported
+from shared.frontends.token_domain import TokenDomain
+from shared.generation import GenerateRequest, SamplingParams
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedRequest:
+    """Everything the Engine needs to queue a request (see `prepare`)."""
+
+    request: GenerateRequest
+    prompt_ids: tuple[int, ...]
+    session: OutputSession
+    max_new_tokens: int  # >= 1: max_tokens capped by what the lane holds after the prompt
+    sampling: SamplingParams  # resolved against the model's defaults
+    seed: int
+    stop: StopStrings | None
+    tool_stream: ToolStream | None
+    constraint_kind: str  # metrics label
+    deadline: float | None  # time.monotonic() seconds
+
+
+async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: GrammarClient,
+                  max_len: int, submitted: float) -> PreparedRequest:
+    """Check, render, compile and build the OutputSession of `request` for lanes of `max_len`
+    positions.
+
+    Raises (before any event) InvalidRequest (model, prompt, request_id, stop_token_ids),
+    ConflictingConstraint (`stop` / `stop_token_ids` with a constraint), Unsupported (tools with a
+    raw text prompt), the grammar service's InvalidSchema / InvalidGrammar / ..., and
+    ConstraintDeadEnd (nothing legal at the first position)."""
+    options = request.options
+    if request.model != runtime.name:
+        raise InvalidRequest(f"model {request.model!r} is not served here; expected "
+                             f"{runtime.name!r}", field="model")
+    tool_spec = check_options(request, runtime.domain)
+    prompt = await asyncio.to_thread(runtime.prepare, request.prompt)
+    room = max_len - len(prompt.token_ids) + 1
+    if room < 1:
+        raise InvalidRequest(f"the prompt has {len(prompt.token_ids)} tokens; a lane holds "
+                             f"{max_len}", field="prompt")
+    budget = min(options.max_tokens or room, room)
+    session = await _output_session(request, prompt, tool_spec, runtime=runtime, grammar=grammar)
+    constrained = session.constrained
+    seed = options.sampling.seed
+    return PreparedRequest(
+        request=request, prompt_ids=prompt.token_ids, session=session, max_new_tokens=budget,
+        sampling=resolve_sampling(options.sampling, runtime.defaults, constrained),
+        seed=seed if seed is not None else secrets.randbits(63),
+        stop=StopStrings(options.stop) if options.stop else None,
+        tool_stream=_tool_stream(request, tool_spec),
+        constraint_kind=_constraint_kind(request, tool_spec),
+        deadline=submitted + options.timeout_s if options.timeout_s else None)
+
+
+def check_options(request: GenerateRequest, domain: TokenDomain) -> ToolSpec | None:
+    """Reject bad option combinations; returns the tool spec when a tool grammar applies.
+
+    Raises InvalidToolDefinition / InvalidRequest (tools, tool_choice, stop_token_ids),
+    Unsupported (tools with a raw text prompt), ConflictingConstraint (stop strings or stop ids
+    with a constrained output, a GBNF/regex/choice constraint with active tools)."""
+    options, prompt = request.options, request.prompt
+    tool_spec = None
+    if prompt.tools:
+        validate_tools(prompt.tools, options.tool_choice)
+        if prompt.text is not None and options.tool_choice.mode is not ToolMode.NONE:
+            raise Unsupported("tools need chat messages; a raw text prompt has no tool framing",
+                              field="tools")
+        if needs_tool_grammar(prompt.tools, options.tool_choice, options.constraint):
+            tool_spec = ToolSpec(prompt.tools, options.tool_choice, options.constraint)
+    if options.constraint is not None or tool_spec is not None:
+        for name in ("stop", "stop_token_ids"):
+            if getattr(options, name):
+                raise ConflictingConstraint(
+                    f"{name} cannot be combined with an output constraint: constrained output "
+                    "ends where its language ends", field=name)
+    for t in options.stop_token_ids:
+        if not 0 <= t < domain.size:
+            raise InvalidRequest(f"stop token id {t} is outside the vocabulary "
+                                 f"[0, {domain.size})", field="stop_token_ids")
+    return tool_spec
+
+
+def _tool_stream(request: GenerateRequest, tool_spec: ToolSpec | None) -> ToolStream | None:
+    """The call decoder: constrained with a tool grammar, free when tools are declared but
+    nothing is enforced, absent without active tools."""
+    if tool_spec is not None:
+        # With a JSON union the decoder still reads calls; JSON content has no opener.
+        return ToolStream(constrained=True)
+    prompt = request.prompt
+    if prompt.tools and request.options.tool_choice.mode is not ToolMode.NONE:
+        return ToolStream(constrained=False)
+    return None
+
+
+def _constraint_kind(request: GenerateRequest, tool_spec: ToolSpec | None) -> str:
+    """The metrics label of a request's output language."""
+    if tool_spec is not None:
+        return "tools"
+    constraint = request.options.constraint
+    return constraint.kind.value if constraint is not None else "none"
+
+
+async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
+                          tool_spec: ToolSpec | None, *, runtime: ModelRuntime,
+                          grammar: GrammarClient) -> OutputSession:
+    """A tool grammar (tools active), else the content constraint, else none. Raises the
+    GrammarClient's typed errors, and ConstraintDeadEnd when nothing is legal at position 0."""
+    domain = runtime.domain
+    constraint = tool_spec if tool_spec is not None else request.options.constraint
+    if constraint is None:
+        return OutputSession(domain, None)
+    result = await grammar.compile(constraint, model=runtime.name)
+    compiled = await grammar.get_compiled(result.key, runtime.name)
+    stats = result.stats
+
+    def make() -> OutputSession:
+        session = OutputSession(domain, compiled, prefix=prompt.prefix, cache=stats.hit,
+                                built=stats.built, waited=stats.waited,
+                                compile_ms=stats.compile_ms,
+                                branch="undecided" if tool_spec is not None else "content")
+        if not (session.may_end or session.can_continue):
+            raise ConstraintDeadEnd("the constraint allows no token at output position 0",
+                                    position=0)
+        return session
+
+    return await asyncio.to_thread(make)

@@ -1,0 +1,39 @@
+"""The ready event the host waits on after a step's device-to-host copies, through cuda-python.
+
+`cuda.bindings` is the GPU extra's declared dependency (pyproject `gpu`); this module is imported
+only on the CUDA path, so CPU installs never need it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shared.errors import InternalError
+
+
+class ReadyEvent:
+    """A timing-disabled CUDA event: `record(stream)` after the copies, `wait()` on the host."""
+
+    def __init__(self) -> None:
+        from cuda.bindings import runtime as cudart
+
+        self._cudart = cudart
+        err, self._event = cudart.cudaEventCreateWithFlags(cudart.cudaEventDisableTiming)
+        self._check(err, "cudaEventCreateWithFlags")
+
+    def _check(self, err, what: str) -> None:
+        if err != self._cudart.cudaError_t.cudaSuccess:
+            raise InternalError(f"{what} failed: {err}")
+
+    def record(self, stream: torch.cuda.Stream) -> None:
+        (err,) = self._cudart.cudaEventRecord(self._event, stream.cuda_stream)
+        self._check(err, "cudaEventRecord")
+
+    def wait(self) -> None:
+        (err,) = self._cudart.cudaEventSynchronize(self._event)
+        self._check(err, "cudaEventSynchronize")
+
+    def close(self) -> None:
+        if self._event is not None:
+            self._cudart.cudaEventDestroy(self._event)
+            self._event = None
