@@ -13,7 +13,8 @@ import pytest
 
 from shared.contract import ToolDefinition
 from shared.errors import InvalidRequest
-from shared.frontends.chatml import render_chatml, render_tool_call
+from shared.frontends.chatml import render_chatml
+from shared.frontends.formats.hermes import render_call
 from shared.frontends.smollm2 import gguf_path, read_gguf_vocab
 from shared.generation import ChatMessage, PromptInput, ToolCall
 
@@ -47,7 +48,7 @@ def test_tools_and_tool_history_render_in_hermes_form() -> None:
     declared = [json.loads(line) for line in system.splitlines() if line.startswith('{"type"')]
     assert declared == [{"type": "function", "function": {
         "name": "lookup", "description": "", "parameters": tool.parameters}}]
-    assert render_tool_call("lookup", '{"city":"Paris"}') in text
+    assert render_call("lookup", '{"city":"Paris"}') in text
     assert "<tool_response>\nsunny\n</tool_response>" in text
     assert text.endswith("<|im_start|>assistant\n")
 

@@ -20,7 +20,7 @@ import xgrammar as xgr
 
 from services.grammar.matching import accepts, random_walk
 from services.grammar.tools import CALL_OPEN, ToolSpec, needs_tool_grammar, tool_grammar_ebnf
-from services.worker.output.tool_stream import ToolStream
+from shared.frontends.formats.hermes import ToolStream
 from shared.contract import (
     OutputConstraint, ToolChoice, ToolConstraints, ToolDefinition, ToolMode,
 )

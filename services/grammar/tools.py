@@ -1,4 +1,5 @@
-"""The tool contract for Hermes-style framing (the built-in default model's tool format).
+"""The tool contract for Hermes-style framing (the built-in default model's tool format; its
+literals, rendering and parser live in shared/frontends/formats/hermes.py).
 
 A call is the canonical text the chat template renders:
 
@@ -32,12 +33,9 @@ from shared.contract import (
 )
 from shared.errors import ConflictingConstraint, SchemaSource
 
-CALL_OPEN = "<tool_call>"
-CALL_CLOSE = "</tool_call>"
-NAME_PREFIX = '{"name": "'
-ARGS_PREFIX = '", "arguments": '
-CALL_SUFFIX = "}\n" + CALL_CLOSE
-FRAMING = "hermes-v1"
+from shared.frontends.formats.hermes import (  # noqa: F401 - FRAMING and CALL_OPEN are public here
+    ARGS_PREFIX, CALL_OPEN, CALL_SUFFIX, FRAMING, NAME_PREFIX,
+)
 
 
 @dataclass(frozen=True)

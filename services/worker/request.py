@@ -28,7 +28,7 @@ from services.worker.output.stop_strings import StopStrings
 from shared.generation import GenerationEvent, SamplingParams
 
 if TYPE_CHECKING:
-    from services.worker.output.tool_stream import ToolStream
+    from shared.frontends.formats.hermes import ToolStream
 
 
 class RequestState(Enum):

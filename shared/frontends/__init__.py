@@ -1,14 +1,18 @@
-"""Model frontends: each model family's token domain (raw bytes, special classes) and tokenizer.
+"""Model frontends: each model family's token domain, tokenizer, chat rendering, tool-call format
+and thinking framing (frontend.py), built from the model's own files.
 
-`get_domain(model)` is the one lookup by model name used by the grammar service and the worker: a
-built-in name, or the path of a Hugging Face checkpoint directory (the worker's model name for it).
+`get_domain(model)` is the one lookup by model name used by the grammar service (the domain only);
+`get_frontend(model)` gives the whole Frontend the worker serves. A model name is a built-in name
+or the path of a Hugging Face checkpoint directory (the worker's model name for it).
 """
 
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 from shared.errors import InvalidRequest
+from shared.frontends.frontend import Frontend
 from shared.frontends.token_domain import TokenDomain
 
 MODELS = ("smollm2", "qwen3.5")
@@ -32,3 +36,29 @@ def get_domain(model: str) -> TokenDomain:
         return load_hf_frontend(model).domain
     raise InvalidRequest(f"unknown model {model!r}; expected one of {', '.join(MODELS)} or a "
                          "checkpoint directory", field="model")
+
+
+def get_frontend(model: str) -> Frontend:
+    """The Frontend of a built-in model name or a checkpoint directory (raises as `get_domain`)."""
+    if os.path.isdir(model):
+        from shared.frontends.hf import load_hf_frontend
+
+        return load_hf_frontend(model).frontend
+    return _builtin(model)
+
+
+@lru_cache(maxsize=None)
+def _builtin(model: str) -> Frontend:
+    from shared.frontends.frontend import HFTokenizer, TiktokenTokenizer
+
+    domain = get_domain(model)  # raises for unknown names
+    if model == "smollm2":
+        from shared.frontends.smollm2 import smollm2_tokenizer
+
+        return Frontend(model, domain, HFTokenizer(smollm2_tokenizer()))
+    from shared.frontends.qwen35 import qwen35_tokenizer, render_raw_text
+
+    return Frontend(model, domain, TiktokenTokenizer(qwen35_tokenizer()), render=render_raw_text)
+
+
+__all__ = ["Frontend", "MODELS", "get_domain", "get_frontend"]

@@ -2,59 +2,20 @@
 
 SmolLM2's own template (in its GGUF) is plain ChatML with a default system prompt when the first
 message is not a system message; we render exactly that. Its template has no tool support, so tool
-declarations are rendered the way the Qwen2.5/Qwen3 family frames them: a `# Tools` section with
-one JSON declaration per line inside <tools></tools> in the system turn, assistant calls as
-`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, and tool results as a user turn
-holding `<tool_response>...</tool_response>`. The tool contract itself (grammar, parser) lives with
-the grammar service; this module only renders prompts.
+declarations, calls and results are rendered in the Hermes format (shared/frontends/formats/hermes.py,
+which the tool grammar and the output decoder use too).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from shared.errors import InvalidRequest
+from shared.frontends.formats import hermes
 from shared.generation import ChatMessage, PromptInput
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 ROLES = ("system", "user", "assistant", "tool")
-
-
-def _tools_section(prompt: PromptInput) -> str:
-    lines = [
-        "",
-        "",
-        "# Tools",
-        "",
-        "You can call the functions declared below. Their signatures are JSON Schema documents "
-        "inside <tools></tools>:",
-        "<tools>",
-    ]
-    for tool in prompt.tools:
-        decl = {"type": "function", "function": {"name": tool.name,
-                                                 "description": tool.description or "",
-                                                 "parameters": tool.parameters}}
-        lines.append(json.dumps(decl, ensure_ascii=False))
-    lines += [
-        "</tools>",
-        "",
-        "To call a function, write one JSON object with its name and arguments between "
-        "<tool_call></tool_call> tags:",
-        "<tool_call>",
-        '{"name": <function-name>, "arguments": <arguments-object>}',
-        "</tool_call>",
-    ]
-    return "\n".join(lines)
-
-
-def render_tool_call(name: str, arguments_json: str) -> str:
-    """The canonical text of one call: what the model emits and what history re-renders."""
-    args = json.loads(arguments_json) if arguments_json else {}
-    body = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
-    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
 @dataclass(frozen=True)
@@ -85,7 +46,7 @@ def render_chatml(prompt: PromptInput, *, add_generation_prompt: bool = True) ->
     else:
         system, rest = DEFAULT_SYSTEM, messages
     if prompt.tools:
-        system += _tools_section(prompt)
+        system += hermes.render_tools_section(prompt.tools)
     parts.append(f"<|im_start|>system\n{system}<|im_end|>\n")
     continuation = ""
     for i, m in enumerate(rest):
@@ -93,12 +54,12 @@ def render_chatml(prompt: PromptInput, *, add_generation_prompt: bool = True) ->
         if m.role == "system":
             raise InvalidRequest("a system message is only allowed first", field="messages")
         if m.role == "tool":
-            body = f"<tool_response>\n{m.content or ''}\n</tool_response>"
+            body = hermes.render_tool_result(m.content or "")
             parts.append(f"<|im_start|>user\n{body}<|im_end|>\n")
             continue
         content = m.content or ""
         if m.role == "assistant" and m.tool_calls:
-            calls = "\n".join(render_tool_call(c.name, c.arguments_json) for c in m.tool_calls)
+            calls = "\n".join(hermes.render_call(c.name, c.arguments_json) for c in m.tool_calls)
             content = f"{content}\n{calls}" if content else calls
         if last and m.role == "assistant" and prompt.continue_final_assistant:
             if m.tool_calls:

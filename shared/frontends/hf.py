@@ -29,8 +29,8 @@ import json
 import os
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
-from typing import Any
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING, Any
 
 from shared.errors import InvalidRequest
 from shared.frontends.chatml import RenderedPrompt, check_messages, render_chatml
@@ -40,6 +40,9 @@ from shared.frontends.token_domain import (
     gpt2_byte_decoder,
 )
 from shared.generation import ChatMessage, PromptInput
+
+if TYPE_CHECKING:
+    from shared.frontends.frontend import Frontend
 
 METASPACE = "\u2581"  # "▁", SentencePiece's spelling of a space
 # Stands in for the final assistant content of a continued message while the template renders; the
@@ -304,6 +307,14 @@ class HFFrontend:
     chat_template: str | None  # None: ChatML fallback
     tool_template: str | None = None  # a named "tool_use" template, used when tools are declared
     special_tokens: tuple[tuple[str, str], ...] = ()  # ("eos_token", "<|im_end|>"), ... for templates
+
+    @cached_property
+    def frontend(self) -> "Frontend":
+        """This checkpoint as the worker's Frontend (Hermes tool format, no thinking framing)."""
+        from shared.frontends.frontend import Frontend, HFTokenizer
+
+        return Frontend(self.path, self.domain, HFTokenizer(self.tokenizer),
+                        render=self.render_prompt)
 
     def render(self, prompt: PromptInput) -> str:
         """The prompt text (special tokens spelled); see `render_prompt`."""

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from shared.errors import Unsupported
+from shared.frontends.chatml import RenderedPrompt
 from shared.frontends.token_domain import TokenDomain
+from shared.generation import PromptInput
 
 EMBEDDING_ROWS = 248_320
 IM_END = "<|im_end|>"
@@ -47,3 +50,13 @@ def qwen35_domain() -> TokenDomain:
         never_ids=never,
         special_names=tuple(sorted(specials.items(), key=lambda kv: kv[1])),
     )
+
+
+def render_raw_text(prompt: PromptInput) -> RenderedPrompt:
+    """Raw text prompts as they are. Chat rendering of the Qwen3.5 family (its template's tools,
+    thinking and history rules) is not built yet: chat messages are rejected as unsupported."""
+    if prompt.messages is not None:
+        raise Unsupported("chat messages for the built-in Qwen3.5 vocabulary are not supported yet; "
+                          "send a raw text prompt or serve a checkpoint with its own chat template",
+                          field="messages")
+    return RenderedPrompt(prompt.text or "")

@@ -17,10 +17,11 @@ from services.grammar.client import GrammarClient
 from services.grammar.tools import ToolSpec, needs_tool_grammar
 from services.worker.output.session import OutputSession
 from services.worker.output.stop_strings import StopStrings
-from services.worker.output.tool_stream import ToolStream
-from services.worker.runtime import ModelRuntime, PreparedPrompt, resolve_sampling
+from services.worker.runtime import ModelRuntime, resolve_sampling
 from shared.contract import ToolMode, validate_tools
 from shared.errors import ConflictingConstraint, ConstraintDeadEnd, InvalidRequest, Unsupported
+from shared.frontends.formats.hermes import ToolStream
+from shared.frontends.frontend import PreparedPrompt
 from shared.frontends.token_domain import TokenDomain
 from shared.generation import GenerateRequest, SamplingParams
 
@@ -69,7 +70,7 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
         sampling=resolve_sampling(options.sampling, runtime.defaults, constrained),
         seed=seed if seed is not None else secrets.randbits(63),
         stop=StopStrings(options.stop) if options.stop else None,
-        tool_stream=_tool_stream(request, tool_spec),
+        tool_stream=_tool_stream(request, tool_spec, runtime),
         constraint_kind=_constraint_kind(request, tool_spec),
         deadline=submitted + options.timeout_s if options.timeout_s else None)
 
@@ -102,15 +103,17 @@ def check_options(request: GenerateRequest, domain: TokenDomain) -> ToolSpec | N
     return tool_spec
 
 
-def _tool_stream(request: GenerateRequest, tool_spec: ToolSpec | None) -> ToolStream | None:
-    """The call decoder: constrained with a tool grammar, free when tools are declared but
-    nothing is enforced, absent without active tools."""
+def _tool_stream(request: GenerateRequest, tool_spec: ToolSpec | None,
+                 runtime: ModelRuntime) -> ToolStream | None:
+    """The call decoder of the model's tool format: constrained with a tool grammar, free when
+    tools are declared but nothing is enforced, absent without active tools."""
+    new_stream = runtime.frontend.tool_format.stream
     if tool_spec is not None:
         # With a JSON union the decoder still reads calls; JSON content has no opener.
-        return ToolStream(constrained=True)
+        return new_stream(constrained=True)
     prompt = request.prompt
     if prompt.tools and request.options.tool_choice.mode is not ToolMode.NONE:
-        return ToolStream(constrained=False)
+        return new_stream(constrained=False)
     return None
 
 

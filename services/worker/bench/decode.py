@@ -24,7 +24,6 @@ import importlib.metadata
 import json
 import platform
 import shlex
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -32,25 +31,13 @@ from typing import Any
 
 import torch
 
+from services.worker.bench.models import MODELS, build_runtime, prompt_texts
+from services.worker.bench.stats import ratio as _ratio, schemas as _schemas, summary as _summary
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
-from services.worker.models import DenseDecoder, KVCache, ModelConfig, RopeConfig
-from services.worker.runtime import ModelRuntime, load_runtime
+from services.worker.runtime import ModelRuntime
 from shared.contract import OutputConstraint
-from shared.frontends.token_domain import TokenDomain
-from shared.generation import (
-    Finished,
-    GenerateRequest,
-    PromptInput,
-    RequestOptions,
-    SamplingParams,
-)
-
-MODELS = ("smollm2", "qwen3-8b-random")
-# Qwen3-8B's shape (config.json of Qwen/Qwen3-8B); the vocabulary is the domain's.
-QWEN3_8B_SHAPE = {"hidden_size": 4096, "intermediate_size": 12288, "num_layers": 36,
-                  "num_heads": 32, "num_kv_heads": 8, "head_dim": 128}
-_SENTENCE = "The quick brown fox {k} jumps over the lazy dog while the band plays on. "
+from shared.generation import Finished, GenerateRequest, PromptInput, RequestOptions, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -75,101 +62,6 @@ class DecodeBenchOptions:
         if self.reference_max_tokens is not None and self.reference_max_tokens < 2:
             raise ValueError(f"DecodeBenchOptions.reference_max_tokens must be >= 2, got "
                              f"{self.reference_max_tokens}")
-
-
-class _TiktokenAdapter:
-    def __init__(self, tok) -> None:
-        self._tok = tok
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text))
-
-
-@torch.no_grad()
-def random_qwen3_runtime(domain: TokenDomain, tokenizer, *, name: str = "qwen3-8b-random",
-                         shape: dict[str, int] = QWEN3_8B_SHAPE, max_position_embeddings: int = 4096,
-                         seed: int = 0, dtype: torch.dtype = torch.bfloat16,
-                         device: str | torch.device = "cuda") -> ModelRuntime:
-    """A random-weight Qwen3 model (q/k RMSNorm, RoPE theta 1e6, untied head) of `shape` (default
-    Qwen3-8B's) over `domain`, built directly on `device`. Linear weights ~ N(0, 1/fan_in),
-    embeddings ~ N(0, 1), norms 1, drawn from `seed` (default 0)."""
-    config = ModelConfig(architecture="qwen3", vocab_size=domain.size, rms_norm_eps=1e-6,
-                         max_position_embeddings=max_position_embeddings,
-                         rope=RopeConfig(theta=1e6), qk_norm=True, **shape)
-    decoder = DenseDecoder(config, dtype=dtype, device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    for pname, p in decoder.named_parameters():
-        if pname.endswith("norm.weight"):
-            p.fill_(1.0)
-        else:
-            std = 1.0 if pname.endswith("embed_tokens.weight") else p.shape[-1] ** -0.5
-            p.normal_(0.0, std, generator=gen)
-    decoder = decoder.eval().requires_grad_(False)
-    return ModelRuntime(name, decoder, config, domain, tokenizer)
-
-
-def build_runtime(model: str, device: str) -> ModelRuntime:
-    """The benchmark's runtime: bf16 on CUDA, float32 on the CPU. Raises ValueError for an
-    unknown model name."""
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    if model == "smollm2":
-        return load_runtime("smollm2", device=device, dtype=dtype)
-    if model == "qwen3-8b-random":
-        from shared.frontends import get_domain
-        from shared.frontends.qwen35 import qwen35_tokenizer
-
-        return random_qwen3_runtime(get_domain("qwen3.5"), _TiktokenAdapter(qwen35_tokenizer()),
-                                    dtype=dtype, device=device)
-    raise ValueError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
-
-
-def prompt_texts(runtime: ModelRuntime, count: int, tokens: int) -> list[str]:
-    """`count` distinct raw-text prompts of at least `tokens` tokens (a few more at most)."""
-    out = []
-    for i in range(count):
-        text, k = f"Request {i}. ", 0
-        while len(runtime.tokenizer.encode(text)) < tokens:
-            text += _SENTENCE.format(k=k)
-            k += 1
-        while k and len(runtime.tokenizer.encode(text[:-1])) >= tokens:
-            text = text[:-1]
-        out.append(text)
-    return out
-
-
-def _schemas() -> list[dict]:
-    from services.grammar.bench import SCHEMAS
-
-    return [schema for schema, _ in SCHEMAS]
-
-
-def _p50(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _valid(text: str, schema: dict) -> bool:
-    import jsonschema
-
-    try:
-        jsonschema.validate(json.loads(text), schema)
-    except (ValueError, jsonschema.ValidationError):
-        return False
-    return True
-
-
-def _summary(ttft: list[float], tpot: list[float], tokens: list[int], wall: float,
-             texts: list[str], schemas: list[dict] | None) -> dict[str, Any]:
-    out = {"requests": len(tokens), "output_tokens": sum(tokens), "wall_s": round(wall, 4),
-           "ttft_p50_ms": _ms(_p50(ttft)), "tpot_p50_ms": _ms(_p50(tpot)),
-           "throughput_tok_s": round(sum(tokens) / wall, 2),
-           "tokens_per_request": {"min": min(tokens), "max": max(tokens)}}
-    if schemas is not None:
-        out["valid_json"] = sum(_valid(t, schemas[i % len(schemas)]) for i, t in enumerate(texts))
-    return out
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 3)
 
 
 # ---------------------------------------------------------------- our engine
@@ -247,145 +139,6 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
         await client.aclose()
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 4) if a is not None and b else None
-
-
-# ---------------------------------------------------------------- Hugging Face reference
-
-
-def hf_reference_model(runtime: ModelRuntime):
-    """A transformers CausalLM that adopts the runtime's weights (no copy on the same device and
-    dtype). Raises ValueError for a RoPE scaling the reference is not built for."""
-    import transformers
-
-    c = runtime.config
-    if c.rope.rope_type != "default":
-        raise ValueError(f"the reference supports default RoPE only, got {c.rope.rope_type!r}")
-    kw = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-              intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
-              num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-              head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-              max_position_embeddings=c.max_position_embeddings,
-              tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.qkv_bias,
-              rope_parameters={"rope_type": "default", "rope_theta": c.rope.theta})
-    if c.architecture == "qwen3":
-        config, cls = transformers.Qwen3Config(**kw), transformers.Qwen3ForCausalLM
-    elif c.architecture == "llama" and c.qkv_bias == c.o_bias:
-        config, cls = transformers.LlamaConfig(mlp_bias=c.mlp_bias, **kw), transformers.LlamaForCausalLM
-    else:
-        raise ValueError(f"no reference class for architecture {c.architecture!r}")
-    config._attn_implementation = "sdpa"
-    device, dtype = runtime.device, runtime.dtype
-    with torch.device("meta"):
-        model = cls(config)
-    missing, unexpected = model.load_state_dict(runtime.model.state_dict(), strict=False, assign=True)
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise ValueError(f"weights do not match: missing {missing}, unexpected {unexpected}")
-    with torch.device(device):  # its inverse frequencies are a non-persistent buffer
-        model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
-    if c.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.generation_config = transformers.GenerationConfig()
-    bad = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
-    if bad:
-        raise ValueError(f"reference tensors left unset: {bad[:4]}")
-    return model.to(dtype=dtype).eval().requires_grad_(False)
-
-
-class _StepClock:
-    """A logits processor recording when each step's logits are ready (after a device sync on
-    CUDA); it also masks the never-generable ids, as our engine does, so outputs can agree."""
-
-    def __init__(self, runtime: ModelRuntime) -> None:
-        domain = runtime.domain
-        never = sorted(set(range(len(domain.token_bytes), domain.size)) | set(domain.never_ids))
-        self._never = torch.tensor(never, dtype=torch.int64, device=runtime.device) if never else None
-        self._sync = runtime.device.type == "cuda"
-        self.times: list[float] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self._sync:
-            torch.cuda.synchronize()
-        self.times.append(time.perf_counter())
-        return scores if self._never is None else scores.index_fill(1, self._never, float("-inf"))
-
-
-@torch.inference_mode()
-def _reference_round(model, runtime: ModelRuntime, prompts: list[str], max_tokens: int,
-                     compiled: list | None, schemas: list[dict] | None) -> dict[str, Any]:
-    import transformers
-    import xgrammar.contrib.hf as xgr_hf
-
-    dev, domain = runtime.device, runtime.domain
-    ids = [list(runtime.prepare(PromptInput(text=p)).token_ids) for p in prompts]
-    width = max(len(x) for x in ids)
-    pad = min(domain.eos_ids)
-    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=dev)  # [B, L]
-    attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=dev)  # [B, L]
-    clock = _StepClock(runtime)
-    procs = [clock]
-    if compiled is not None:
-        procs.append(xgr_hf.LogitsProcessor([compiled[i % len(compiled)] for i in range(len(ids))]))
-    gen = transformers.GenerationConfig(max_new_tokens=max_tokens, do_sample=False,
-                                        eos_token_id=sorted(domain.eos_ids), pad_token_id=pad)
-    start = time.perf_counter()
-    out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=gen,
-                         logits_processor=transformers.LogitsProcessorList(procs))
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    end = time.perf_counter()
-    new = out[:, width:].tolist()  # [B, steps]
-    tokens, texts = [], []
-    for row in new:
-        stop = next((k for k, t in enumerate(row) if t in domain.eos_ids), None)
-        kept = row if stop is None else row[:stop + 1]
-        tokens.append(len(kept))
-        texts.append(b"".join(domain.token_bytes[t] for t in kept if t not in domain.eos_ids)
-                     .decode("utf-8", "replace"))
-    steps = len(new[0])
-    tpot = [(end - clock.times[0]) / (steps - 1)] * len(ids) if steps >= 2 else []
-    result = _summary([clock.times[0] - start] * len(ids), tpot, tokens, end - start, texts, schemas)
-    result["texts"] = texts
-    return result
-
-
-def _bench_reference(runtime: ModelRuntime, opts: DecodeBenchOptions, compiled: list, log,
-                     partial) -> dict:
-    model = hf_reference_model(runtime)
-    schemas = _schemas()
-    n = opts.reference_max_tokens or opts.max_tokens
-    rows = {"max_tokens": n, "logits_check": _logits_check(model, runtime, opts.prompt_tokens)}
-    for b in opts.reference_batch_sizes:
-        prompts = prompt_texts(runtime, b, opts.prompt_tokens)
-        _reference_round(model, runtime, prompts, opts.warmup_tokens, None, None)
-        _reference_round(model, runtime, prompts, opts.warmup_tokens, compiled, schemas)
-        entry = {}
-        for mode, comp, sch in (("unconstrained", None, None), ("constrained", compiled, schemas)):
-            entry[mode] = _reference_round(model, runtime, prompts, n, comp, sch)
-            log(f"reference B={b} {mode}: tpot {entry[mode]['tpot_p50_ms']} ms")
-        entry["tpot_ratio"] = _ratio(entry["constrained"]["tpot_p50_ms"],
-                                     entry["unconstrained"]["tpot_p50_ms"])
-        rows[b] = entry
-        partial({"reference": rows})
-    return rows
-
-
-@torch.inference_mode()
-def _logits_check(model, runtime: ModelRuntime, prompt_tokens: int) -> dict[str, Any]:
-    """Last-position logits of one prompt through both models: relative L2 error (float64) and
-    whether the argmax agrees (the reference must be the same function of the same weights)."""
-    ids = list(runtime.prepare(PromptInput(text=prompt_texts(runtime, 1, prompt_tokens)[0])).token_ids)
-    dev = runtime.device
-    tokens = torch.tensor([ids], device=dev)  # [1, L]
-    cache = KVCache.allocate(runtime.config, 1, len(ids), runtime.dtype, dev)
-    ours = runtime.model(tokens, torch.arange(len(ids), device=dev)[None], cache,
-                         torch.tensor([0], device=dev))[0, -1].double()  # [V]
-    ref = model(input_ids=tokens).logits[0, -1].double()  # [V]
-    return {"rel_l2_error": float((ours - ref).norm() / ref.norm()),
-            "argmax_equal": bool(ours.argmax() == ref.argmax())}
-
-
 # ---------------------------------------------------------------- report
 
 
@@ -403,7 +156,9 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     done = {"engine": engine}
     reference = None
     if opts.reference:
-        reference = _bench_reference(runtime, opts, compiled, log,
+        from services.worker.bench.reference import bench_reference
+
+        reference = bench_reference(runtime, opts, compiled, log,
                                      lambda rows: partial({**done, **rows}))
     rows = []
     for b in opts.batch_sizes:

@@ -1,13 +1,22 @@
-"""The output decoder for Hermes-style tool calls (see services/grammar/tools.py for the format).
+"""The Hermes tool-call format (the built-in default model's): literals, rendering and the
+incremental parser, in one home for the grammar service's tool grammar (services/grammar/tools.py)
+and the worker's output decoding alike.
 
-Constrained route: the grammar guarantees the canonical framing, so the reader consumes the text
-once as it is generated and publishes each call's arguments in fragments that concatenate to its
-final `arguments_json` (the arguments' exact generated text). Any deviation is an implementation
-inconsistency (InternalError), never silently turned into content.
+A call is the canonical text the chat template renders and the grammar enforces:
 
-Free route (tools declared but nothing enforced): content streams until a spelled `<tool_call>`;
-the rest is read at the end, each well-formed call becoming a ToolCall and anything unreadable
-staying content.
+    <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>
+
+Calls follow each other separated by one newline. Tool declarations are rendered the way the
+Qwen2.5/Qwen3 family frames them: a `# Tools` section with one JSON declaration per line inside
+<tools></tools> in the system turn; tool results go back as `<tool_response>...</tool_response>`.
+
+Output decoding (`ToolStream`). Constrained route: the grammar guarantees the canonical framing,
+so the reader consumes the text once as it is generated and publishes each call's arguments in
+fragments that concatenate to its final `arguments_json` (the arguments' exact generated text).
+Any deviation is an implementation inconsistency (InternalError), never silently turned into
+content. Free route (tools declared but nothing enforced): content streams until a spelled
+`<tool_call>`; the rest is read at the end, each well-formed call becoming a ToolCall and anything
+unreadable staying content.
 """
 
 from __future__ import annotations
@@ -16,10 +25,62 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from services.grammar.tools import ARGS_PREFIX, CALL_OPEN, CALL_SUFFIX, NAME_PREFIX
 from shared.errors import InternalError
 from shared.generation import TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallStart
+
+if TYPE_CHECKING:
+    from shared.contract import ToolDefinition
+
+FRAMING = "hermes-v1"  # part of compiled tool grammars' cache identity
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+NAME_PREFIX = '{"name": "'
+ARGS_PREFIX = '", "arguments": '
+CALL_SUFFIX = "}\n" + CALL_CLOSE
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+
+
+def render_call(name: str, arguments_json: str) -> str:
+    """The canonical text of one call: what the model emits and what history re-renders."""
+    args = json.loads(arguments_json) if arguments_json else {}
+    body = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+    return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
+
+
+def render_tools_section(tools: "tuple[ToolDefinition, ...]") -> str:
+    """The system-turn section that declares `tools` (appended to the system message)."""
+    lines = [
+        "",
+        "",
+        "# Tools",
+        "",
+        "You can call the functions declared below. Their signatures are JSON Schema documents "
+        "inside <tools></tools>:",
+        "<tools>",
+    ]
+    for tool in tools:
+        decl = {"type": "function", "function": {"name": tool.name,
+                                                 "description": tool.description or "",
+                                                 "parameters": tool.parameters}}
+        lines.append(json.dumps(decl, ensure_ascii=False))
+    lines += [
+        "</tools>",
+        "",
+        "To call a function, write one JSON object with its name and arguments between "
+        "<tool_call></tool_call> tags:",
+        CALL_OPEN,
+        '{"name": <function-name>, "arguments": <arguments-object>}',
+        CALL_CLOSE,
+    ]
+    return "\n".join(lines)
+
+
+def render_tool_result(content: str) -> str:
+    """The body of the user turn that carries one tool result."""
+    return f"{RESPONSE_OPEN}\n{content}\n{RESPONSE_CLOSE}"
+
 
 _HEAD = CALL_OPEN + "\n" + NAME_PREFIX
 
@@ -181,7 +242,7 @@ class ToolStream:
 
     def _parse_free(self, tail: str) -> list:
         events: list = []
-        pattern = re.compile(re.escape(CALL_OPEN) + r"\s*(\{.*?\})\s*" + re.escape("</tool_call>"),
+        pattern = re.compile(re.escape(CALL_OPEN) + r"\s*(\{.*?\})\s*" + re.escape(CALL_CLOSE),
                              re.S)
         pos = 0
         for m in pattern.finditer(tail):
