@@ -3,11 +3,13 @@
     infernix serve                      gateway + worker + grammar in one process (embedded default)
     infernix generate ...               one generation from the command line
     infernix grammar check|sample|serve|health
-    infernix worker serve ...           the gRPC worker
+    infernix worker serve|health        the gRPC worker
     infernix gateway serve --worker ADDR [--worker ADDR ...]
-    infernix bench grammar|decode ...
+    infernix bench grammar|decode ...   benchmarks writing JSON
 
 Every flag is also an environment variable named after it: --redis-url is INFERNIX_REDIS_URL.
+Building the parser imports nothing heavy (no torch, xgrammar or transformers): `--help` answers
+at once, and a user mistake is one line on stderr with exit status 2.
 """
 
 from __future__ import annotations
@@ -16,61 +18,53 @@ import argparse
 import asyncio
 import sys
 
-from services.grammar.cli import env
+from services.settings import UsageError, add_settings
+
+ENDPOINTS = "OpenAI /v1/chat/completions, /v1/responses; Anthropic /v1/messages"
 
 
-def _split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise SystemExit(f"infernix: address {address!r} must be HOST:PORT")
-    return host, int(port)
-
-
-def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=env("MODEL", "smollm2"),
-                   help="built-in model name (default: smollm2, the embedded default)")
-    p.add_argument("--device", default=env("DEVICE", "cpu"), help="cpu or cuda")
-    p.add_argument("--lanes", type=int, default=int(env("LANES", "4")),
-                   help="resident lanes: the largest decode batch (default 4)")
-    p.add_argument("--max-len", type=int, default=int(env("MAX_LEN", "2048")),
-                   help="positions per lane, prompt plus output (default 2048)")
-    p.add_argument("--prefill-chunk", type=int, default=int(env("PREFILL_CHUNK", "512")))
-    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
-
-
-def _open_worker(args: argparse.Namespace, grammar=None, registry=None):
-    import torch
-
-    from services.worker.client import open_in_process
-    from services.worker.engine import EngineConfig
-    from services.worker.runtime import load_runtime
-
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    runtime = load_runtime(args.model, device=args.device, dtype=dtype)
-    config = EngineConfig(max_batch=args.lanes, max_len=args.max_len,
-                          prefill_chunk=args.prefill_chunk)
-    return open_in_process(runtime, config, grammar=grammar, registry=registry)
+def _addresses(values: list[str]) -> list[tuple[str, int]]:
+    out = []
+    for address in values:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(f"address {address!r} must be HOST:PORT")
+        out.append((host, int(port)))
+    return out
 
 
 def _api_keys(args: argparse.Namespace) -> frozenset[str]:
     return frozenset(k.strip() for k in (args.api_keys or "").split(",") if k.strip())
 
 
+def _say(line: str) -> None:
+    print(f"infernix: {line}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- commands
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Embedded mode: the gateway in front of an in-process worker and grammar service."""
+    from prometheus_client import CollectorRegistry
+
+    from services.embedded import WorkerSettings, open_worker
     from services.gateway import serve as serve_gateway
     from shared.logging import configure_logging
 
     configure_logging(args.log_level)
+    settings = WorkerSettings.from_args(args)
 
     async def main() -> None:
-        from prometheus_client import CollectorRegistry
-
         registry = CollectorRegistry()  # one /metrics for the gateway, engine and grammar cache
-        worker = await asyncio.to_thread(_open_worker, args, None, registry)
+        _say(f"loading {settings.model} on {settings.device} ...")
+        worker = await asyncio.to_thread(open_worker, settings, registry=registry)
         try:
             await serve_gateway(host=args.host, port=args.port, worker=worker,
-                                api_keys=_api_keys(args), registry=registry)
+                                api_keys=_api_keys(args), registry=registry,
+                                on_ready=lambda: _say(
+                                    f"serving {settings.model} on http://{args.host}:{args.port} "
+                                    f"({ENDPOINTS})"))
         finally:
             await worker.aclose()
 
@@ -79,33 +73,23 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_worker_serve(args: argparse.Namespace) -> int:
-    from services.grammar.cache import CacheConfig, ModelCaches
-    from services.grammar.client import GrpcGrammarClient, InProcessGrammarClient
     from prometheus_client import CollectorRegistry
 
+    from services.embedded import WorkerSettings, open_grammar, open_worker
     from services.worker.service import serve as serve_worker
-    from shared.frontends import get_domain
     from shared.logging import configure_logging
-    from shared.metrics import GrammarMetrics, serve_metrics
+    from shared.metrics import serve_metrics
 
     configure_logging(args.log_level)
+    settings = WorkerSettings.from_args(args)
     registry = CollectorRegistry()
     serve_metrics(args.metrics_port, registry, args.host)
 
     async def main() -> None:
-        domains = {args.model: get_domain(args.model)}
-        metrics = GrammarMetrics(registry)
-        if args.grammar:
-            host, port = _split_address(args.grammar)
-            caches = ModelCaches.open(domains, redis_url=args.redis_url, metrics=metrics,
-                                      config=CacheConfig(cache_bytes=args.grammar_cache_bytes,
-                                                         read_only=True))
-            grammar = GrpcGrammarClient(host, port, caches)
-        else:
-            caches = ModelCaches.open(domains, redis_url=args.redis_url, metrics=metrics,
-                                      config=CacheConfig(cache_bytes=args.grammar_cache_bytes))
-            grammar = InProcessGrammarClient(caches)
-        worker = await asyncio.to_thread(_open_worker, args, grammar, registry)
+        grammar = open_grammar(settings.model, redis_url=args.redis_url,
+                               cache_bytes=args.grammar_cache_bytes, service=args.grammar,
+                               registry=registry)
+        worker = await asyncio.to_thread(open_worker, settings, grammar=grammar, registry=registry)
         try:
             await serve_worker(host=args.host, port=args.port, worker=worker)
         finally:
@@ -121,8 +105,10 @@ def run_worker_health(args: argparse.Namespace) -> int:
 
     from services.worker.remote import GrpcWorkerClient
 
+    [(host, port)] = _addresses([args.address])
+
     async def ask() -> dict:
-        client = GrpcWorkerClient(*_split_address(args.address), timeout_s=args.timeout)
+        client = GrpcWorkerClient(host, port, timeout_s=args.timeout)
         try:
             return await client.health()
         finally:
@@ -138,18 +124,22 @@ def run_worker_health(args: argparse.Namespace) -> int:
 
 
 def run_gateway_serve(args: argparse.Namespace) -> int:
+    import os
+
     from services.gateway import serve as serve_gateway
     from services.gateway.pool import WorkerPool
     from services.worker.remote import GrpcWorkerClient
     from shared.logging import configure_logging
 
     configure_logging(args.log_level)
-    addresses = args.worker or [a for a in (env("WORKERS", "") or "").split(",") if a]
+    addresses = args.worker or [a for a in os.environ.get("INFERNIX_WORKERS", "").split(",") if a]
     if not addresses:
-        raise SystemExit("infernix gateway serve: give at least one --worker HOST:PORT")
+        raise UsageError("gateway serve: give at least one --worker HOST:PORT "
+                         "(or INFERNIX_WORKERS=HOST:PORT,...)")
+    workers = _addresses(addresses)
 
     async def main() -> None:
-        pool = WorkerPool([GrpcWorkerClient(*_split_address(a)) for a in addresses])
+        pool = WorkerPool([GrpcWorkerClient(host, port) for host, port in workers])
         try:
             await serve_gateway(host=args.host, port=args.port, worker=pool,
                                 api_keys=_api_keys(args))
@@ -160,67 +150,65 @@ def run_gateway_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- the parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from services.grammar import bench as grammar_bench
     from services.grammar import cli as grammar_cli
-    from services.worker import bench as decode_bench
     from services.worker import cli as worker_cli
+    from services.worker.bench import cli as decode_bench_cli
 
     parser = argparse.ArgumentParser(prog="infernix", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run Infernix on its embedded default (CPU, in-memory)")
-    serve.add_argument("--host", default=env("HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(env("PORT", "8000")))
-    serve.add_argument("--api-keys", default=env("API_KEYS", ""),
-                       help="comma-separated keys; when set, requests must carry one")
-    _add_engine_args(serve)
+    serve = sub.add_parser("serve", help="run Infernix on its embedded default (CPU, in-memory)",
+                           description="The gateway, a worker and the grammar service in one "
+                           "process: OpenAI- and Anthropic-compatible HTTP.")
+    add_settings(serve, "host", "port", "api_keys", "model", "device", "lanes", "max_len",
+                 "prefill_chunk", "log_level")
     serve.set_defaults(func=run_serve)
 
     worker_cli.add_generate_parser(sub)
     grammar_cli.add_parser(sub)
 
     worker = sub.add_parser("worker", help="the gRPC worker")
-    wsub = worker.add_subparsers(dest="worker_command", required=True)
+    wsub = worker.add_subparsers(dest="worker_command", required=True, metavar="COMMAND")
     wserve = wsub.add_parser("serve", help="run the gRPC WorkerService")
-    wserve.add_argument("--host", default=env("HOST", "127.0.0.1"))
-    wserve.add_argument("--port", type=int, default=int(env("PORT", "50052")))
-    wserve.add_argument("--grammar", default=env("GRAMMAR", None) or None, metavar="HOST:PORT",
-                        help="the grammar service; omitted: compile in process")
-    wserve.add_argument("--redis-url", default=env("REDIS_URL", None) or None)
-    wserve.add_argument("--grammar-cache-bytes", type=int,
-                        default=int(env("GRAMMAR_CACHE_BYTES", str(256 << 20))))
-    wserve.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0")),
-                        help="serve Prometheus /metrics on this port (0: off)")
-    _add_engine_args(wserve)
+    add_settings(wserve, "host", "port", "grammar", "redis_url", "grammar_cache_bytes",
+                 "metrics_port", "model", "device", "lanes", "max_len", "prefill_chunk",
+                 "log_level", port=50052)
     wserve.set_defaults(func=run_worker_serve)
     whealth = wsub.add_parser("health", help="ask a running worker for its health")
-    whealth.add_argument("--address", default="127.0.0.1:50052", metavar="HOST:PORT")
-    whealth.add_argument("--timeout", type=float, default=3.0)
+    whealth.add_argument("--address", default="127.0.0.1:50052", metavar="HOST:PORT",
+                         help="the worker (default: 127.0.0.1:50052)")
+    whealth.add_argument("--timeout", type=float, default=3.0, help="seconds (default: 3)")
     whealth.set_defaults(func=run_worker_health)
 
     gateway = sub.add_parser("gateway", help="the HTTP gateway")
-    gsub = gateway.add_subparsers(dest="gateway_command", required=True)
+    gsub = gateway.add_subparsers(dest="gateway_command", required=True, metavar="COMMAND")
     gserve = gsub.add_parser("serve", help="serve OpenAI/Anthropic HTTP in front of gRPC workers")
-    gserve.add_argument("--host", default=env("HOST", "127.0.0.1"))
-    gserve.add_argument("--port", type=int, default=int(env("PORT", "8000")))
+    add_settings(gserve, "host", "port", "api_keys", "log_level")
     gserve.add_argument("--worker", action="append", metavar="HOST:PORT",
-                        help="a worker address; repeat for several (INFERNIX_WORKERS: a,b)")
-    gserve.add_argument("--api-keys", default=env("API_KEYS", ""))
-    gserve.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+                        help="a worker address; repeat for several (env INFERNIX_WORKERS=a,b)")
     gserve.set_defaults(func=run_gateway_serve)
 
     bench = sub.add_parser("bench", help="benchmarks writing JSON")
-    bsub = bench.add_subparsers(dest="bench_command", required=True)
-    grammar_bench.add_parser(bsub)
-    decode_bench.add_parser(bsub)
+    bsub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+    grammar_cli.add_bench_parser(bsub)
+    decode_bench_cli.add_parser(bsub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        _say(str(exc))
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ def server():
     port = free_port()
     env = dict(os.environ, INFERNIX_PORT=str(port), INFERNIX_API_KEYS=KEY, INFERNIX_LANES="4",
                INFERNIX_MAX_LEN="1024")
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"infernix-serve-{port}.log", "wb")
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"infernix-serve-{port}.log"
+    log = open(log_path, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "serve"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=log)
     log.close()
@@ -57,6 +58,12 @@ def server():
         assert proc.poll() is None, "infernix serve exited early"
         assert time.monotonic() < deadline, "infernix serve did not become healthy"
         time.sleep(0.5)
+    # "infernix serve prints one human line when it is ready ... beside its JSON logs, and shows
+    # progress while it loads the model."
+    human = [ln for ln in log_path.read_text().splitlines() if ln.startswith("infernix: ")]
+    assert human == ["infernix: loading smollm2 on cpu ...",
+                     f"infernix: serving smollm2 on {base} (OpenAI /v1/chat/completions, "
+                     "/v1/responses; Anthropic /v1/messages)"], human
     try:
         yield base
     finally:

@@ -9,7 +9,8 @@ import torch
 
 from services.cli import build_parser
 from services.grammar.bench import SCHEMAS
-from services.worker.bench import DecodeBenchOptions, bench_decode, random_qwen3_runtime, write_report
+from services.worker.bench.decode import DecodeBenchOptions, bench_decode, write_report
+from services.worker.bench.models import random_qwen3_runtime
 from services.worker.runtime import ByteTokenizer
 from tests.support import byte_domain
 

@@ -324,15 +324,18 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def serve(*, host: str, port: int, worker: WorkerClient,
                 api_keys: frozenset[str] = frozenset(), limits: GatewayLimits = GatewayLimits(),
-                registry: CollectorRegistry | None = None) -> None:
+                registry: CollectorRegistry | None = None,
+                on_ready: Callable[[], None] | None = None) -> None:
     """Serve the gateway until SIGTERM/SIGINT: the first signal stops accepting and lets running
-    requests finish (up to 30 s), a second one exits at once. Logging is configured by the caller
-    (`shared.logging.configure_logging`)."""
+    requests finish (up to 30 s), a second one exits at once. `on_ready()` runs once the socket
+    listens. Logging is configured by the caller (`shared.logging.configure_logging`)."""
     runner = web.AppRunner(create_app(worker, api_keys=api_keys, limits=limits,
                                       registry=registry), shutdown_timeout=30.0)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     log.info("gateway_listening", host=host, port=port)
+    if on_ready is not None:
+        on_ready()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 

@@ -162,13 +162,3 @@ def run(args: argparse.Namespace) -> int:
             f.write(text + "\n")
     print(text)
     return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("grammar", help="compile cache and mask-fill benchmark")
-    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"])
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0",
-                   help="Redis for the Redis-hit figures; '' to skip them")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", help="also write the JSON here")
-    p.set_defaults(func=run)

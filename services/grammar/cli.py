@@ -17,6 +17,7 @@ import random
 import sys
 from typing import Any, Iterable, TextIO
 
+from services.settings import UsageError, add_settings
 from shared.contract import OutputConstraint
 from shared.errors import InfernixError, InvalidRequest
 from shared.frontends import MODELS, get_domain
@@ -36,8 +37,14 @@ def add_constraint_args(p: argparse.ArgumentParser, *, many_files: bool) -> None
 
 
 def _read(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read()
+    """The text of a file the command line names; raises UsageError (one line, exit 2)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path} is not UTF-8 text: {exc}") from None
 
 
 def constraints_from_args(args: argparse.Namespace) -> list[tuple[str, OutputConstraint]]:
@@ -93,15 +100,16 @@ def _error_json(exc: InfernixError) -> dict[str, Any]:
 
 def _read_instances(path: str) -> list[str]:
     out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f):
-            if not line.strip():
-                continue
+    for n, line in enumerate(_read(path).splitlines()):
+        if not line.strip():
+            continue
+        try:
             value = json.loads(line)
-            if not isinstance(value, str):
-                raise InvalidRequest(f"{path} line {n + 1}: an instance must be a JSON string",
-                                     field="instances")
-            out.append(value)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path} line {n + 1} is not JSON: {exc}") from None
+        if not isinstance(value, str):
+            raise UsageError(f"{path} line {n + 1}: an instance must be a JSON string")
+        out.append(value)
     return out
 
 
@@ -115,11 +123,10 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from services.grammar.compiler import ModelCompiler
     from services.grammar.matching import accepts
 
-    compiler = ModelCompiler(get_domain(args.model))
     status = EXIT_OK
     if args.batch:
-        with open(args.batch, encoding="utf-8") as f:
-            lines: Iterable[str] = [ln for ln in f if ln.strip()]
+        lines: Iterable[str] = [ln for ln in _read(args.batch).splitlines() if ln.strip()]
+        compiler = ModelCompiler(get_domain(args.model))
         for line in lines:
             result: dict[str, Any]
             try:
@@ -143,10 +150,11 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     try:
         pairs = constraints_from_args(args)
-        instances = _read_instances(args.instances) if args.instances else []
     except InfernixError as exc:
         _emit(out, _error_json(exc))
         return EXIT_REJECTED
+    instances = _read_instances(args.instances) if args.instances else []
+    compiler = ModelCompiler(get_domain(args.model))
     for label, constraint in pairs:
         try:
             outcome = compiler.compile(constraint)
@@ -166,9 +174,9 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from services.grammar.compiler import ModelCompiler
     from services.grammar.matching import random_walk
 
-    domain = get_domain(args.model)
     try:
-        [(_, constraint)] = constraints_from_args(args)
+        [(_, constraint)] = constraints_from_args(args)  # files are read before the vocabulary
+        domain = get_domain(args.model)
         outcome = ModelCompiler(domain).compile(constraint)
     except InfernixError as exc:
         _emit(out, _error_json(exc))
@@ -183,44 +191,56 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     grammar = sub.add_parser("grammar", help="the grammar-compile service and its tools")
-    gsub = grammar.add_subparsers(dest="grammar_command", required=True)
+    gsub = grammar.add_subparsers(dest="grammar_command", required=True, metavar="COMMAND")
 
     check = gsub.add_parser("check", help="compile constraints and test candidate outputs")
-    check.add_argument("--model", default="smollm2", choices=MODELS)
+    check.add_argument("--model", default="smollm2", choices=MODELS, help="default: smollm2")
     add_constraint_args(check, many_files=True)
-    check.add_argument("--instances", metavar="FILE.jsonl", help="candidate outputs, one JSON string a line")
+    check.add_argument("--instances", metavar="FILE.jsonl",
+                       help="candidate outputs, one JSON string a line")
     check.add_argument("--batch", metavar="FILE.jsonl", help="many constraints, one JSON object a line")
     check.set_defaults(func=run_check)
 
     sample = gsub.add_parser("sample", help="random legal walks through a constraint")
-    sample.add_argument("--model", default="smollm2", choices=MODELS)
+    sample.add_argument("--model", default="smollm2", choices=MODELS, help="default: smollm2")
     add_constraint_args(sample, many_files=False)
-    sample.add_argument("--n", type=int, default=5)
-    sample.add_argument("--seed", type=int, default=0)
-    sample.add_argument("--max-tokens", type=int, default=256)
+    sample.add_argument("--n", type=int, default=5, help="walks (default: 5)")
+    sample.add_argument("--seed", type=int, default=0, help="default: 0")
+    sample.add_argument("--max-tokens", type=int, default=256, help="tokens per walk (default: 256)")
     sample.add_argument("--end-bias", type=float, default=0.5,
-                        help="probability of taking EOS whenever it is legal (default 0.5)")
+                        help="probability of taking EOS whenever it is legal (default: 0.5)")
     sample.set_defaults(func=run_sample)
 
     serve = gsub.add_parser("serve", help="run the gRPC GrammarService")
-    serve.add_argument("--host", default=env("HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(env("PORT", "50051")))
-    serve.add_argument("--redis-url", default=env("REDIS_URL", None) or None,
-                       help="shared compiled-grammar store; omitted: in-process cache only")
-    serve.add_argument("--grammar-cache-bytes", type=int,
-                       default=int(env("GRAMMAR_CACHE_BYTES", str(256 << 20))),
-                       help="L1 and Redis budget for compiled grammars (default 256 MiB)")
+    add_settings(serve, "host", "port", "redis_url", "grammar_cache_bytes", "metrics_port",
+                 "log_level", port=50051)
     serve.add_argument("--models", nargs="+", default=env("MODELS", "smollm2").split(","),
-                       choices=MODELS)
-    serve.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
-    serve.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0")),
-                       help="serve Prometheus /metrics on this port (0: off)")
+                       choices=MODELS, help="models to serve (default: smollm2; env INFERNIX_MODELS=a,b)")
     serve.set_defaults(func=run_serve)
 
     health = gsub.add_parser("health", help="ask a running grammar service for its health")
-    health.add_argument("--address", default="127.0.0.1:50051", metavar="HOST:PORT")
-    health.add_argument("--timeout", type=float, default=3.0)
+    health.add_argument("--address", default="127.0.0.1:50051", metavar="HOST:PORT",
+                        help="the service (default: 127.0.0.1:50051)")
+    health.add_argument("--timeout", type=float, default=3.0, help="seconds (default: 3)")
     health.set_defaults(func=run_health)
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """`infernix bench grammar` (its measurements live in services/grammar/bench.py)."""
+    p = sub.add_parser("grammar", help="compile cache and mask-fill benchmark")
+    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=MODELS,
+                   help="default: smollm2 qwen3.5")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0",
+                   help="Redis for the Redis-hit figures; '' to skip them (default: the local one)")
+    p.add_argument("--repeats", type=int, default=3, help="default: 3")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from services.grammar.bench import run
+
+    return run(args)
 
 
 def run_health(args: argparse.Namespace, out: TextIO | None = None) -> int:

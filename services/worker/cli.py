@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import uuid
 from typing import Any, TextIO
 
-from services.grammar.cli import add_constraint_args, constraints_from_args, env
+from services.grammar.cli import add_constraint_args, constraints_from_args
+from services.settings import UsageError, add_settings
 from shared.contract import OutputConstraint
 from shared.errors import InfernixError, InternalError, InvalidRequest
 from shared.frontends.chatml import messages_from_dicts
@@ -42,8 +44,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     """Add the `generate` subcommand to `sub` (its func is `run_generate`)."""
     p = sub.add_parser("generate", help="generate one output with the in-process worker",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=env("MODEL", None),
-                   help="model name (default: the built-in SmolLM2-135M-Instruct, on the CPU)")
+    add_settings(p, "model", "device", "max_len")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", metavar="TEXT",
                         help="one user message, rendered with the model's ChatML chat template "
@@ -54,17 +55,14 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
                    help="continue --prompt as raw text, without the chat template")
     add_constraint_args(p, many_files=False)
     p.add_argument("--max-tokens", type=int, default=256, metavar="N",
-                   help="output token limit (default 256)")
+                   help="output token limit (default: 256)")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T",
-                   help="sampling temperature, 0 = greedy (default 1.0)")
+                   help="sampling temperature, 0 = greedy (default: 1.0)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="RNG seed (default: drawn at random)")
     p.add_argument("--stream", action="store_true", help="print text as it is generated")
     p.add_argument("--json", action="store_true",
                    help="print the whole result as JSON, constraint report included")
-    p.add_argument("--device", default=env("DEVICE", "cpu"), help="torch device (default cpu)")
-    p.add_argument("--max-len", type=int, default=4096, metavar="N",
-                   help="context positions of the lane: prompt + output (default 4096)")
     p.set_defaults(func=run_generate)
     return p
 
@@ -74,9 +72,9 @@ def _has_constraint(args: argparse.Namespace) -> bool:
                 or args.choice or args.json_object)
 
 
-def request_from_args(args: argparse.Namespace) -> tuple[GenerateRequest, str | None]:
-    """The GenerateRequest the arguments describe, and the model name (None = built-in).
-    Raises InfernixError for unreadable or invalid inputs."""
+def request_from_args(args: argparse.Namespace) -> GenerateRequest:
+    """The GenerateRequest the arguments describe. Raises InfernixError for invalid inputs,
+    UsageError for unreadable files."""
     if args.raw and args.prompt is None:
         raise InvalidRequest("--raw continues --prompt text; it does not apply to --messages",
                              field="raw")
@@ -84,8 +82,10 @@ def request_from_args(args: argparse.Namespace) -> tuple[GenerateRequest, str | 
         try:
             with open(args.messages, encoding="utf-8") as f:
                 items = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise InvalidRequest(f"cannot read {args.messages}: {exc}", field="messages") from None
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.messages}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise InvalidRequest(f"{args.messages} is not JSON: {exc}", field="messages") from None
         if not isinstance(items, list):
             raise InvalidRequest("the messages file must hold a JSON list", field="messages")
         prompt = PromptInput(messages=messages_from_dicts(items))
@@ -98,11 +98,20 @@ def request_from_args(args: argparse.Namespace) -> tuple[GenerateRequest, str | 
         constraint = constraints_from_args(args)[0][1]
     options = RequestOptions(max_tokens=args.max_tokens, constraint=constraint,
                              sampling=SamplingParams(temperature=args.temperature, seed=args.seed))
-    from services.worker.runtime import DEFAULT_MODEL
+    return GenerateRequest(f"cli-{uuid.uuid4().hex[:12]}", prompt, options, model=args.model)
 
-    request = GenerateRequest(f"cli-{uuid.uuid4().hex[:12]}", prompt, options,
-                              model=args.model or DEFAULT_MODEL)
-    return request, args.model
+
+def validate_constraint(request: GenerateRequest) -> None:
+    """Check the request's constraint against the model's vocabulary without loading the model:
+    an invalid schema or grammar is reported in moments, not after the model load. Raises the
+    grammar service's typed errors."""
+    constraint = request.options.constraint
+    if constraint is None:
+        return
+    from services.grammar.compiler import build_grammar
+    from shared.frontends import get_domain
+
+    build_grammar(constraint, get_domain(request.model))
 
 
 def result_json(fin: Finished) -> dict[str, Any]:
@@ -130,9 +139,10 @@ async def generate_once(client, request: GenerateRequest, *, stream: bool, as_js
     raise InternalError("the worker ended the stream without a Finished event")
 
 
-def run_generate(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+def run_generate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None,
                  *, runtime=None) -> int:
     """`infernix generate`; `runtime` overrides the model (tests). Returns the exit status."""
+    out, err = out or sys.stdout, err or sys.stderr
     from services.worker.client import open_in_process
     from services.worker.engine import EngineConfig
     from services.worker.runtime import load_runtime
@@ -140,11 +150,12 @@ def run_generate(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO
     if runtime is None:  # the real command line (tests pass a runtime and keep their logging)
         from shared.logging import configure_logging
 
-        configure_logging(env("LOG_LEVEL", "WARNING") or "WARNING")
+        configure_logging(os.environ.get("INFERNIX_LOG_LEVEL", "WARNING"))
     try:
-        request, model = request_from_args(args)
+        request = request_from_args(args)
         if runtime is None:
-            runtime = load_runtime(model, device=args.device)
+            validate_constraint(request)
+            runtime = load_runtime(request.model, device=args.device)
         else:
             request = GenerateRequest(request.request_id, request.prompt, request.options,
                                       model=runtime.name)

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from services.worker.bench.models import MODELS, build_runtime, prompt_texts
+from services.worker.bench.models import build_runtime, prompt_texts
 from services.worker.bench.stats import ratio as _ratio, schemas as _schemas, summary as _summary
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
@@ -250,22 +250,3 @@ def write_report(report: dict, out: str | None) -> None:
         with open(out, "w", encoding="utf-8") as f:
             f.write(text + "\n")
     print(text)
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("decode", help="decode TPOT with and without a JSON Schema constraint")
-    p.add_argument("--model", choices=MODELS, default="smollm2")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--batch-sizes", type=int, nargs="+",
-                   help="default: 1 8 32 (CPU), 1 8 32 64 (CUDA)")
-    p.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
-    p.add_argument("--prompt-tokens", type=int, default=64, help="prompt tokens per request")
-    p.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time Hugging Face generate (+ xgrammar's HF logits processor)")
-    p.add_argument("--reference-batch-sizes", type=int, nargs="+",
-                   help="default: 1 (CPU), 1 8 (CUDA)")
-    p.add_argument("--reference-max-tokens", type=int, help="default: --max-tokens")
-    p.add_argument("--no-cuda-graphs", action="store_true", help="our engine without decode graphs")
-    p.add_argument("--log-level", default="WARNING", help="engine log level (default WARNING)")
-    p.add_argument("--out", help="also write the JSON here")
-    p.set_defaults(func=run)

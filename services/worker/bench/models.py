@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from services.worker.bench.cli import MODELS
 from services.worker.models import DenseDecoder, ModelConfig, RopeConfig
 from services.worker.runtime import ModelRuntime, load_runtime
 from shared.frontends.frontend import Frontend, TiktokenTokenizer
 from shared.frontends.token_domain import TokenDomain
 
-MODELS = ("smollm2", "qwen3-8b-random")
 # Qwen3-8B's shape (config.json of Qwen/Qwen3-8B); the vocabulary is the domain's.
 QWEN3_8B_SHAPE = {"hidden_size": 4096, "intermediate_size": 12288, "num_layers": 36,
                   "num_heads": 32, "num_kv_heads": 8, "head_dim": 128}

@@ -1,0 +1,74 @@
+"""The wiring of Infernix's processes: which concrete clients each command builds.
+
+The boundaries stay the same in every mode (design: the gateway talks to a `WorkerClient`, the
+worker to a `GrammarClient`); only this module decides whether a client is in process or gRPC:
+
+- `open_grammar(...)`: the worker's GrammarClient: the grammar service over gRPC when an address is
+  given (the worker's own caches read Redis only), else an in-process compiler and cache;
+- `open_worker(...)`: a started Engine over the loaded model behind an in-process WorkerClient;
+- `infernix serve` (embedded mode) = `open_worker` with an in-process grammar client, behind the
+  gateway, all in one process with one metrics registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    model: str = "smollm2"  # built-in name or checkpoint directory
+    device: str = "cpu"  # torch device
+    lanes: int = 4  # resident lanes, >= 1
+    max_len: int = 2048  # positions per lane, >= 2
+    prefill_chunk: int = 512  # prompt tokens per row and prefill step, >= 1
+
+    def __post_init__(self) -> None:
+        for name, low in (("lanes", 1), ("max_len", 2), ("prefill_chunk", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+
+    @classmethod
+    def from_args(cls, args) -> "WorkerSettings":
+        return cls(model=args.model, device=args.device, lanes=args.lanes, max_len=args.max_len,
+                   prefill_chunk=args.prefill_chunk)
+
+
+def open_grammar(model: str, *, redis_url: str | None = None, cache_bytes: int = 256 << 20,
+                 service: str | None = None, registry=None):
+    """The worker's GrammarClient for `model` (see the module docstring). Raises InvalidRequest
+    for an unknown model name."""
+    from services.grammar.cache import CacheConfig, ModelCaches
+    from services.grammar.client import GrpcGrammarClient, InProcessGrammarClient
+    from shared.frontends import get_domain
+    from shared.metrics import GrammarMetrics
+
+    domains = {model: get_domain(model)}
+    metrics = GrammarMetrics(registry)
+    config = CacheConfig(cache_bytes=cache_bytes, read_only=service is not None)
+    caches = ModelCaches.open(domains, redis_url=redis_url, metrics=metrics, config=config)
+    if service is None:
+        return InProcessGrammarClient(caches)
+    host, _, port = service.rpartition(":")
+    return GrpcGrammarClient(host, int(port), caches)
+
+
+def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
+    """Load the model and start an Engine over it behind an InProcessWorkerClient (bf16 on CUDA,
+    float32 on the CPU). Without `grammar`, an in-process grammar client for the model."""
+    import torch
+
+    from services.worker.client import open_in_process
+    from services.worker.engine import EngineConfig
+    from services.worker.runtime import load_runtime
+
+    dtype = torch.bfloat16 if settings.device.startswith("cuda") else torch.float32
+    log.info("model_loading", model=settings.model, device=settings.device)
+    runtime = load_runtime(settings.model, device=settings.device, dtype=dtype)
+    config = EngineConfig(max_batch=settings.lanes, max_len=settings.max_len,
+                          prefill_chunk=settings.prefill_chunk)
+    return open_in_process(runtime, config, grammar=grammar, registry=registry)

@@ -1,0 +1,102 @@
+"""Every setting of Infernix's commands, in one table: flag, environment variable, type, default,
+help. A flag `--max-len` is also the environment variable `INFERNIX_MAX_LEN`; the command line
+wins over the environment, the environment over the default. Nothing here imports more than the
+standard library, so `infernix ... --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+class UsageError(Exception):
+    """A user mistake on the command line or in a file it names: one line on stderr, exit 2."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # "max_len": flag --max-len, environment INFERNIX_MAX_LEN
+    type: Callable[[str], Any] | None  # None: a boolean switch (present = true)
+    default: Any
+    help: str
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "INFERNIX_" + self.name.upper()
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _address(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
+_TABLE = (
+    Setting("model", str, "smollm2", "the model: the built-in name smollm2 or a Hugging Face "
+            "checkpoint directory", "NAME|DIR"),
+    Setting("device", str, "cpu", "torch device: cpu or cuda"),
+    Setting("lanes", int, 4, "resident lanes: the largest decode batch", "N"),
+    Setting("max_len", int, 2048, "positions per lane, prompt plus output", "N"),
+    Setting("prefill_chunk", int, 512, "prompt tokens per row and prefill step", "N"),
+    Setting("host", str, "127.0.0.1", "address to listen on"),
+    Setting("port", int, 8000, "port to listen on"),
+    Setting("api_keys", str, "", "comma-separated API keys; when set, requests must carry one",
+            "K1,K2"),
+    Setting("ignore_unknown_fields", None, False, "accept and ignore request fields no protocol "
+            "documents (never a field that changes the output)"),
+    Setting("redis_url", str, None, "Redis for the shared compiled-grammar store; omitted: "
+            "in-process cache only", "URL"),
+    Setting("grammar_cache_bytes", int, 256 << 20, "byte budget of the compiled-grammar cache "
+            "(in process and in Redis)", "BYTES"),
+    Setting("grammar", _address, None, "the grammar service; omitted: compile in process",
+            "HOST:PORT"),
+    Setting("metrics_port", int, 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
+    Setting("log_level", str, "INFO", "log level: DEBUG, INFO, WARNING or ERROR"),
+)
+SETTINGS: dict[str, Setting] = {s.name: s for s in _TABLE}
+
+
+def env_value(setting: Setting, default: Any) -> Any:
+    """The environment's value of `setting`, parsed, or `default`. Raises UsageError naming the
+    variable when it does not parse."""
+    raw = os.environ.get(setting.env)
+    if raw is None:
+        return default
+    try:
+        return (setting.type or _bool)(raw)
+    except ValueError as exc:
+        raise UsageError(f"{setting.env}={raw!r}: {exc}") from None
+
+
+def add_settings(parser: argparse.ArgumentParser, *names: str, **defaults: Any) -> None:
+    """Add the named settings to `parser`; `defaults` overrides the table's default for this
+    command (e.g. a service's own port). Help texts show the default and the variable."""
+    for name in names:
+        s = SETTINGS[name]
+        default = defaults.get(name, s.default)
+        value = env_value(s, default)
+        shown = "off" if default is False else ("none" if default in (None, "") else default)
+        text = f"{s.help} (default: {shown}; env {s.env})"
+        if s.type is None:
+            parser.add_argument(s.flag, action="store_true", default=value, help=text)
+        else:
+            parser.add_argument(s.flag, type=s.type, default=value, metavar=s.metavar, help=text)
