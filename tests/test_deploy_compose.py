@@ -126,11 +126,17 @@ def stack():
     try:
         s.start("redis")
         s.wait_healthy("redis")
+        # The processes start side by side (their model loads overlap); the health checks keep the
+        # file's dependency order. worker2 is the second worker of the Redis-hit check; the gateway
+        # knows only the file's worker.
+        s.extra_ports["worker2"] = free_port()
         s.start("grammar")
-        s.wait_healthy("grammar")
         s.start("worker")
-        s.wait_healthy("worker")
+        s.start("worker", name="worker2", port=s.extra_ports["worker2"])
         s.start("gateway")
+        s.wait_healthy("grammar")
+        s.wait_healthy("worker")
+        s.wait_healthy("worker", port=s.extra_ports["worker2"])
         s.wait_healthy("gateway")
         yield s
     finally:
@@ -168,9 +174,7 @@ def test_requests_flow_through_the_compose_services(stack: Stack) -> None:
     jsonschema.validate(json.loads(choice.message.content), SCHEMA)
 
     # A second worker process on the same grammar service and Redis: the schema is a Redis hit.
-    second = free_port()
-    stack.start("worker", name="worker2", port=second)
-    stack.wait_healthy("worker", port=second)
+    second = stack.extra_ports["worker2"]
     from services.worker.remote import GrpcWorkerClient
     from shared.contract import OutputConstraint
     from shared.generation import (
