@@ -3,7 +3,7 @@
 One session per request. The `xgrammar.CompiledGrammar` is shared between requests; the matcher,
 the decoder and any pending preview belong to this session alone, and only the Engine's worker
 thread calls it. A session built without a grammar (an unconstrained request) only decodes output,
-tracks EOS and the budget, and reports no constraint.
+tracks EOS, and reports no constraint.
 
 Transactions (design document, section 5):
 
@@ -11,15 +11,12 @@ Transactions (design document, section 5):
   always rolls the matcher back to the committed baseline with `GrammarMatcher.rollback`; it never
   replays the output. Its counts and time are work paid and stay in the report.
 - `preview(tokens, limit=)` accepts the produced tokens provisionally (matcher, EOS, the output
-  budget left that the Request passes, decoder) and fixes the accepted prefix; `confirm()` commits it after the Program commit succeeded (nothing
-  there can fail), `discard()` returns to the mark. `preview_forced(tokens)` does the same for a
+  budget left that the Request passes, decoder) and fixes the accepted prefix; `confirm()` commits
+  it after the Program commit succeeded (nothing there can fail), `discard()` returns to the mark. `preview_forced(tokens)` does the same for a
   fixed control string. A lookahead while a preview is pending is an internal error.
 
-Mask rows: bit i of int32 word w is token 32w+i; bits past the domain size are zero (xgrammar 0.2.8
-may set them, so every filled row is cleaned). Positions that are not Ready (DeadEnd, Unreachable)
-get the filler row of `filler_row`: every id of the domain allowed. A kernel that precomputes such a
-column therefore always finds a finite candidate (never a spurious "no candidate" failure); what it
-samples there never enters the accepted prefix, because the Program reads the position state.
+Mask rows and position states: positions.py (xgrammar 0.2.8 may set bits past the domain size,
+so every filled row is cleaned; non-Ready positions get the filler row).
 
 Output text: the session publishes the exact bytes of accepted tokens as `str` deltas (text.py).
 Bytes of an unfinished UTF-8 character are held back until the character completes; EOS is never
@@ -34,8 +31,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import IntEnum
-from functools import lru_cache
 from typing import Sequence
 
 import torch
@@ -47,70 +42,12 @@ from services.worker.output.report import (
     ConstraintCounters,
     ConstraintReport,
 )
+from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
+    LookaheadResult, PositionState, filler as _filler, filler_row, int32, tail_word,
+)
 from services.worker.output.text import decode
-from shared.errors import ConstraintDeadEnd, InternalError, InvalidRequest
+from shared.errors import InternalError, InvalidRequest
 from shared.frontends.token_domain import TokenDomain
-
-
-class PositionState(IntEnum):
-    """Per-position mask descriptor; the values are what the Program stores in its int8 buffer."""
-
-    DISABLED = 0  # unconstrained row: no mask, the existing sampling route
-    READY = 1  # the prefix is legal and the row holds its legal mask
-    DEAD_END = 2  # this hypothetical prefix has no legal next token; filler row
-    UNREACHABLE = 3  # an earlier draft was illegal or EOS was accepted; filler row
-
-
-@lru_cache(maxsize=8)
-def _tail_word(size: int) -> int:
-    # The last word's valid bits as a signed int32 (bits past `size` zero).
-    bits = size - 32 * ((size - 1) // 32)
-    return _int32((1 << bits) - 1)
-
-
-@lru_cache(maxsize=8)
-def _filler(size: int) -> torch.Tensor:
-    row = torch.full(((size + 31) // 32,), -1, dtype=torch.int32)  # [ceil(V/32)]
-    row[-1] = _tail_word(size)
-    return row
-
-
-def filler_row(size: int) -> torch.Tensor:
-    """The safe filler of non-Ready positions: all ids below `size` allowed, bits past it zero.
-    Returns a fresh `[ceil(size/32)]` int32 tensor."""
-    return _filler(size).clone()
-
-
-@dataclass(frozen=True)
-class LookaheadResult:
-    """Position states of one lookahead; position i is the prefix committed + drafts[:i]."""
-
-    states: tuple[PositionState, ...]  # len(drafts) + 1 entries
-    base_position: int  # committed output tokens before position 0
-    illegal_at: int | None = None  # index of the first illegal draft (its position is Ready)
-    eos_at: int | None = None  # index of a draft EOS the matcher accepted
-    dead_end_at: int | None = None  # the DeadEnd position, if any
-
-    @property
-    def ready(self) -> int:
-        """Leading Ready positions: the extent of valid mask rows."""
-        n = 0
-        while n < len(self.states) and self.states[n] is PositionState.READY:
-            n += 1
-        return n
-
-    def states_tensor(self) -> torch.Tensor:
-        """`[len(drafts)+1]` int8 tensor of the PositionState values."""
-        return torch.tensor([int(s) for s in self.states], dtype=torch.int8)
-
-    def dead_end_error(self) -> ConstraintDeadEnd | None:
-        """The error that fails this request if verification reaches the DeadEnd position."""
-        if self.dead_end_at is None:
-            return None
-        position = self.base_position + self.dead_end_at
-        return ConstraintDeadEnd(
-            f"the constraint allows no token at output position {position}", position=position
-        )
 
 
 @dataclass(frozen=True)
@@ -219,7 +156,7 @@ class OutputSession:
                 or out.shape[1] != self.domain.mask_words or out.device.type != "cpu":
             raise InternalError(f"mask buffer must be [>= {n + 1}, {self.domain.mask_words}] int32 "
                                 f"on the CPU, got {list(out.shape)} {out.dtype} on {out.device}")
-        matcher, tail, filler = self._matcher, _tail_word(size), _filler(size)
+        matcher, tail, filler = self._matcher, tail_word(size), _filler(size)
         states = [PositionState.UNREACHABLE] * (n + 1)
         illegal_at = eos_at = dead_at = None
         accepted = 0
@@ -275,7 +212,7 @@ class OutputSession:
         if not sessions:
             return []
         size = sessions[0].domain.size
-        tail, filler = _tail_word(size), _filler(size)
+        tail, filler = tail_word(size), _filler(size)
         start = time.perf_counter()
         batcher.batch_fill_next_token_bitmask([s._matcher for s in sessions], out, list(rows))
         share = (time.perf_counter() - start) / len(sessions)
@@ -410,9 +347,9 @@ class OutputSession:
         start = time.perf_counter()
         row = self._scratch  # [1, ceil(V/32)]
         self._matcher.fill_next_token_bitmask(row, 0)
-        row[0, -1] &= _tail_word(self.domain.size)
+        row[0, -1] &= tail_word(self.domain.size)
         for eos in self.domain.eos_ids:  # clear the EOS bits (int32: bit 31 is the sign)
-            row[0, eos >> 5] &= _int32(~(1 << (eos & 31)) & 0xFFFFFFFF)
+            row[0, eos >> 5] &= int32(~(1 << (eos & 31)) & 0xFFFFFFFF)
         self._counters.mask_seconds += time.perf_counter() - start
         return bool(row.any())
 
@@ -449,8 +386,3 @@ class OutputSession:
         self._check_idle("report", allow_finished=True)
         return self._counters.snapshot(branch=self.branch, complete=self._matcher.is_completed(),
                                        terminated=self._eos)
-
-
-def _int32(word: int) -> int:
-    return word - (1 << 32) if word >= 1 << 31 else word
-
