@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="The gateway, a worker and the grammar service in one "
                            "process: OpenAI- and Anthropic-compatible HTTP.")
     add_settings(serve, "host", "port", "api_keys", "model", "device", "lanes", "max_len",
-                 "prefill_chunk", "log_level")
+                 "prefill_chunk", "preempt_after", "log_level")
     serve.set_defaults(func=run_serve)
 
     worker_cli.add_generate_parser(sub)
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     wserve = wsub.add_parser("serve", help="run the gRPC WorkerService")
     add_settings(wserve, "host", "port", "grammar", "redis_url", "grammar_cache_bytes",
                  "metrics_port", "model", "device", "lanes", "max_len", "prefill_chunk",
-                 "log_level", port=50052)
+                 "preempt_after", "log_level", port=50052)
     wserve.set_defaults(func=run_worker_serve)
     whealth = wsub.add_parser("health", help="ask a running worker for its health")
     whealth.add_argument("--address", default="127.0.0.1:50052", metavar="HOST:PORT",

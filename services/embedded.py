@@ -25,7 +25,8 @@ class WorkerSettings:
     device: str = "cpu"  # torch device
     lanes: int = 4  # resident lanes, >= 1
     max_len: int = 2048  # positions per lane, >= 2
-    prefill_chunk: int = 512  # prompt tokens per row and prefill step, >= 1
+    prefill_chunk: int = 512  # prompt tokens per prefill step (all rows together), >= 1
+    preempt_after_s: float | None = None  # preemption for long-waiting requests; None: off
 
     def __post_init__(self) -> None:
         for name, low in (("lanes", 1), ("max_len", 2), ("prefill_chunk", 1)):
@@ -35,7 +36,7 @@ class WorkerSettings:
     @classmethod
     def from_args(cls, args) -> "WorkerSettings":
         return cls(model=args.model, device=args.device, lanes=args.lanes, max_len=args.max_len,
-                   prefill_chunk=args.prefill_chunk)
+                   prefill_chunk=args.prefill_chunk, preempt_after_s=args.preempt_after)
 
 
 def open_grammar(model: str, *, redis_url: str | None = None, cache_bytes: int = 256 << 20,
@@ -70,5 +71,6 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
     log.info("model_loading", model=settings.model, device=settings.device)
     runtime = load_runtime(settings.model, device=settings.device, dtype=dtype)
     config = EngineConfig(max_batch=settings.lanes, max_len=settings.max_len,
-                          prefill_chunk=settings.prefill_chunk)
+                          prefill_chunk=settings.prefill_chunk,
+                          preempt_after_s=settings.preempt_after_s)
     return open_in_process(runtime, config, grammar=grammar, registry=registry)

@@ -56,7 +56,10 @@ _TABLE = (
     Setting("device", str, "cpu", "torch device: cpu or cuda"),
     Setting("lanes", int, 4, "resident lanes: the largest decode batch", "N"),
     Setting("max_len", int, 2048, "positions per lane, prompt plus output", "N"),
-    Setting("prefill_chunk", int, 512, "prompt tokens per row and prefill step", "N"),
+    Setting("prefill_chunk", int, 512, "prompt tokens per prefill step, shared by the rows reading "
+            "their prompts (bounds how long a long prompt delays decoding rows)", "N"),
+    Setting("preempt_after", float, None, "pause a running request (resumed later by Replay) when "
+            "another has waited this many seconds for a lane; omitted: never", "SECONDS"),
     Setting("host", str, "127.0.0.1", "address to listen on"),
     Setting("port", int, 8000, "port to listen on"),
     Setting("api_keys", str, "", "comma-separated API keys; when set, requests must carry one",

@@ -86,6 +86,10 @@ class WorkerMetrics:
         self.tokens = Counter(
             "infernix_worker_tokens_total", "Prompt and completion tokens of finished requests",
             ["kind"], registry=self.registry)
+        self.preemptions = Counter(
+            "infernix_worker_preemptions_total",
+            "Running requests paused for a long-waiting one (resumed later by Replay)",
+            registry=self.registry)
 
     def finished(self, constraint: str, outcome: str, *, ttft: float | None, tpot: float | None,
                  mask_seconds: float, prompt_tokens: int, completion_tokens: int) -> None:

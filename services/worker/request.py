@@ -5,14 +5,18 @@ The Engine owns every `Request` and changes it only on its worker thread, except
 
     WAITING --admit (a lane is free)--> RESIDENT --finish--> TERMINAL
     WAITING --cancel / deadline-------------------------> TERMINAL
-    (PAUSED: reserved for preemption; a paused request keeps its committed matcher, not its lane)
+    RESIDENT --preempt (at a commit boundary)--> PAUSED --admit--> RESIDENT (Replay)
+
+A paused request keeps its committed matcher, output and ledgers, not its lane. Resuming it is a
+Replay: its prompt and committed output are prefilled again (no sampling, no matcher accept, no
+publication) until the lane is one token behind the ledger; the next step then samples as usual.
 
 The Request is the one owner of every count: `prompt_ids` and `output_ids` are the committed
 tokens (EOS included when accepted), `max_new_tokens` the output budget and `remaining` what is
 left of it, `num_cached` how many of `prompt_ids + output_ids` the lane's model state holds. While
 prefilling num_cached < len(prompt_ids); while decoding it is one behind the committed tokens (the
 newest sampled token is fed by the next step). `commit(fed_end, tokens)` is the only place these
-counts change. The OutputSession holds the matcher and the text decoder, not counts.
+counts change (and `pause`, which drops the lane's state). The OutputSession holds the matcher and the text decoder, not counts.
 """
 
 from __future__ import annotations
@@ -65,7 +69,10 @@ class Request:
     output_counts: dict[int, int] = field(default_factory=dict)  # token -> occurrences in output
     submitted_at: float = field(default_factory=time.monotonic)
     enqueued_at: float | None = None
-    admitted_at: float | None = None
+    admitted_at: float | None = None  # first admission (the report's queue time ends here)
+    waiting_since: float | None = None  # joined the waiting queue (again, after a pause)
+    resident_since: float | None = None  # took its current lane
+    output_at_admission: int = 0  # output tokens when it took its current lane
     first_token_at: float | None = None
 
     # ---------------------------------------------------------------- counts
@@ -89,8 +96,19 @@ class Request:
         return max(0, self.max_new_tokens - len(self.output_ids))
 
     @property
+    def prefill_end(self) -> int:
+        """Positions the lane must hold before the next decode step: the prompt, or (while
+        resuming) everything committed but the newest output token."""
+        return self.num_tokens - 1 if self.output_ids else len(self.prompt_ids)
+
+    @property
     def in_prefill(self) -> bool:
-        return self.num_cached < len(self.prompt_ids)
+        return self.num_cached < self.prefill_end
+
+    @property
+    def replaying(self) -> bool:
+        """Prefilling committed output again after a pause (nothing is sampled until caught up)."""
+        return self.in_prefill and bool(self.output_ids)
 
     @property
     def constrained(self) -> bool:
@@ -101,10 +119,20 @@ class Request:
         return self.state is RequestState.TERMINAL
 
     def next_input(self, limit: int) -> list[int]:
-        """The next tokens to feed: up to `limit` uncached prompt tokens, or the newest output."""
+        """The next tokens to feed: up to `limit` uncached committed tokens (the prompt, or prompt
+        and output during a Replay), or the newest output token."""
         if self.in_prefill:
-            return list(self.prompt_ids[self.num_cached:self.num_cached + limit])
+            end = min(self.num_cached + limit, self.prefill_end)
+            committed = self.prompt_ids + tuple(self.output_ids) if self.output_ids \
+                else self.prompt_ids
+            return list(committed[self.num_cached:end])
         return [self.output_ids[-1]]
+
+    def pause(self) -> None:
+        """Leave the lane at a commit boundary (preemption): nothing of the lane is kept."""
+        self.state = RequestState.PAUSED
+        self.lane = None
+        self.num_cached = 0
 
     def commit(self, fed_end: int, tokens: list[int]) -> None:
         """The ledger after a committed step: the lane holds positions < fed_end, and `tokens`

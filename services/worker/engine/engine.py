@@ -50,8 +50,9 @@ class EngineConfig:
     max_batch: int = 4  # resident lanes B, >= 1
     max_len: int | None = None  # positions per lane (prompt + output); None: from the KV budget
     kv_budget_bytes: int = 256 << 20  # KV cache bytes when max_len is None, > 0
-    prefill_chunk: int = 512  # prompt tokens per row per prefill step, >= 1
+    prefill_chunk: int = 512  # prompt tokens per prefill step, all prefilling rows together, >= 1
     cuda_graphs: bool = True  # capture decode graphs per batch size on CUDA
+    preempt_after_s: float | None = None  # pause a running request for one waiting this long
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -59,6 +60,8 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_len is not None and self.max_len < 2:
             raise ValueError(f"EngineConfig.max_len must be >= 2, got {self.max_len}")
+        if self.preempt_after_s is not None and self.preempt_after_s < 0:
+            raise ValueError(f"EngineConfig.preempt_after_s must be >= 0, got {self.preempt_after_s}")
 
 
 class Engine:
@@ -76,7 +79,7 @@ class Engine:
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
                                cuda_graphs=config.cuda_graphs)
-        self.scheduler = Scheduler(config.prefill_chunk)
+        self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s)
         self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget)
         self.steps = 0
         self._inbox: queue.Queue = queue.Queue()
@@ -162,7 +165,9 @@ class Engine:
     def step(self) -> bool:
         """One engine step on the worker thread; False when there was nothing to run."""
         self._retire(time.monotonic())
-        self.scheduler.admit(self.program)
+        preempted = self.scheduler.admit(self.program)
+        if preempted:
+            self.metrics.preemptions.inc(preempted)
         batch = self.scheduler.schedule()
         if batch is None:
             return False

@@ -1,9 +1,15 @@
 """Which requests run next: the waiting queue, the resident rows, and the batch of one step.
 
 Requests join `waiting` in arrival order and become resident when the Program has a free lane.
-Each step runs either the prefill chunks of the rows still reading their prompt (`prefill_chunk`
-prompt tokens per row) or one decode token for every decoding row; when both kinds exist they
-alternate, so a long prompt joining never stalls the resident rows for more than one step.
+A step runs either prefill chunks or one decode token for every decoding row; when both kinds
+exist they alternate. A prefill step reads at most `prefill_chunk` tokens in all, shared by the
+prefilling rows in arrival order, so a long prompt delays the decoding rows by at most one
+bounded chunk per token they produce (a step's padding is bounded by the same budget).
+
+Preemption (`preempt_after_s`, off by default): when a request has waited that long and no lane is
+free, the most recently admitted decoding request is paused at this commit boundary (its matcher,
+output and ledgers stay with it, its lane is freed) and goes back to the end of the queue; it
+resumes by Replay (request.py).
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from services.worker.request import Request, RequestState
 
 
 class Scheduler:
-    def __init__(self, prefill_chunk: int) -> None:
+    def __init__(self, prefill_chunk: int, preempt_after_s: float | None = None) -> None:
         self.prefill_chunk = prefill_chunk
+        self.preempt_after_s = preempt_after_s
         self.waiting: deque[Request] = deque()
         self.resident: list[Request] = []
         self._last_was_prefill = False
@@ -30,6 +37,7 @@ class Scheduler:
         return list(self.waiting) + list(self.resident)
 
     def add(self, job: Request) -> None:
+        job.waiting_since = time.monotonic()
         self.waiting.append(job)
 
     def remove(self, job: Request) -> None:
@@ -38,15 +46,41 @@ class Scheduler:
         elif job in self.waiting:
             self.waiting.remove(job)
 
-    def admit(self, program: Program) -> None:
-        """Waiting requests into free lanes, in arrival order."""
+    def admit(self, program: Program) -> int:
+        """Waiting requests into free lanes, in arrival order, after preempting one resident
+        request if the oldest waiting one has waited longer than `preempt_after_s`. Returns the
+        number of requests preempted (0 or 1)."""
+        now = time.monotonic()
+        preempted = self._preempt(program, now)
         while self.waiting and program.free_lanes:
             job = self.waiting.popleft()
             job.lane = program.acquire_lane()
             job.state = RequestState.RESIDENT
-            job.admitted_at = time.monotonic()
+            job.resident_since = now
+            job.output_at_admission = job.num_output_tokens
+            if job.admitted_at is None:
+                job.admitted_at = now
             job.num_cached = 0
             self.resident.append(job)
+        return preempted
+
+    def _preempt(self, program: Program, now: float) -> int:
+        if self.preempt_after_s is None or not self.waiting or program.free_lanes:
+            return 0
+        if now - self.waiting[0].waiting_since < self.preempt_after_s:
+            return 0
+        # Only a request that produced a token since it took its lane can be paused: every
+        # admission makes progress, so requests taking the lane from each other never livelock.
+        decoding = [j for j in self.resident
+                    if not j.in_prefill and j.num_output_tokens > j.output_at_admission]
+        if not decoding:
+            return 0
+        victim = max(decoding, key=lambda j: j.resident_since)
+        program.release_lane(victim.lane)
+        self.resident.remove(victim)
+        victim.pause()
+        self.add(victim)
+        return 1
 
     def schedule(self) -> StepBatch | None:
         """The next step's rows, or None when nothing is resident."""
@@ -54,11 +88,15 @@ class Scheduler:
         decode = [j for j in self.resident if not j.in_prefill]
         if prefill and (not decode or not self._last_was_prefill):
             self._last_was_prefill = True
-            rows = []
+            rows, budget = [], self.prefill_chunk
             for j in prefill:
-                chunk = tuple(j.next_input(self.prefill_chunk))
+                if budget <= 0:
+                    break
+                chunk = tuple(j.next_input(budget))
+                budget -= len(chunk)
+                end = j.num_cached + len(chunk)
                 rows.append(BatchRow(j, chunk, j.num_cached,
-                                     sample=j.num_cached + len(chunk) == j.num_prompt_tokens))
+                                     sample=end == j.prefill_end and not j.output_ids))
             return StepBatch(tuple(rows))
         if decode:
             self._last_was_prefill = False
