@@ -91,7 +91,8 @@ def run_worker_serve(args: argparse.Namespace) -> int:
                                registry=registry)
         worker = await asyncio.to_thread(open_worker, settings, grammar=grammar, registry=registry)
         try:
-            await serve_worker(host=args.host, port=args.port, worker=worker)
+            await serve_worker(host=args.host, port=args.port, worker=worker,
+                               drain_seconds=args.drain_seconds)
         finally:
             await worker.aclose()
 
@@ -176,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     wsub = worker.add_subparsers(dest="worker_command", required=True, metavar="COMMAND")
     wserve = wsub.add_parser("serve", help="run the gRPC WorkerService")
     add_settings(wserve, "host", "port", "grammar", "redis_url", "grammar_cache_bytes",
-                 "metrics_port", "model", "device", "lanes", "max_len", "prefill_chunk",
+                 "drain_seconds", "metrics_port", "model", "device", "lanes", "max_len", "prefill_chunk",
                  "preempt_after", "log_level", port=50052)
     wserve.set_defaults(func=run_worker_serve)
     whealth = wsub.add_parser("health", help="ask a running worker for its health")

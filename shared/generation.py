@@ -168,5 +168,10 @@ class WorkerClient:
     async def health(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    async def drain(self, seconds: float) -> None:
+        """Let the requests in flight finish within `seconds`, then cancel the rest (each ends with
+        its terminal event). The caller has stopped sending new requests. Default: nothing in
+        flight to wait for."""
+
     async def aclose(self) -> None:
         """Release what the client holds (connections, an in-process engine)."""

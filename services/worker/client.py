@@ -54,6 +54,19 @@ class InProcessWorkerClient(WorkerClient):
     async def health(self) -> dict[str, Any]:
         return self.engine.health()
 
+    async def drain(self, seconds: float) -> None:
+        """Wait up to `seconds` for the engine's requests to finish, then cancel the rest and wait
+        for their terminal events (a few steps)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, seconds)
+        while self.engine.live_requests() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        left = self.engine.live_requests()
+        for request_id in left:
+            self.engine.cancel(request_id)
+        while self.engine.live_requests() and loop.time() < deadline + 10.0:
+            await asyncio.sleep(0.02)
+
     async def aclose(self) -> None:
         """Stop the engine (unfinished requests finish as cancelled) and close its grammar client."""
         await asyncio.to_thread(self.engine.stop)

@@ -4,8 +4,8 @@
 the call with a status whose details carry the error (`shared.proto.errors`), so the remote caller
 re-raises the same type; a failure after the first event is sent as `Finished(ERROR)`. When the
 caller goes away mid-stream (the call reset, the connection lost) the request is cancelled on the
-wrapped worker. Once the server is closing, new calls and health checks answer UNAVAILABLE, and
-streams still running end with UNAVAILABLE, so a gateway's pool moves to another worker.
+wrapped worker. Once the server is closing (draining), new calls and health checks answer
+UNAVAILABLE, so a gateway's pool moves to another worker, while the streams in flight finish.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 from typing import Any
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
-from grpclib.utils import graceful_exit
 
 from shared.errors import InfernixError, InternalError
 from shared.generation import Finished, FinishReason, Usage, WorkerClient
@@ -163,12 +163,33 @@ def create_server(worker: WorkerClient) -> WorkerServer:
     return WorkerServer(WorkerService(worker))
 
 
-async def serve(*, host: str = "127.0.0.1", port: int = DEFAULT_PORT, worker: WorkerClient) -> None:
-    """Serve `worker` until the first SIGTERM/SIGINT (running streams end UNAVAILABLE and are
-    cancelled on the worker); a second signal exits at once. The caller owns `worker`."""
+async def serve(*, host: str = "127.0.0.1", port: int = DEFAULT_PORT, worker: WorkerClient,
+                drain_seconds: float = 30.0) -> None:
+    """Serve `worker` until SIGTERM/SIGINT. The first signal drains: new calls and health checks
+    answer UNAVAILABLE at once (a gateway's pool routes elsewhere), the requests in flight finish
+    within `drain_seconds` and the rest are cancelled with their terminal event, then the server
+    closes. A second signal exits at once. The caller owns `worker`."""
     server = create_server(worker)
-    with graceful_exit([server]):
-        await server.start(host, port)
-        log.info("worker_service_started", host=host, port=port)
+    await server.start(host, port)
+    log.info("worker_service_started", host=host, port=port)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            raise SystemExit(128 + signum)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await stop.wait()
+        server.service.closing = True
+        log.info("worker_draining", seconds=drain_seconds)
+        await worker.drain(drain_seconds)
+        server.close()
         await server.wait_closed()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
     log.info("worker_service_stopped")

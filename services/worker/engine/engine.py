@@ -142,6 +142,11 @@ class Engine:
         self._inbox.put(_WAKE)
         return True
 
+    def live_requests(self) -> list[str]:
+        """Ids of the requests queued or running (any thread)."""
+        with self._lock:
+            return list(self._live)
+
     def count_tokens(self, prompt: PromptInput) -> int:
         """Prompt tokens after rendering (compiles nothing)."""
         return len(self.runtime.prepare(prompt).token_ids)
