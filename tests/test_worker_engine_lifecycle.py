@@ -327,7 +327,7 @@ async def test_required_strict_tool_call_streams_and_validates(runtime):
     tools = (ToolDefinition.create("pick", schema, strict=True), ToolDefinition.create("other"))
     client = open_client(runtime, max_batch=2, max_len=2048)
     request = GenerateRequest("t1", PromptInput(messages=(ChatMessage("user", "pick"),), tools=tools),
-                              greedy(400, tool_choice=ToolChoice.named("pick")), model=runtime.name)
+                              greedy(196, tool_choice=ToolChoice.named("pick")), model=runtime.name)
     try:
         events = [e async for e in client.generate(request)]
     finally:

@@ -52,7 +52,7 @@ class Request:
     seed: int  # RNG key of this request's stream
     session: OutputSession
     sink: Callable[[GenerationEvent], None]  # thread-safe event delivery
-    max_new_tokens: int  # effective output budget (max_tokens capped by the lane's context), >= 1
+    max_new_tokens: int  # output budget: max_tokens, or what the lane holds after the prompt; >= 1
     stop: StopStrings | None = None  # unconstrained requests only
     stop_token_ids: frozenset[int] = frozenset()  # unconstrained requests only
     deadline: float | None = None  # time.monotonic() seconds; None = none

@@ -33,7 +33,7 @@ class PreparedRequest:
     request: GenerateRequest
     prompt_ids: tuple[int, ...]
     session: OutputSession
-    max_new_tokens: int  # >= 1: max_tokens capped by what the lane holds after the prompt
+    max_new_tokens: int  # >= 1: max_tokens, or (none given) what the lane holds after the prompt
     sampling: SamplingParams  # resolved against the model's defaults
     seed: int
     stop: StopStrings | None
@@ -47,7 +47,8 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
     """Check, render, compile and build the OutputSession of `request` for lanes of `max_len`
     positions.
 
-    Raises (before any event) InvalidRequest (model, prompt, request_id, stop_token_ids),
+    Raises (before any event) InvalidRequest (model, prompt, max_tokens beyond the context,
+    stop_token_ids),
     ConflictingConstraint (`stop` / `stop_token_ids` with a constraint), Unsupported (tools with a
     raw text prompt), the grammar service's InvalidSchema / InvalidGrammar / ..., and
     ConstraintDeadEnd (nothing legal at the first position)."""
@@ -61,7 +62,12 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
     if room < 1:
         raise InvalidRequest(f"the prompt has {len(prompt.token_ids)} tokens; a lane holds "
                              f"{max_len}", field="prompt")
-    budget = min(options.max_tokens or room, room)
+    if options.max_tokens is not None and options.max_tokens > room:
+        raise InvalidRequest(
+            f"max_tokens is {options.max_tokens}, but the prompt has {len(prompt.token_ids)} "
+            f"tokens and the context holds {max_len}: at most {room} output tokens fit",
+            field="max_tokens")
+    budget = options.max_tokens or room
     session = await _output_session(request, prompt, tool_spec, runtime=runtime, grammar=grammar)
     constrained = session.constrained
     seed = options.sampling.seed
