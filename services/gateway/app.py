@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import signal
 import time
@@ -15,19 +14,25 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from services.gateway import anthropic_messages, completions, openai_chat, openai_responses
+from services.gateway import fields as f
+from services.gateway.body import parse_body
+from services.gateway.choices import Choices, Results
 from services.gateway.errors import (
     ErrorPaths,
     GatewayError,
     anthropic_error,
     infernix_error_parts,
     openai_error,
+    retry_after,
+    status_of,
 )
-from services.gateway.generation import Generation, RequestRecord, constraint_label
+from services.gateway.generation import RequestRecord, constraint_label
+from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits, key_allowed, presented_keys
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.sse import open_stream, send
 from services.gateway.translate import Translated
-from shared.errors import InfernixError, InternalError, RequestError, error_from_dict
+from shared.errors import InfernixError, InternalError, error_from_dict
 from shared.generation import Finished, FinishReason, WorkerClient
 from shared.logging import get_logger
 from shared.metrics import render
@@ -41,9 +46,9 @@ class Entry:
 
     protocol: str  # metrics label: chat, responses, messages, completions
     id_prefix: str  # request id prefix: chatcmpl-, resp_, msg_, cmpl-
-    translate: Callable[[dict, str, GatewayLimits], Translated]
+    translate: Callable[[dict, str, GatewayLimits, FieldPolicy], Translated]
     error_paths: Callable[[dict], ErrorPaths]
-    aggregate: Callable[[Translated, Finished, int], dict]
+    aggregate: Callable[[Translated, Results, int], dict]
     streamer: Callable[[Translated], Any]
     anthropic: bool = False  # Anthropic error shape
 
@@ -67,6 +72,9 @@ ENTRIES = {
     "/v1/completions": _entry("completions", "cmpl-", completions),
 }
 _OPEN_PATHS = frozenset({"/healthz"})
+# aiohttp cancels a handler whose client went away (a non-streaming request stops at the worker
+# within a step, as a streaming one does). Every runner of this app passes these options.
+RUNNER_OPTIONS: dict[str, Any] = {"handler_cancellation": True}
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,7 @@ class GatewayState:
     api_keys: frozenset[str]
     limits: GatewayLimits
     metrics: GatewayMetrics
+    policy: FieldPolicy
 
 
 STATE = web.AppKey("infernix_gateway", GatewayState)
@@ -82,40 +91,50 @@ STATE = web.AppKey("infernix_gateway", GatewayState)
 
 def create_app(worker: WorkerClient, *, api_keys: frozenset[str] = frozenset(),
                limits: GatewayLimits = GatewayLimits(),
-               registry: CollectorRegistry | None = None) -> web.Application:
-    """The gateway application in front of `worker`.
+               registry: CollectorRegistry | None = None,
+               ignore_unknown_fields: bool = False) -> web.Application:
+    """The gateway application in front of `worker`; run it with `RUNNER_OPTIONS`.
 
     `api_keys`: when non-empty every route but /healthz needs `Authorization: Bearer KEY` or
-    `x-api-key: KEY` (default: open). `limits`: body, message, tool and schema limits.
-    `registry`: the Prometheus registry for the gateway's metrics (default: a fresh one)."""
+    `x-api-key: KEY` (default: open). `limits`: body, nesting, message, tool, choice and schema
+    limits. `registry`: the Prometheus registry for the gateway's metrics (default: a fresh one).
+    `ignore_unknown_fields` (default False): accept and ignore request fields no protocol
+    documents instead of answering 400 (never those that would change the output; see known.py)."""
     app = web.Application(middlewares=[_guard], client_max_size=limits.max_body_bytes)
-    app[STATE] = GatewayState(worker, frozenset(api_keys), limits, GatewayMetrics(registry))
+    app[STATE] = GatewayState(worker, frozenset(api_keys), limits, GatewayMetrics(registry),
+                              FieldPolicy(ignore_unknown_fields))
     for path, entry in ENTRIES.items():
         app.router.add_post(path, _generation_handler(entry))
     app.router.add_post("/v1/messages/count_tokens", _count_tokens)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model_id:.+}", _model)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     return app
 
 
-def _entry_for(path: str) -> Entry:
-    if path.startswith("/v1/messages"):
+def _entry_for(request: web.Request) -> Entry:
+    path = request.path
+    if path.startswith("/v1/messages") or (path.startswith("/v1/models") and
+                                           "anthropic-version" in request.headers):
         return ENTRIES["/v1/messages"]
     return ENTRIES.get(path, ENTRIES["/v1/chat/completions"])
 
 
 def _error_response(entry: Entry, status: int, message: str, param: str | None,
-                    code: str | None, request_id: str | None = None) -> web.Response:
-    headers = {"X-Request-Id": request_id} if request_id else None
+                    code: str | None, request_id: str | None = None,
+                    retry: int | None = None) -> web.Response:
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    if retry is not None:
+        headers["Retry-After"] = str(retry)
     return web.json_response(entry.error_body(status, message, param, code), status=status,
-                             headers=headers)
+                             headers=headers or None)
 
 
 @web.middleware
 async def _guard(request: web.Request, handler: Callable) -> web.StreamResponse:
     state = request.app[STATE]
-    entry = _entry_for(request.path)
+    entry = _entry_for(request)
     if request.path not in _OPEN_PATHS and not key_allowed(presented_keys(request.headers),
                                                            state.api_keys):
         if request.path in ENTRIES:
@@ -141,14 +160,7 @@ async def _read_body(request: web.Request, limits: GatewayLimits) -> dict:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise GatewayError(400, f"the request body is not valid JSON: {exc}", "invalid_json") \
-            from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, "the request body must be a JSON object", "invalid_json")
-    return body
+    return parse_body(raw, limits.max_json_depth)
 
 
 async def _check_model(worker: WorkerClient, model: str) -> None:
@@ -174,45 +186,60 @@ def _generation_handler(entry: Entry) -> Callable:
     return handle
 
 
+_OUTCOMES = {401: "unauthorized", 413: "too_large", 429: "overloaded", 503: "unavailable"}
+
+
 def _fail(entry: Entry, record: RequestRecord, status: int, message: str, param: str | None,
-          code: str | None, outcome: str) -> web.Response:
+          code: str | None, outcome: str, retry: int | None = None) -> web.Response:
     record.status, record.outcome, record.error_type = status, outcome, code
     # Only the field path, never the pointer into the caller's schema (schema text).
     record.error_param = None if param is None else param.split("/", 1)[0]
-    return _error_response(entry, status, message, param, code, record.request_id)
+    return _error_response(entry, status, message, param, code, record.request_id, retry)
+
+
+def _fail_typed(entry: Entry, record: RequestRecord, err: InfernixError, paths: ErrorPaths, *,
+                started: bool = False, outcome: str | None = None) -> web.Response:
+    status, message, param, code = infernix_error_parts(err, paths, started=started)
+    if outcome is None:
+        outcome = _OUTCOMES.get(status, "rejected" if status < 500 else "error")
+    return _fail(entry, record, status, message, param, code, outcome, retry_after(err, status))
 
 
 async def _generate(request: web.Request, entry: Entry, state: GatewayState,
                     record: RequestRecord) -> web.StreamResponse:
     paths = ErrorPaths()
-    generation: Generation | None = None
+    choices: Choices | None = None
     try:
-        body = await _read_body(request, state.limits)
-        paths = entry.error_paths(body)
-        tr = entry.translate(body, record.request_id, state.limits)
-        record.model, record.stream = tr.request.model, tr.stream
-        record.constraint_kind = constraint_label(tr.request)
-        await _check_model(state.worker, tr.request.model)
-        generation = Generation(state.worker, tr.request)
-        await generation.start()
-    except GatewayError as err:
-        outcome = {401: "unauthorized", 413: "too_large"}.get(err.status, "rejected")
-        return _fail(entry, record, err.status, err.message, err.param, err.code, outcome)
-    except RequestError as err:
-        status, message, param, code = infernix_error_parts(err, paths)
-        return _fail(entry, record, status, message, param, code, "rejected")
-    except Exception as err:  # noqa: BLE001 - a worker or gateway bug: logged, counted, 500
-        log.error("request_failed", request_id=record.request_id, exc_info=True)
-        internal = err if isinstance(err, InternalError) else InternalError(str(err))
-        status, message, param, code = infernix_error_parts(internal, paths)
-        return _fail(entry, record, status, message, param, code, "error")
-    try:
+        try:
+            body = await _read_body(request, state.limits)
+            paths = entry.error_paths(body)
+            tr = entry.translate(body, record.request_id, state.limits, state.policy)
+            record.model, record.stream = tr.request.model, tr.stream
+            record.constraint_kind = constraint_label(tr.request)
+            await _check_model(state.worker, tr.request.model)
+            choices = Choices(state.worker, tr.requests, tr.per_prompt)
+            await choices.start()
+        except GatewayError as err:
+            return _fail(entry, record, err.status, err.message, err.param, err.code,
+                         _OUTCOMES.get(err.status, "rejected"))
+        except InfernixError as err:
+            if not _is_typed(err):
+                log.error("request_failed", request_id=record.request_id, exc_info=True)
+            return _fail_typed(entry, record, err, paths)
+        except Exception as err:  # noqa: BLE001 - a worker or gateway bug: logged, counted, 500
+            log.error("request_failed", request_id=record.request_id, exc_info=True)
+            return _fail_typed(entry, record, InternalError(str(err)), paths, outcome="error")
         if tr.stream:
-            return await _stream(request, entry, tr, generation, record)
-        return await _aggregate(entry, tr, generation, record)
+            return await _stream(request, entry, tr, choices, record)
+        return await _aggregate(entry, tr, choices, record)
     finally:
-        record.first_output_at = generation.first_output_at
-        await generation.close()
+        if choices is not None:
+            record.first_output_at = choices.first_output_at
+            await choices.close()
+
+
+def _is_typed(err: InfernixError) -> bool:
+    return status_of(err) != 500
 
 
 def _terminal_error(finished: Finished) -> InfernixError:
@@ -223,42 +250,51 @@ def _terminal_error(finished: Finished) -> InfernixError:
     return InternalError("the worker reported an error without details")
 
 
-async def _aggregate(entry: Entry, tr: Translated, generation: Generation,
+def _failed(finished: list[Finished]) -> Finished | None:
+    return next((f for f in finished
+                 if f.finish_reason in (FinishReason.ERROR, FinishReason.CANCELLED)), None)
+
+
+async def _aggregate(entry: Entry, tr: Translated, choices: Choices,
                      record: RequestRecord) -> web.Response:
     try:
-        finished = await generation.collect()
+        finished = await choices.collect()
     except Exception as err:  # noqa: BLE001 - the worker failed mid-generation
         log.error("worker_failed", request_id=record.request_id, exc_info=True)
         err = err if isinstance(err, InfernixError) else InternalError(str(err))
-        status, message, param, code = infernix_error_parts(err, tr.paths, started=True)
-        return _fail(entry, record, status, message, param, code, "error")
-    record.finished = finished
-    if finished.finish_reason in (FinishReason.ERROR, FinishReason.CANCELLED):
-        status, message, param, code = infernix_error_parts(
-            _terminal_error(finished), tr.paths, started=True)
-        outcome = finished.finish_reason.value if finished.finish_reason is \
-            FinishReason.CANCELLED else "error"
-        return _fail(entry, record, status, message, param, code, outcome)
-    record.outcome = finished.finish_reason.value
-    return web.json_response(entry.aggregate(tr, finished, int(time.time())),
+        return _fail_typed(entry, record, err, tr.paths, started=True)
+    results = choices.results(finished)
+    record.finished = results.summary()
+    failed = _failed(finished)
+    if failed is not None:
+        outcome = "cancelled" if failed.finish_reason is FinishReason.CANCELLED else None
+        return _fail_typed(entry, record, _terminal_error(failed), tr.paths, started=True,
+                           outcome=outcome)
+    record.outcome = results.first.finish_reason.value
+    return web.json_response(entry.aggregate(tr, results, int(time.time())),
                              headers={"X-Request-Id": record.request_id})
 
 
-async def _stream(request: web.Request, entry: Entry, tr: Translated, generation: Generation,
+async def _stream(request: web.Request, entry: Entry, tr: Translated, choices: Choices,
                   record: RequestRecord) -> web.StreamResponse:
     streamer = entry.streamer(tr)
     response = await open_stream(request, record.request_id)
+    finished: list[Finished | None] = [None] * len(tr.requests)
     try:
-        await send(response, streamer.begin())
-        async for event in generation.events():
+        await send(response, streamer.begin(choices.counts))
+        async for index, event in choices.events():
             if not isinstance(event, Finished):
-                await send(response, streamer.event(event))
+                await send(response, streamer.event(event, index))
                 continue
-            record.finished = event
+            finished[index] = event
             if event.finish_reason in (FinishReason.ERROR, FinishReason.CANCELLED):
+                record.finished = event
                 raise _terminal_error(event)
-            await send(response, streamer.finish(event))
-            record.outcome = event.finish_reason.value
+            await send(response, streamer.choice_done(event, index))
+        results = choices.results([f for f in finished if f is not None])
+        record.finished = results.summary()
+        await send(response, streamer.finish(results))
+        record.outcome = results.first.finish_reason.value
     except ConnectionResetError:
         record.outcome = "client_gone"
     except Exception as err:  # noqa: BLE001 - the worker failed mid-stream: terminal error event
@@ -284,29 +320,45 @@ async def _count_tokens(request: web.Request) -> web.Response:
     try:
         body = await _read_body(request, state.limits)
         paths = anthropic_messages.error_paths(body)
-        model = body.get("model")
-        if not isinstance(model, str):
-            raise GatewayError(400, "model is required", "invalid_request", param="model")
-        prompt, _ = anthropic_messages.prompt_input(body, state.limits)
+        model = f.get_str(body, "model", "", required=True)
+        prompt, _ = anthropic_messages.prompt_input(body, state.limits, state.policy)
         await _check_model(state.worker, model)
         count = await state.worker.count_tokens(prompt, model)
     except GatewayError as err:
         return _error_response(entry, err.status, err.message, err.param, err.code)
-    except RequestError as err:
+    except InfernixError as err:
+        if not _is_typed(err):
+            log.error("count_tokens_failed", exc_info=True)
         status, message, param, code = infernix_error_parts(err, paths)
-        return _error_response(entry, status, message, param, code)
+        return _error_response(entry, status, message, param, code,
+                               retry=retry_after(err, status))
     return web.json_response({"input_tokens": count})
+
+
+def _model_object(name: str) -> dict[str, Any]:
+    """One model as both SDKs read it: OpenAI's `{id, object, created, owned_by}` and
+    Anthropic's `{id, type, display_name, created_at}`."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "infernix",
+            "type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
 
 
 async def _models(request: web.Request) -> web.Response:
     """One list both SDKs read: OpenAI's `{object: list, data}` and Anthropic's paging fields."""
     names = await request.app[STATE].worker.models()
-    data = [{"id": name, "object": "model", "created": 0, "owned_by": "infernix",
-             "type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
-            for name in names]
-    return web.json_response({"object": "list", "data": data, "has_more": False,
+    return web.json_response({"object": "list", "data": [_model_object(n) for n in names],
+                              "has_more": False,
                               "first_id": names[0] if names else None,
                               "last_id": names[-1] if names else None})
+
+
+async def _model(request: web.Request) -> web.Response:
+    """`GET /v1/models/{id}`: the model object, or 404 in the caller's protocol shape."""
+    name = request.match_info["model_id"]
+    names = await request.app[STATE].worker.models()
+    if name not in names:
+        return _error_response(_entry_for(request), 404, f"model {name!r} is not served here "
+                               f"(serving: {', '.join(names)})", "model", "model_not_found")
+    return web.json_response(_model_object(name))
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -324,12 +376,16 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def serve(*, host: str, port: int, worker: WorkerClient,
                 api_keys: frozenset[str] = frozenset(), limits: GatewayLimits = GatewayLimits(),
-                registry: CollectorRegistry | None = None) -> None:
+                registry: CollectorRegistry | None = None,
+                ignore_unknown_fields: bool = False) -> None:
     """Serve the gateway until SIGTERM/SIGINT: the first signal stops accepting and lets running
-    requests finish (up to 30 s), a second one exits at once. Logging is configured by the caller
+    requests finish (up to 30 s), a second one exits at once. `ignore_unknown_fields`: see
+    `create_app` (the CLI's `--ignore-unknown-fields`). Logging is configured by the caller
     (`shared.logging.configure_logging`)."""
     runner = web.AppRunner(create_app(worker, api_keys=api_keys, limits=limits,
-                                      registry=registry), shutdown_timeout=30.0)
+                                      registry=registry,
+                                      ignore_unknown_fields=ignore_unknown_fields),
+                           shutdown_timeout=30.0, **RUNNER_OPTIONS)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     log.info("gateway_listening", host=host, port=port)

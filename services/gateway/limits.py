@@ -16,9 +16,15 @@ class GatewayLimits:
     max_messages: int = 512  # chat messages / Responses input items / Anthropic messages
     max_tools: int = 128  # declared tools per request
     max_schema_bytes: int = 256 * 1024  # canonical JSON bytes of one schema (or grammar/regex text)
+    # Bracket nesting of a body ({} is 1). 64 leaves every real request room (OpenAI allows 10
+    # levels of schema nesting) and keeps every later walk of the body (the parser, canonical
+    # JSON, the schema reader) far from Python's recursion limit.
+    max_json_depth: int = 64
+    max_choices: int = 16  # choices of one response: n (times the prompts of a completions list)
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_messages", "max_tools", "max_schema_bytes"):
+        for name in ("max_body_bytes", "max_messages", "max_tools", "max_schema_bytes",
+                     "max_json_depth", "max_choices"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"GatewayLimits.{name} must be a positive integer, got {value!r}")
@@ -36,6 +42,13 @@ class GatewayLimits:
             raise InvalidRequest(
                 f"{path} declares {count} tools, more than this gateway's limit max_tools="
                 f"{self.max_tools}", field=path)
+
+    def check_choices(self, count: int, path: str) -> None:
+        """Raise InvalidRequest(field=path) when a response would hold more than `max_choices`."""
+        if count > self.max_choices:
+            raise InvalidRequest(
+                f"{path} asks for {count} choices, more than this gateway's limit max_choices="
+                f"{self.max_choices}", field=path)
 
     def check_schema(self, schema: Any, path: str) -> None:
         """Raise InvalidRequest(field=path) when the schema's canonical JSON exceeds the limit."""
