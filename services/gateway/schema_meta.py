@@ -6,7 +6,9 @@ reaches the schema compiler; it must still be a valid JSON Schema (`{"type": "ob
 `InvalidSchema` at `/type`, as OpenAI answers). This checks what the 2020-12 and draft-07
 meta-schemas assert about each keyword's value, iteratively (no recursion, whatever the nesting)
 and without any grammar machinery; keywords the compiler does not support are fine here, since
-nothing is compiled. Unknown keywords are allowed, as the meta-schemas allow them.
+nothing is compiled. Unknown keywords are allowed, as the meta-schemas allow them. The `format`
+annotations of the meta-schemas (regex syntax of `pattern`, URI syntax of `$ref`) are not
+asserted: nothing reads those values for a non-strict tool.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ _BOOLEAN = ("uniqueItems", "readOnly", "writeOnly", "deprecated")
 _ANCHOR = re.compile(r"[A-Za-z_][-A-Za-z0-9._]*")
 # Keywords each dialect's meta-schema does not know: any value is allowed, nothing is descended.
 _NOT_IN = {
-    "2020-12": frozenset({"additionalItems", "$recursiveAnchor"}),
+    "2020-12": frozenset({"additionalItems"}),
     "draft-07": frozenset({"$defs", "prefixItems", "dependentRequired", "dependentSchemas",
                            "unevaluatedItems", "unevaluatedProperties", "minContains",
                            "maxContains", "$anchor", "$dynamicRef", "$dynamicAnchor",
@@ -131,7 +133,7 @@ def check_meta_schema(schema: Any, *, tool_index: int | None = None,
                     raise invalid(at, f"{key} must be a string")
                 if key == "$id" and not draft07 and "#" in value[:-1]:
                     raise invalid(at, "$id must not have a non-empty fragment")
-            elif key in ("$anchor", "$dynamicAnchor"):
+            elif key in ("$anchor", "$dynamicAnchor", "$recursiveAnchor"):
                 if not isinstance(value, str) or not _ANCHOR.fullmatch(value):
                     raise invalid(at, f"{key} must be a plain name (letters, digits, '-', '.', "
                                       "'_', not starting with a digit)")
