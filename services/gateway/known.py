@@ -163,8 +163,10 @@ RESPONSES = shape(
     previous_response_id=absent, prompt=absent, context_management=absent, image=absent,
     max_tool_calls=absent, moderation=absent, reasoning=absent, top_logprobs=equals(0),
     access_programs=absent)
-RESPONSES_MESSAGE = shape("a message input item", "type role content", "id status")
-RESPONSES_CALL = shape("a function_call input item", "type call_id name arguments", "id status")
+RESPONSES_MESSAGE = shape("a message input item", "type role content", "id status phase")
+# `async_` is how the SDK's model_dump() spells `async` (a reply item sent back as a dict).
+RESPONSES_CALL = shape("a function_call input item", "type call_id name arguments", "id status",
+                       caller=absent, namespace=absent, **{"async": falsy, "async_": falsy})
 RESPONSES_CALL_OUTPUT = shape("a function_call_output input item", "type call_id output",
                               "id status")
 RESPONSES_TEXT_PART = shape("a text content part", "type text", "annotations logprobs")

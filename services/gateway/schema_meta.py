@@ -102,7 +102,7 @@ def check_meta_schema(schema: Any, *, tool_index: int | None = None,
                     raise invalid(at, "type must be a type name or a non-empty array of "
                                       "distinct type names")
                 for name in names:
-                    if name not in TYPES:
+                    if not isinstance(name, str) or name not in TYPES:
                         raise invalid(at, f"{name!r} is not a JSON Schema type "
                                           f"({', '.join(sorted(TYPES))})")
             elif key in _SCHEMA or (key == "items" and not (draft07 and isinstance(value, list))):
