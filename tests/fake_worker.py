@@ -79,6 +79,7 @@ class FakeWorker(WorkerClient):
     served: tuple[str, ...] = ("smollm2",)
     requests: list[GenerateRequest] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)  # ids whose Finished was yielded
     healthy: bool = True
 
     def reset(self, script: Script | None = None) -> None:
@@ -86,6 +87,7 @@ class FakeWorker(WorkerClient):
         self.script = script or Script()
         self.requests.clear()
         self.cancelled.clear()
+        self.finished.clear()
         self.healthy = True
 
     @property
@@ -124,6 +126,8 @@ class FakeWorker(WorkerClient):
                 raise WorkerDied("the worker process went away")
             if self.script.delay_s:
                 await asyncio.sleep(self.script.delay_s)
+            if isinstance(event, Finished):
+                self.finished.append(request.request_id)
             yield event
 
     async def cancel(self, request_id: str) -> None:
