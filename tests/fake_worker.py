@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
+import threading
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -161,3 +163,51 @@ async def running_gateway(worker: WorkerClient, **app_options: Any) -> AsyncIter
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+class GatewayThread:
+    """A real gateway on a loopback port, served by its own event loop in a thread, so that
+    synchronous code (hypothesis, the docs' SDK examples) can drive it."""
+
+    def __init__(self, worker: FakeWorker, **app_options: Any) -> None:
+        self.worker = worker
+        self.app_options = app_options
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.stop: asyncio.Event | None = None
+        self.url = ""
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self.stop = asyncio.Event()
+        async with running_gateway(self.worker, **self.app_options) as url:
+            self.url = url
+            self.ready.set()
+            await self.stop.wait()
+
+    def __enter__(self) -> "GatewayThread":
+        self.thread.start()
+        assert self.ready.wait(30), "the gateway did not start"
+        host, port = self.url.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.conn.close()
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(30)
+        self.loop.close()
+
+    def post(self, route: str, data: bytes) -> tuple[int, bytes]:
+        try:
+            self.conn.request("POST", route, body=data, headers={
+                "Content-Type": "application/json"})
+            reply = self.conn.getresponse()
+            return reply.status, reply.read()
+        except (http.client.HTTPException, ConnectionError):
+            self.conn.close()  # reconnect on the next request
+            raise

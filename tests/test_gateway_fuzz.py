@@ -11,10 +11,7 @@ through that the contract cannot carry is a server error here.
 
 from __future__ import annotations
 
-import asyncio
-import http.client
 import json
-import threading
 from typing import Any
 
 import pytest
@@ -23,7 +20,7 @@ from hypothesis import strategies as st
 
 from shared.errors import InternalError
 from shared.proto import generation_codec as codec
-from tests.fake_worker import FakeWorker, running_gateway
+from tests.fake_worker import FakeWorker, GatewayThread
 
 MODEL = "smollm2"
 EXAMPLES = 120  # per protocol; the whole module runs in a few seconds
@@ -43,56 +40,9 @@ class CodecWorker(FakeWorker):
             yield event
 
 
-class GatewayThread:
-    """A real gateway on a loopback port, served by its own event loop in a thread, so that
-    hypothesis (synchronous) can drive it with a plain HTTP client."""
-
-    def __init__(self) -> None:
-        self.worker = CodecWorker()
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.stop: asyncio.Event | None = None
-        self.url = ""
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._serve())
-
-    async def _serve(self) -> None:
-        self.stop = asyncio.Event()
-        async with running_gateway(self.worker) as url:
-            self.url = url
-            self.ready.set()
-            await self.stop.wait()
-
-    def __enter__(self) -> "GatewayThread":
-        self.thread.start()
-        assert self.ready.wait(30), "the gateway did not start"
-        host, port = self.url.removeprefix("http://").split(":")
-        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.conn.close()
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(30)
-        self.loop.close()
-
-    def post(self, route: str, data: bytes) -> tuple[int, bytes]:
-        try:
-            self.conn.request("POST", route, body=data, headers={
-                "Content-Type": "application/json"})
-            reply = self.conn.getresponse()
-            return reply.status, reply.read()
-        except (http.client.HTTPException, ConnectionError):
-            self.conn.close()  # reconnect on the next request
-            raise
-
-
 @pytest.fixture(scope="module")
 def gateway():
-    with GatewayThread() as gw:
+    with GatewayThread(CodecWorker()) as gw:
         yield gw
 
 
