@@ -231,3 +231,66 @@ def test_json_depth_matches_a_recursive_reference(value):
     included."""
     for text in (json.dumps(value), json.dumps(value, ensure_ascii=False, indent=1)):
         assert json_depth(text.encode()) == depth(value)
+
+
+@aio
+@pytest.mark.parametrize("route, make, field", [
+    ("/v1/chat/completions", lambda src: chat(structured_outputs={"regex": src("regex")}),
+     "structured_outputs.regex"),
+    ("/v1/chat/completions", lambda src: chat(structured_outputs={"grammar": src("grammar")}),
+     "structured_outputs.grammar"),
+    ("/v1/responses", lambda src: responses(text={"format": {
+        "type": "json_schema", "name": "s", "schema": {"type": "string",
+                                                        "pattern": src("regex")}}}),
+     "text.format.schema"),
+    ("/v1/messages", lambda src: messages(tools=[{"name": "f", "strict": True, "input_schema": {
+        "type": "object", "patternProperties": {src("regex"): {}}}}]), "tools[0].input_schema"),
+])
+async def test_deeply_nested_constraint_sources_are_a_typed_400(gw, route, make, field):
+    """The regex and GBNF parsers behind the gateway recurse per group level (a regex of 250
+    nested groups overflowed Python's stack, a 500): group nesting is bounded at the boundary
+    (`max_constraint_nesting`), inside schema patterns too; sources within it pass."""
+    worker, url, http = gw
+
+    def nested(levels: int):
+        return lambda kind: ("(" * levels + "a" + ")" * levels if kind == "regex" else
+                             "root ::= " + "(" * levels + '"a"' + ")" * levels)
+
+    status, payload = await post(http, url + route, raw_json(make(nested(250))))
+    assert status == 400, payload
+    assert payload["error"]["param"] == field
+    assert "max_constraint_nesting=64" in payload["error"]["message"]
+    assert worker.requests == []
+    status, payload = await post(http, url + route, raw_json(make(nested(64))))
+    assert status == 200, payload
+
+
+# (regex atom, GBNF atom): parentheses that are escaped, in classes or in literals don't nest.
+_atoms = st.sampled_from([("a", '"a"'), ("\\(", '"("'), ("\\)", '")"'), ("[()]", "[()]"),
+                          ("[\\]()]", "[\\]()]"), ("x*", '"x"*'), ("\\\\", '"\\\\"'),
+                          ("b", '"\\"("')])
+
+
+@st.composite
+def sources_with_depth(draw, max_depth: int = 6) -> tuple[str, str, int]:
+    """A regex and a GBNF body built as one tree, so their group depth is known by construction."""
+    if max_depth == 0 or draw(st.booleans()):
+        regex, gbnf = draw(_atoms)
+        return regex, gbnf, 0
+    parts = [draw(sources_with_depth(max_depth - 1)) for _ in range(draw(st.integers(1, 3)))]
+    opener = draw(st.sampled_from(["(", "(?:", "(?<n>"]))
+    return (opener + "".join(p[0] for p in parts) + ")",
+            "(" + " ".join(p[1] for p in parts) + ")", 1 + max(p[2] for p in parts))
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(sources_with_depth(), min_size=1, max_size=3))
+def test_group_depth_matches_the_construction(parts):
+    """`group_depth` (escapes, classes, literals and comments cut out, then a running sum)
+    equals the depth the source was built with."""
+    from services.gateway.body import group_depth
+
+    depth = max(p[2] for p in parts)
+    assert group_depth("|".join(p[0] for p in parts), "regex") == depth
+    grammar = "root ::= " + " | ".join(p[1] for p in parts) + "  # ((( a comment\n"
+    assert group_depth(grammar, "grammar") == depth

@@ -27,23 +27,39 @@ from services.gateway.fields import join
 
 # A JSON string token; `[^"\\]` and `\\.` are disjoint, so matching is linear in the input.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_OPEN = (ord("["), ord("{"))
 # A JSON escape of a UTF-16 surrogate: the only way one can arrive (the UTF-8 decoder refuses
 # encoded surrogates). A cheap filter: only bodies that contain one are walked.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def json_depth(raw: bytes) -> int:
-    """The bracket nesting depth of JSON text (`{}` is 1), computed without recursion and
-    without a Python-level loop over the characters."""
-    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
-    if brackets.count(b"[") + brackets.count(b"{") <= 1:
-        return 1 if brackets else 0
+def bracket_depth(text: bytes, opening: bytes, closing: bytes) -> int:
+    """The deepest nesting of `opening` / `closing` bytes in `text` (a running sum), without
+    recursion and without a Python-level loop over the characters."""
+    keep = opening + closing
+    brackets = text.translate(None, bytes(b for b in range(256) if b not in keep))
+    if sum(brackets.count(bytes([b])) for b in opening) <= 1:
+        return 1 if any(b in opening for b in brackets) else 0
     codes = np.frombuffer(brackets, dtype=np.uint8)
-    steps = np.where((codes == _OPEN[0]) | (codes == _OPEN[1]), 1, -1).astype(np.int32)
-    return int(np.cumsum(steps).max())
+    steps = np.where(np.isin(codes, np.frombuffer(opening, dtype=np.uint8)), 1, -1)
+    return int(np.cumsum(steps.astype(np.int32)).max())
+
+
+def json_depth(raw: bytes) -> int:
+    """The bracket nesting depth of JSON text (`{}` is 1): strings cut out, then a running sum."""
+    return bracket_depth(_STRING.sub(b"", raw), b"[{", b"]}")
+
+
+# What cannot hold a group parenthesis: escapes and character classes of a regex; string
+# literals, character classes and comments of GBNF.
+_REGEX_INERT = re.compile(r"\\.|\[(?:\\.|[^\]\\])*\]", re.DOTALL)
+_GBNF_INERT = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*', re.DOTALL)
+
+
+def group_depth(source: str, kind: str) -> int:
+    """How deep the parentheses of a regex (`kind` "regex") or GBNF text ("grammar") nest."""
+    inert = _REGEX_INERT if kind == "regex" else _GBNF_INERT
+    return bracket_depth(inert.sub("", source).encode("utf-8", "replace"), b"(", b")")
 
 
 def _no_constant(name: str) -> Any:

@@ -79,7 +79,7 @@ def structured_outputs(body: dict, limits: GatewayLimits) -> OutputConstraint | 
         return OutputConstraint.choice(source)
     if not isinstance(source, str):
         raise f.wrong_type(path, "a string", source)
-    limits.check_source(source, path)
+    limits.check_source(source, path, key)
     if key == "grammar":
         return OutputConstraint.grammar(source)
     return OutputConstraint.regex(source)
