@@ -125,3 +125,19 @@ async def test_constraint_too_complex_names_the_constraint():
         async with http.post(url + "/v1/chat/completions", json=body) as r:
             assert r.status == 422
             assert (await r.json())["error"]["code"] == "constraint_too_complex"
+
+
+@pytest.mark.asyncio
+async def test_a_client_leaving_a_stream_of_several_choices_cancels_them_all():
+    """A stream of n=3 choices whose client goes away: every choice is cancelled at the worker
+    and none runs to its end."""
+    worker = FakeWorker(Script(text=tuple("abcdefghijklmnopqrst" * 3), delay_s=0.05))
+    async with running_gateway(worker) as url:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/v1/chat/completions", json={
+                    **BODIES["/v1/chat/completions"], "n": 3, "stream": True}) as r:
+                assert r.status == 200
+                await r.content.readline()
+        await _wait_for(lambda: len(worker.cancelled) == 3)
+    assert sorted(worker.cancelled) == sorted(r.request_id for r in worker.requests)
+    assert worker.finished == []

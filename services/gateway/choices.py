@@ -81,6 +81,7 @@ class Choices:
         assert requests, "at least one choice"
         self.generations = [Generation(worker, r) for r in requests]
         self.per_prompt = per_prompt
+        self._pumps: list[asyncio.Task] = []  # one per choice while events() merges them
 
     @property
     def counts(self) -> PromptCounts | None:
@@ -125,10 +126,10 @@ class Choices:
             except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
                 await queue.put((index, None, exc))
 
-        tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(self.generations)]
+        self._pumps = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(self.generations)]
         try:
             done = 0
-            while done < len(tasks):
+            while done < len(self._pumps):
                 index, event, exc = await queue.get()
                 if exc is not None:
                     raise exc
@@ -136,10 +137,16 @@ class Choices:
                     done += 1
                 yield index, event
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop_pumps()
+
+    async def _stop_pumps(self) -> None:
+        pumps, self._pumps = self._pumps, []
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
 
     async def close(self) -> None:
-        """Close every generation (cancelling at the worker what has not finished)."""
+        """Stop following the choices and close every generation (cancelling at the worker what
+        has not finished). Safe to call while `events()` is suspended."""
+        await self._stop_pumps()
         await asyncio.gather(*(g.close() for g in self.generations))
