@@ -54,7 +54,7 @@ def _prompts(body: dict, limits: GatewayLimits) -> tuple[str, ...]:
         if not isinstance(item, str):
             raise Unsupported(f"prompt[{i}] must be a string (token-id prompts are not "
                               "supported)", field=f"prompt[{i}]")
-    limits.check_messages(len(value), "prompt")
+    limits.check_choices(len(value), "prompt")  # one choice per prompt at least
     return tuple(value)
 
 
