@@ -62,6 +62,7 @@ def run_serve(args: argparse.Namespace) -> int:
         try:
             await serve_gateway(host=args.host, port=args.port, worker=worker,
                                 api_keys=_api_keys(args), registry=registry,
+                                ignore_unknown_fields=args.ignore_unknown_fields,
                                 on_ready=lambda: _say(
                                     f"serving {settings.model} on http://{args.host}:{args.port} "
                                     f"({ENDPOINTS})"))
@@ -143,7 +144,8 @@ def run_gateway_serve(args: argparse.Namespace) -> int:
         pool = WorkerPool([GrpcWorkerClient(host, port) for host, port in workers])
         try:
             await serve_gateway(host=args.host, port=args.port, worker=pool,
-                                api_keys=_api_keys(args))
+                                api_keys=_api_keys(args),
+                                ignore_unknown_fields=args.ignore_unknown_fields)
         finally:
             await pool.aclose()
 
@@ -166,8 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run Infernix on its embedded default (CPU, in-memory)",
                            description="The gateway, a worker and the grammar service in one "
                            "process: OpenAI- and Anthropic-compatible HTTP.")
-    add_settings(serve, "host", "port", "api_keys", "model", "device", "lanes", "max_len",
-                 "prefill_chunk", "preempt_after", "log_level")
+    add_settings(serve, "host", "port", "api_keys", "ignore_unknown_fields", "model", "device",
+                 "lanes", "max_len", "prefill_chunk", "preempt_after", "log_level")
     serve.set_defaults(func=run_serve)
 
     worker_cli.add_generate_parser(sub)
@@ -189,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = sub.add_parser("gateway", help="the HTTP gateway")
     gsub = gateway.add_subparsers(dest="gateway_command", required=True, metavar="COMMAND")
     gserve = gsub.add_parser("serve", help="serve OpenAI/Anthropic HTTP in front of gRPC workers")
-    add_settings(gserve, "host", "port", "api_keys", "log_level")
+    add_settings(gserve, "host", "port", "api_keys", "ignore_unknown_fields", "log_level")
     gserve.add_argument("--worker", action="append", metavar="HOST:PORT",
                         help="a worker address; repeat for several (env INFERNIX_WORKERS=a,b)")
     gserve.set_defaults(func=run_gateway_serve)

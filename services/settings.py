@@ -43,6 +43,13 @@ def _bool(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"expected DEBUG, INFO, WARNING or ERROR, got {text!r}")
+    return level
+
+
 def _address(text: str) -> str:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
@@ -75,7 +82,7 @@ _TABLE = (
     Setting("drain_seconds", float, 30.0, "on the first SIGTERM, how long requests in flight may "
             "run before the rest are cancelled", "SECONDS"),
     Setting("metrics_port", int, 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
-    Setting("log_level", str, "INFO", "log level: DEBUG, INFO, WARNING or ERROR"),
+    Setting("log_level", _log_level, "INFO", "log level: DEBUG, INFO, WARNING or ERROR"),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in _TABLE}
 

@@ -113,6 +113,15 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class Started:
+    """The first event of every generation, sent once the worker has prepared and queued the
+    request: the prompt's token count (and how many of them a prefix cache held)."""
+
+    prompt_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class TextDelta:
     text: str
 
@@ -142,13 +151,14 @@ class Finished:
     stop_sequence: str | None = None  # the stop string that ended the output (Anthropic reports it)
 
 
-GenerationEvent = Union[TextDelta, ToolCallStart, ToolCallArgumentsDelta, Finished]
+GenerationEvent = Union[Started, TextDelta, ToolCallStart, ToolCallArgumentsDelta, Finished]
 
 
 class WorkerClient:
     """What the gateway needs from a worker; in-process and gRPC implementations share it.
 
-    `generate` yields events and always ends with one `Finished` (errors after submission arrive as
+    `generate` yields events, a `Started` first, and always ends with one `Finished` (errors after
+    submission arrive as
     `Finished(ERROR)`); request errors found before generation starts (bad schema, conflicting
     constraints) raise the typed `RequestError` from `generate` before the first event.
     """

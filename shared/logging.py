@@ -13,6 +13,17 @@ from typing import Any
 import structlog
 
 
+class _Stderr:
+    """Whatever `sys.stderr` is when a line is written (a test or a daemon may replace it after
+    configuration; writing to the object seen at configuration time would then fail)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "INFO") -> None:
     """Route structlog events as JSON lines (ISO timestamp, level, logger_name) to stderr.
 
@@ -29,7 +40,7 @@ def configure_logging(level: str = "INFO") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=True,
     )
 

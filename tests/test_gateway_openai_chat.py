@@ -148,7 +148,8 @@ async def test_json_object_response_format(gw):
     ({"structured_outputs": {"regex": "a", "grammar": "x"}}, "structured_outputs"),
     ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
     ({"structured_outputs": {"choice": ["a", 3]}}, "structured_outputs.choice[1]"),
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 17}, "n"),  # more than max_choices
     ({"temperature": -1}, "temperature"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),

@@ -19,6 +19,7 @@ from shared.generation import (
     FinishReason,
     GenerateRequest,
     PromptInput,
+    Started,
     TextDelta,
 )
 from tests.conftest import free_port
@@ -69,8 +70,8 @@ async def test_least_outstanding_balancing():
             else:
                 rid = f"r{step}"
                 stream = pool.generate(request(rid))
-                first = await anext(stream)
-                assert isinstance(first, TextDelta)
+                first = await anext(stream)  # the worker's Started, then its first output
+                assert isinstance(first, Started) and isinstance(await anext(stream), TextDelta)
                 got = owner(fakes, rid)
                 assert counts[got] == min(counts), (step, counts, got)
                 counts[got] += 1
@@ -197,7 +198,7 @@ async def test_worker_dying_mid_stream_and_cancel_routing():
     pool = WorkerPool([a, b], health_interval_s=60)
     try:
         s1, s2 = pool.generate(request("s1")), pool.generate(request("s2"))
-        await anext(s1)
+        await anext(s1)  # Started (held by the pool until the first output event arrived)
         await anext(s2)
         on_a = "s1" if owner([a, b], "s1") == 0 else "s2"
         on_b = "s2" if on_a == "s1" else "s1"
@@ -210,7 +211,7 @@ async def test_worker_dying_mid_stream_and_cancel_routing():
         assert "connection lost" in dead[-1].error["message"]
         assert not pool.members[0].healthy
         alive = [e async for e in streams[on_b]]
-        assert "".join(e.text for e in alive if isinstance(e, TextDelta)) == "vwxyz"
+        assert "".join(e.text for e in alive if isinstance(e, TextDelta)) == "uvwxyz"
         assert alive[-1].finish_reason is FinishReason.STOP
         _ = [e async for e in pool.generate(request("after"))]
         assert owner([a, b], "after") == 1

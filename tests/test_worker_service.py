@@ -36,6 +36,7 @@ from shared.generation import (
     PromptInput,
     RequestOptions,
     SamplingParams,
+    Started,
     TextDelta,
     ToolCall,
     Usage,
@@ -197,9 +198,10 @@ async def test_failure_after_start_arrives_as_finished_error(remote):
     fake, client, _ = remote
     fake.reset(Script(text=("a", "b", "c"), die_after=2))
     events = [e async for e in client.generate(GenerateRequest("r-die", PromptInput(text="x")))]
-    assert events[:2] == [TextDelta("a"), TextDelta("b")]
-    assert len(events) == 3 and events[2].finish_reason is FinishReason.ERROR
-    assert events[2].error["type"] == "InternalError"
+    assert isinstance(events[0], Started)
+    assert events[1:3] == [TextDelta("a"), TextDelta("b")]
+    assert len(events) == 4 and events[3].finish_reason is FinishReason.ERROR
+    assert events[3].error["type"] == "InternalError"
 
 
 async def _eventually(predicate, timeout: float = 5.0) -> None:
@@ -218,6 +220,7 @@ async def test_cancel_and_disconnect_cancel_on_the_worker(remote):
     assert fake.cancelled == ["explicit-1"]
     fake.reset(Script(text=tuple("abcdefghij"), delay_s=0.05))
     stream = client.generate(GenerateRequest("r-gone", PromptInput(text="x")))
+    assert isinstance(await anext(stream), Started)
     assert await anext(stream) == TextDelta("a")
     await stream.aclose()  # the caller goes away mid-stream
     await _eventually(lambda: fake.cancelled == ["r-gone"])
@@ -250,6 +253,7 @@ async def test_server_close_mid_stream_and_unreachable_worker(remote):
     fake, client, server = remote
     fake.reset(Script(text=tuple("abcdefghij"), delay_s=0.05))
     stream = client.generate(GenerateRequest("r-close", PromptInput(text="x")))
+    assert isinstance(await anext(stream), Started)
     assert await anext(stream) == TextDelta("a")
     server.close()
     rest = [e async for e in stream]

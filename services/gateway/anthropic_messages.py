@@ -7,13 +7,24 @@ import json
 from typing import Any
 
 from services.gateway import fields as f
+from services.gateway import known
+from services.gateway.choices import Results
 from services.gateway.errors import ErrorPaths
+from services.gateway.generation import PromptCounts
+from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
 from services.gateway.sse import SSE
-from services.gateway.translate import Translated, json_schema_constraint, tool_definition, \
-    tool_policy
+from services.gateway.translate import (
+    Translated,
+    json_schema_constraint,
+    merge_content_constraint,
+    structured_outputs,
+    structured_outputs_key,
+    tool_definition,
+    tool_policy,
+)
 from shared.contract import OutputConstraint, ToolChoice, ToolMode, canonical_json
-from shared.errors import InternalError, InvalidRequest, Unsupported
+from shared.errors import ConflictingConstraint, InternalError, InvalidRequest, Unsupported
 from shared.generation import (
     ChatMessage,
     Finished,
@@ -32,62 +43,87 @@ _DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier turns' reasoning:
 
 
 def error_paths(body: dict) -> ErrorPaths:
+    key = structured_outputs_key(body)
+    config = body.get("output_config")
+    if key:
+        constraint, schema = f"structured_outputs.{key}", None
+    elif body.get("output_format") is not None and not (isinstance(config, dict) and
+                                                        config.get("format") is not None):
+        constraint, schema = "output_format", "output_format.schema"
+    else:
+        constraint, schema = "output_config.format", "output_config.format.schema"
     return ErrorPaths(
-        content_schema="output_config.format.schema", constraint="output_config.format",
+        content_schema=schema, constraint=constraint,
         tool_base="tools[{i}]", tool_fields={"parameters": "input_schema"},
-        aliases={"stop": "stop_sequences", "prompt": "messages",
-                 "constraint": "output_config.format"})
+        aliases={"stop": "stop_sequences", "prompt": "messages", "constraint": constraint})
 
 
-def prompt_input(body: dict, limits: GatewayLimits) -> tuple[PromptInput, ToolChoice]:
+def prompt_input(body: dict, limits: GatewayLimits,
+                 policy: FieldPolicy = FieldPolicy()) -> tuple[PromptInput, ToolChoice]:
     """The prompt (system, messages, tools) and the call policy of a Messages body."""
-    messages = _messages(body, limits)
-    tools = _tools(body, limits)
-    choice = tool_policy(tools, _tool_choice(body))
+    policy.check(body, "", known.MESSAGES)
+    messages = _messages(body, limits, policy)
+    tools = _tools(body, limits, policy)
+    choice = tool_policy(tools, _tool_choice(body, policy))
     last = messages[-1]
     prefill = last.role == "assistant" and not last.tool_calls
     return PromptInput(messages=messages, tools=tools, continue_final_assistant=prefill), choice
 
 
-def translate(body: dict, request_id: str, limits: GatewayLimits) -> Translated:
+def translate(body: dict, request_id: str, limits: GatewayLimits,
+              policy: FieldPolicy = FieldPolicy()) -> Translated:
     """Messages body -> GenerateRequest. Raises typed RequestErrors naming the original field."""
     model = f.get_str(body, "model", "", required=True)
     max_tokens = f.get_int(body, "max_tokens", "", required=True)
     thinking = f.get_dict(body, "thinking", "")
+    if thinking is not None:
+        policy.check(thinking, "thinking", known.MESSAGES_THINKING_CONFIG)
     f.reject_unless(thinking is None or thinking.get("type") == "disabled", "thinking",
                     "extended thinking is not supported by this server")
-    prompt, choice = prompt_input(body, limits)
-    sampling = SamplingParams(temperature=f.get_number(body, "temperature", "", default=1.0),
-                              top_p=f.get_number(body, "top_p", "", default=1.0),
+    prompt, choice = prompt_input(body, limits, policy)
+    # Anthropic's documented ranges: temperature and top_p 0..1.
+    sampling = SamplingParams(temperature=f.get_ranged(body, "temperature", "", 0.0, 1.0,
+                                                       default=1.0),
+                              top_p=f.get_ranged(body, "top_p", "", 0.0, 1.0, default=1.0),
                               top_k=f.get_int(body, "top_k", "", default=0))
     stops = f.get_list(body, "stop_sequences", "") or []
     for i, stop in enumerate(stops):
         if not isinstance(stop, str) or not stop:
             raise f.wrong_type(f"stop_sequences[{i}]", "a non-empty string", stop)
-    options = RequestOptions(max_tokens=max_tokens, sampling=sampling,
-                             constraint=_output_format(body, limits), tool_choice=choice,
-                             stop=tuple(stops))
-    return Translated(GenerateRequest(request_id, prompt, options, model), error_paths(body),
+    constraint = merge_content_constraint(_output_format(body, limits, policy),
+                                          structured_outputs(body, limits), "output_config.format")
+    options = RequestOptions(max_tokens=max_tokens, sampling=sampling, constraint=constraint,
+                             tool_choice=choice, stop=tuple(stops))
+    return Translated((GenerateRequest(request_id, prompt, options, model),), error_paths(body),
                       stream=f.get_bool(body, "stream", "", default=False))
 
 
-def _system(body: dict) -> str | None:
+def _system(body: dict, policy: FieldPolicy) -> str | None:
     value = f.get(body, "system", "")
     if value is f.MISSING:
         return None
+    _check_text_blocks(value, "system", policy)
     return f.text_parts(value, "system", part_types=("text",))
 
 
-def _messages(body: dict, limits: GatewayLimits) -> tuple[ChatMessage, ...]:
+def _check_text_blocks(value: Any, path: str, policy: FieldPolicy) -> None:
+    if isinstance(value, list):
+        for j, block in enumerate(value):
+            if isinstance(block, dict) and block.get("type") == "text":
+                policy.check(block, f.join(path, j), known.MESSAGES_TEXT)
+
+
+def _messages(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple[ChatMessage, ...]:
     raw = f.get_list(body, "messages", "", required=True)
     if not raw:
         raise InvalidRequest("messages must hold at least one message", field="messages")
     limits.check_messages(len(raw), "messages")
-    system = _system(body)
+    system = _system(body, policy)
     out = [ChatMessage("system", system)] if system else []
     for i, message in enumerate(raw):
         path = f"messages[{i}]"
         message = f.as_dict(message, path)
+        policy.check(message, path, known.MESSAGES_MESSAGE)
         role = f.get_str(message, "role", path, required=True)
         if role not in ("user", "assistant"):
             raise InvalidRequest(f"{path}.role must be user or assistant, got {role!r}",
@@ -98,25 +134,34 @@ def _messages(body: dict, limits: GatewayLimits) -> tuple[ChatMessage, ...]:
             continue
         if not isinstance(content, list):
             raise f.wrong_type(f"{path}.content", "a string or an array of content blocks", content)
-        out += _assistant(content, path) if role == "assistant" else _user(content, path)
+        blocks = [_block(b, f"{path}.content[{j}]", policy,
+                         ("text", "tool_use") if role == "assistant" else ("text", "tool_result"))
+                  for j, b in enumerate(content)]
+        out += _assistant(blocks, path) if role == "assistant" else _user(blocks, path)
     return tuple(out)
 
 
-def _block(block: Any, path: str, allowed: tuple[str, ...]) -> tuple[dict, str]:
+_BLOCK_SHAPES = {"text": known.MESSAGES_TEXT, "tool_use": known.MESSAGES_TOOL_USE,
+                 "tool_result": known.MESSAGES_TOOL_RESULT, "thinking": known.MESSAGES_THINKING,
+                 "redacted_thinking": known.MESSAGES_THINKING}
+
+
+def _block(block: Any, path: str, policy: FieldPolicy, allowed: tuple[str, ...]) -> dict:
     block = f.as_dict(block, path)
     kind = f.get_str(block, "type", path, required=True)
     if kind not in allowed and kind not in _DROPPED_BLOCKS:
         raise Unsupported(f"{path}.type {kind!r} is not supported here ({', '.join(allowed)})",
                           field=f"{path}.type")
-    return block, kind
+    policy.check(block, path, _BLOCK_SHAPES[kind])
+    return block
 
 
-def _user(blocks: list, path: str) -> list[ChatMessage]:
+def _user(blocks: list[dict], path: str) -> list[ChatMessage]:
     out: list[ChatMessage] = []
     texts: list[str] = []
     for j, block in enumerate(blocks):
         bpath = f"{path}.content[{j}]"
-        block, kind = _block(block, bpath, ("text", "tool_result"))
+        kind = block["type"]
         if kind == "text":
             texts.append(f.get_str(block, "text", bpath, required=True))
         elif kind == "tool_result":
@@ -133,12 +178,12 @@ def _user(blocks: list, path: str) -> list[ChatMessage]:
     return out
 
 
-def _assistant(blocks: list, path: str) -> list[ChatMessage]:
+def _assistant(blocks: list[dict], path: str) -> list[ChatMessage]:
     texts: list[str] = []
     calls: list[ToolCall] = []
     for j, block in enumerate(blocks):
         bpath = f"{path}.content[{j}]"
-        block, kind = _block(block, bpath, ("text", "tool_use"))
+        kind = block["type"]
         if kind == "text":
             texts.append(f.get_str(block, "text", bpath, required=True))
         elif kind == "tool_use":
@@ -149,7 +194,7 @@ def _assistant(blocks: list, path: str) -> list[ChatMessage]:
     return [ChatMessage("assistant", "".join(texts) if texts or not calls else None, tuple(calls))]
 
 
-def _tools(body: dict, limits: GatewayLimits) -> tuple:
+def _tools(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple:
     raw = f.get_list(body, "tools", "") or []
     limits.check_tools(len(raw), "tools")
     tools = []
@@ -159,6 +204,7 @@ def _tools(body: dict, limits: GatewayLimits) -> tuple:
         kind = f.get_str(tool, "type", path, default="custom")
         f.reject_unless(kind == "custom", f"{path}.type",
                         f"{path}.type {kind!r} is not supported; only custom (client) tools")
+        policy.check(tool, path, known.MESSAGES_TOOL)
         tools.append(tool_definition(
             i, f.get_str(tool, "name", path, required=True),
             f.get_dict(tool, "input_schema", path, required=True),
@@ -168,10 +214,11 @@ def _tools(body: dict, limits: GatewayLimits) -> tuple:
     return tuple(tools)
 
 
-def _tool_choice(body: dict) -> ToolChoice:
+def _tool_choice(body: dict, policy: FieldPolicy) -> ToolChoice:
     value = f.get_dict(body, "tool_choice", "")
     if value is None:
         return ToolChoice()
+    policy.check(value, "tool_choice", known.MESSAGES_TOOL_CHOICE)
     kind = f.get_str(value, "type", "tool_choice", required=True)
     parallel = not f.get_bool(value, "disable_parallel_tool_use", "tool_choice", default=False)
     if kind == "auto":
@@ -187,16 +234,28 @@ def _tool_choice(body: dict) -> ToolChoice:
                          field="tool_choice.type")
 
 
-def _output_format(body: dict, limits: GatewayLimits) -> OutputConstraint | None:
+def _output_format(body: dict, limits: GatewayLimits,
+                   policy: FieldPolicy) -> OutputConstraint | None:
+    """`output_config.format`, or the structured-outputs beta's top-level `output_format` (the
+    same object); both at once is a ConflictingConstraint."""
     config = f.get_dict(body, "output_config", "")
+    if config is not None:
+        policy.check(config, "output_config", known.MESSAGES_OUTPUT_CONFIG)
     fmt = None if config is None else f.get_dict(config, "format", "output_config")
+    beta = f.get_dict(body, "output_format", "")
+    if fmt is not None and beta is not None:
+        raise ConflictingConstraint("output_config.format and output_format both constrain the "
+                                    "content; a content constraint has one source",
+                                    field="output_format")
+    path = "output_config.format" if fmt is not None else "output_format"
+    fmt = fmt if fmt is not None else beta
     if fmt is None:
         return None
-    kind = f.get_str(fmt, "type", "output_config.format", required=True)
-    f.reject_unless(kind == "json_schema", "output_config.format.type",
-                    f"output_config.format.type {kind!r} is not supported (json_schema)")
-    return json_schema_constraint(f.get(fmt, "schema", "output_config.format"),
-                                  "output_config.format.schema", limits)
+    policy.check(fmt, path, known.MESSAGES_FORMAT)
+    kind = f.get_str(fmt, "type", path, required=True)
+    f.reject_unless(kind == "json_schema", f"{path}.type",
+                    f"{path}.type {kind!r} is not supported (json_schema)")
+    return json_schema_constraint(f.get(fmt, "schema", path), f"{path}.schema", limits)
 
 
 # ---- replies ----
@@ -209,18 +268,32 @@ def stop_reason(finished: Finished) -> str:
     return "stop_sequence" if finished.stop_sequence else "end_turn"
 
 
-def aggregate(tr: Translated, finished: Finished, created: int) -> dict[str, Any]:
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's tool-use id form (`toolu_...`) of a worker call id; ids already in that form
+    are kept, so a client's ids round-trip unchanged."""
+    return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
+
+
+def _usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, int]:
+    """Anthropic counts prompt tokens read from the cache apart from `input_tokens`."""
+    cached = min(cached_tokens, prompt_tokens)
+    return {"input_tokens": prompt_tokens - cached, "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+
+
+def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
     """The message object of a finished generation."""
+    finished = results.first
     content: list[dict] = []
     if finished.content:
         content.append({"type": "text", "text": finished.content})
-    content += [{"type": "tool_use", "id": c.id, "name": c.name,
+    content += [{"type": "tool_use", "id": tool_use_id(c.id), "name": c.name,
                  "input": _arguments(c.arguments_json)} for c in finished.tool_calls]
     return {"id": tr.request.request_id, "type": "message", "role": "assistant",
             "model": tr.request.model, "content": content, "stop_reason": stop_reason(finished),
             "stop_sequence": finished.stop_sequence,
-            "usage": {"input_tokens": finished.usage.prompt_tokens,
-                      "output_tokens": finished.usage.completion_tokens},
+            "usage": _usage(results.prompt_tokens, results.cached_tokens,
+                            results.completion_tokens),
             "infernix": {"constraint": finished.constraint}}
 
 
@@ -245,10 +318,14 @@ class Streamer:
     def _ev(kind: str, **data: Any) -> SSE:
         return SSE({"type": kind, **data}, event=kind)
 
-    def begin(self) -> list[SSE]:
+    def begin(self, counts: PromptCounts | None = None) -> list[SSE]:
+        """message_start with the prompt's real token count when the worker's Started event
+        gave it (else 0: the count arrives in message_delta)."""
+        counts = counts or PromptCounts()
         message = {"id": self.tr.request.request_id, "type": "message", "role": "assistant",
                    "model": self.tr.request.model, "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+                   "stop_sequence": None,
+                   "usage": _usage(counts.prompt_tokens, counts.cached_tokens, 0)}
         return [self._ev("message_start", message=message), self._ev("ping")]
 
     def _close(self) -> list[SSE]:
@@ -263,7 +340,7 @@ class Streamer:
         self.blocks += 1
         return out + [self._ev("content_block_start", index=self.blocks - 1, content_block=block)]
 
-    def event(self, event: Any) -> list[SSE]:
+    def event(self, event: Any, choice: int = 0) -> list[SSE]:
         out: list[SSE] = []
         if isinstance(event, TextDelta) and event.text:
             if self.open != "text":
@@ -271,8 +348,8 @@ class Streamer:
             out.append(self._ev("content_block_delta", index=self.blocks - 1,
                                 delta={"type": "text_delta", "text": event.text}))
         elif isinstance(event, ToolCallStart):
-            out += self._start("tool_use", {"type": "tool_use", "id": event.id, "name": event.name,
-                                            "input": {}})
+            out += self._start("tool_use", {"type": "tool_use", "id": tool_use_id(event.id),
+                                            "name": event.name, "input": {}})
             self.open_call = event.index
         elif isinstance(event, ToolCallArgumentsDelta):
             if self.open_call != event.index:
@@ -282,9 +359,12 @@ class Streamer:
                                 delta={"type": "input_json_delta", "partial_json": event.fragment}))
         return out
 
-    def finish(self, finished: Finished) -> list[SSE]:
-        usage = {"input_tokens": finished.usage.prompt_tokens,
-                 "output_tokens": finished.usage.completion_tokens}
+    def choice_done(self, finished: Finished, choice: int = 0) -> list[SSE]:
+        return []
+
+    def finish(self, results: Results) -> list[SSE]:
+        finished = results.first
+        usage = _usage(results.prompt_tokens, results.cached_tokens, results.completion_tokens)
         return self._close() + [
             self._ev("message_delta", delta={"stop_reason": stop_reason(finished),
                                              "stop_sequence": finished.stop_sequence},

@@ -1,58 +1,37 @@
-"""The aiohttp gateway: routes, API-key and size guards, the generation handler that drives a
-`WorkerClient` for every protocol, and the service entry point `serve`."""
+"""The aiohttp gateway: routes, the API-key guard, the model and health endpoints, and the
+service entry point `serve` (the generation handler lives in handler.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import secrets
 import signal
-import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from services.gateway import anthropic_messages, completions, openai_chat, openai_responses
-from services.gateway.errors import (
-    ErrorPaths,
-    GatewayError,
-    anthropic_error,
-    infernix_error_parts,
-    openai_error,
+from services.gateway import fields as f
+from services.gateway.errors import ErrorPaths, GatewayError, infernix_error_parts, retry_after
+from services.gateway.handler import (
+    STATE,
+    Entry,
+    GatewayState,
+    check_model,
+    error_response,
+    generation_handler,
+    is_typed,
+    read_body,
 )
-from services.gateway.generation import Generation, RequestRecord, constraint_label
+from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits, key_allowed, presented_keys
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.sse import open_stream, send
-from services.gateway.translate import Translated
-from shared.errors import InfernixError, InternalError, RequestError, error_from_dict
-from shared.generation import Finished, FinishReason, WorkerClient
+from shared.errors import InfernixError
+from shared.generation import WorkerClient
 from shared.logging import get_logger
 from shared.metrics import render
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One generation protocol: how to translate its body and shape its replies."""
-
-    protocol: str  # metrics label: chat, responses, messages, completions
-    id_prefix: str  # request id prefix: chatcmpl-, resp_, msg_, cmpl-
-    translate: Callable[[dict, str, GatewayLimits], Translated]
-    error_paths: Callable[[dict], ErrorPaths]
-    aggregate: Callable[[Translated, Finished, int], dict]
-    streamer: Callable[[Translated], Any]
-    anthropic: bool = False  # Anthropic error shape
-
-    def new_id(self) -> str:
-        return f"{self.id_prefix}{secrets.token_hex(12)}"
-
-    def error_body(self, status: int, message: str, param: str | None, code: str | None) -> dict:
-        shape = anthropic_error if self.anthropic else openai_error
-        return shape(status, message, param=param, code=code)
 
 
 def _entry(protocol: str, prefix: str, module: Any, anthropic: bool = False) -> Entry:
@@ -67,214 +46,61 @@ ENTRIES = {
     "/v1/completions": _entry("completions", "cmpl-", completions),
 }
 _OPEN_PATHS = frozenset({"/healthz"})
-
-
-@dataclass(frozen=True)
-class GatewayState:
-    worker: WorkerClient
-    api_keys: frozenset[str]
-    limits: GatewayLimits
-    metrics: GatewayMetrics
-
-
-STATE = web.AppKey("infernix_gateway", GatewayState)
+# aiohttp cancels a handler whose client went away (a non-streaming request stops at the worker
+# within a step, as a streaming one does). Every runner of this app passes these options.
+RUNNER_OPTIONS: dict[str, Any] = {"handler_cancellation": True}
 
 
 def create_app(worker: WorkerClient, *, api_keys: frozenset[str] = frozenset(),
                limits: GatewayLimits = GatewayLimits(),
-               registry: CollectorRegistry | None = None) -> web.Application:
-    """The gateway application in front of `worker`.
+               registry: CollectorRegistry | None = None,
+               ignore_unknown_fields: bool = False) -> web.Application:
+    """The gateway application in front of `worker`; run it with `RUNNER_OPTIONS`.
 
     `api_keys`: when non-empty every route but /healthz needs `Authorization: Bearer KEY` or
-    `x-api-key: KEY` (default: open). `limits`: body, message, tool and schema limits.
-    `registry`: the Prometheus registry for the gateway's metrics (default: a fresh one)."""
+    `x-api-key: KEY` (default: open). `limits`: body, nesting, message, tool, choice and schema
+    limits. `registry`: the Prometheus registry for the gateway's metrics (default: a fresh one).
+    `ignore_unknown_fields` (default False): accept and ignore request fields no protocol
+    documents instead of answering 400 (never those that would change the output; see known.py)."""
     app = web.Application(middlewares=[_guard], client_max_size=limits.max_body_bytes)
-    app[STATE] = GatewayState(worker, frozenset(api_keys), limits, GatewayMetrics(registry))
+    app[STATE] = GatewayState(worker, frozenset(api_keys), limits, GatewayMetrics(registry),
+                              FieldPolicy(ignore_unknown_fields))
     for path, entry in ENTRIES.items():
-        app.router.add_post(path, _generation_handler(entry))
+        app.router.add_post(path, generation_handler(entry))
     app.router.add_post("/v1/messages/count_tokens", _count_tokens)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model_id:.+}", _model)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     return app
 
 
-def _entry_for(path: str) -> Entry:
-    if path.startswith("/v1/messages"):
+def _entry_for(request: web.Request) -> Entry:
+    path = request.path
+    if path.startswith("/v1/messages") or (path.startswith("/v1/models") and
+                                           "anthropic-version" in request.headers):
         return ENTRIES["/v1/messages"]
     return ENTRIES.get(path, ENTRIES["/v1/chat/completions"])
-
-
-def _error_response(entry: Entry, status: int, message: str, param: str | None,
-                    code: str | None, request_id: str | None = None) -> web.Response:
-    headers = {"X-Request-Id": request_id} if request_id else None
-    return web.json_response(entry.error_body(status, message, param, code), status=status,
-                             headers=headers)
 
 
 @web.middleware
 async def _guard(request: web.Request, handler: Callable) -> web.StreamResponse:
     state = request.app[STATE]
-    entry = _entry_for(request.path)
+    entry = _entry_for(request)
     if request.path not in _OPEN_PATHS and not key_allowed(presented_keys(request.headers),
                                                            state.api_keys):
         if request.path in ENTRIES:
             state.metrics.count(entry.protocol, "unauthorized", "none")
-        return _error_response(entry, 401, "a valid API key is required (Authorization: Bearer "
+        return error_response(entry, 401, "a valid API key is required (Authorization: Bearer "
                                "KEY or x-api-key: KEY)", None, "invalid_api_key")
     try:
         return await handler(request)
     except web.HTTPNotFound:
-        return _error_response(entry, 404, f"no route {request.method} {request.path}", None,
+        return error_response(entry, 404, f"no route {request.method} {request.path}", None,
                                "not_found")
     except web.HTTPMethodNotAllowed:
-        return _error_response(entry, 405, f"method {request.method} is not allowed on "
+        return error_response(entry, 405, f"method {request.method} is not allowed on "
                                f"{request.path}", None, "method_not_allowed")
-
-
-async def _read_body(request: web.Request, limits: GatewayLimits) -> dict:
-    too_large = GatewayError(413, f"the request body is larger than this gateway's limit "
-                             f"max_body_bytes={limits.max_body_bytes}", "request_too_large")
-    if request.content_length is not None and request.content_length > limits.max_body_bytes:
-        raise too_large
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise too_large from None
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise GatewayError(400, f"the request body is not valid JSON: {exc}", "invalid_json") \
-            from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, "the request body must be a JSON object", "invalid_json")
-    return body
-
-
-async def _check_model(worker: WorkerClient, model: str) -> None:
-    served = await worker.models()
-    if model not in served:
-        raise GatewayError(404, f"model {model!r} is not served here (serving: "
-                           f"{', '.join(served)})", "model_not_found", param="model")
-
-
-def _generation_handler(entry: Entry) -> Callable:
-    async def handle(request: web.Request) -> web.StreamResponse:
-        state = request.app[STATE]
-        record = RequestRecord(entry.new_id(), entry.protocol)
-        state.metrics.in_flight.labels(protocol=entry.protocol).inc()
-        try:
-            return await _generate(request, entry, state, record)
-        except asyncio.CancelledError:
-            record.outcome = "client_gone"
-            raise
-        finally:
-            state.metrics.in_flight.labels(protocol=entry.protocol).dec()
-            record.done(state.metrics)
-    return handle
-
-
-def _fail(entry: Entry, record: RequestRecord, status: int, message: str, param: str | None,
-          code: str | None, outcome: str) -> web.Response:
-    record.status, record.outcome, record.error_type = status, outcome, code
-    # Only the field path, never the pointer into the caller's schema (schema text).
-    record.error_param = None if param is None else param.split("/", 1)[0]
-    return _error_response(entry, status, message, param, code, record.request_id)
-
-
-async def _generate(request: web.Request, entry: Entry, state: GatewayState,
-                    record: RequestRecord) -> web.StreamResponse:
-    paths = ErrorPaths()
-    generation: Generation | None = None
-    try:
-        body = await _read_body(request, state.limits)
-        paths = entry.error_paths(body)
-        tr = entry.translate(body, record.request_id, state.limits)
-        record.model, record.stream = tr.request.model, tr.stream
-        record.constraint_kind = constraint_label(tr.request)
-        await _check_model(state.worker, tr.request.model)
-        generation = Generation(state.worker, tr.request)
-        await generation.start()
-    except GatewayError as err:
-        outcome = {401: "unauthorized", 413: "too_large"}.get(err.status, "rejected")
-        return _fail(entry, record, err.status, err.message, err.param, err.code, outcome)
-    except RequestError as err:
-        status, message, param, code = infernix_error_parts(err, paths)
-        return _fail(entry, record, status, message, param, code, "rejected")
-    except Exception as err:  # noqa: BLE001 - a worker or gateway bug: logged, counted, 500
-        log.error("request_failed", request_id=record.request_id, exc_info=True)
-        internal = err if isinstance(err, InternalError) else InternalError(str(err))
-        status, message, param, code = infernix_error_parts(internal, paths)
-        return _fail(entry, record, status, message, param, code, "error")
-    try:
-        if tr.stream:
-            return await _stream(request, entry, tr, generation, record)
-        return await _aggregate(entry, tr, generation, record)
-    finally:
-        record.first_output_at = generation.first_output_at
-        await generation.close()
-
-
-def _terminal_error(finished: Finished) -> InfernixError:
-    if finished.finish_reason is FinishReason.CANCELLED:
-        return InternalError("the generation was cancelled before it finished")
-    if finished.error:
-        return error_from_dict(finished.error)
-    return InternalError("the worker reported an error without details")
-
-
-async def _aggregate(entry: Entry, tr: Translated, generation: Generation,
-                     record: RequestRecord) -> web.Response:
-    try:
-        finished = await generation.collect()
-    except Exception as err:  # noqa: BLE001 - the worker failed mid-generation
-        log.error("worker_failed", request_id=record.request_id, exc_info=True)
-        err = err if isinstance(err, InfernixError) else InternalError(str(err))
-        status, message, param, code = infernix_error_parts(err, tr.paths, started=True)
-        return _fail(entry, record, status, message, param, code, "error")
-    record.finished = finished
-    if finished.finish_reason in (FinishReason.ERROR, FinishReason.CANCELLED):
-        status, message, param, code = infernix_error_parts(
-            _terminal_error(finished), tr.paths, started=True)
-        outcome = finished.finish_reason.value if finished.finish_reason is \
-            FinishReason.CANCELLED else "error"
-        return _fail(entry, record, status, message, param, code, outcome)
-    record.outcome = finished.finish_reason.value
-    return web.json_response(entry.aggregate(tr, finished, int(time.time())),
-                             headers={"X-Request-Id": record.request_id})
-
-
-async def _stream(request: web.Request, entry: Entry, tr: Translated, generation: Generation,
-                  record: RequestRecord) -> web.StreamResponse:
-    streamer = entry.streamer(tr)
-    response = await open_stream(request, record.request_id)
-    try:
-        await send(response, streamer.begin())
-        async for event in generation.events():
-            if not isinstance(event, Finished):
-                await send(response, streamer.event(event))
-                continue
-            record.finished = event
-            if event.finish_reason in (FinishReason.ERROR, FinishReason.CANCELLED):
-                raise _terminal_error(event)
-            await send(response, streamer.finish(event))
-            record.outcome = event.finish_reason.value
-    except ConnectionResetError:
-        record.outcome = "client_gone"
-    except Exception as err:  # noqa: BLE001 - the worker failed mid-stream: terminal error event
-        if not isinstance(err, InfernixError):
-            log.error("worker_failed", request_id=record.request_id, exc_info=True)
-            err = InternalError(str(err))
-        status, message, param, code = infernix_error_parts(err, tr.paths, started=True)
-        cancelled = record.finished is not None and \
-            record.finished.finish_reason is FinishReason.CANCELLED
-        record.outcome = "cancelled" if cancelled else "error"
-        record.error_type = code
-        try:
-            await send(response, streamer.fail(entry.error_body(status, message, param, code)))
-        except ConnectionResetError:
-            record.outcome = "client_gone"
-    return response
 
 
 async def _count_tokens(request: web.Request) -> web.Response:
@@ -282,31 +108,47 @@ async def _count_tokens(request: web.Request) -> web.Response:
     entry = ENTRIES["/v1/messages"]
     paths = ErrorPaths()
     try:
-        body = await _read_body(request, state.limits)
+        body = await read_body(request, state.limits)
         paths = anthropic_messages.error_paths(body)
-        model = body.get("model")
-        if not isinstance(model, str):
-            raise GatewayError(400, "model is required", "invalid_request", param="model")
-        prompt, _ = anthropic_messages.prompt_input(body, state.limits)
-        await _check_model(state.worker, model)
+        model = f.get_str(body, "model", "", required=True)
+        prompt, _ = anthropic_messages.prompt_input(body, state.limits, state.policy)
+        await check_model(state.worker, model)
         count = await state.worker.count_tokens(prompt, model)
     except GatewayError as err:
-        return _error_response(entry, err.status, err.message, err.param, err.code)
-    except RequestError as err:
+        return error_response(entry, err.status, err.message, err.param, err.code)
+    except InfernixError as err:
+        if not is_typed(err):
+            log.error("count_tokens_failed", exc_info=True)
         status, message, param, code = infernix_error_parts(err, paths)
-        return _error_response(entry, status, message, param, code)
+        return error_response(entry, status, message, param, code,
+                               retry=retry_after(err, status))
     return web.json_response({"input_tokens": count})
+
+
+def _model_object(name: str) -> dict[str, Any]:
+    """One model as both SDKs read it: OpenAI's `{id, object, created, owned_by}` and
+    Anthropic's `{id, type, display_name, created_at}`."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "infernix",
+            "type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
 
 
 async def _models(request: web.Request) -> web.Response:
     """One list both SDKs read: OpenAI's `{object: list, data}` and Anthropic's paging fields."""
     names = await request.app[STATE].worker.models()
-    data = [{"id": name, "object": "model", "created": 0, "owned_by": "infernix",
-             "type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
-            for name in names]
-    return web.json_response({"object": "list", "data": data, "has_more": False,
+    return web.json_response({"object": "list", "data": [_model_object(n) for n in names],
+                              "has_more": False,
                               "first_id": names[0] if names else None,
                               "last_id": names[-1] if names else None})
+
+
+async def _model(request: web.Request) -> web.Response:
+    """`GET /v1/models/{id}`: the model object, or 404 in the caller's protocol shape."""
+    name = request.match_info["model_id"]
+    names = await request.app[STATE].worker.models()
+    if name not in names:
+        return error_response(_entry_for(request), 404, f"model {name!r} is not served here "
+                               f"(serving: {', '.join(names)})", "model", "model_not_found")
+    return web.json_response(_model_object(name))
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -325,12 +167,16 @@ async def _metrics(request: web.Request) -> web.Response:
 async def serve(*, host: str, port: int, worker: WorkerClient,
                 api_keys: frozenset[str] = frozenset(), limits: GatewayLimits = GatewayLimits(),
                 registry: CollectorRegistry | None = None,
+                ignore_unknown_fields: bool = False,
                 on_ready: Callable[[], None] | None = None) -> None:
     """Serve the gateway until SIGTERM/SIGINT: the first signal stops accepting and lets running
-    requests finish (up to 30 s), a second one exits at once. `on_ready()` runs once the socket
-    listens. Logging is configured by the caller (`shared.logging.configure_logging`)."""
+    requests finish (up to 30 s), a second one exits at once. `ignore_unknown_fields`: see
+    `create_app` (the CLI's `--ignore-unknown-fields`). `on_ready()` runs once the socket listens.
+    Logging is configured by the caller (`shared.logging.configure_logging`)."""
     runner = web.AppRunner(create_app(worker, api_keys=api_keys, limits=limits,
-                                      registry=registry), shutdown_timeout=30.0)
+                                      registry=registry,
+                                      ignore_unknown_fields=ignore_unknown_fields),
+                           shutdown_timeout=30.0, **RUNNER_OPTIONS)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     log.info("gateway_listening", host=host, port=port)

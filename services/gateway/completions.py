@@ -3,14 +3,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from services.gateway import fields as f
+from services.gateway import known
+from services.gateway.choices import Results, choice_requests
 from services.gateway.errors import ErrorPaths
+from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
+from services.gateway.openai_chat import openai_sampling, usage
 from services.gateway.sse import DONE, SSE
-from services.gateway.translate import Translated, structured_outputs, structured_outputs_key
+from services.gateway.translate import (
+    Translated,
+    choice_count,
+    structured_outputs,
+    structured_outputs_key,
+)
 from shared.errors import Unsupported
 from shared.generation import (
     Finished,
@@ -18,7 +28,6 @@ from shared.generation import (
     GenerateRequest,
     PromptInput,
     RequestOptions,
-    SamplingParams,
     TextDelta,
 )
 
@@ -34,89 +43,88 @@ def error_paths(body: dict) -> ErrorPaths:
                       aliases={"constraint": constraint or "structured_outputs"})
 
 
-def _prompt(body: dict) -> str:
+def _prompts(body: dict, limits: GatewayLimits) -> tuple[str, ...]:
+    """One prompt string or a non-empty list of them (token-id prompts are not supported)."""
     value = f.get(body, "prompt", "", required=True)
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-        return value[0]
-    if not isinstance(value, str):
-        raise Unsupported("prompt must be one string (batched or token-id prompts are not "
-                          "supported)", field="prompt")
-    return value
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list) or not value:
+        raise f.wrong_type("prompt", "a string or a non-empty array of strings", value)
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise Unsupported(f"prompt[{i}] must be a string (token-id prompts are not "
+                              "supported)", field=f"prompt[{i}]")
+    limits.check_choices(len(value), "prompt")  # one choice per prompt at least
+    return tuple(value)
 
 
-def translate(body: dict, request_id: str, limits: GatewayLimits) -> Translated:
-    """Completions body -> GenerateRequest. Raises typed RequestErrors naming the field."""
+def translate(body: dict, request_id: str, limits: GatewayLimits,
+              policy: FieldPolicy = FieldPolicy()) -> Translated:
+    """Completions body -> one GenerateRequest per choice (each prompt times `n`, in the
+    protocol's order: prompt-major). Raises typed RequestErrors naming the field."""
+    policy.check(body, "", known.COMPLETIONS)
     model = f.get_str(body, "model", "", required=True)
-    n = f.get_int(body, "n", "", default=1)
-    if n != 1:
-        raise Unsupported(f"n must be 1 (one choice per request), got {n}", field="n")
-    f.reject_unless(not f.get_bool(body, "echo", "", default=False), "echo", "echo is not supported")
-    f.reject_unless(f.get(body, "logprobs", "") is f.MISSING, "logprobs",
-                    "logprobs are not supported")
-    f.reject_unless(f.get(body, "suffix", "") is f.MISSING, "suffix", "suffix is not supported")
-    best_of = f.get_int(body, "best_of", "", default=1)
-    f.reject_unless(best_of == 1, "best_of", f"best_of must be 1, got {best_of}")
-    sampling = SamplingParams(
-        temperature=f.get_number(body, "temperature", "", default=1.0),
-        top_p=f.get_number(body, "top_p", "", default=1.0),
-        seed=f.get_int(body, "seed", ""),
-        presence_penalty=f.get_number(body, "presence_penalty", "", default=0.0),
-        frequency_penalty=f.get_number(body, "frequency_penalty", "", default=0.0),
-    )
+    prompts = _prompts(body, limits)
+    n = choice_count(body, limits, len(prompts))
     options = RequestOptions(
         max_tokens=f.get_int(body, "max_tokens", "", default=DEFAULT_MAX_TOKENS),
-        sampling=sampling, constraint=structured_outputs(body, limits),
+        sampling=openai_sampling(body), constraint=structured_outputs(body, limits),
         stop=f.stop_strings(body, "stop", ""))
     stream = f.get_bool(body, "stream", "", default=False)
     stream_options = f.get_dict(body, "stream_options", "") or {}
+    policy.check(stream_options, "stream_options", known.CHAT_STREAM_OPTIONS)
     include_usage = f.get_bool(stream_options, "include_usage", "stream_options", default=False)
-    request = GenerateRequest(request_id, PromptInput(text=_prompt(body)), options, model)
-    return Translated(request, error_paths(body), stream=stream, include_usage=include_usage)
+    requests: tuple[GenerateRequest, ...] = ()
+    for p, prompt in enumerate(prompts):
+        base = GenerateRequest(request_id, PromptInput(text=prompt), options, model)
+        if p:
+            base = dataclasses.replace(base, request_id=f"{request_id}-p{p}")
+        requests += choice_requests(base, n)
+    return Translated(requests, error_paths(body), stream=stream, include_usage=include_usage,
+                      per_prompt=n)
 
 
-def _usage(finished: Finished) -> dict[str, int]:
-    u = finished.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens}
-
-
-def aggregate(tr: Translated, finished: Finished, created: int) -> dict[str, Any]:
-    """The text_completion object of a finished generation."""
+def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
+    """The text_completion object of finished generations (choice i: prompt i // n)."""
     return {"id": tr.request.request_id, "object": "text_completion", "created": created,
             "model": tr.request.model,
-            "choices": [{"index": 0, "text": finished.content, "logprobs": None,
-                         "finish_reason": FINISH[finished.finish_reason]}],
-            "usage": _usage(finished), "infernix": {"constraint": finished.constraint}}
+            "choices": [{"index": i, "text": fin.content, "logprobs": None,
+                         "finish_reason": FINISH[fin.finish_reason],
+                         "infernix": {"constraint": fin.constraint}}
+                        for i, fin in enumerate(results.finished)],
+            "usage": usage(results), "infernix": {"constraint": results.first.constraint}}
 
 
 class Streamer:
-    """text_completion chunks: text deltas, the finish chunk (with the constraint report), an
-    optional usage chunk, then [DONE]."""
+    """text_completion chunks: text deltas (with their choice index), each choice's finish
+    chunk (with its constraint report), an optional usage chunk, then [DONE]."""
 
     def __init__(self, tr: Translated) -> None:
         self.tr = tr
         self.created = int(time.time())
 
-    def _chunk(self, text: str | None, finish: str | None = None, **extra: Any) -> SSE:
+    def _chunk(self, text: str | None, index: int = 0, finish: str | None = None,
+               **extra: Any) -> SSE:
         choices = [] if text is None else [
-            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+            {"index": index, "text": text, "logprobs": None, "finish_reason": finish}]
         return SSE({"id": self.tr.request.request_id, "object": "text_completion",
                     "created": self.created, "model": self.tr.request.model, "choices": choices,
                     **extra})
 
-    def begin(self) -> list[SSE]:
+    def begin(self, counts: Any = None) -> list[SSE]:
         return []
 
-    def event(self, event: Any) -> list[SSE]:
+    def event(self, event: Any, index: int = 0) -> list[SSE]:
         if isinstance(event, TextDelta) and event.text:
-            return [self._chunk(event.text)]
+            return [self._chunk(event.text, index)]
         return []
 
-    def finish(self, finished: Finished) -> list[SSE]:
-        out = [self._chunk("", FINISH[finished.finish_reason],
-                           infernix={"constraint": finished.constraint})]
-        if self.tr.include_usage:
-            out.append(self._chunk(None, usage=_usage(finished)))
+    def choice_done(self, finished: Finished, index: int = 0) -> list[SSE]:
+        return [self._chunk("", index, FINISH[finished.finish_reason],
+                            infernix={"constraint": finished.constraint})]
+
+    def finish(self, results: Results) -> list[SSE]:
+        out = [self._chunk(None, usage=usage(results))] if self.tr.include_usage else []
         return out + [DONE]
 
     def fail(self, error_body: dict) -> list[SSE]:

@@ -12,6 +12,7 @@ from typing import Any
 from shared.errors import InvalidRequest, Unsupported
 
 MISSING: Any = object()
+INT64 = (-(2**63), 2**63 - 1)  # every integer field travels as a protobuf int64
 
 
 def join(parent: str, key: str | int) -> str:
@@ -67,6 +68,9 @@ def get_int(obj: dict, key: str, parent: str, *, required: bool = False, default
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise wrong_type(join(parent, key), "an integer", value)
+    if not INT64[0] <= value <= INT64[1]:
+        path = join(parent, key)
+        raise InvalidRequest(f"{path} must be a 64-bit signed integer", field=path)
     return value
 
 
@@ -76,7 +80,21 @@ def get_number(obj: dict, key: str, parent: str, *, default: Any = None) -> Any:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise wrong_type(join(parent, key), "a number", value)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise InvalidRequest(f"{join(parent, key)} is out of the range of a double",
+                             field=join(parent, key)) from None
+
+
+def get_ranged(obj: dict, key: str, parent: str, low: float, high: float, *,
+               default: float) -> float:
+    """A number in [low, high] (the protocol's documented range), else InvalidRequest."""
+    value = get_number(obj, key, parent, default=default)
+    if not low <= value <= high:
+        raise InvalidRequest(f"{join(parent, key)} must be between {low:g} and {high:g}, got "
+                             f"{value:g}", field=join(parent, key))
+    return value
 
 
 def get_dict(obj: dict, key: str, parent: str, *, required: bool = False) -> Any:

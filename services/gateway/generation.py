@@ -24,6 +24,24 @@ from shared.logging import get_logger
 log = get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class PromptCounts:
+    """What the worker's first event, `Started(prompt_tokens, cached_tokens)`, says about the
+    prompt. Absent (None) when the worker sends no such event."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+def prompt_counts(event: Any) -> PromptCounts | None:
+    """The counts of a `Started` event, None for any other event. Matched by the type's name so
+    that the gateway works before and after `shared.generation.Started` exists (issue 11)."""
+    if type(event).__name__ != "Started":
+        return None
+    return PromptCounts(int(getattr(event, "prompt_tokens", 0) or 0),
+                        int(getattr(event, "cached_tokens", 0) or 0))
+
+
 class Generation:
     """Drives `worker.generate(request)`. `start()` waits for the first event, so that typed
     request errors raised before generation surface before any response byte is sent."""
@@ -33,8 +51,10 @@ class Generation:
         self.request = request
         self.finished: Finished | None = None
         self.first_output_at: float | None = None
+        self.counts: PromptCounts | None = None  # from the worker's Started event, if any
         self._stream: Any = None
         self._first: GenerationEvent | None = None
+        self._refused = False  # generate raised before its first event: nothing to cancel
 
     async def start(self) -> None:
         """Submit and wait for the first event (raises what `generate` raises)."""
@@ -42,14 +62,25 @@ class Generation:
         try:
             self._first = await self._stream.__anext__()
         except StopAsyncIteration:
+            self._refused = True
             raise InternalError("the worker ended the stream without a Finished event") from None
+        except Exception:
+            self._refused = True
+            raise
+        self.counts = prompt_counts(self._first)
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
-        """The events up to and including Finished; raises InternalError if the stream ends
-        early, and whatever the worker raises if it fails mid-stream."""
+        """The events up to and including Finished (a Started event is read into `counts`, not
+        yielded); raises InternalError if the stream ends early, and whatever the worker raises
+        if it fails mid-stream."""
         assert self._first is not None, "start() first"
         event: GenerationEvent | None = self._first
         while event is not None:
+            counts = prompt_counts(event)
+            if counts is not None:
+                self.counts = counts
+                event = await self._next()
+                continue
             if isinstance(event, (TextDelta, ToolCallStart, ToolCallArgumentsDelta)):
                 if self.first_output_at is None:
                     self.first_output_at = time.perf_counter()
@@ -57,10 +88,13 @@ class Generation:
             if isinstance(event, Finished):
                 self.finished = event
                 return
-            try:
-                event = await self._stream.__anext__()
-            except StopAsyncIteration:
-                raise InternalError("the worker ended the stream without a Finished event") from None
+            event = await self._next()
+
+    async def _next(self) -> GenerationEvent:
+        try:
+            return await self._stream.__anext__()
+        except StopAsyncIteration:
+            raise InternalError("the worker ended the stream without a Finished event") from None
 
     async def collect(self) -> Finished:
         """Consume every event and return Finished (aggregate responses use its content)."""
@@ -74,7 +108,9 @@ class Generation:
         stream, self._stream = self._stream, None
         if stream is None:
             return
-        if self._first is not None and self.finished is None:
+        # Also when start() was interrupted (a client gone while the prompt was prefilled): the
+        # worker may hold the request already; cancelling an unknown id is a no-op.
+        if self.finished is None and not self._refused:
             try:
                 await asyncio.shield(self.worker.cancel(self.request.request_id))
             except Exception:  # noqa: BLE001 - a failed cancel must not hide the original outcome

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 PROTOCOLS = ("chat", "responses", "messages", "completions")
 # Fixed outcome label values: a finish reason, or how the request failed.
 OUTCOMES = ("stop", "length", "tool_calls", "cancelled", "error", "rejected", "unauthorized",
-            "too_large", "client_gone")
+            "too_large", "client_gone", "overloaded", "unavailable")
 # Fixed constraint label values: the content constraint kind, "tools", or "none".
 CONSTRAINTS = ("none", "grammar", "json_object", "json_schema", "choice", "regex", "tools")
 

@@ -6,12 +6,16 @@ import time
 from typing import Any
 
 from services.gateway import fields as f
+from services.gateway import known
+from services.gateway.choices import Results, choice_requests
 from services.gateway.errors import ErrorPaths
+from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
 from services.gateway.sse import DONE, SSE
 from services.gateway.translate import (
     Translated,
     allowed_names,
+    choice_count,
     json_schema_constraint,
     merge_content_constraint,
     structured_outputs,
@@ -58,40 +62,49 @@ def error_paths(body: dict) -> ErrorPaths:
     )
 
 
-def translate(body: dict, request_id: str, limits: GatewayLimits) -> Translated:
-    """Chat body -> GenerateRequest. Raises typed RequestErrors naming the original field."""
+def translate(body: dict, request_id: str, limits: GatewayLimits,
+              policy: FieldPolicy = FieldPolicy()) -> Translated:
+    """Chat body -> one GenerateRequest per choice. Raises typed RequestErrors naming the
+    original field."""
+    policy.check(body, "", known.CHAT)
     model = f.get_str(body, "model", "", required=True)
-    n = f.get_int(body, "n", "", default=1)
-    if n != 1:
-        raise Unsupported(f"n must be 1 (one choice per request), got {n}", field="n")
-    if f.get_bool(body, "logprobs", "", default=False):
-        raise Unsupported("logprobs are not supported", field="logprobs")
-    messages = _messages(body, limits)
-    tools = _tools(body, limits)
-    choice = tool_policy(tools, _tool_choice(body))
-    constraint = merge_content_constraint(_response_format(body, limits),
+    n = choice_count(body, limits)
+    messages = _messages(body, limits, policy)
+    tools = _tools(body, limits, policy)
+    choice = tool_policy(tools, _tool_choice(body, policy))
+    constraint = merge_content_constraint(_response_format(body, limits, policy),
                                           structured_outputs(body, limits), "response_format")
     max_tokens = f.get_int(body, "max_completion_tokens", "")
     if max_tokens is None:
         max_tokens = f.get_int(body, "max_tokens", "")
-    sampling = SamplingParams(
-        temperature=f.get_number(body, "temperature", "", default=1.0),
-        top_p=f.get_number(body, "top_p", "", default=1.0),
-        seed=f.get_int(body, "seed", ""),
-        presence_penalty=f.get_number(body, "presence_penalty", "", default=0.0),
-        frequency_penalty=f.get_number(body, "frequency_penalty", "", default=0.0),
-    )
+    sampling = openai_sampling(body)
     options = RequestOptions(max_tokens=max_tokens, sampling=sampling, constraint=constraint,
                              tool_choice=choice, stop=f.stop_strings(body, "stop", ""))
     stream = f.get_bool(body, "stream", "", default=False)
     stream_options = f.get_dict(body, "stream_options", "") or {}
+    policy.check(stream_options, "stream_options", known.CHAT_STREAM_OPTIONS)
     include_usage = f.get_bool(stream_options, "include_usage", "stream_options", default=False)
     request = GenerateRequest(request_id, PromptInput(messages=messages, tools=tools), options,
                               model)
-    return Translated(request, error_paths(body), stream=stream, include_usage=include_usage)
+    return Translated(choice_requests(request, n), error_paths(body), stream=stream,
+                      include_usage=include_usage, per_prompt=n)
 
 
-def _messages(body: dict, limits: GatewayLimits) -> tuple[ChatMessage, ...]:
+def openai_sampling(body: dict) -> SamplingParams:
+    """OpenAI's sampling fields in their documented ranges (temperature 0..2, top_p 0..1,
+    penalties -2..2)."""
+    return SamplingParams(
+        temperature=f.get_ranged(body, "temperature", "", 0.0, 2.0, default=1.0),
+        top_p=f.get_ranged(body, "top_p", "", 0.0, 1.0, default=1.0),
+        seed=f.get_int(body, "seed", ""),
+        presence_penalty=f.get_ranged(body, "presence_penalty", "", -2.0, 2.0, default=0.0),
+        frequency_penalty=f.get_ranged(body, "frequency_penalty", "", -2.0, 2.0, default=0.0),
+    )
+
+
+def _messages(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple[ChatMessage, ...]:
+    """Every message in order; each system or developer message, wherever it stands, becomes a
+    system message (how it renders is the model template's business)."""
     raw = f.get_list(body, "messages", "", required=True)
     if not raw:
         raise InvalidRequest("messages must hold at least one message", field="messages")
@@ -101,29 +114,37 @@ def _messages(body: dict, limits: GatewayLimits) -> tuple[ChatMessage, ...]:
         path = f"messages[{i}]"
         message = f.as_dict(message, path)
         role = f.get_str(message, "role", path, required=True)
+        if role not in known.CHAT_MESSAGE:
+            raise Unsupported(f"{path}.role {role!r} is not supported (system, developer, user, "
+                              "assistant, tool)", field=f"{path}.role")
+        policy.check(message, path, known.CHAT_MESSAGE[role])
         content = f.get(message, "content", path)
-        text = None if content is f.MISSING else f.text_parts(content, f"{path}.content",
-                                                              part_types=_TEXT_PARTS)
+        text = None if content is f.MISSING else _text(content, f"{path}.content", policy)
         name = f.get_str(message, "name", path)
         if role in ("system", "developer", "user"):
             if text is None:
                 raise InvalidRequest(f"{path}.content is required", field=f"{path}.content")
             out.append(ChatMessage("user" if role == "user" else "system", text, name=name))
         elif role == "assistant":
-            calls = _assistant_calls(message, path)
+            calls = _assistant_calls(message, path, policy)
             if text is None and not calls:
                 raise InvalidRequest(f"{path} needs content or tool_calls", field=f"{path}.content")
             out.append(ChatMessage("assistant", text, calls, name=name))
-        elif role == "tool":
+        else:
             call_id = f.get_str(message, "tool_call_id", path, required=True)
             out.append(ChatMessage("tool", text or "", tool_call_id=call_id))
-        else:
-            raise Unsupported(f"{path}.role {role!r} is not supported (system, developer, user, "
-                              "assistant, tool)", field=f"{path}.role")
     return tuple(out)
 
 
-def _assistant_calls(message: dict, path: str) -> tuple[ToolCall, ...]:
+def _text(content: Any, path: str, policy: FieldPolicy) -> str:
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") in _TEXT_PARTS:
+                policy.check(part, f.join(path, j), known.CHAT_TEXT_PART)
+    return f.text_parts(content, path, part_types=_TEXT_PARTS)
+
+
+def _assistant_calls(message: dict, path: str, policy: FieldPolicy) -> tuple[ToolCall, ...]:
     calls = f.get_list(message, "tool_calls", path) or []
     out = []
     for j, call in enumerate(calls):
@@ -132,8 +153,10 @@ def _assistant_calls(message: dict, path: str) -> tuple[ToolCall, ...]:
         kind = f.get_str(call, "type", call_path, default="function")
         f.reject_unless(kind == "function", f"{call_path}.type",
                         f"{call_path}.type {kind!r} is not supported; only function calls")
+        policy.check(call, call_path, known.CHAT_TOOL_CALL)
         function = f.get_dict(call, "function", call_path, required=True)
         fn_path = f"{call_path}.function"
+        policy.check(function, fn_path, known.CHAT_CALLED_FUNCTION)
         arguments = f.get_str(function, "arguments", fn_path, required=True)
         parse_json_text(arguments, field=f"{fn_path}.arguments")
         out.append(ToolCall(f.get_str(call, "id", call_path, required=True),
@@ -141,7 +164,7 @@ def _assistant_calls(message: dict, path: str) -> tuple[ToolCall, ...]:
     return tuple(out)
 
 
-def _tools(body: dict, limits: GatewayLimits) -> tuple:
+def _tools(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple:
     raw = f.get_list(body, "tools", "") or []
     limits.check_tools(len(raw), "tools")
     tools = []
@@ -151,8 +174,10 @@ def _tools(body: dict, limits: GatewayLimits) -> tuple:
         kind = f.get_str(tool, "type", path, required=True)
         f.reject_unless(kind == "function", f"{path}.type",
                         f"{path}.type {kind!r} is not supported; only function tools")
+        policy.check(tool, path, known.CHAT_TOOL)
         function = f.get_dict(tool, "function", path, required=True)
         fn_path = f"{path}.function"
+        policy.check(function, fn_path, known.CHAT_FUNCTION)
         parameters = f.get_dict(function, "parameters", fn_path)
         tools.append(tool_definition(
             i, f.get_str(function, "name", fn_path, required=True), parameters,
@@ -162,7 +187,7 @@ def _tools(body: dict, limits: GatewayLimits) -> tuple:
     return tuple(tools)
 
 
-def _tool_choice(body: dict) -> ToolChoice:
+def _tool_choice(body: dict, policy: FieldPolicy) -> ToolChoice:
     parallel = f.get_bool(body, "parallel_tool_calls", "", default=True)
     value = f.get(body, "tool_choice", "")
     if value is f.MISSING:
@@ -174,6 +199,7 @@ def _tool_choice(body: dict) -> ToolChoice:
                                  "function", field="tool_choice")
         return ToolChoice(modes[value], parallel=parallel)
     value = f.as_dict(value, "tool_choice")
+    policy.check(value, "tool_choice", known.CHAT_TOOL_CHOICE)
     kind = f.get_str(value, "type", "tool_choice", required=True)
     if kind == "function":
         function = f.get_dict(value, "function", "tool_choice", required=True)
@@ -191,10 +217,12 @@ def _tool_choice(body: dict) -> ToolChoice:
                       field="tool_choice.type")
 
 
-def _response_format(body: dict, limits: GatewayLimits) -> OutputConstraint | None:
+def _response_format(body: dict, limits: GatewayLimits,
+                     policy: FieldPolicy) -> OutputConstraint | None:
     rf = f.get_dict(body, "response_format", "")
     if rf is None:
         return None
+    policy.check(rf, "response_format", known.CHAT_RESPONSE_FORMAT)
     kind = f.get_str(rf, "type", "response_format", required=True)
     if kind == "text":
         return None
@@ -202,6 +230,7 @@ def _response_format(body: dict, limits: GatewayLimits) -> OutputConstraint | No
         return OutputConstraint.json_object()
     if kind == "json_schema":
         spec = f.get_dict(rf, "json_schema", "response_format", required=True)
+        policy.check(spec, "response_format.json_schema", known.CHAT_JSON_SCHEMA)
         f.get_bool(spec, "strict", "response_format.json_schema")  # type-checked; always enforced
         return json_schema_constraint(f.get(spec, "schema", "response_format.json_schema"),
                                       "response_format.json_schema.schema", limits)
@@ -215,10 +244,12 @@ def _report(finished: Finished) -> dict[str, Any]:
     return {"constraint": finished.constraint}
 
 
-def _usage(finished: Finished) -> dict[str, int]:
-    u = finished.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens}
+def usage(results: Results) -> dict[str, Any]:
+    """OpenAI usage: the prompt counted once per distinct prompt, completions summed."""
+    return {"prompt_tokens": results.prompt_tokens,
+            "completion_tokens": results.completion_tokens,
+            "total_tokens": results.prompt_tokens + results.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": results.cached_tokens}}
 
 
 def _call_json(call: ToolCall) -> dict[str, Any]:
@@ -226,55 +257,66 @@ def _call_json(call: ToolCall) -> dict[str, Any]:
             "function": {"name": call.name, "arguments": call.arguments_json}}
 
 
-def aggregate(tr: Translated, finished: Finished, created: int) -> dict[str, Any]:
-    """The chat.completion object of a finished generation."""
+def _choice(index: int, finished: Finished) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "refusal": None,
                                "content": finished.content or (None if finished.tool_calls else "")}
     if finished.tool_calls:
         message["tool_calls"] = [_call_json(c) for c in finished.tool_calls]
+    return {"index": index, "message": message, "logprobs": None,
+            "finish_reason": FINISH[finished.finish_reason], "infernix": _report(finished)}
+
+
+def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
+    """The chat.completion object of finished generations (one choice each). The top-level
+    `infernix` report is the first choice's; each choice carries its own."""
     return {
         "id": tr.request.request_id, "object": "chat.completion", "created": created,
         "model": tr.request.model,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": FINISH[finished.finish_reason]}],
-        "usage": _usage(finished), "infernix": _report(finished),
+        "choices": [_choice(i, fin) for i, fin in enumerate(results.finished)],
+        "usage": usage(results), "infernix": _report(results.first),
     }
 
 
 class Streamer:
-    """chat.completion.chunk events: role first, content and tool-call deltas, the finish chunk
-    (with the constraint report), an optional usage chunk, then [DONE]."""
+    """chat.completion.chunk events: each choice's role chunk first, content and tool-call
+    deltas (with their choice index), each choice's finish chunk (with its constraint report),
+    an optional usage chunk, then [DONE]."""
 
     def __init__(self, tr: Translated) -> None:
         self.tr = tr
         self.created = int(time.time())
 
-    def _chunk(self, delta: dict | None, finish: str | None = None, **extra: Any) -> SSE:
+    def _chunk(self, delta: dict | None, index: int = 0, finish: str | None = None,
+               **extra: Any) -> SSE:
         choices = [] if delta is None else [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+            {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]
         return SSE({"id": self.tr.request.request_id, "object": "chat.completion.chunk",
                     "created": self.created, "model": self.tr.request.model,
                     "choices": choices, **extra})
 
-    def begin(self) -> list[SSE]:
-        return [self._chunk({"role": "assistant", "content": ""})]
+    def begin(self, counts: Any = None) -> list[SSE]:
+        return [self._chunk({"role": "assistant", "content": ""}, i)
+                for i in range(len(self.tr.requests))]
 
-    def event(self, event: Any) -> list[SSE]:
+    def event(self, event: Any, index: int = 0) -> list[SSE]:
         if isinstance(event, TextDelta):
-            return [self._chunk({"content": event.text})] if event.text else []
+            return [self._chunk({"content": event.text}, index)] if event.text else []
         if isinstance(event, ToolCallStart):
             return [self._chunk({"tool_calls": [{"index": event.index, "id": event.id,
                                                  "type": "function", "function": {
-                                                     "name": event.name, "arguments": ""}}]})]
+                                                     "name": event.name, "arguments": ""}}]},
+                                index)]
         if isinstance(event, ToolCallArgumentsDelta):
             return [self._chunk({"tool_calls": [{"index": event.index,
-                                                 "function": {"arguments": event.fragment}}]})]
+                                                 "function": {"arguments": event.fragment}}]},
+                                index)]
         return []
 
-    def finish(self, finished: Finished) -> list[SSE]:
-        out = [self._chunk({}, FINISH[finished.finish_reason], infernix=_report(finished))]
-        if self.tr.include_usage:
-            out.append(self._chunk(None, usage=_usage(finished)))
+    def choice_done(self, finished: Finished, index: int = 0) -> list[SSE]:
+        return [self._chunk({}, index, FINISH[finished.finish_reason], infernix=_report(finished))]
+
+    def finish(self, results: Results) -> list[SSE]:
+        out = [self._chunk(None, usage=usage(results))] if self.tr.include_usage else []
         return out + [DONE]
 
     def fail(self, error_body: dict) -> list[SSE]:

@@ -9,13 +9,19 @@ import time
 from typing import Any
 
 from services.gateway import fields as f
+from services.gateway import known
+from services.gateway.choices import Results
 from services.gateway.errors import ErrorPaths
+from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
 from services.gateway.sse import SSE
 from services.gateway.translate import (
     Translated,
     allowed_names,
     json_schema_constraint,
+    merge_content_constraint,
+    structured_outputs,
+    structured_outputs_key,
     tool_definition,
     tool_policy,
 )
@@ -36,30 +42,38 @@ from shared.generation import (
 )
 
 _PARTS = ("input_text", "output_text")
+_ITEMS = {"message": known.RESPONSES_MESSAGE, "function_call": known.RESPONSES_CALL,
+          "function_call_output": known.RESPONSES_CALL_OUTPUT}
 
 
 def error_paths(body: dict) -> ErrorPaths:
+    key = structured_outputs_key(body)
+    constraint = f"structured_outputs.{key}" if key else "text.format"
     return ErrorPaths(
-        content_schema="text.format.schema", constraint="text.format", tool_base="tools[{i}]",
-        aliases={"max_tokens": "max_output_tokens", "prompt": "input", "constraint": "text.format"})
+        content_schema="text.format.schema", constraint=constraint, tool_base="tools[{i}]",
+        aliases={"max_tokens": "max_output_tokens", "prompt": "input", "constraint": constraint})
 
 
-def translate(body: dict, request_id: str, limits: GatewayLimits) -> Translated:
+def translate(body: dict, request_id: str, limits: GatewayLimits,
+              policy: FieldPolicy = FieldPolicy()) -> Translated:
     """Responses body -> GenerateRequest. Raises typed RequestErrors naming the original field."""
+    policy.check(body, "", known.RESPONSES)
     model = f.get_str(body, "model", "", required=True)
-    for key in ("previous_response_id", "conversation"):
-        f.reject_unless(f.get(body, key, "") is f.MISSING, key,
-                        f"{key} is not supported: this server stores no responses; send the "
-                        "whole conversation as input")
-    f.reject_unless(not f.get_bool(body, "background", "", default=False), "background",
-                    "background responses are not supported")
-    messages = _input(body, limits)
-    tools = _tools(body, limits)
-    choice = tool_policy(tools, _tool_choice(body))
+    _include(body)
+    truncation = f.get_str(body, "truncation", "", default="disabled")
+    f.reject_unless(truncation == "disabled", "truncation",
+                    f"truncation {truncation!r} is not supported: a prompt longer than the "
+                    "context is an error here (truncation 'disabled')")
+    messages = _input(body, limits, policy)
+    tools = _tools(body, limits, policy)
+    choice = tool_policy(tools, _tool_choice(body, policy))
     text = f.get_dict(body, "text", "") or {}
-    constraint = _format(text, limits)
-    sampling = SamplingParams(temperature=f.get_number(body, "temperature", "", default=1.0),
-                              top_p=f.get_number(body, "top_p", "", default=1.0))
+    policy.check(text, "text", known.RESPONSES_TEXT)
+    constraint = merge_content_constraint(_format(text, limits, policy),
+                                          structured_outputs(body, limits), "text.format")
+    sampling = SamplingParams(
+        temperature=f.get_ranged(body, "temperature", "", 0.0, 2.0, default=1.0),
+        top_p=f.get_ranged(body, "top_p", "", 0.0, 1.0, default=1.0))
     options = RequestOptions(max_tokens=f.get_int(body, "max_output_tokens", ""),
                              sampling=sampling, constraint=constraint, tool_choice=choice)
     request = GenerateRequest(request_id, PromptInput(messages=messages, tools=tools), options,
@@ -74,11 +88,26 @@ def translate(body: dict, request_id: str, limits: GatewayLimits) -> Translated:
         "text": {"format": text.get("format") or {"type": "text"}},
         "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
     }
-    return Translated(request, error_paths(body), stream=f.get_bool(body, "stream", "", default=False),
-                      echo=echo)
+    return Translated((request,), error_paths(body),
+                      stream=f.get_bool(body, "stream", "", default=False), echo=echo)
 
 
-def _input(body: dict, limits: GatewayLimits) -> tuple[ChatMessage, ...]:
+def _include(body: dict) -> None:
+    """`include` values that concern features this server lacks are harmless; log-probabilities
+    would change the output and are refused."""
+    values = f.get_list(body, "include", "") or []
+    for i, value in enumerate(values):
+        path = f"include[{i}]"
+        if not isinstance(value, str):
+            raise f.wrong_type(path, "a string", value)
+        if value == "message.output_text.logprobs":
+            raise Unsupported(f"{path} {value!r} is not supported: log-probabilities are not "
+                              "reported yet", field=path)
+        if value not in known.RESPONSES_INCLUDE_INERT:
+            raise InvalidRequest(f"{path} {value!r} is not a value this server knows", field=path)
+
+
+def _input(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple[ChatMessage, ...]:
     out: list[ChatMessage] = []
     instructions = f.get_str(body, "instructions", "")
     if instructions:
@@ -93,10 +122,11 @@ def _input(body: dict, limits: GatewayLimits) -> tuple[ChatMessage, ...]:
         path = f"input[{i}]"
         item = f.as_dict(item, path)
         kind = f.get_str(item, "type", path, default="message")
+        if kind in _ITEMS:
+            policy.check(item, path, _ITEMS[kind])
         if kind == "message":
             role = f.get_str(item, "role", path, required=True)
-            text = f.text_parts(f.get(item, "content", path, required=True), f"{path}.content",
-                                part_types=_PARTS)
+            text = _text(f.get(item, "content", path, required=True), f"{path}.content", policy)
             if role not in ("user", "system", "developer", "assistant"):
                 raise Unsupported(f"{path}.role {role!r} is not supported", field=f"{path}.role")
             out.append(ChatMessage("system" if role == "developer" else role, text))
@@ -110,8 +140,7 @@ def _input(body: dict, limits: GatewayLimits) -> tuple[ChatMessage, ...]:
             else:
                 out.append(ChatMessage("assistant", None, (call,)))
         elif kind == "function_call_output":
-            output = f.text_parts(f.get(item, "output", path, required=True), f"{path}.output",
-                                  part_types=_PARTS)
+            output = _text(f.get(item, "output", path, required=True), f"{path}.output", policy)
             out.append(ChatMessage("tool", output,
                                    tool_call_id=f.get_str(item, "call_id", path, required=True)))
         else:
@@ -120,7 +149,15 @@ def _input(body: dict, limits: GatewayLimits) -> tuple[ChatMessage, ...]:
     return tuple(out)
 
 
-def _tools(body: dict, limits: GatewayLimits) -> tuple:
+def _text(content: Any, path: str, policy: FieldPolicy) -> str:
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") in _PARTS:
+                policy.check(part, f.join(path, j), known.RESPONSES_TEXT_PART)
+    return f.text_parts(content, path, part_types=_PARTS)
+
+
+def _tools(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple:
     raw = f.get_list(body, "tools", "") or []
     limits.check_tools(len(raw), "tools")
     tools = []
@@ -130,6 +167,7 @@ def _tools(body: dict, limits: GatewayLimits) -> tuple:
         kind = f.get_str(tool, "type", path, required=True)
         f.reject_unless(kind == "function", f"{path}.type",
                         f"{path}.type {kind!r} is not supported; only function tools")
+        policy.check(tool, path, known.RESPONSES_TOOL)
         tools.append(tool_definition(
             i, f.get_str(tool, "name", path, required=True), f.get_dict(tool, "parameters", path),
             description=f.get_str(tool, "description", path),
@@ -139,7 +177,7 @@ def _tools(body: dict, limits: GatewayLimits) -> tuple:
     return tuple(tools)
 
 
-def _tool_choice(body: dict) -> ToolChoice:
+def _tool_choice(body: dict, policy: FieldPolicy) -> ToolChoice:
     parallel = f.get_bool(body, "parallel_tool_calls", "", default=True)
     value = f.get(body, "tool_choice", "")
     if value is f.MISSING:
@@ -150,6 +188,7 @@ def _tool_choice(body: dict) -> ToolChoice:
                                  "function", field="tool_choice")
         return ToolChoice(ToolMode(value), parallel=parallel)
     value = f.as_dict(value, "tool_choice")
+    policy.check(value, "tool_choice", known.RESPONSES_TOOL_CHOICE)
     kind = f.get_str(value, "type", "tool_choice", required=True)
     if kind == "function":
         return ToolChoice.named(f.get_str(value, "name", "tool_choice", required=True))
@@ -164,10 +203,11 @@ def _tool_choice(body: dict) -> ToolChoice:
                       field="tool_choice.type")
 
 
-def _format(text: dict, limits: GatewayLimits) -> OutputConstraint | None:
+def _format(text: dict, limits: GatewayLimits, policy: FieldPolicy) -> OutputConstraint | None:
     fmt = f.get_dict(text, "format", "text")
     if fmt is None:
         return None
+    policy.check(fmt, "text.format", known.RESPONSES_FORMAT)
     kind = f.get_str(fmt, "type", "text.format", required=True)
     if kind == "text":
         return None
@@ -199,7 +239,7 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
 
 
 def response_object(tr: Translated, created: float, status: str, output: list[dict],
-                    finished: Finished | None = None, error: dict | None = None) -> dict:
+                    results: Results | None = None, error: dict | None = None) -> dict:
     """The `response` object in the given status."""
     obj: dict[str, Any] = {
         "id": tr.request.request_id, "object": "response", "created_at": created,
@@ -207,11 +247,12 @@ def response_object(tr: Translated, created: float, status: str, output: list[di
         "output": output, **tr.echo,
         "usage": None,
     }
-    if finished is not None:
-        u = finished.usage
-        obj["usage"] = {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
-                        "total_tokens": u.prompt_tokens + u.completion_tokens,
-                        "input_tokens_details": {"cached_tokens": 0},
+    if results is not None:
+        finished = results.first
+        obj["usage"] = {"input_tokens": results.prompt_tokens,
+                        "output_tokens": results.completion_tokens,
+                        "total_tokens": results.prompt_tokens + results.completion_tokens,
+                        "input_tokens_details": {"cached_tokens": results.cached_tokens},
                         "output_tokens_details": {"reasoning_tokens": 0}}
         if finished.finish_reason is FinishReason.LENGTH:
             obj["incomplete_details"] = {"reason": "max_output_tokens"}
@@ -223,15 +264,16 @@ def _status(finished: Finished) -> str:
     return "incomplete" if finished.finish_reason is FinishReason.LENGTH else "completed"
 
 
-def aggregate(tr: Translated, finished: Finished, created: int) -> dict[str, Any]:
+def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
     """The response object of a finished generation."""
+    finished = results.first
     status = _status(finished)
     output = []
     if finished.content or not finished.tool_calls:
         output.append(_message_item(_item_id("msg"), finished.content, status))
     output += [_call_item(_item_id("fc"), c.id, c.name, c.arguments_json, "completed")
                for c in finished.tool_calls]
-    return response_object(tr, created, status, output, finished)
+    return response_object(tr, created, status, output, results)
 
 
 class Streamer:
@@ -250,7 +292,7 @@ class Streamer:
         self.seq += 1
         return ev
 
-    def begin(self) -> list[SSE]:
+    def begin(self, counts: Any = None) -> list[SSE]:
         obj = response_object(self.tr, self.created, "in_progress", [])
         return [self._ev("response.created", response=obj),
                 self._ev("response.in_progress", response=obj)]
@@ -275,7 +317,7 @@ class Streamer:
         self.output.append(done)
         return events + [self._ev("response.output_item.done", output_index=index, item=done)]
 
-    def event(self, event: Any) -> list[SSE]:
+    def event(self, event: Any, choice: int = 0) -> list[SSE]:
         index = len(self.output)
         out: list[SSE] = []
         if isinstance(event, TextDelta):
@@ -311,10 +353,13 @@ class Streamer:
                                 output_index=index, delta=event.fragment))
         return out
 
-    def finish(self, finished: Finished) -> list[SSE]:
-        status = _status(finished)
+    def choice_done(self, finished: Finished, choice: int = 0) -> list[SSE]:
+        return []
+
+    def finish(self, results: Results) -> list[SSE]:
+        status = _status(results.first)
         out = self._close(status if self.open and self.open["type"] == "message" else "completed")
-        obj = response_object(self.tr, self.created, status, self.output, finished)
+        obj = response_object(self.tr, self.created, status, self.output, results)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + [self._ev(kind, response=obj)]
 

@@ -24,6 +24,7 @@ from shared.generation import (
     GenerateRequest,
     GenerationEvent,
     PromptInput,
+    Started,
     TextDelta,
     Usage,
     WorkerClient,
@@ -164,7 +165,13 @@ class WorkerPool(WorkerClient):
             stream = member.client.generate(request).__aiter__()
             try:
                 try:
+                    # A request counts as started at its first output event: a worker lost while
+                    # the request was only queued there (its Started event) is retried elsewhere.
+                    held = []
                     first = await stream.__anext__()
+                    while isinstance(first, Started):
+                        held.append(first)
+                        first = await stream.__anext__()
                 except ConnectionError as exc:
                     self._take_out(member, f"generate failed: {type(exc).__name__}: {exc}")
                     if len(tried) >= 2:
@@ -175,6 +182,8 @@ class WorkerPool(WorkerClient):
                 except StopAsyncIteration:
                     raise InternalError("the worker ended the stream without a Finished "
                                         "event") from None
+                for event in held:
+                    yield event
                 async for event in self._follow(member, request, stream, first):
                     yield event
                 return

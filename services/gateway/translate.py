@@ -9,6 +9,7 @@ from typing import Any
 from services.gateway import fields as f
 from services.gateway.errors import ErrorPaths
 from services.gateway.limits import GatewayLimits
+from services.gateway.schema_meta import check_meta_schema
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode, validate_tools
 from shared.errors import ConflictingConstraint, InvalidRequest
 from shared.generation import GenerateRequest
@@ -20,11 +21,29 @@ STRUCTURED_OUTPUT_KEYS = ("grammar", "regex", "choice")
 class Translated:
     """A protocol request translated into the worker contract, with what the reply needs."""
 
-    request: GenerateRequest
+    requests: tuple[GenerateRequest, ...]  # one per choice, in choice order
     paths: ErrorPaths
     stream: bool = False
     include_usage: bool = False  # OpenAI stream_options.include_usage
     echo: dict[str, Any] = field(default_factory=dict)  # request values the reply repeats
+    per_prompt: int = 1  # consecutive choices that share one prompt (OpenAI n)
+
+    def __post_init__(self) -> None:
+        assert self.requests and len(self.requests) % self.per_prompt == 0
+
+    @property
+    def request(self) -> GenerateRequest:
+        """The first choice's request (model, id and options every choice shares)."""
+        return self.requests[0]
+
+
+def choice_count(body: dict, limits: GatewayLimits, prompts: int = 1) -> int:
+    """OpenAI's `n` (default 1): at least 1, and `n * prompts` within `max_choices`."""
+    n = f.get_int(body, "n", "", default=1)
+    if n < 1:
+        raise InvalidRequest(f"n must be at least 1, got {n}", field="n")
+    limits.check_choices(n * prompts, "n")
+    return n
 
 
 def structured_outputs_key(body: dict) -> str | None:
@@ -60,7 +79,7 @@ def structured_outputs(body: dict, limits: GatewayLimits) -> OutputConstraint | 
         return OutputConstraint.choice(source)
     if not isinstance(source, str):
         raise f.wrong_type(path, "a string", source)
-    limits.check_source(source, path)
+    limits.check_source(source, path, key)
     if key == "grammar":
         return OutputConstraint.grammar(source)
     return OutputConstraint.regex(source)
@@ -89,11 +108,16 @@ def json_schema_constraint(schema: Any, path: str, limits: GatewayLimits) -> Out
 
 def tool_definition(index: int, name: Any, parameters: Any, *, description: Any, strict: bool,
                     schema_path: str, limits: GatewayLimits) -> ToolDefinition:
-    """One function tool; the parameters schema's size is checked against the gateway limit."""
+    """One function tool; the parameters schema's size is checked against the gateway limit,
+    and a non-strict tool's schema (which nothing compiles) against the JSON Schema meta-schema
+    (InvalidSchema with its pointer). A strict tool's schema is validated by its compilation."""
     if parameters is not None:
         limits.check_schema(parameters, schema_path)
-    return ToolDefinition.create(name, parameters, description=description, strict=strict,
+    tool = ToolDefinition.create(name, parameters, description=description, strict=strict,
                                  index=index)
+    if not strict and parameters is not None:
+        check_meta_schema(parameters, tool_index=index, tool_name=tool.name)
+    return tool
 
 
 def tool_policy(tools: tuple[ToolDefinition, ...], choice: ToolChoice) -> ToolChoice:

@@ -147,14 +147,13 @@ def run_generate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     from services.worker.engine import EngineConfig
     from services.worker.runtime import load_runtime
 
-    if runtime is None:  # the real command line (tests pass a runtime and keep their logging)
-        from shared.logging import configure_logging
-
-        configure_logging(os.environ.get("INFERNIX_LOG_LEVEL", "WARNING"))
     try:
         request = request_from_args(args)
-        if runtime is None:
+        if runtime is None:  # the real command line (tests pass a runtime and keep their logging)
             validate_constraint(request)
+            from shared.logging import configure_logging
+
+            configure_logging(os.environ.get("INFERNIX_LOG_LEVEL", "WARNING"))
             runtime = load_runtime(request.model, device=args.device)
         else:
             request = GenerateRequest(request.request_id, request.prompt, request.options,

@@ -34,6 +34,7 @@ from shared.generation import (
     PromptInput,
     RequestOptions,
     SamplingParams,
+    Started,
     TextDelta,
     ToolCall,
     ToolCallArgumentsDelta,
@@ -223,6 +224,9 @@ def finished_from_proto(msg: pb.Finished) -> Finished:
 
 def event_to_proto(event: GenerationEvent) -> pb.GenerationEvent:
     """The protobuf form of one event. Raises InternalError for an object that is not one."""
+    if isinstance(event, Started):
+        return pb.GenerationEvent(started=pb.Started(prompt_tokens=event.prompt_tokens,
+                                                     cached_tokens=event.cached_tokens))
     if isinstance(event, TextDelta):
         return pb.GenerationEvent(text=pb.TextDelta(text=event.text))
     if isinstance(event, ToolCallStart):
@@ -241,6 +245,8 @@ def event_from_proto(msg: pb.GenerationEvent) -> GenerationEvent:
     worker's fault, never the caller's)."""
     which = msg.WhichOneof("event")
     try:
+        if which == "started":
+            return Started(msg.started.prompt_tokens, msg.started.cached_tokens)
         if which == "text":
             return TextDelta(msg.text.text)
         if which == "tool_call_start":

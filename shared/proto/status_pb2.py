@@ -22,6 +22,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19shared/proto/status.proto\x12\x0binfernix.v1\x1a\x19google/protobuf/any.proto\"/\n\x0b\x45rrorDetail\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x12\n\nerror_json\x18\x02 \x01(\t\"Q\n\tRpcStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Anyb\x06proto3')

@@ -138,6 +138,14 @@ class GenerateRequest(_message.Message):
     model: str
     def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[PromptInput, _Mapping]] = ..., options: _Optional[_Union[RequestOptions, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
+class Started(_message.Message):
+    __slots__ = ("prompt_tokens", "cached_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    cached_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+
 class TextDelta(_message.Message):
     __slots__ = ("text",)
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -198,16 +206,18 @@ class Finished(_message.Message):
     def __init__(self, finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., constraint_json: _Optional[str] = ..., error_json: _Optional[str] = ..., timings: _Optional[_Mapping[str, float]] = ..., stop_sequence: _Optional[str] = ...) -> None: ...
 
 class GenerationEvent(_message.Message):
-    __slots__ = ("text", "tool_call_start", "tool_call_arguments", "finished")
+    __slots__ = ("text", "tool_call_start", "tool_call_arguments", "finished", "started")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_START_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
     text: TextDelta
     tool_call_start: ToolCallStart
     tool_call_arguments: ToolCallArgumentsDelta
     finished: Finished
-    def __init__(self, text: _Optional[_Union[TextDelta, _Mapping]] = ..., tool_call_start: _Optional[_Union[ToolCallStart, _Mapping]] = ..., tool_call_arguments: _Optional[_Union[ToolCallArgumentsDelta, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
+    started: Started
+    def __init__(self, text: _Optional[_Union[TextDelta, _Mapping]] = ..., tool_call_start: _Optional[_Union[ToolCallStart, _Mapping]] = ..., tool_call_arguments: _Optional[_Union[ToolCallArgumentsDelta, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)

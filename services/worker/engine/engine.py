@@ -35,7 +35,7 @@ from services.worker.engine.stream import RequestStream
 from services.worker.program import Program
 from services.worker.request import Request
 from shared.errors import DeadlineExceeded, InternalError, InvalidRequest
-from shared.generation import FinishReason, GenerateRequest, PromptInput
+from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
 
@@ -106,7 +106,8 @@ class Engine:
             self._thread = None
 
     async def submit(self, request: GenerateRequest) -> RequestStream:
-        """Prepare `request` and queue it; returns its event stream.
+        """Prepare `request` and queue it; returns its event stream, whose first event is
+        `Started` with the prompt's token count.
 
         Raises (before any event) what `prepare` raises, InvalidRequest(field="request_id") for
         an id already running, InternalError when the engine is not running."""
@@ -129,6 +130,7 @@ class Engine:
                                      field="request_id")
             self._live[request.request_id] = job
         job.enqueued_at = time.monotonic()  # an expired deadline is retired by the next step
+        stream.push(Started(len(ready.prompt_ids)))
         self._inbox.put(job)
         return stream
 

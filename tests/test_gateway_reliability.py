@@ -1,0 +1,143 @@
+"""Gateway side of issue 12: a non-streaming request whose client went away is cancelled at the
+worker (item 4), and the typed overload / unavailable / too-complex errors map to each protocol's
+status, error shape and Retry-After (items 2 and 8)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import aiohttp
+import pytest
+
+from shared.errors import InfernixError, RequestError, error_from_dict
+from tests.fake_worker import FakeWorker, Script, running_gateway
+
+MODEL = "smollm2"
+BODIES = {"/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+          "/v1/messages": {"model": MODEL, "max_tokens": 9,
+                           "messages": [{"role": "user", "content": "hi"}]}}
+
+
+async def _wait_for(predicate, steps: int = 200) -> None:
+    for _ in range(steps):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
+async def test_non_streaming_client_disconnect_cancels_at_the_worker(route):
+    """Issue 12 item 4: "Non-streaming requests whose client disconnected run to their token
+    limit. Cancel them as streaming ones are": a client that closes its connection while an
+    aggregate response is being generated gets its generation cancelled at the worker, before
+    the worker finished it."""
+    worker = FakeWorker(Script(text=tuple("abcdefghijklmnopqrstuvwxyz" * 4), delay_s=0.05))
+    body = BODIES.get(route, {"model": MODEL, "input": "hi"})
+    async with running_gateway(worker) as url:
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        data = json.dumps(body).encode()
+        writer.write(f"POST {route} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
+                     f"\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        await writer.drain()
+        await _wait_for(lambda: worker.requests)
+        assert worker.requests, "the request reached the worker"
+        writer.close()
+        await writer.wait_closed()
+        await _wait_for(lambda: worker.cancelled)
+    request_id = worker.last.request_id
+    assert worker.cancelled == [request_id]
+    assert request_id not in worker.finished
+
+
+def _error_class(name: str, base: type) -> type:
+    """The class shared/errors.py defines under `name`, or a stand-in until it lands (the gateway
+    maps these by type name, so it works either way)."""
+    known = InfernixError.registry.get(name)
+    if known is not None:
+        return known
+    fields = [("retry_after_s", "float | None", dataclasses.field(default=None))]
+    if name == "ConstraintTooComplex":
+        fields = [("limit", "str | None", dataclasses.field(default=None))]
+    return dataclasses.make_dataclass(name, fields, bases=(base,))
+
+
+ConstraintTooComplex = _error_class("ConstraintTooComplex", RequestError)
+GrammarServiceUnavailable = _error_class("GrammarServiceUnavailable", InfernixError)
+Overloaded = _error_class("Overloaded", InfernixError)
+
+
+def _error(cls: type, message: str, **extra) -> InfernixError:
+    return error_from_dict({"type": cls.__name__, "message": message, **extra})
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("route", list(BODIES))
+@pytest.mark.parametrize("error, status, code, anthropic_type", [
+    (_error(GrammarServiceUnavailable, "the grammar service is unreachable", retry_after_s=2.5),
+     503, "grammar_service_unavailable", "overloaded_error"),
+    (_error(Overloaded, "the waiting queue is full", retry_after_s=1), 429, "overloaded",
+     "rate_limit_error"),
+])
+async def test_dependency_failures_are_typed_with_retry_after(route, error, status, code,
+                                                              anthropic_type):
+    """Issue 12: "let a waiter for a slot time out with a typed 429/503 and a Retry-After, never a
+    500"; "Dependency failures are typed (a 503 grammar_service_unavailable, not 500
+    internal_error)", in each protocol's error shape."""
+    worker = FakeWorker(Script(raise_before=error))
+    async with running_gateway(worker) as url, aiohttp.ClientSession() as http:
+        async with http.post(url + route, json=BODIES[route]) as r:
+            payload = await r.json()
+            assert r.status == status, payload
+            retry = r.headers["Retry-After"]
+    assert int(retry) >= 1
+    if getattr(error, "retry_after_s", None):
+        assert int(retry) >= error.retry_after_s
+    if route == "/v1/messages":
+        assert payload["error"]["type"] == anthropic_type
+    else:
+        assert payload["error"]["code"] == code
+
+
+@pytest.mark.asyncio
+async def test_constraint_too_complex_names_the_constraint():
+    """Issue 12 item 2: a compile past its limits is a typed 4xx (`ConstraintTooComplex` naming
+    the limit): 400 before generation, naming the constraint's field; 422 if found while
+    generating."""
+    too_complex = _error(ConstraintTooComplex, "the schema needs more than 2 s to compile",
+                         limit="compile_seconds")
+    worker = FakeWorker(Script(raise_before=too_complex))
+    body = {**BODIES["/v1/chat/completions"],
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "s", "schema": {"type": "object"}}}}
+    async with running_gateway(worker) as url, aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/chat/completions", json=body) as r:
+            payload = await r.json()
+            assert r.status == 400
+        err = payload["error"]
+        assert (err["code"], err["param"]) == ("constraint_too_complex", "response_format")
+        if getattr(too_complex, "limit", None):
+            assert "compile_seconds" in err["message"]
+        worker.reset(Script(text=("x",), error=too_complex.to_dict()))
+        async with http.post(url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 422
+            assert (await r.json())["error"]["code"] == "constraint_too_complex"
+
+
+@pytest.mark.asyncio
+async def test_a_client_leaving_a_stream_of_several_choices_cancels_them_all():
+    """A stream of n=3 choices whose client goes away: every choice is cancelled at the worker
+    and none runs to its end."""
+    worker = FakeWorker(Script(text=tuple("abcdefghijklmnopqrst" * 3), delay_s=0.05))
+    async with running_gateway(worker) as url:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/v1/chat/completions", json={
+                    **BODIES["/v1/chat/completions"], "n": 3, "stream": True}) as r:
+                assert r.status == 200
+                await r.content.readline()
+        await _wait_for(lambda: len(worker.cancelled) == 3)
+    assert sorted(worker.cancelled) == sorted(r.request_id for r in worker.requests)
+    assert worker.finished == []
