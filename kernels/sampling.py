@@ -117,8 +117,10 @@ def _keys_kernel(logits_ptr, logits_stride, mask_ptr, mask_stride, mask_row_ptr,
 
 @triton.jit
 def _penalty_kernel(keys_ptr, keys_stride, ids_ptr, ids_stride, counts_ptr, counts_stride,
-                    rep_ptr, presence_ptr, frequency_ptr, L, V, BLOCK_L: tl.constexpr):
+                    rep_ptr, presence_ptr, frequency_ptr, L, V, ROWS_PER_PARAM,
+                    BLOCK_L: tl.constexpr):
     n = tl.program_id(0)
+    prm = n // ROWS_PER_PARAM
     j = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)  # [BLOCK_L] history slots
     ids = tl.load(ids_ptr + n * ids_stride + j, mask=j < L, other=-1)
     count = tl.load(counts_ptr + n * counts_stride + j, mask=j < L, other=0)
@@ -126,10 +128,10 @@ def _penalty_kernel(keys_ptr, keys_stride, ids_ptr, ids_stride, counts_ptr, coun
     row_keys = keys_ptr + n.to(tl.int64) * keys_stride
     z = _key_value(tl.load(row_keys + ids, mask=seen, other=0))
     finite = (z == z) & (tl.abs(z) < _POS_INF)  # legal and finite: illegal keys hold -inf
-    rep = tl.load(rep_ptr + n)
+    rep = tl.load(rep_ptr + prm)
     z = tl.where(z > 0, z / rep, z * rep)
-    z = z - tl.load(presence_ptr + n) * (count > 0).to(tl.float32)
-    z = z - tl.load(frequency_ptr + n) * count.to(tl.float32)
+    z = z - tl.load(presence_ptr + prm) * (count > 0).to(tl.float32)
+    z = z - tl.load(frequency_ptr + prm) * count.to(tl.float32)
     tl.store(row_keys + ids, _make_key(z, ids), mask=seen & finite)
 
 
@@ -228,6 +230,34 @@ def sample(logits: torch.Tensor, params: SamplingParams, *, vocab_size: int,
     dtypes, devices or widths. No host synchronisation."""
     flat_mask = check_inputs(logits, params, vocab_size, mask, mask_row, penalties)
     width = vocab_size if candidate_width is None else candidate_width
+    n, device = logits.shape[0], logits.device
+    tokens = torch.empty(n, dtype=torch.int64, device=device)
+    status = torch.empty(n, dtype=torch.int32, device=device)
+    prob = torch.empty(n, dtype=torch.float32, device=device)
+    u = torch.empty(n, dtype=torch.float32, device=device)
+    candidates, stats = build_candidates(logits, params, vocab_size, flat_mask, mask_row, penalties,
+                                         width, block_v)
+    if n == 0:
+        return SampleResult(tokens=tokens, status=status, prob=prob, uniform=u)
+    nb = stats.shape[1]
+    _sample_kernel[(n,)](
+        candidates, candidates.stride(0), width, stats, nb, params.temperature, params.top_k,
+        params.top_p, params.min_p, params.seed, params.position, tokens, status, prob, u,
+        PURPOSE_KEY=rng.purpose_key(purpose),
+        BLOCK_W=min(triton.next_power_of_2(width), 1024),
+        BLOCK_NB=min(triton.next_power_of_2(nb), 1024))
+    return SampleResult(tokens=tokens, status=status, prob=prob, uniform=u)
+
+
+def build_candidates(logits: torch.Tensor, params: SamplingParams, vocab_size: int,
+                     flat_mask: torch.Tensor | None, mask_row: torch.Tensor | None,
+                     penalties: PenaltyHistory | None, width: int, block_v: int = 1024,
+                     rows_per_param: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1 and 2 of the module docstring for N logits rows: (candidates [N, width] int64
+    sorted keys, stats [N, NB, 2] int32). Logits row n takes the penalties of parameter row
+    n // rows_per_param (the speculative layout: K+1 positions per parameter row). Inputs as
+    checked by `check_inputs` (flat_mask is its result). Raises ValueError for a bad width or
+    block_v."""
     if not 1 <= width <= vocab_size:
         raise ValueError(f"candidate_width: expected 1..{vocab_size}, got {width}")
     if block_v < 32 or block_v & (block_v - 1):
@@ -243,33 +273,21 @@ def sample(logits: torch.Tensor, params: SamplingParams, *, vocab_size: int,
     blockmax = torch.empty(n, nb if argmax and not penalized else 0, dtype=torch.int64,
                            device=device)  # [N, NB] block maxima of the keys
     stats = torch.empty(n, nb, 2, dtype=torch.int32, device=device)  # [N, NB, (legal, bad)]
-    tokens = torch.empty(n, dtype=torch.int64, device=device)
-    status = torch.empty(n, dtype=torch.int32, device=device)
-    prob = torch.empty(n, dtype=torch.float32, device=device)
-    u = torch.empty(n, dtype=torch.float32, device=device)
     if n == 0:
-        return SampleResult(tokens=tokens, status=status, prob=prob, uniform=u)
+        return torch.empty(0, width, dtype=torch.int64, device=device), stats
     has_mask = flat_mask is not None
     _keys_kernel[(n, nb)](
-        logits, logits.stride(0), flat_mask if has_mask else keys, flat_mask.stride(0) if has_mask else 0,
-        mask_row if has_mask else stats, keys, keys.stride(0) if store_keys else 0, stats,
-        blockmax, vocab_size, nb, HAS_MASK=has_mask, STORE_KEYS=store_keys,
-        BLOCK_MAX=argmax and not penalized, BLOCK_V=block_v)
+        logits, logits.stride(0), flat_mask if has_mask else keys,
+        flat_mask.stride(0) if has_mask else 0, mask_row if has_mask else stats, keys,
+        keys.stride(0) if store_keys else 0, stats, blockmax, vocab_size, nb, HAS_MASK=has_mask,
+        STORE_KEYS=store_keys, BLOCK_MAX=argmax and not penalized, BLOCK_V=block_v)
     if penalized:
         hist = penalties.ids.shape[1]
         block_l = min(triton.next_power_of_2(hist), 1024)
         _penalty_kernel[(n, triton.cdiv(hist, block_l))](
             keys, keys.stride(0), penalties.ids, penalties.ids.stride(0), penalties.counts,
             penalties.counts.stride(0), params.repetition_penalty, params.presence_penalty,
-            params.frequency_penalty, hist, vocab_size, BLOCK_L=block_l)
+            params.frequency_penalty, hist, vocab_size, rows_per_param, BLOCK_L=block_l)
     if not argmax:
-        candidates = torch.topk(keys, width, dim=1, largest=True, sorted=True).values  # [N, width]
-    else:
-        candidates = (keys if penalized else blockmax).amax(dim=1, keepdim=True)  # [N, 1]
-    _sample_kernel[(n,)](
-        candidates, candidates.stride(0), width, stats, nb, params.temperature, params.top_k,
-        params.top_p, params.min_p, params.seed, params.position, tokens, status, prob, u,
-        PURPOSE_KEY=rng.purpose_key(purpose),
-        BLOCK_W=min(triton.next_power_of_2(width), 1024),
-        BLOCK_NB=min(triton.next_power_of_2(nb), 1024))
-    return SampleResult(tokens=tokens, status=status, prob=prob, uniform=u)
+        return torch.topk(keys, width, dim=1, largest=True, sorted=True).values, stats  # [N, W]
+    return (keys if penalized else blockmax).amax(dim=1, keepdim=True), stats  # [N, 1]
