@@ -234,6 +234,7 @@ def accept_drafts(logits: torch.Tensor, params: SamplingParams, drafts: torch.Te
                                           mask, q_ids, q_probs, penalties, eos_ids)
     rows, k = drafts.shape
     n, dev = rows * (k + 1), flat.device
+    drafts, num_drafts, states = drafts.contiguous(), num_drafts.contiguous(), states.contiguous()
     width = vocab_size if candidate_width is None else candidate_width
     result = AcceptResult(tokens=torch.empty(rows, k + 1, dtype=torch.int64, device=dev),
                           num_tokens=torch.empty(rows, dtype=torch.int32, device=dev),
@@ -251,7 +252,7 @@ def accept_drafts(logits: torch.Tensor, params: SamplingParams, drafts: torch.Te
     q_d = torch.empty(n, dtype=torch.float32, device=dev)
     d = drafts if k > 0 else torch.zeros(rows, 1, dtype=drafts.dtype, device=dev)
     sparse = q_ids is not None and k > 0
-    qi = q_ids if sparse else d.view(rows, -1, 1)[:, :, :1].to(torch.int32)
+    qi = q_ids if sparse else d.reshape(rows, -1, 1)[:, :, :1].to(torch.int32)
     qp = q_probs if sparse else torch.ones(qi.shape, dtype=torch.float32, device=dev)
     nb = stats.shape[1]
     _position_kernel[(n,)](

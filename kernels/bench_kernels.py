@@ -222,9 +222,40 @@ def bench_attention(results: list, sh: Shape) -> None:
             run_case(results, "write_kv", {"B": b, "context": context},
                      {"triton": lambda: write_kv(kc, vc, k_new, v_new, table, wpos),
                       "torch_ref": lambda: write_kv_ref(kc, vc, k_new, v_new, table, wpos)})
+            bench_prepare(results, sh, b, context, kc, vc, table, wpos)
             del kc, vc, keys, values, k_sdpa, v_sdpa
             if dev == "cuda":
                 torch.cuda.empty_cache()
+
+
+def bench_prepare(results, sh, b, context, kc, vc, table, wpos) -> None:
+    """q/k norm + RoPE + KV write: one fused launch, the separate kernels, and the references."""
+    from kernels.norms import rms_norm
+    from kernels.paged_kv import write_kv
+    from kernels.qkv_prepare import prepare_qkv, prepare_qkv_ref
+    from kernels.rope import apply_rope_
+    hq, hk, hd = sh.heads, sh.kv_heads, sh.head_dim
+    qkv = torch.randn(b, 1, (hq + 2 * hk) * hd, device=sh.device, dtype=DT)
+    q = qkv[..., :hq * hd].view(b, 1, hq, hd)
+    k = qkv[..., hq * hd:(hq + hk) * hd].view(b, 1, hk, hd)
+    v = qkv[..., (hq + hk) * hd:].view(b, 1, hk, hd)
+    wq, wk = torch.randn(2, hd, device=sh.device, dtype=DT)
+    ang = torch.rand(b, 1, hd // 2, device=sh.device) * 3000
+    cos, sin = ang.cos(), ang.sin()
+    kn = torch.empty_like(k)
+
+    def separate():
+        rms_norm(q, wq, 1e-6, out=q)
+        rms_norm(k, wk, 1e-6, out=kn)
+        apply_rope_(q, kn, cos, sin)
+        write_kv(kc, vc, kn, v, table, wpos)
+
+    run_case(results, "qkv_prepare", {"B": b, "context": context},
+             {"triton_fused": lambda: _none(prepare_qkv(q, k, v, cos, sin, kc, vc, table, wpos,
+                                                        q_norm=wq, k_norm=wk)),
+              "triton_separate": separate,
+              "torch_ref": lambda: _none(prepare_qkv_ref(q, k, v, cos, sin, kc, vc, table, wpos,
+                                                         q_norm=wq, k_norm=wk))})
 
 
 def bench_sampling(results: list, sh: Shape) -> None:
