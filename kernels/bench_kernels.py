@@ -40,12 +40,15 @@ class Shape:
     drafts: tuple = (4, 15)
     accept_batches: tuple = (1, 8, 64)
     ref_attention_limit: int = 8 * 4096  # B * context above which the reference is skipped
+    tunings: tuple = ((64, 4, 3), (128, 4, 2), (128, 8, 2), (32, 4, 3), (32, 2, 2))
+    split_sweep: tuple = (1, 2, 4, 8, 16, 32)
     device: str = "cuda"
 
 
 QUICK = Shape(batches=(1, 64), contexts=(4096,), accept_batches=(1, 64))
 TINY = Shape(hidden=64, heads=4, kv_heads=2, head_dim=16, inter=48, vocab=300, batches=(2,),
-             contexts=(40,), windows=(1, 3), drafts=(2,), accept_batches=(2,), device="cpu")
+             contexts=(40,), windows=(1, 3), drafts=(2,), accept_batches=(2,), device="cpu",
+             tunings=((32, 2, 2),), split_sweep=(1, 2))
 DT = torch.bfloat16
 
 
@@ -228,6 +231,38 @@ def bench_attention(results: list, sh: Shape) -> None:
                 torch.cuda.empty_cache()
 
 
+def bench_attention_tuning(results: list, sh: Shape) -> None:
+    """The attention kernel's launch choices side by side: KV tile, warps, stages and splits."""
+    from kernels.paged_attention import choose_splits, paged_attention
+    dev, block = sh.device, 16
+    context = max(sh.contexts)
+    for b in sorted({sh.batches[0], sh.batches[-1]}):
+        per_row = -(-context // block)
+        kc = torch.randn(b * per_row, block, sh.kv_heads, sh.head_dim, device=dev, dtype=DT)
+        vc = torch.randn_like(kc)
+        table = torch.randperm(b * per_row, device=dev).view(b, per_row).to(torch.int32)
+        for t in sh.windows:
+            q = torch.randn(b, t, sh.heads, sh.head_dim, device=dev, dtype=DT)
+            pos = torch.arange(context - t, context, device=dev).expand(b, t).contiguous()
+            default = choose_splits(b, 1, sh.kv_heads, context, torch.device(dev))
+            impls = {f"default_S{default}": lambda: paged_attention(q, kc, vc, table, pos,
+                                                                    max_seq_len=context)}
+            for bn, warps, stages in sh.tunings:
+                impls[f"n{bn}_w{warps}_s{stages}"] = (
+                    lambda bn=bn, warps=warps, stages=stages: paged_attention(
+                        q, kc, vc, table, pos, max_seq_len=context, block_n=bn, num_warps=warps,
+                        num_stages=stages))
+            for splits in sorted(set(sh.split_sweep) - {default}):
+                impls[f"S{splits}"] = lambda splits=splits: paged_attention(
+                    q, kc, vc, table, pos, num_splits=splits)
+            kv_bytes = 2 * b * context * sh.kv_heads * sh.head_dim * 2
+            run_case(results, "attention_tuning", {"B": b, "context": context, "T": t}, impls,
+                     nbytes=kv_bytes)
+        del kc, vc
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+
+
 def bench_prepare(results, sh, b, context, kc, vc, table, wpos) -> None:
     """q/k norm + RoPE + KV write: one fused launch, the separate kernels, and the references."""
     from kernels.norms import rms_norm
@@ -315,7 +350,8 @@ def bench_acceptance(results: list, sh: Shape) -> None:
                                                                  **kw)})
 
 
-GROUPS = {"layers": bench_layers, "attention": bench_attention, "sampling": bench_sampling,
+GROUPS = {"layers": bench_layers, "attention": bench_attention,
+          "attention_tuning": bench_attention_tuning, "sampling": bench_sampling,
           "acceptance": bench_acceptance}
 
 

@@ -159,7 +159,9 @@ def choose_splits(rows: int, m_tiles: int, kv_heads: int, max_seq_len: int, devi
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_table: torch.Tensor, positions: torch.Tensor, *,
                     scale: float | None = None, max_seq_len: int | None = None,
-                    num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                    num_splits: int | None = None, out: torch.Tensor | None = None,
+                    block_n: int | None = None, num_warps: int = 4,
+                    num_stages: int = 2) -> torch.Tensor:
     """Causal attention of new queries over a paged KV cache (module docstring; `kernels.paged_kv`).
 
     q: [B, T, H, D] (bf16 / fp16 / fp32, the cache dtype; any strides with a unit last one: a view
@@ -170,6 +172,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     scale: default 1/sqrt(D). max_seq_len: host-side bound on positions + 1 used only to choose S
         (default block_table.shape[1] * block_size). num_splits: S, default `choose_splits`.
     out: [B, T, H, D] in q's dtype (any strides, unit last), default a new contiguous tensor.
+    block_n, num_warps, num_stages: tuning (KV tile, default 64 for D <= 128 else 32; Triton's
+        warps and pipeline stages); kernels/bench_kernels.py sweeps them.
     Returns out. Raises ValueError for inconsistent shapes, dtypes or devices. No host sync."""
     check_cache(k_cache, v_cache, block_table)
     _, bs, hkv, d = k_cache.shape
@@ -194,7 +198,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_m = max(16, triton.next_power_of_2(pairs)) if pairs <= 64 else 64
     m_tiles = triton.cdiv(pairs, block_m)
     block_d = max(16, triton.next_power_of_2(d))
-    block_n = 64 if block_d <= 128 else 32
+    block_n = (64 if block_d <= 128 else 32) if block_n is None else block_n
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n: expected a power of two >= 16, got {block_n}")
     bound = block_table.shape[1] * bs if max_seq_len is None else max_seq_len
     splits = choose_splits(rows, m_tiles, hkv, bound, q.device, block_n) if num_splits is None \
         else num_splits
@@ -214,7 +220,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         positions.stride(0), positions.stride(1), out, out.stride(0), out.stride(1), out.stride(2),
         acc, ml, scale * _LOG2E, tokens, group, d, bs, splits, m_tiles,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=splits > 1,
-        F32_DOT=INTERPRETED, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
+        F32_DOT=INTERPRETED, IEEE=q.dtype == torch.float32, num_warps=num_warps,
+        num_stages=num_stages)
     if splits > 1:
         _combine_kernel[(rows * m_tiles, hkv)](
             acc, ml, out, out.stride(0), out.stride(1), out.stride(2), tokens, group, d, splits,
