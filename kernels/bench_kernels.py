@@ -42,13 +42,14 @@ class Shape:
     ref_attention_limit: int = 8 * 4096  # B * context above which the reference is skipped
     tunings: tuple = ((64, 4, 3), (128, 4, 2), (128, 8, 2), (32, 4, 3), (32, 2, 2))
     split_sweep: tuple = (1, 2, 4, 8, 16, 32)
+    prefill: tuple = (512,)  # chunk lengths of the B = 1 prefill case (new tokens after a prefix)
     device: str = "cuda"
 
 
 QUICK = Shape(batches=(1, 64), contexts=(4096,), accept_batches=(1, 64))
 TINY = Shape(hidden=64, heads=4, kv_heads=2, head_dim=16, inter=48, vocab=300, batches=(2,),
              contexts=(40,), windows=(1, 3), drafts=(2,), accept_batches=(2,), device="cpu",
-             tunings=((32, 2, 2),), split_sweep=(1, 2))
+             tunings=((32, 2, 2),), split_sweep=(1, 2), prefill=(20,))
 DT = torch.bfloat16
 
 
@@ -226,6 +227,10 @@ def bench_attention(results: list, sh: Shape) -> None:
                      {"triton": lambda: write_kv(kc, vc, k_new, v_new, table, wpos),
                       "torch_ref": lambda: write_kv_ref(kc, vc, k_new, v_new, table, wpos)})
             bench_prepare(results, sh, b, context, kc, vc, table, wpos)
+            if b == sh.batches[0]:  # row 0 of the pool as a B = 1 prefill
+                for t in sh.prefill:
+                    bench_prefill(results, sh, context, t, kc, vc, table[:1], k_sdpa[:1],
+                                  v_sdpa[:1])
             del kc, vc, keys, values, k_sdpa, v_sdpa
             if dev == "cuda":
                 torch.cuda.empty_cache()
@@ -261,6 +266,21 @@ def bench_attention_tuning(results: list, sh: Shape) -> None:
         del kc, vc
         if dev == "cuda":
             torch.cuda.empty_cache()
+
+
+def bench_prefill(results, sh, context, t, kc, vc, table, k_sdpa, v_sdpa) -> None:
+    """A prefill chunk of t tokens after a cached prefix (B = 1): the paged kernel against SDPA
+    with the offset causal mask on contiguous KV."""
+    from kernels.paged_attention import paged_attention
+    dev = sh.device
+    q = torch.randn(1, t, sh.heads, sh.head_dim, device=dev, dtype=DT)
+    pos = torch.arange(context - t, context, device=dev)[None]
+    visible = (torch.arange(context, device=dev)[None, None, :] <= pos[:, :, None])[:, None]
+    run_case(results, "attention_prefill", {"B": 1, "context": context, "T": t},
+             {"triton_paged": lambda: paged_attention(q, kc, vc, table, pos, max_seq_len=context),
+              "sdpa_contiguous_mask": lambda: F.scaled_dot_product_attention(
+                  q.transpose(1, 2), k_sdpa, v_sdpa, attn_mask=visible,
+                  enable_gqa=True).transpose(1, 2)})
 
 
 def bench_prepare(results, sh, b, context, kc, vc, table, wpos) -> None:
