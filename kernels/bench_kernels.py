@@ -220,17 +220,17 @@ def bench_attention(results: list, sh: Shape) -> None:
                 kv_bytes = 2 * b * context * sh.kv_heads * sh.head_dim * 2
                 run_case(results, "attention", {"B": b, "context": context, "T": t}, impls,
                          nbytes=kv_bytes)
+            if b == sh.batches[0]:  # row 0 of the pool as a B = 1 prefill (before any write)
+                for t in sh.prefill:
+                    bench_prefill(results, sh, context, t, kc, vc, table[:1], k_sdpa[:1],
+                                  v_sdpa[:1])
             k_new = torch.randn(b, 1, sh.kv_heads, sh.head_dim, device=dev, dtype=DT)
             v_new = torch.randn_like(k_new)
-            wpos = torch.full((b, 1), context - 1, device=dev)
+            wpos = torch.full((b, 1), context - 1, device=dev)  # the writes below change KV
             run_case(results, "write_kv", {"B": b, "context": context},
                      {"triton": lambda: write_kv(kc, vc, k_new, v_new, table, wpos),
                       "torch_ref": lambda: write_kv_ref(kc, vc, k_new, v_new, table, wpos)})
             bench_prepare(results, sh, b, context, kc, vc, table, wpos)
-            if b == sh.batches[0]:  # row 0 of the pool as a B = 1 prefill
-                for t in sh.prefill:
-                    bench_prefill(results, sh, context, t, kc, vc, table[:1], k_sdpa[:1],
-                                  v_sdpa[:1])
             del kc, vc, keys, values, k_sdpa, v_sdpa
             if dev == "cuda":
                 torch.cuda.empty_cache()
