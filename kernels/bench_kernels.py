@@ -6,11 +6,13 @@ Shapes: hidden 4096, 32 q heads and 8 KV heads of 128, intermediate 12288, vocab
 bf16, B in 1, 8, 32, 64 and contexts 1k-4k (paged KV, block 16, blocks shuffled). Every case runs
 each implementation side by side in one process and reports microseconds per call two ways:
 `us_graph`, the GPU time of 20 calls captured in one CUDA graph (no launch overhead: the decode
-graph's view), and `us_eager`, back-to-back eager calls (launch overhead included). Implementations
-that synchronise with the host (the references of attention and acceptance) have no graph figure.
-`max_abs_diff` compares each output with the case's first implementation. Ratios are computed from
-the same run; no figure here is asserted by any test. `--tiny` (tiny shapes, any device, wall-clock
-timing on CPU) exists so that a CPU test can run the whole script under Triton's interpreter.
+graph's view), and `us_eager`, back-to-back eager calls (launch overhead included). `host_sync`
+says whether an implementation synchronises with the host (torch's sync debug mode): those (the
+references of attention, sampling and acceptance) get no graph figure, and a kernel path that did
+would be a bug for issue 14. `max_abs_diff` compares each output with the case's first
+implementation. Ratios come from the same run; no figure here is asserted by any test. `--tiny`
+(tiny shapes, any device, wall-clock timing on CPU) lets a CPU test run the whole script under
+Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -84,6 +86,22 @@ def time_graph(fn: Callable[[], object], reps: int = 20, iters: int = 5) -> floa
     return statistics.median(times)
 
 
+def host_syncs(fn: Callable[[], object]) -> bool | None:
+    """Whether fn synchronises with the host (torch's sync debug mode); None on CPU."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+        return False
+    except RuntimeError:
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+
+
 def time_eager(fn: Callable[[], object], iters: int = 30) -> float:
     if not torch.cuda.is_available():
         fn()
@@ -125,8 +143,10 @@ def run_case(results: list, kernel: str, shape: dict, impls: dict[str, Callable[
             first = flat
         elif flat.shape == first.shape and flat.numel():
             diff = float((flat - first).abs().nan_to_num(0).max())
-        record = dict(kernel=kernel, impl=name, **shape, us_graph=time_graph(fn),
-                      us_eager=time_eager(fn), max_abs_diff=diff)
+        syncs = host_syncs(fn)
+        record = dict(kernel=kernel, impl=name, **shape, host_sync=syncs,
+                      us_graph=None if syncs else time_graph(fn), us_eager=time_eager(fn),
+                      max_abs_diff=diff)
         if nbytes is not None and record["us_graph"]:
             record["gb_per_s"] = nbytes / record["us_graph"] / 1e3
         results.append(record)
@@ -378,7 +398,7 @@ GROUPS = {"layers": bench_layers, "attention": bench_attention,
 def ratios(results: list) -> list:
     """Each implementation's time over its case's first implementation (the kernel)."""
     out = []
-    skip = ("impl", "us_graph", "us_eager", "max_abs_diff", "gb_per_s")
+    skip = ("impl", "us_graph", "us_eager", "max_abs_diff", "gb_per_s", "host_sync")
     for rec in results:
         key = {k: v for k, v in rec.items() if k not in skip}
         base = next(r for r in results if {k: r.get(k) for k in key} == key)

@@ -299,8 +299,11 @@ def test_sparse_q_round_matches_oracle(backend):
 
 def test_rejection_at_every_position(backend):
     """A round ends at its first rejection with the correction, at every position 0..K, and all
-    accepted gives the bonus: greedy rows whose drafts follow the legal argmax up to position j;
-    T > 0 rows whose draft at j is illegal (p(d) = 0: rejected, never dropped as a bonus)."""
+    accepted gives the bonus: greedy rows whose drafts follow the legal argmax up to position j
+    (design: "the unconstrained argmax the target forward already produced is never reused as a
+    constrained row's answer"); T > 0 rows whose draft at j is illegal ("An illegal d_i has
+    p(d_i)=0 ... takes the normal rejection; it is never dropped and treated as an ordinary
+    bonus")."""
     gen = np.random.default_rng(3)
     k = 4
     rows = 2 * (k + 1)
@@ -322,10 +325,15 @@ def test_rejection_at_every_position(backend):
         rnd.states[b] = lookahead(rnd.legal[b], rnd.drafts[b], k)
     res = run(backend, rnd)
     check(rnd, res)
+    differs = 0  # greedy corrections where the unconstrained argmax is illegal
     for b in range(rows):
         j = b % (k + 1)
         if b <= k:
             assert int(res.accepted[b]) == j and int(res.num_tokens[b]) == j + 1
+            z = rnd.logits[b, j, :rnd.vocab]
+            legal_best = int(np.argmax(np.where(rnd.legal[b][j], z, -np.inf)))
+            assert int(res.tokens[b, j]) == legal_best  # never the unconstrained argmax
+            differs += legal_best != int(np.argmax(z))
         else:
             assert int(res.accepted[b]) <= j, f"row {b}: an illegal draft was accepted"
             if j < k:
@@ -333,6 +341,7 @@ def test_rejection_at_every_position(backend):
         emitted = res.tokens[b, :int(res.num_tokens[b])].tolist()
         for i, tok in enumerate(emitted):  # every emitted token is legal at its position
             assert rnd.legal[b][i][tok], f"row {b}: illegal token {tok} at {i}"
+    assert differs > 0, "the scenario must include an illegal unconstrained argmax"
 
 
 def test_eos_inside_the_window(backend):
