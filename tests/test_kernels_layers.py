@@ -282,12 +282,14 @@ def test_layers_at_qwen3_8b_shapes_on_cuda():
     r = torch.randn(64, 4096, device="cuda", generator=g).to(dt)
     w = torch.randn(4096, device="cuda", generator=g).to(dt)
     for z in (False, True):
+        # two roundings (normalised value, then the weight product) may each differ by a unit
         torch.testing.assert_close(rms_norm(x, w, 1e-6, zero_centered=z),
-                                   rms_norm_ref(x, w, 1e-6, zero_centered=z), rtol=UNIT[dt], atol=0)
+                                   rms_norm_ref(x, w, 1e-6, zero_centered=z),
+                                   rtol=2.01 * UNIT[dt], atol=1e-6)
         y, h = add_rms_norm(x, r, w, 1e-6, zero_centered=z)
         wy, wh = add_rms_norm_ref(x, r, w, 1e-6, zero_centered=z)
         assert torch.equal(h, wh)
-        torch.testing.assert_close(y, wy, rtol=UNIT[dt], atol=0)
+        torch.testing.assert_close(y, wy, rtol=2.01 * UNIT[dt], atol=1e-6)
     qkv = torch.randn(64, 1, 48 * 128, device="cuda", generator=g).to(dt)
     q, k = qkv[..., :4096].view(64, 1, 32, 128), qkv[..., 4096:5120].view(64, 1, 8, 128)
     ang = torch.rand(64, 1, 64, device="cuda", generator=g) * 4000
@@ -297,7 +299,7 @@ def test_layers_at_qwen3_8b_shapes_on_cuda():
     torch.testing.assert_close(q, rq, rtol=UNIT[dt], atol=UNIT[dt])
     torch.testing.assert_close(k, rk, rtol=UNIT[dt], atol=UNIT[dt])
     gu = torch.randn(64, 2 * 12288, device="cuda", generator=g).to(dt)
-    torch.testing.assert_close(swiglu(gu), swiglu_ref(gu), rtol=UNIT[dt], atol=UNIT[dt])
+    torch.testing.assert_close(swiglu(gu), swiglu_ref(gu), rtol=2.01 * UNIT[dt], atol=UNIT[dt])
     assert math.isfinite(float(swiglu(gu).float().sum()))
 
 
