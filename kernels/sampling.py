@@ -11,8 +11,10 @@ the plain-torch reference. The work is split in three steps, no host sync betwee
    `_penalty_kernel`, grid (N, ceil(L/BLOCK_L)), then rewrites the keys of the row's seen tokens
    whose value is finite (illegal tokens are -inf and stay so; NaN/inf stay what they are).
 2. `torch.topk(keys, width)`: candidate selection over legal tokens only. Keys are unique, so the
-   order is fully determined (value descending, ties to the smaller id) whatever topk's algorithm.
-   A greedy-only batch passes width 1 (an argmax); width V is a full sort.
+   order is fully determined (value descending, ties to the smaller id) whatever topk's algorithm;
+   width V is a full sort. A greedy-only batch passes width 1, an argmax: no top-k runs; without
+   penalties the keys are not even stored, `_keys_kernel` writes each block's largest key and
+   one `amax` over the blocks gives the row's (with penalties, `amax` over the stored keys).
 3. `_sample_kernel`, grid (N,): reduces the stats to the row's status, takes the first candidate
    for T = 0, otherwise walks the sorted candidates in chunks: weights exp((z - z_max) / T) (the
    design's exp(z/T - max z/T), computed without overflow), top-k and support, min-p, top-p with a
@@ -38,6 +40,7 @@ from kernels.sampling_contract import (PenaltyHistory, SampleResult, SamplingPar
 
 _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))
+_MIN_KEY = tl.constexpr(-2**63)
 
 
 @triton.jit
@@ -85,8 +88,9 @@ def _uniform(seed, position, PURPOSE_KEY: tl.constexpr):
 
 @triton.jit
 def _keys_kernel(logits_ptr, logits_stride, mask_ptr, mask_stride, mask_row_ptr, keys_ptr,
-                 keys_stride, stats_ptr, V, NB,
-                 HAS_MASK: tl.constexpr, BLOCK_V: tl.constexpr):
+                 keys_stride, stats_ptr, blockmax_ptr, V, NB,
+                 HAS_MASK: tl.constexpr, STORE_KEYS: tl.constexpr, BLOCK_MAX: tl.constexpr,
+                 BLOCK_V: tl.constexpr):
     n = tl.program_id(0)
     blk = tl.program_id(1)
     v = blk * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V] token ids
@@ -101,7 +105,10 @@ def _keys_kernel(logits_ptr, logits_stride, mask_ptr, mask_stride, mask_row_ptr,
     else:
         legal = in_vocab
     key = _make_key(tl.where(legal, z, _NEG_INF), v)
-    tl.store(keys_ptr + n.to(tl.int64) * keys_stride + v, key, mask=in_vocab)
+    if STORE_KEYS:
+        tl.store(keys_ptr + n.to(tl.int64) * keys_stride + v, key, mask=in_vocab)
+    if BLOCK_MAX:  # the block's largest key: its argmax, ties to the smaller id
+        tl.store(blockmax_ptr + n * NB + blk, tl.max(tl.where(in_vocab, key, _MIN_KEY), axis=0))
     bad = legal & ((z != z) | (z == _POS_INF))
     stats = stats_ptr + (n * NB + blk) * 2
     tl.store(stats, tl.sum(legal.to(tl.int32), axis=0))
@@ -110,8 +117,10 @@ def _keys_kernel(logits_ptr, logits_stride, mask_ptr, mask_stride, mask_row_ptr,
 
 @triton.jit
 def _penalty_kernel(keys_ptr, keys_stride, ids_ptr, ids_stride, counts_ptr, counts_stride,
-                    rep_ptr, presence_ptr, frequency_ptr, L, V, BLOCK_L: tl.constexpr):
+                    rep_ptr, presence_ptr, frequency_ptr, L, V, ROWS_PER_PARAM,
+                    BLOCK_L: tl.constexpr):
     n = tl.program_id(0)
+    prm = n // ROWS_PER_PARAM
     j = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)  # [BLOCK_L] history slots
     ids = tl.load(ids_ptr + n * ids_stride + j, mask=j < L, other=-1)
     count = tl.load(counts_ptr + n * counts_stride + j, mask=j < L, other=0)
@@ -119,10 +128,10 @@ def _penalty_kernel(keys_ptr, keys_stride, ids_ptr, ids_stride, counts_ptr, coun
     row_keys = keys_ptr + n.to(tl.int64) * keys_stride
     z = _key_value(tl.load(row_keys + ids, mask=seen, other=0))
     finite = (z == z) & (tl.abs(z) < _POS_INF)  # legal and finite: illegal keys hold -inf
-    rep = tl.load(rep_ptr + n)
+    rep = tl.load(rep_ptr + prm)
     z = tl.where(z > 0, z / rep, z * rep)
-    z = z - tl.load(presence_ptr + n) * (count > 0).to(tl.float32)
-    z = z - tl.load(frequency_ptr + n) * count.to(tl.float32)
+    z = z - tl.load(presence_ptr + prm) * (count > 0).to(tl.float32)
+    z = z - tl.load(frequency_ptr + prm) * count.to(tl.float32)
     tl.store(row_keys + ids, _make_key(z, ids), mask=seen & finite)
 
 
@@ -221,33 +230,16 @@ def sample(logits: torch.Tensor, params: SamplingParams, *, vocab_size: int,
     dtypes, devices or widths. No host synchronisation."""
     flat_mask = check_inputs(logits, params, vocab_size, mask, mask_row, penalties)
     width = vocab_size if candidate_width is None else candidate_width
-    if not 1 <= width <= vocab_size:
-        raise ValueError(f"candidate_width: expected 1..{vocab_size}, got {width}")
-    if block_v < 32 or block_v & (block_v - 1):
-        raise ValueError(f"block_v: expected a power of two >= 32, got {block_v}")
     n, device = logits.shape[0], logits.device
-    nb = triton.cdiv(vocab_size, block_v)
-    keys = torch.empty(n, vocab_size, dtype=torch.int64, device=device)  # [N, V]
-    stats = torch.empty(n, nb, 2, dtype=torch.int32, device=device)  # [N, NB, (legal, bad)]
     tokens = torch.empty(n, dtype=torch.int64, device=device)
     status = torch.empty(n, dtype=torch.int32, device=device)
     prob = torch.empty(n, dtype=torch.float32, device=device)
     u = torch.empty(n, dtype=torch.float32, device=device)
+    candidates, stats = build_candidates(logits, params, vocab_size, flat_mask, mask_row, penalties,
+                                         width, block_v)
     if n == 0:
         return SampleResult(tokens=tokens, status=status, prob=prob, uniform=u)
-    has_mask = flat_mask is not None
-    _keys_kernel[(n, nb)](
-        logits, logits.stride(0), flat_mask if has_mask else keys, flat_mask.stride(0) if has_mask else 0,
-        mask_row if has_mask else stats, keys, keys.stride(0), stats, vocab_size, nb,
-        HAS_MASK=has_mask, BLOCK_V=block_v)
-    if penalties is not None and penalties.ids.shape[1] > 0:
-        hist = penalties.ids.shape[1]
-        block_l = min(triton.next_power_of_2(hist), 1024)
-        _penalty_kernel[(n, triton.cdiv(hist, block_l))](
-            keys, keys.stride(0), penalties.ids, penalties.ids.stride(0), penalties.counts,
-            penalties.counts.stride(0), params.repetition_penalty, params.presence_penalty,
-            params.frequency_penalty, hist, vocab_size, BLOCK_L=block_l)
-    candidates = torch.topk(keys, width, dim=1, largest=True, sorted=True).values  # [N, width]
+    nb = stats.shape[1]
     _sample_kernel[(n,)](
         candidates, candidates.stride(0), width, stats, nb, params.temperature, params.top_k,
         params.top_p, params.min_p, params.seed, params.position, tokens, status, prob, u,
@@ -255,3 +247,47 @@ def sample(logits: torch.Tensor, params: SamplingParams, *, vocab_size: int,
         BLOCK_W=min(triton.next_power_of_2(width), 1024),
         BLOCK_NB=min(triton.next_power_of_2(nb), 1024))
     return SampleResult(tokens=tokens, status=status, prob=prob, uniform=u)
+
+
+def build_candidates(logits: torch.Tensor, params: SamplingParams, vocab_size: int,
+                     flat_mask: torch.Tensor | None, mask_row: torch.Tensor | None,
+                     penalties: PenaltyHistory | None, width: int, block_v: int = 1024,
+                     rows_per_param: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1 and 2 of the module docstring for N logits rows: (candidates [N, width] int64
+    sorted keys, stats [N, NB, 2] int32). Logits row n takes the penalties of parameter row
+    n // rows_per_param (the speculative layout: K+1 positions per parameter row). Inputs as
+    checked by `check_inputs` (flat_mask is its result). Raises ValueError for a bad width or
+    block_v."""
+    if not 1 <= width <= vocab_size:
+        raise ValueError(f"candidate_width: expected 1..{vocab_size}, got {width}")
+    if block_v < 32 or block_v & (block_v - 1):
+        raise ValueError(f"block_v: expected a power of two >= 32, got {block_v}")
+    n, device = logits.shape[0], logits.device
+    nb = triton.cdiv(vocab_size, block_v)
+    # Greedy-only width 1 is an argmax: without penalties the keys are never stored, each block
+    # reports its largest key and one reduction picks the row's; no top-k runs.
+    penalized = penalties is not None and penalties.ids.shape[1] > 0
+    argmax = width == 1
+    store_keys = not argmax or penalized
+    keys = torch.empty(n if store_keys else 0, vocab_size, dtype=torch.int64, device=device)
+    blockmax = torch.empty(n, nb if argmax and not penalized else 0, dtype=torch.int64,
+                           device=device)  # [N, NB] block maxima of the keys
+    stats = torch.empty(n, nb, 2, dtype=torch.int32, device=device)  # [N, NB, (legal, bad)]
+    if n == 0:
+        return torch.empty(0, width, dtype=torch.int64, device=device), stats
+    has_mask = flat_mask is not None
+    _keys_kernel[(n, nb)](
+        logits, logits.stride(0), flat_mask if has_mask else keys,
+        flat_mask.stride(0) if has_mask else 0, mask_row if has_mask else stats, keys,
+        keys.stride(0) if store_keys else 0, stats, blockmax, vocab_size, nb, HAS_MASK=has_mask,
+        STORE_KEYS=store_keys, BLOCK_MAX=argmax and not penalized, BLOCK_V=block_v)
+    if penalized:
+        hist = penalties.ids.shape[1]
+        block_l = min(triton.next_power_of_2(hist), 1024)
+        _penalty_kernel[(n, triton.cdiv(hist, block_l))](
+            keys, keys.stride(0), penalties.ids, penalties.ids.stride(0), penalties.counts,
+            penalties.counts.stride(0), params.repetition_penalty, params.presence_penalty,
+            params.frequency_penalty, hist, vocab_size, rows_per_param, BLOCK_L=block_l)
+    if not argmax:
+        return torch.topk(keys, width, dim=1, largest=True, sorted=True).values, stats  # [N, W]
+    return (keys if penalized else blockmax).amax(dim=1, keepdim=True), stats  # [N, 1]

@@ -111,13 +111,13 @@ class SamplingParams:
             if len(values) != n:
                 raise ValueError(f"{name}: expected {n} rows, got {len(values)}")
             for row, v in enumerate(values):
-                _check_value(name, row, v)
+                check_value(name, row, v)
             columns[name] = values
         return cls(**{name: torch.tensor(values, dtype=_DTYPES[name], device=device)
                       for name, values in columns.items()})
 
 
-def _check_value(name: str, row: int, v: float) -> None:
+def check_value(name: str, row: int, v: float) -> None:
     where = f"{name}[{row}]"
     if name in _FLOAT_FIELDS and not math.isfinite(v):
         raise ValueError(f"{where}: expected a finite number, got {v}")

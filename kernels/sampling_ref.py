@@ -47,7 +47,10 @@ def legal_set(mask: torch.Tensor | None, mask_row: torch.Tensor | None, rows: in
     return legal
 
 
-def _sorted_weights(logits, params, vocab_size, mask, mask_row, penalties, candidate_width):
+def sorted_weights(logits, params, vocab_size, mask, mask_row, penalties, candidate_width):
+    """Per row, in candidate order (value descending, ties to the smaller id): the final
+    unnormalised weights w [N, V] (one-hot at rank 0 for greedy rows, zero for failed rows), the
+    token ids `order` [N, V], the kept support `keep` [N, V], `status` [N] and `greedy` [N]."""
     flat_mask = check_inputs(logits, params, vocab_size, mask, mask_row, penalties)
     n = logits.shape[0]
     z = penalized_logits(logits, vocab_size, params, penalties)  # [N, V]
@@ -85,7 +88,7 @@ def reference_distribution(logits: torch.Tensor, params: SamplingParams, *, voca
     """The final normalised distribution `probs [N, V] float32` and `status [N] int32`.
 
     Greedy rows are one-hot; failed rows are all zero. Arguments as for `sample_reference`."""
-    w, order, _, status, _ = _sorted_weights(logits, params, vocab_size, mask, mask_row, penalties,
+    w, order, _, status, _ = sorted_weights(logits, params, vocab_size, mask, mask_row, penalties,
                                              candidate_width)
     total = w.sum(dim=1, keepdim=True)
     p_sorted = w / torch.where(total > 0, total, 1.0)
@@ -99,7 +102,7 @@ def sample_reference(logits: torch.Tensor, params: SamplingParams, *, vocab_size
     """Sample one token per row, exactly as `kernels.sampling.sample` (see its docstring).
 
     Raises ValueError for inconsistent shapes, dtypes or devices."""
-    w, order, keep, status, greedy = _sorted_weights(logits, params, vocab_size, mask, mask_row,
+    w, order, keep, status, greedy = sorted_weights(logits, params, vocab_size, mask, mask_row,
                                                      penalties, candidate_width)
     u = rng.uniform(params.seed, params.position, purpose)  # [N] float32
     cum = torch.cumsum(w, dim=1)  # [N, V]

@@ -448,6 +448,33 @@ def test_candidate_width_is_exact_when_it_covers_top_k(backend):
           backend.run(Case(logits, vocab, legal, [[]] * n, greedy, width=1)))
 
 
+def test_greedy_batch_is_an_argmax_with_ties_to_the_smaller_id(backend):
+    """Design: "greedy takes the largest z in A, ties to the smaller token id"; issue 14: greedy
+    rows through an argmax over the masked logits, not a top-k. A greedy-only batch (candidate
+    width 1) with equal maxima in different vocabulary blocks, a legal maximum below an illegal
+    one, penalties that move the maximum, and an empty row."""
+    gen = np.random.default_rng(31)
+    n, vocab = 6, backend.vocab
+    logits = gen.normal(0, 1, (n, vocab)).astype(np.float32)
+    top = [3, vocab - 2, 700 % vocab, 40, 5, 9]
+    twin = [vocab - 1, 1, 2, 41, vocab // 2, 10]  # equal value at another id
+    for r in range(n):
+        logits[r, top[r]] = logits[r, twin[r]] = 9.0
+    legal = [None, None, gen.random(vocab) < 0.3, np.ones(vocab, bool), None, np.zeros(vocab, bool)]
+    legal[3][[40, 41]] = False  # the twins are illegal: the legal argmax is elsewhere
+    history = [[], [], [], [], [(min(top[4], twin[4]), 2)], []]
+    for cols in ([], history):
+        case = Case(logits, vocab, legal, cols if cols else [[]] * n,
+                    params_for(n, temperature=0, repetition_penalty=1.5, frequency_penalty=1.0),
+                    width=1)
+        res = backend.run(case)
+        check(case, res)
+        assert res.status.tolist()[5] == DEAD_END
+        assert int(res.tokens[0]) == min(top[0], twin[0]) and int(res.tokens[1]) == 1
+        if cols:  # the penalised twin lost: the other one wins
+            assert int(res.tokens[4]) == max(top[4], twin[4])
+
+
 def test_sampling_frequencies_match_oracle(backend):
     """Design: the token is drawn from p by the counter-based RNG: over many (seed, position) keys
     the empirical frequencies match the oracle's p (chi-square, 1e-6 false-alarm bound; the draws
