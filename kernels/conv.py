@@ -1,0 +1,72 @@
+"""Triton depthwise causal conv1d + SiLU on lane-indexed conv windows (kernel width 4).
+
+`causal_conv1d(x, windows, weight, src, dst, reset, counts)` is kernels/gdn_ref.py's
+`causal_conv1d_ref` followed by `window_after` in one pass: one program owns one (row, channel
+block), keeps the last three inputs in registers, writes silu(conv) for every token and stores the
+window after the row's first counts[b] tokens into `windows[dst[b]]` (padding tokens past counts[b]
+get outputs, as in the reference, but never enter the stored window). kernels/gdn_ref.py's `causal_conv1d_indexed_ref` is the
+same operation in torch, for any width.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+
+@triton.jit
+def _conv4_kernel(x_ptr, y_ptr, w_ptr, win_ptr, src_ptr, dst_ptr, reset_ptr, count_ptr, T, C,
+                  BC: tl.constexpr):
+    b = tl.program_id(0)
+    oc = tl.program_id(1) * BC + tl.arange(0, BC)
+    mc = oc < C
+    src = tl.load(src_ptr + b)
+    dst = tl.load(dst_ptr + b)
+    keep = tl.where(tl.load(reset_ptr + b) != 0, 0, 1)
+    n = tl.load(count_ptr + b)
+    w0 = tl.load(w_ptr + oc * 4 + 0, mask=mc, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + oc * 4 + 1, mask=mc, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + oc * 4 + 2, mask=mc, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + oc * 4 + 3, mask=mc, other=0.0).to(tl.float32)
+    win = win_ptr + (src * C + oc) * 3  # windows: [N, C, 3], oldest first
+    m_keep = oc < C * keep  # (a vector-vs-scalar mask: the interpreter rejects scalar bools in masks)
+    h0 = tl.load(win + 0, mask=m_keep, other=0.0).to(tl.float32)
+    h1 = tl.load(win + 1, mask=m_keep, other=0.0).to(tl.float32)
+    h2 = tl.load(win + 2, mask=m_keep, other=0.0).to(tl.float32)
+    k0, k1, k2 = h0, h1, h2  # the window to keep: after the row's first n tokens
+    for t in range(T):
+        xt = tl.load(x_ptr + (b * T + t) * C + oc, mask=mc, other=0.0).to(tl.float32)
+        y = w0 * h0 + w1 * h1 + w2 * h2 + w3 * xt
+        y = y / (1.0 + tl.exp(-y))
+        tl.store(y_ptr + (b * T + t) * C + oc, y.to(y_ptr.dtype.element_ty), mask=mc)
+        h0, h1, h2 = h1, h2, xt
+        real = (oc * 0 + t) < n  # a vector condition (see m_keep)
+        k0 = tl.where(real, h0, k0)
+        k1 = tl.where(real, h1, k1)
+        k2 = tl.where(real, h2, k2)
+    out = win_ptr + (dst * C + oc) * 3
+    tl.store(out + 0, k0.to(win_ptr.dtype.element_ty), mask=mc)
+    tl.store(out + 1, k1.to(win_ptr.dtype.element_ty), mask=mc)
+    tl.store(out + 2, k2.to(win_ptr.dtype.element_ty), mask=mc)
+
+
+def causal_conv1d(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, src: torch.Tensor,
+                  dst: torch.Tensor, reset: torch.Tensor, counts: torch.Tensor, *, block_c: int = 256
+                  ) -> torch.Tensor:
+    """silu(depthwise causal conv) of x continuing each row's window; updates windows in place.
+
+    x: [B, T, C]; windows: [N, C, K-1] contiguous (the inputs before x, oldest first); weight:
+    [C, K]; src, dst: [B] int64 rows of windows to read / write; reset: [B] int32 (non-zero: the
+    row starts a sequence, its window reads as zeros); counts: [B] int64 real tokens per row.
+    Returns y: [B, T, C] in x's dtype. No host synchronisation."""
+    B, T, C = x.shape
+    K = weight.shape[1]
+    if K != 4:
+        raise ValueError(f"weight: the Triton conv has 4 taps, got {K} (use causal_conv1d_indexed_ref)")
+    assert windows.shape[1:] == (C, K - 1) and windows.is_contiguous()
+    y = torch.empty_like(x)
+    _conv4_kernel[(B, triton.cdiv(C, block_c))](x.contiguous(), y, weight.contiguous(), windows, src, dst, reset,
+                                                counts, T, C, BC=block_c)
+    return y
