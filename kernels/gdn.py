@@ -1,7 +1,8 @@
 """Triton kernels of the gated delta rule on lane-indexed recurrent state, and the prefill path.
 
-`gdn_recurrent` is the per-token recurrence of kernels/gdn_ref.py (`gated_delta_rule_ref`) for
-short chunks: decode (T = 1), verification of drafts (T = K+1) and the replay that commits a
+`gdn_step` is a GDN layer's recurrence for short chunks, from the conv output and the raw gate
+projections (the gates, the q/k L2 norms and the recurrence of kernels/gdn_ref.py's `gdn_step_ref`
+in one kernel): decode (T = 1), verification of drafts (T = K+1) and the replay that commits a
 verification (no output). One program owns one (row, value head, d_v block): it loads its block of
 S from `state[src[b]]` (zeros where reset[b]), runs the T tokens in registers, and stores S into
 `state[dst[b]]` (src == dst updates in place). Rows with skip[b] != 0 read and write nothing.
@@ -23,10 +24,10 @@ from kernels.gdn_ref import chunk_gated_delta_rule_ref
 
 
 @triton.jit
-def _gdn_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, s_ptr, src_ptr, dst_ptr, reset_ptr,
-                          skip_ptr, T, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr,
-                          DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, STORE_O: tl.constexpr,
-                          HAS_SKIP: tl.constexpr):
+def _gdn_step_kernel(y_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o_ptr, s_ptr, src_ptr, dst_ptr, reset_ptr,
+                     count_ptr, skip_ptr, T, C, scale, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr,
+                     DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, STORE_O: tl.constexpr,
+                     HAS_SKIP: tl.constexpr):
     pid = tl.program_id(0)
     b = pid // HV
     h = pid % HV
@@ -40,6 +41,7 @@ def _gdn_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, s_ptr, sr
         active = tl.where(tl.load(skip_ptr + b) != 0, 0, 1)
     src = tl.load(src_ptr + b)
     dst = tl.load(dst_ptr + b)
+    n = tl.load(count_ptr + b)
     load = tl.where(tl.load(reset_ptr + b) != 0, 0, active)
     block = ok[:, None] * DV + ov[None, :]  # [BK, BV] offsets inside one head's [DK, DV]
     # (flags enter masks as vector-vs-scalar comparisons: Triton 3.x's interpreter rejects a scalar
@@ -47,45 +49,55 @@ def _gdn_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, s_ptr, sr
     m_load = mk[:, None] & (ov[None, :] < DV * load)
     m_store = mk[:, None] & (ov[None, :] < DV * active)
     s = tl.load(s_ptr + (src * HV + h) * DK * DV + block, mask=m_load, other=0.0)  # [BK, BV] f32
+    neg_a = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
+    dt_bias = tl.load(dtb_ptr + h).to(tl.float32)
     for t in range(T * active):
         row = b * T + t
-        kt = tl.load(k_ptr + (row * HK + hk) * DK + ok, mask=mk, other=0.0).to(tl.float32)  # [BK]
-        vt = tl.load(v_ptr + (row * HV + h) * DV + ov, mask=mv, other=0.0).to(tl.float32)  # [BV]
-        gt = tl.load(g_ptr + row * HV + h).to(tl.float32)
-        bt = tl.load(beta_ptr + row * HV + h).to(tl.float32)
+        y = y_ptr + row * C  # [q (HK*DK) | k (HK*DK) | v (HV*DV)]
+        kt = tl.load(y + HK * DK + hk * DK + ok, mask=mk, other=0.0).to(tl.float32)  # [BK]
+        kt = kt * (1.0 / tl.sqrt(tl.sum(kt * kt, 0) + 1e-6))
+        vt = tl.load(y + 2 * HK * DK + h * DV + ov, mask=mv, other=0.0).to(tl.float32)  # [BV]
+        real = (n > t).to(tl.float32)  # padding tokens: g = beta = 0, the state is unchanged
+        x = tl.load(a_ptr + row * HV + h).to(tl.float32) + dt_bias
+        softplus = tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+        gt = neg_a * softplus * real
+        bt = real / (1.0 + tl.exp(-tl.load(b_ptr + row * HV + h).to(tl.float32)))
         s = s * tl.exp(gt)
         d = (vt - tl.sum(s * kt[:, None], 0)) * bt  # [BV]
         s = s + kt[:, None] * d[None, :]
         if STORE_O:
-            qt = tl.load(q_ptr + (row * HK + hk) * DK + ok, mask=mk, other=0.0).to(tl.float32)  # [BK]
+            qt = tl.load(y + hk * DK + ok, mask=mk, other=0.0).to(tl.float32)  # [BK]
+            qt = qt * (scale / tl.sqrt(tl.sum(qt * qt, 0) + 1e-6))
             ot = tl.sum(s * qt[:, None], 0)  # [BV]
             tl.store(o_ptr + (row * HV + h) * DV + ov, ot.to(o_ptr.dtype.element_ty), mask=mv)
     tl.store(s_ptr + (dst * HV + h) * DK * DV + block, s, mask=m_store)
 
 
-def gdn_recurrent(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                  beta: torch.Tensor, state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
-                  reset: torch.Tensor, skip: torch.Tensor | None = None, *, block_v: int = 32
-                  ) -> torch.Tensor | None:
-    """The recurrence over T tokens per row on indexed state, in place (CUDA or the interpreter).
+def gdn_step(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+             state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, reset: torch.Tensor, counts: torch.Tensor,
+             skip: torch.Tensor | None = None, *, num_k_heads: int, key_dim: int, want_out: bool = True,
+             block_v: int = 32) -> torch.Tensor | None:
+    """The GDN gates, q/k normalisation and recurrence over T tokens per row on indexed state, in
+    place (CUDA or the interpreter): kernels/gdn_ref.py's `gdn_step_ref`.
 
-    q, k: [B, T, Hk, dk] L2-normalised (q also scaled), or q None for a replay without output;
-    v: [B, T, Hv, dv]; g, beta: [B, T, Hv] float32 (g = beta = 0 on padding tokens);
-    state: [N, Hv, dk, dv] float32, contiguous; src, dst: [B] int64 rows of state to read / write;
-    reset: [B] int32 (non-zero: start from a zero state); skip: [B] int32 or None (non-zero: the
-    row does nothing). Returns o: [B, T, Hv, dv] in v's dtype, or None when q is None.
-    No host synchronisation."""
-    B, T, hk, dk = k.shape
-    hv, dv = v.shape[2], v.shape[3]
+    y: [B, T, C] the conv output [q | k | v] (C = 2 Hk dk + Hv dv); a, b: [B, T, Hv] the raw
+    in_proj_a / in_proj_b outputs; A_log, dt_bias: [Hv]; state: [N, Hv, dk, dv] float32,
+    contiguous; src, dst: [B] int64 rows of state to read / write; reset: [B] int32 (non-zero: start
+    from zeros); counts: [B] int64 real tokens per row (later tokens leave the state unchanged);
+    skip: [B] int32 or None (non-zero: the row does nothing). Returns o: [B, T, Hv, dv] in y's
+    dtype, or None without want_out. No host synchronisation."""
+    B, T, C = y.shape
+    hv, hk, dk = a.shape[2], num_k_heads, key_dim
+    dv = (C - 2 * hk * dk) // hv
     assert state.is_contiguous() and state.dtype == torch.float32 and state.shape[1:] == (hv, dk, dv)
-    assert g.dtype == torch.float32 and beta.dtype == torch.float32 and hv % hk == 0
-    k, v, g, beta = (x.contiguous() for x in (k, v, g, beta))
-    out = None if q is None else torch.empty_like(v)  # [B, T, Hv, dv]
+    assert hv % hk == 0 and C == 2 * hk * dk + hv * dv
+    y, a, b = y.contiguous(), a.contiguous(), b.contiguous()
+    out = torch.empty(B, T, hv, dv, dtype=y.dtype, device=y.device) if want_out else None
     bv = min(block_v, triton.next_power_of_2(dv))
-    _gdn_recurrent_kernel[(B * hv, triton.cdiv(dv, bv))](
-        k if q is None else q.contiguous(), k, v, g, beta, v if out is None else out, state, src, dst, reset,
-        reset if skip is None else skip, T, HV=hv, HK=hk, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv,
-        STORE_O=q is not None, HAS_SKIP=skip is not None)
+    _gdn_step_kernel[(B * hv, triton.cdiv(dv, bv))](
+        y, a, b, A_log, dt_bias, y if out is None else out, state, src, dst, reset, counts,
+        reset if skip is None else skip, T, C, dk ** -0.5, HV=hv, HK=hk, DK=dk, DV=dv,
+        BK=triton.next_power_of_2(dk), BV=bv, STORE_O=want_out, HAS_SKIP=skip is not None)
     return out
 
 

@@ -136,3 +136,35 @@ def causal_conv1d_indexed_ref(x: torch.Tensor, windows: torch.Tensor, weight: to
     y, stream = causal_conv1d_ref(x, before, weight)
     windows[dst] = window_after(stream, counts, weight.shape[1] - 1).to(windows.dtype)
     return y
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + 1e-6) over the last dim, float32 (the eps of transformers and fla)."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def gdn_inputs(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+               counts: torch.Tensor, *, num_k_heads: int, key_dim: int) -> tuple[torch.Tensor, ...]:
+    """A GDN layer's recurrence inputs from the conv output y [B, T, C] = [q | k | v] and the raw
+    gate projections a, b [B, T, Hv]: (q [B, T, Hk, dk] normalised and scaled by dk^-1/2, k
+    normalised, both float32; v [B, T, Hv, dv]; g = -exp(A_log) softplus(a + dt_bias) and
+    beta = sigmoid(b), float32 [B, T, Hv], zero on tokens t >= counts[b])."""
+    B, T, C = y.shape
+    hk, dk, hv = num_k_heads, key_dim, a.shape[2]
+    valid = (torch.arange(T, device=y.device)[None, :] < counts[:, None])[:, :, None]  # [B, T, 1]
+    q = l2norm(y[..., :hk * dk].reshape(B, T, hk, dk)) * dk ** -0.5
+    k = l2norm(y[..., hk * dk:2 * hk * dk].reshape(B, T, hk, dk))
+    v = y[..., 2 * hk * dk:].reshape(B, T, hv, -1)
+    beta = torch.sigmoid(b.float()) * valid
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float()) * valid
+    return q, k, v, g, beta
+
+
+def gdn_step_ref(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                 state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, reset: torch.Tensor,
+                 counts: torch.Tensor, skip: torch.Tensor | None = None, *, num_k_heads: int, key_dim: int,
+                 want_out: bool = True) -> torch.Tensor | None:
+    """kernels/gdn.py's `gdn_step` in torch: `gdn_inputs`, then `gdn_recurrent_ref`."""
+    q, k, v, g, beta = gdn_inputs(y, a, b, A_log, dt_bias, counts, num_k_heads=num_k_heads, key_dim=key_dim)
+    return gdn_recurrent_ref(q if want_out else None, k, v, g, beta, state, src, dst, reset, skip)

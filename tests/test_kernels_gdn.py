@@ -70,40 +70,64 @@ def test_padding_tokens_leave_state_unchanged():
 
 
 def _indexed_case(device, dtype, B=3, T=5, hk=2, hv=4, dk=16, dv=12, C=40, seed=0):
-    q, k, v, g, beta, _ = inputs(B, T, hk, hv, dk, dv, seed=seed, dtype=dtype, device=device)
-    gen = torch.Generator().manual_seed(seed + 1)
+    gen = torch.Generator().manual_seed(seed)
+    rnd = (lambda *shape, scale=1.0: (scale * torch.randn(*shape, generator=gen)).to(device=device, dtype=dtype))
+    y = rnd(B, T, 2 * hk * dk + hv * dv)  # conv output [q | k | v]
+    a, b = rnd(B, T, hv, scale=2.0), rnd(B, T, hv, scale=2.0)
+    A_log, dt_bias = rnd(hv, scale=0.5), rnd(hv, scale=0.5)
     state = torch.randn(8, hv, dk, dv, generator=gen).to(device)
     idx = dict(src=torch.tensor([1, 3, 5], device=device), dst=torch.tensor([2, 3, 6], device=device),
-               reset=torch.tensor([0, 0, 1], dtype=torch.int32, device=device))
+               reset=torch.tensor([0, 0, 1], dtype=torch.int32, device=device),
+               counts=torch.tensor([5, 2, 3], device=device))
     skip = torch.tensor([0, 1, 0], dtype=torch.int32, device=device)
-    x = torch.randn(B, T, C, generator=gen).to(device=device, dtype=dtype)
-    windows = torch.randn(8, C, 3, generator=gen).to(device=device, dtype=dtype)
-    weight = torch.randn(C, 4, generator=gen).to(device=device, dtype=dtype)
-    counts = torch.tensor([5, 2, 3], device=device)
-    return (q, k, v, g, beta, state, idx, skip), (x, windows, weight, counts)
+    x, windows, weight = rnd(B, T, C), rnd(8, C, 3), rnd(C, 4)
+    return (y, a, b, A_log, dt_bias, state, idx, skip, dict(num_k_heads=hk, key_dim=dk)), (x, windows, weight)
 
 
 def _check_kernels(device: str, dtype: torch.dtype, tol: float, **shape) -> None:
+    """gdn_step and causal_conv1d against their references: every row's state (including skipped
+    and reset rows, and rows whose padding must not count), outputs of live rows, conv outputs and
+    windows."""
     from kernels.conv import causal_conv1d
-    from kernels.gdn import gdn_recurrent
+    from kernels.gdn import gdn_step
 
-    (q, k, v, g, beta, state, idx, skip), (x, windows, weight, counts) = _indexed_case(device, dtype, **shape)
+    (y, a, b, A_log, dt_bias, state, idx, skip, heads), (x, windows, weight) = _indexed_case(device, dtype, **shape)
     for use_skip in (None, skip):
-        for with_q in (True, False):
-            a, b = state.clone(), state.clone()
-            o1 = gdn_ref.gdn_recurrent_ref(q if with_q else None, k, v, g, beta, a, **idx, skip=use_skip)
-            o2 = gdn_recurrent(q if with_q else None, k, v, g, beta, b, **idx, skip=use_skip, block_v=8)
-            assert (a - b).abs().max().item() <= tol, (use_skip, with_q)
-            if with_q:
+        for want_out in (True, False):
+            s1, s2 = state.clone(), state.clone()
+            o1 = gdn_ref.gdn_step_ref(y, a, b, A_log, dt_bias, s1, **idx, skip=use_skip, want_out=want_out, **heads)
+            o2 = gdn_step(y, a, b, A_log, dt_bias, s2, **idx, skip=use_skip, want_out=want_out, block_v=8, **heads)
+            assert (s1 - s2).abs().max().item() <= tol * max(1.0, s1.abs().max().item()), (use_skip, want_out)
+            if want_out:
                 live = [0, 2] if use_skip is not None else [0, 1, 2]
-                assert (o1[live].float() - o2[live].float()).abs().max().item() <= tol
+                err = (o1[live].float() - o2[live].float()).abs().max().item()
+                assert err <= tol * max(1.0, o1.float().abs().max().item()), (use_skip, err)
             else:
                 assert o1 is None and o2 is None
-    a, b = windows.clone(), windows.clone()
-    y1 = gdn_ref.causal_conv1d_indexed_ref(x, a, weight, idx["src"], idx["dst"], idx["reset"], counts)
-    y2 = causal_conv1d(x, b, weight, idx["src"], idx["dst"], idx["reset"], counts, block_c=16)
-    assert (y1.float() - y2.float()).abs().max().item() <= tol * max(1.0, y1.abs().max().item())
-    assert (a.float() - b.float()).abs().max().item() == 0.0  # windows are copies of inputs
+    w1, w2 = windows.clone(), windows.clone()
+    c1 = gdn_ref.causal_conv1d_indexed_ref(x, w1, weight, idx["src"], idx["dst"], idx["reset"], idx["counts"])
+    c2 = causal_conv1d(x, w2, weight, idx["src"], idx["dst"], idx["reset"], idx["counts"], block_c=16)
+    assert (c1.float() - c2.float()).abs().max().item() <= tol * max(1.0, c1.float().abs().max().item())
+    assert (w1.float() - w2.float()).abs().max().item() == 0.0  # windows are copies of inputs
+
+
+@pytest.mark.skipif(INTERPRETED, reason="reference checks run in the parent process")
+def test_step_reference_counts_and_skip():
+    """gdn_step_ref's bookkeeping against direct use of the recurrence: padding past counts[b]
+    leaves the state as after counts[b] tokens, skip rows keep their destination, reset rows start
+    from zeros."""
+    (y, a, b, A_log, dt_bias, state, idx, skip, heads), _ = _indexed_case("cpu", torch.float64)
+    out = state.clone()
+    gdn_ref.gdn_step_ref(y, a, b, A_log, dt_bias, out, **idx, skip=skip, **heads)
+    for r, (src, dst, reset, n) in enumerate(zip(idx["src"], idx["dst"], idx["reset"], idx["counts"])):
+        if skip[r]:
+            assert torch.equal(out[dst], state[dst])
+            continue
+        q, k, v, g, beta = gdn_ref.gdn_inputs(y[r:r + 1, :n], a[r:r + 1, :n], b[r:r + 1, :n], A_log, dt_bias,
+                                              n[None], **heads)
+        s0 = torch.zeros_like(state[src]) if reset else state[src]
+        _, expected = gdn_ref.gated_delta_rule_ref(q, k, v, g, beta, s0[None])
+        assert (out[dst] - expected[0]).abs().max() < 1e-6  # the state is float32
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child process")

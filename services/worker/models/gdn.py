@@ -2,15 +2,16 @@
 
 Per layer, for x: [B, T, hidden] (notes/models.md section 4):
 
-    [q; k; v] = silu(causal_conv1d(in_proj_qkv(x)))       depthwise, K taps, continuing the lane's window
+    y = [q; k; v] = silu(causal_conv1d(in_proj_qkv(x)))   depthwise, K taps, continuing the lane's window
     q, k      = l2norm(q) * dk^-1/2, l2norm(k)            float32, per key head
     beta      = sigmoid(in_proj_b(x)),  g = -exp(A_log) * softplus(in_proj_a(x) + dt_bias)
     o         = gated delta rule(q, k, v, g, beta) from the lane's recurrent state (float32)
     out       = out_proj(rmsnorm(o) * norm.weight * silu(in_proj_z(x)))   per value head
 
 Right-padded tokens (t >= num_tokens[b]) get g = beta = 0, which leaves the recurrent state bit for
-bit unchanged, and never enter the conv window. Dispatch: Triton kernels on CUDA (kernels/gdn.py,
-kernels/conv.py; fla-core's chunked kernel for prefill when installed), the torch references of
+bit unchanged, and never enter the conv window. Dispatch: Triton kernels on CUDA (kernels/conv.py;
+kernels/gdn.py's `gdn_step`, which computes the gates, norms and recurrence from y, a and b in one
+kernel; fla-core's chunked kernel for long prefill when installed), the torch references of
 kernels/gdn_ref.py elsewhere.
 """
 
@@ -32,13 +33,15 @@ if TYPE_CHECKING:
 CHUNK_MIN_TOKENS = 32
 
 
-def recurrent(q, k, v, g, beta, state, src, dst, reset, skip=None):
-    """`gdn_recurrent` of kernels/gdn.py on CUDA, its torch reference elsewhere (same arguments)."""
+def step(y, a, b, A_log, dt_bias, state, src, dst, reset, counts, skip=None, *, num_k_heads, key_dim,
+         want_out=True):
+    """`gdn_step` of kernels/gdn.py on CUDA, its torch reference elsewhere (same arguments)."""
+    kw = {"num_k_heads": num_k_heads, "key_dim": key_dim, "want_out": want_out}
     if state.is_cuda:
-        from kernels.gdn import gdn_recurrent
+        from kernels.gdn import gdn_step
 
-        return gdn_recurrent(q, k, v, g, beta, state, src, dst, reset, skip)
-    return gdn_ref.gdn_recurrent_ref(q, k, v, g, beta, state, src, dst, reset, skip)
+        return gdn_step(y, a, b, A_log, dt_bias, state, src, dst, reset, counts, skip, **kw)
+    return gdn_ref.gdn_step_ref(y, a, b, A_log, dt_bias, state, src, dst, reset, counts, skip, **kw)
 
 
 def conv(x, windows, weight, src, dst, reset, counts):
@@ -57,12 +60,6 @@ def chunk(q, k, v, g, beta, initial):
 
         return gdn_chunk(q, k, v, g, beta, initial)
     return gdn_ref.chunk_gated_delta_rule_ref(q, k, v, g, beta, initial)
-
-
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + 1e-6) over the last dim, float32 (the eps of transformers and fla)."""
-    x = x.float()
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
 class GatedRMSNorm(nn.Module):
@@ -105,32 +102,23 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, c.rms_norm_eps, **kw)
         self.out_proj = nn.Linear(value_dim, c.hidden_size, bias=False, **kw)
 
-    def forward(self, x: torch.Tensor, state: "Qwen35State", layer: int, step: "StepIndex") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: "Qwen35State", layer: int, step_index: "StepIndex") -> torch.Tensor:
         # x: [B, T, hidden]; layer: this layer's GDN ordinal in state
         B, T, _ = x.shape
+        ix = step_index
         mixed = self.in_proj_qkv(x)  # [B, T, C]
-        if step.record:
-            state.rx[layer, step.lanes, :T] = mixed
-        y = conv(mixed, state.conv[layer], self.conv1d.weight[:, 0], step.src, step.dst, step.reset,
-                 step.counts)  # [B, T, C]
-        key_dim = self.hk * self.dk
-        q = l2norm(y[..., :key_dim].reshape(B, T, self.hk, self.dk)) * self.dk ** -0.5  # [B, T, Hk, dk] f32
-        k = l2norm(y[..., key_dim:2 * key_dim].reshape(B, T, self.hk, self.dk))  # [B, T, Hk, dk] f32
-        v = y[..., 2 * key_dim:].reshape(B, T, self.hv, self.dv)  # [B, T, Hv, dv]
-        valid = step.valid[:, :, None]  # [B, T, 1]
-        beta = torch.sigmoid(self.in_proj_b(x)).float() * valid  # [B, T, Hv] f32
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float()) * valid
-        if step.record:
-            state.rk[layer, step.lanes, :T] = k
-            state.rv[layer, step.lanes, :T] = v
-            state.rg[layer, step.lanes, :T] = g
-            state.rbeta[layer, step.lanes, :T] = beta
+        y = conv(mixed, state.conv[layer], self.conv1d.weight[:, 0], ix.src, ix.dst, ix.reset, ix.counts)  # [B, T, C]
+        a, b = self.in_proj_a(x), self.in_proj_b(x)  # [B, T, Hv] each
+        if ix.record:  # what commit replays (see models/qwen35_state.py)
+            state.record(layer, ix.lanes, mixed, y, a, b)
         ssm = state.ssm[layer]  # [lanes * slots, Hv, dk, dv] f32
+        kw = {"num_k_heads": self.hk, "key_dim": self.dk}
         if T > CHUNK_MIN_TOKENS:
-            initial = torch.where(step.reset[:, None, None, None] != 0, 0.0, ssm[step.src])  # [B, Hv, dk, dv]
+            q, k, v, g, beta = gdn_ref.gdn_inputs(y, a, b, self.A_log, self.dt_bias, ix.counts, **kw)
+            initial = torch.where(ix.reset[:, None, None, None] != 0, 0.0, ssm[ix.src])  # [B, Hv, dk, dv]
             o, final = chunk(q, k, v, g, beta, initial)
-            ssm[step.dst] = final
+            ssm[ix.dst] = final
         else:
-            o = recurrent(q, k, v, g, beta, ssm, step.src, step.dst, step.reset)  # [B, T, Hv, dv]
+            o = step(y, a, b, self.A_log, self.dt_bias, ssm, ix.src, ix.dst, ix.reset, ix.counts, **kw)
         z = self.in_proj_z(x).reshape(B, T, self.hv, self.dv)
         return self.out_proj(self.norm(o.to(x.dtype), z).reshape(B, T, self.hv * self.dv))

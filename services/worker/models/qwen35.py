@@ -79,13 +79,24 @@ class Qwen35Model(nn.Module):
         layer's KV when present, and what verifying up to `verify_width` tokens needs). Raises
         ValueError for non-positive sizes."""
         return Qwen35State(self.config, lanes, max_len, dtype=dtype, device=device, verify_width=verify_width,
-                           mtp=self.mtp is not None)
+                           mtp=self.mtp is not None, gates=self._gates())
 
     def state_for_budget(self, lanes: int, budget_bytes: int, *, dtype: torch.dtype, device: torch.device | str,
                          max_len: int | None = None, verify_width: int = 0) -> Qwen35State:
         """The longest lanes that fit `budget_bytes` (see `Qwen35State.from_budget`)."""
         return Qwen35State.from_budget(self.config, lanes, budget_bytes, dtype=dtype, device=device,
-                                       max_len=max_len, verify_width=verify_width, mtp=self.mtp is not None)
+                                       max_len=max_len, verify_width=verify_width, mtp=self.mtp is not None,
+                                       gates=self._gates())
+
+    def state_sizes(self, dtype: torch.dtype, *, verify_width: int = 0) -> tuple[int, int]:
+        """(bytes per cached position of a lane, fixed bytes per lane) of `new_state`'s layout."""
+        mtp = self.mtp is not None
+        return (Qwen35State.bytes_per_token(self.config, dtype, mtp=mtp),
+                Qwen35State.bytes_per_lane(self.config, dtype, verify_width=verify_width))
+
+    def _gates(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(layer.linear_attn.A_log, layer.linear_attn.dt_bias) for layer in self.model.layers
+                if layer.kind == "linear_attention"]
 
     def _attention_inputs(self, positions: torch.Tensor, kv_len: int) -> tuple:
         cos, sin = rope_cos_sin(self.rope_w, positions, self.rope_scaling)  # [B, T, rotary_dim/2] each

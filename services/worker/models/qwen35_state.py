@@ -9,8 +9,8 @@ Layout (G GDN layers, A attention layers plus the MTP layer's when the model has
   `slots` is 1 without speculation; with `verify_width` W > 0 it is 2 and `slot[lane]` names the live
   one. Every forward reads the live slot and writes the other (then flips), so the state before the
   last forward survives it.
-- Replay buffers (W > 0): the last forward's per-token GDN inputs, `x` (conv input), `k`
-  (normalised), `v`, `g`, `beta`, W tokens per lane and layer.
+- Replay buffers (W > 0): the last forward's per-token GDN inputs, `x` (conv input), `y` (conv
+  output), `a`, `b` (raw gate projections), W tokens per lane and layer.
 
 `commit(lanes, accepted)` after a verification forward of T <= W tokens keeps, per row, the state
 after its first accepted[b] tokens: rows that accepted all T keep the forward's result; the others
@@ -19,7 +19,7 @@ no recomputation of the prompt) and rebuild the conv window from the recorded in
 this scheme over per-position snapshots, at the 9B shape (24 GDN layers, 32 x 128 x 128 float32
 state, conv 8192 x 3 bf16), B = 64 lanes, K = 15 (W = 16):
 
-    second slot: 24 x 2 MiB + 24 x 48 KiB = 49 MiB/lane;  replay buffers: 12 MiB/lane
+    second slot: 24 x (2 MiB + 48 KiB) = 49 MiB/lane;  replay buffers: 24 x 16 x 32 KiB = 12 MiB/lane
     -> 61 MiB/lane, 3.8 GiB for 64 lanes (snapshots: 16 x 49 MiB = 784 MiB/lane, 49 GiB)
 
 (`speculation_bytes_per_lane` computes it.) A lane is reused by a new request without clearing:
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import gdn_ref
-from services.worker.models.gdn import recurrent
+from services.worker.models.gdn import step
 from services.worker.models.qwen35_config import Qwen35Config
 
 
@@ -59,13 +59,19 @@ class Qwen35State:
     """The state of `lanes` lanes of `max_len` positions; build with `Qwen35State.allocate`."""
 
     def __init__(self, config: Qwen35Config, lanes: int, max_len: int, *, dtype: torch.dtype,
-                 device: torch.device | str, verify_width: int = 0, mtp: bool = False) -> None:
+                 device: torch.device | str, verify_width: int = 0, mtp: bool = False,
+                 gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """`gates`: each GDN layer's (A_log, dt_bias), which `commit` needs to replay (the model's
+        `new_state` passes them); required when verify_width > 0."""
         if lanes <= 0:
             raise ValueError(f"lanes must be positive, got {lanes}")
         if max_len <= 0:
             raise ValueError(f"max_len must be positive, got {max_len}")
         if verify_width < 0:
             raise ValueError(f"verify_width must be >= 0, got {verify_width}")
+        if verify_width and (gates is None or len(gates) != len(config.gdn_layers)):
+            raise ValueError("gates: verify_width > 0 needs (A_log, dt_bias) of every GDN layer")
+        self._gates = list(gates or ())
         c = config
         self.config = c
         self.verify_width = verify_width
@@ -81,20 +87,20 @@ class Qwen35State:
         self.last_len = torch.zeros(lanes, dtype=torch.int64, **kw)  # [lanes] tokens of the last forward
         self.last_reset = torch.zeros(lanes, dtype=torch.int32, **kw)  # [lanes] it started a sequence
         W = verify_width
-        hk = c.linear_num_key_heads
-        self.rx = torch.zeros(G, lanes, W, c.conv_dim, dtype=dtype, **kw)
-        self.rk = torch.zeros(G, lanes, W, hk, dk, dtype=torch.float32, **kw)
-        self.rv = torch.zeros(G, lanes, W, hv, dv, dtype=dtype, **kw)
-        self.rg = torch.zeros(G, lanes, W, hv, dtype=torch.float32, **kw)
-        self.rbeta = torch.zeros(G, lanes, W, hv, dtype=torch.float32, **kw)
+        self.rx = torch.zeros(G, lanes, W, c.conv_dim, dtype=dtype, **kw)  # conv inputs
+        self.ry = torch.zeros(G, lanes, W, c.conv_dim, dtype=dtype, **kw)  # conv outputs [q | k | v]
+        self.ra = torch.zeros(G, lanes, W, hv, dtype=dtype, **kw)  # raw in_proj_a
+        self.rb = torch.zeros(G, lanes, W, hv, dtype=dtype, **kw)  # raw in_proj_b
         self.mtp_layer = len(c.attention_layers) if mtp else None  # kv index of the MTP layer
         self._last_width = 0  # T of the last forward (host side; checked on CPU only)
 
     @classmethod
     def allocate(cls, config: Qwen35Config, lanes: int, max_len: int, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", verify_width: int = 0, mtp: bool = False) -> "Qwen35State":
+                 device: torch.device | str = "cpu", verify_width: int = 0, mtp: bool = False,
+                 gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> "Qwen35State":
         """Zero-filled state (see the constructor). Raises ValueError for non-positive sizes."""
-        return cls(config, lanes, max_len, dtype=dtype, device=device, verify_width=verify_width, mtp=mtp)
+        return cls(config, lanes, max_len, dtype=dtype, device=device, verify_width=verify_width, mtp=mtp,
+                   gates=gates)
 
     # ---------------------------------------------------------------- sizes
 
@@ -120,8 +126,8 @@ class Qwen35State:
         return sum(t.numel() * t.element_size() for t in self._tensors())
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.kv, self.ssm, self.conv, self.slot, self.last_len, self.last_reset, self.rx, self.rk,
-                self.rv, self.rg, self.rbeta)
+        return (self.kv, self.ssm, self.conv, self.slot, self.last_len, self.last_reset, self.rx, self.ry,
+                self.ra, self.rb)
 
     @staticmethod
     def bytes_per_token(config: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False) -> int:
@@ -134,9 +140,9 @@ class Qwen35State:
         """Fixed bytes of one lane, whatever its length: recurrent states, conv windows, replay."""
         c, slots, W = config, 2 if verify_width else 1, verify_width
         G, e = len(c.gdn_layers), _element_size(dtype)
-        hv, hk, dk, dv = c.linear_num_value_heads, c.linear_num_key_heads, c.linear_key_head_dim, c.linear_value_head_dim
+        hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
         state = slots * G * (hv * dk * dv * 4 + c.conv_dim * (c.linear_conv_kernel_dim - 1) * e)
-        replay = G * W * (c.conv_dim * e + hk * dk * 4 + hv * dv * e + 2 * hv * 4)
+        replay = G * W * (2 * c.conv_dim + 2 * hv) * e
         return state + replay + 8 + 8 + 4
 
     @staticmethod
@@ -157,7 +163,8 @@ class Qwen35State:
     @classmethod
     def from_budget(cls, config: Qwen35Config, lanes: int, budget_bytes: int, *, dtype: torch.dtype,
                     device: torch.device | str, max_len: int | None = None, verify_width: int = 0,
-                    mtp: bool = False) -> "Qwen35State":
+                    mtp: bool = False, gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None
+                    ) -> "Qwen35State":
         """The longest lanes that fit `budget_bytes`, capped at `max_len` (default: the model's
         max_position_embeddings). Raises ValueError when not even one position per lane fits."""
         n = cls.max_len_for_budget(config, lanes, budget_bytes, dtype, verify_width=verify_width, mtp=mtp)
@@ -166,7 +173,8 @@ class Qwen35State:
                              f"({cls.bytes_per_lane(config, dtype, verify_width=verify_width)} bytes per lane + "
                              f"{cls.bytes_per_token(config, dtype, mtp=mtp)} per token)")
         cap = config.max_position_embeddings if max_len is None else max_len
-        return cls(config, lanes, min(n, cap), dtype=dtype, device=device, verify_width=verify_width, mtp=mtp)
+        return cls(config, lanes, min(n, cap), dtype=dtype, device=device, verify_width=verify_width, mtp=mtp,
+                   gates=gates)
 
     # ---------------------------------------------------------------- views
 
@@ -199,6 +207,16 @@ class Qwen35State:
         self.last_len[step.lanes] = step.counts
         self.last_reset[step.lanes] = step.reset
 
+    def record(self, layer: int, lanes: torch.Tensor, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor,
+               b: torch.Tensor) -> None:
+        """Keep GDN layer `layer`'s inputs of this forward (T <= verify_width tokens) for commit:
+        x, y: [B, T, C] conv input and output; a, b: [B, T, Hv] raw gate projections."""
+        T = x.shape[1]
+        self.rx[layer, lanes, :T] = x
+        self.ry[layer, lanes, :T] = y
+        self.ra[layer, lanes, :T] = a
+        self.rb[layer, lanes, :T] = b
+
     # ---------------------------------------------------------------- commit
 
     def commit(self, lanes: torch.Tensor | Sequence[int], accepted: torch.Tensor | Sequence[int]) -> None:
@@ -219,20 +237,19 @@ class Qwen35State:
             if self._last_width > self.verify_width and bool((accepted != last).any()):
                 raise ValueError(f"accepted: the last forward ({self._last_width} tokens) was wider than "
                                  f"verify_width={self.verify_width} and cannot be rolled back")
-        W = self.verify_width
         live = self.slot[lanes]
         src, dst = lanes * 2 + (1 - live), lanes * 2 + live
         skip = (accepted == self.last_len[lanes]).to(torch.int32)  # [B] nothing to roll back
         reset = self.last_reset[lanes]
-        keep = torch.arange(W, device=self.device)[None, :] < accepted[:, None]  # [B, W]
         k_taps = self.config.linear_conv_kernel_dim - 1
-        for i in range(self.ssm.shape[0]):
-            g = self.rg[i, lanes] * keep[:, :, None]  # [B, W, Hv]
-            beta = self.rbeta[i, lanes] * keep[:, :, None]
-            recurrent(None, self.rk[i, lanes], self.rv[i, lanes], g, beta, self.ssm[i], src, dst, reset, skip)
+        kw = {"num_k_heads": self.config.linear_num_key_heads, "key_dim": self.config.linear_key_head_dim,
+              "want_out": False}
+        for i, (A_log, dt_bias) in enumerate(self._gates):
+            # the recurrence over the first accepted tokens, from the pre-forward slot
+            step(self.ry[i, lanes], self.ra[i, lanes], self.rb[i, lanes], A_log, dt_bias, self.ssm[i], src, dst,
+                 reset, accepted, skip, **kw)
             before = torch.where(reset[:, None, None] != 0, 0, self.conv[i, src])  # [B, C, K-1]
             stream = torch.cat((before, self.rx[i, lanes].transpose(1, 2)), dim=2)  # [B, C, K-1+W]
             window = gdn_ref.window_after(stream, accepted, k_taps)
             self.conv[i, dst] = torch.where(skip[:, None, None] != 0, self.conv[i, dst], window)
         self.last_len[lanes] = accepted
-
