@@ -24,11 +24,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import gdn_ref
+from services.worker.models.fused_linear import project
 from services.worker.models.qwen35_config import Qwen35Config
 
 if TYPE_CHECKING:
     from services.worker.models.qwen35_state import Qwen35State, StepIndex
 
+GDN_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b")  # one GEMM once fused
 # Forwards longer than this run the chunked form (prefill); shorter ones the per-token recurrence.
 CHUNK_MIN_TOKENS = 32
 
@@ -106,9 +108,8 @@ class GatedDeltaNet(nn.Module):
         # x: [B, T, hidden]; layer: this layer's GDN ordinal in state
         B, T, _ = x.shape
         ix = step_index
-        mixed = self.in_proj_qkv(x)  # [B, T, C]
+        mixed, z, a, b = project(self, x, GDN_PROJECTIONS)  # [B, T, C], [B, T, Hv*dv], [B, T, Hv] x 2
         y = conv(mixed, state.conv[layer], self.conv1d.weight[:, 0], ix.src, ix.dst, ix.reset, ix.counts)  # [B, T, C]
-        a, b = self.in_proj_a(x), self.in_proj_b(x)  # [B, T, Hv] each
         if ix.record:  # what commit replays (see models/qwen35_state.py)
             state.record(layer, ix.lanes, mixed, y, a, b)
         ssm = state.ssm[layer]  # [lanes * slots, Hv, dk, dv] f32
@@ -120,5 +121,5 @@ class GatedDeltaNet(nn.Module):
             ssm[ix.dst] = final
         else:
             o = step(y, a, b, self.A_log, self.dt_bias, ssm, ix.src, ix.dst, ix.reset, ix.counts, **kw)
-        z = self.in_proj_z(x).reshape(B, T, self.hv, self.dv)
+        z = z.reshape(B, T, self.hv, self.dv)
         return self.out_proj(self.norm(o.to(x.dtype), z).reshape(B, T, self.hv * self.dv))

@@ -63,6 +63,22 @@ class Qwen35Model(nn.Module):
         self.register_buffer("rope_w", w.to(device=device), persistent=False)  # [rotary_dim/2] float32
         self.source_path: str | None = None  # checkpoint directory, set by the loader
 
+    def fuse_projections(self) -> None:
+        """Compute each layer's input projections with one GEMM (models/fused_linear.py): GDN
+        in_proj_qkv/z/a/b, attention q/k/v, MLP gate/up. Call once the weights are on their final
+        device; names and state_dict are unchanged."""
+        from services.worker.models.fused_linear import fuse_linears
+        from services.worker.models.gdn import GDN_PROJECTIONS
+        from services.worker.models.qwen35_layers import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
+
+        layers = list(self.model.layers) + (list(self.mtp.layers) if self.mtp is not None else [])
+        for layer in layers:
+            if layer.kind == "linear_attention":
+                fuse_linears(layer.linear_attn, GDN_PROJECTIONS)
+            else:
+                fuse_linears(layer.self_attn, ATTENTION_PROJECTIONS)
+            fuse_linears(layer.mlp, MLP_PROJECTIONS)
+
     def reset_rope(self, device: torch.device | str) -> None:
         """Recompute the RoPE frequencies on `device` (after loading a model built on `meta`)."""
         w, self.rope_scaling = inverse_frequencies(self.config.rope, self.config.rotary_dim)

@@ -17,12 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.worker.models.fused_linear import project
 from services.worker.models.gdn import GatedDeltaNet
 from services.worker.models.qwen35_config import Qwen35Config
 from services.worker.models.rope import apply_rope
 
 if TYPE_CHECKING:
     from services.worker.models.qwen35_state import Qwen35State, StepIndex
+
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")  # one GEMM once fused (fused_linear.py)
+MLP_PROJECTIONS = ("gate_proj", "up_proj")
 
 
 class Qwen35RMSNorm(nn.Module):
@@ -64,10 +68,10 @@ class GatedAttention(nn.Module):
         # x: [B, T, hidden]; k_cache, v_cache: [lanes, max_len, Hkv, D]; visible: [B, 1, T, kv_len] bool
         B, T, _ = x.shape
         H, D = self.num_heads, self.head_dim
-        qg = self.q_proj(x).view(B, T, H, 2 * D)
+        qg, k, v = project(self, x, ATTENTION_PROJECTIONS)
+        qg = qg.view(B, T, H, 2 * D)
         q, gate = qg[..., :D], qg[..., D:].reshape(B, T, H * D)  # [B, T, H, D], [B, T, H*D]
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, D)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, D)
+        k, v = k.view(B, T, self.num_kv_heads, D), v.view(B, T, self.num_kv_heads, D)
         q, k = self._rope(self.q_norm(q), cos, sin), self._rope(self.k_norm(k), cos, sin)
         k_cache[lanes[:, None], positions] = k.to(k_cache.dtype)
         v_cache[lanes[:, None], positions] = v.to(v_cache.dtype)
@@ -89,7 +93,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = project(self, x, MLP_PROJECTIONS)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

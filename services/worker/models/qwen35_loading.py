@@ -77,6 +77,7 @@ def build_qwen35(config: Qwen35Config, state: dict[str, torch.Tensor], dtype: to
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     model.reset_rope(device)
+    model.fuse_projections()
     model.source_path = source
     return model.eval().requires_grad_(False)
 

@@ -54,6 +54,7 @@ def random_qwen35(*, dtype: torch.dtype = torch.bfloat16, device: torch.device |
             std = 1.0 if name.endswith("embed_tokens.weight") else p.shape[-1] ** -0.5
             p.normal_(0.0, std, generator=gen)
     model.reset_rope(device)
+    model.fuse_projections()
     return model.eval().requires_grad_(False)
 
 
