@@ -8,13 +8,18 @@ S from `state[src[b]]` (zeros where reset[b]), runs the T tokens in registers, a
 `state[dst[b]]` (src == dst updates in place). Rows with skip[b] != 0 read and write nothing.
 
 `gdn_chunk` is long prefill: fla-core's chunked kernel (`fla.ops.gated_delta_rule`, the `gpu`
-extra) when it is importable, otherwise the torch chunked form (`chunk_gated_delta_rule_ref`).
+extra) when it is importable and INFERNIX_FLA is not "0", otherwise the torch chunked form
+(`chunk_gated_delta_rule_ref`).
 
 On CPU use kernels/gdn_ref.py, or this module under Triton's interpreter (TRITON_INTERPRET=1 set
 before triton is first imported; the tests run it in a child process, as for kernels/sampling.py).
 """
 
 from __future__ import annotations
+
+import functools
+import os
+import warnings
 
 import torch
 import triton
@@ -101,9 +106,15 @@ def gdn_step(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Ten
     return out
 
 
+@functools.cache
 def _fla_chunk():
+    """fla-core's chunked kernel, or None when it is not installed or INFERNIX_FLA=0."""
+    if os.environ.get("INFERNIX_FLA", "1") == "0":
+        return None
     try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        with warnings.catch_warnings():  # a third-party import's own deprecation notices
+            warnings.simplefilter("ignore")
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except ImportError:
         return None
     return chunk_gated_delta_rule

@@ -29,10 +29,10 @@ def one_torch_thread():
 
 CUDA = torch.cuda.is_available()
 # (device, dtype, relative tolerance of logits): the CPU in float32, and on the GPU float32 (the
-# Triton kernels, tight) and bf16 (the serving dtype).
+# Triton kernels; fla-core's chunked kernel may use TF32 dots) and bf16 (the serving dtype).
 SETUPS = [pytest.param(("cpu", torch.float32, 2e-5), id="cpu-fp32")] + [
     pytest.param(("cuda", dtype, tol), id=f"cuda-{name}", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not CUDA, reason="needs CUDA")]) for dtype, tol, name in ((torch.float32, 2e-4, "fp32"),
+        not CUDA, reason="needs CUDA")]) for dtype, tol, name in ((torch.float32, 2e-3, "fp32"),
                                                                 (torch.bfloat16, 6e-2, "bf16"))]
 
 
