@@ -70,3 +70,40 @@ def causal_conv1d(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, 
     _conv4_kernel[(B, triton.cdiv(C, block_c))](x.contiguous(), y, weight.contiguous(), windows, src, dst, reset,
                                                 counts, T, C, BC=block_c)
     return y
+
+
+@triton.jit
+def _commit_windows_kernel(win_ptr, x_ptr, rows_ptr, src_ptr, dst_ptr, reset_ptr, count_ptr, skip_ptr, N, R, W,
+                           C, TAPS: tl.constexpr, BC: tl.constexpr):
+    b = tl.program_id(0)
+    layer = tl.program_id(1)
+    oc = tl.program_id(2) * BC + tl.arange(0, BC)
+    active = tl.where(tl.load(skip_ptr + b) != 0, 0, 1)
+    mc = oc < C * active  # (vector-vs-scalar masks, as in _conv4_kernel)
+    keep = tl.where(tl.load(reset_ptr + b) != 0, 0, 1)
+    n = tl.load(count_ptr + b)
+    src = tl.load(src_ptr + b)
+    dst = tl.load(dst_ptr + b)
+    row = tl.load(rows_ptr + b)
+    before = win_ptr + ((layer * N + src) * C + oc) * TAPS  # windows: [G, N, C, TAPS]
+    inputs = x_ptr + ((layer * R + row) * W) * C + oc  # recorded inputs: [G, R, W, C]
+    out = win_ptr + ((layer * N + dst) * C + oc) * TAPS
+    for j in tl.static_range(TAPS):  # src != dst: nothing written here is read again
+        i = n + j  # column of the stream [window before | inputs] that becomes column j
+        from_window = tl.load(before + i, mask=mc & (oc * 0 + i < TAPS) & (oc < C * keep), other=0.0)
+        from_inputs = tl.load(inputs + (i - TAPS) * C, mask=mc & (oc * 0 + i >= TAPS), other=0.0)
+        tl.store(out + j, tl.where(oc * 0 + i < TAPS, from_window, from_inputs), mask=mc)
+
+
+def commit_windows(windows: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, src: torch.Tensor,
+                   dst: torch.Tensor, reset: torch.Tensor, counts: torch.Tensor, skip: torch.Tensor, *,
+                   block_c: int = 256) -> None:
+    """kernels/gdn_ref.py's `commit_windows_ref` in one launch: windows [G, N, C, K-1] and recorded
+    inputs x [G, R, W, C], both contiguous; rows, src, dst, reset, counts, skip: [B], with
+    src[b] != dst[b] (the committed and the pending slot)."""
+    G, N, C, taps = windows.shape
+    R, W = x.shape[1], x.shape[2]
+    assert windows.is_contiguous() and x.is_contiguous() and x.shape[3] == C
+    B = rows.shape[0]
+    _commit_windows_kernel[(B, G, triton.cdiv(C, block_c))](windows, x, rows, src, dst, reset, counts, skip, N, R,
+                                                             W, C, TAPS=taps, BC=block_c)

@@ -29,13 +29,23 @@ from kernels.gdn_ref import chunk_gated_delta_rule_ref
 
 
 @triton.jit
-def _gdn_step_kernel(y_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o_ptr, s_ptr, src_ptr, dst_ptr, reset_ptr,
-                     count_ptr, skip_ptr, T, C, scale, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr,
-                     DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, STORE_O: tl.constexpr,
-                     HAS_SKIP: tl.constexpr):
+def _gdn_step_kernel(y_ptr, a_ptr, b_ptr, yrow_ptr, alog_ptr, dtb_ptr, o_ptr, s_ptr, src_ptr, dst_ptr,
+                     reset_ptr, count_ptr, skip_ptr, T, C, scale, y_layer, ab_layer, s_layer,
+                     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+                     BV: tl.constexpr, STORE_O: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_YROW: tl.constexpr):
     pid = tl.program_id(0)
     b = pid // HV
     h = pid % HV
+    layer = tl.program_id(2)  # several layers at once: the replay of a commit
+    yb = b
+    if HAS_YROW:
+        yb = tl.load(yrow_ptr + b)  # the row of y / a / b holding this row's tokens
+    y_ptr += layer * y_layer
+    a_ptr += layer * ab_layer
+    b_ptr += layer * ab_layer
+    s_ptr += layer * s_layer
+    alog_ptr += layer * HV
+    dtb_ptr += layer * HV
     hk = h // (HV // HK)
     ok = tl.arange(0, BK)
     ov = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -57,7 +67,7 @@ def _gdn_step_kernel(y_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o_ptr, s_ptr, src_p
     neg_a = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
     dt_bias = tl.load(dtb_ptr + h).to(tl.float32)
     for t in range(T * active):
-        row = b * T + t
+        row = yb * T + t
         y = y_ptr + row * C  # [q (HK*DK) | k (HK*DK) | v (HV*DV)]
         kt = tl.load(y + HK * DK + hk * DK + ok, mask=mk, other=0.0).to(tl.float32)  # [BK]
         kt = kt * (1.0 / tl.sqrt(tl.sum(kt * kt, 0) + 1e-6))
@@ -74,7 +84,7 @@ def _gdn_step_kernel(y_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o_ptr, s_ptr, src_p
             qt = tl.load(y + hk * DK + ok, mask=mk, other=0.0).to(tl.float32)  # [BK]
             qt = qt * (scale / tl.sqrt(tl.sum(qt * qt, 0) + 1e-6))
             ot = tl.sum(s * qt[:, None], 0)  # [BV]
-            tl.store(o_ptr + (row * HV + h) * DV + ov, ot.to(o_ptr.dtype.element_ty), mask=mv)
+            tl.store(o_ptr + ((b * T + t) * HV + h) * DV + ov, ot.to(o_ptr.dtype.element_ty), mask=mv)
     tl.store(s_ptr + (dst * HV + h) * DK * DV + block, s, mask=m_store)
 
 
@@ -99,11 +109,34 @@ def gdn_step(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Ten
     y, a, b = y.contiguous(), a.contiguous(), b.contiguous()
     out = torch.empty(B, T, hv, dv, dtype=y.dtype, device=y.device) if want_out else None
     bv = min(block_v, triton.next_power_of_2(dv))
-    _gdn_step_kernel[(B * hv, triton.cdiv(dv, bv))](
-        y, a, b, A_log, dt_bias, y if out is None else out, state, src, dst, reset, counts,
-        reset if skip is None else skip, T, C, dk ** -0.5, HV=hv, HK=hk, DK=dk, DV=dv,
-        BK=triton.next_power_of_2(dk), BV=bv, STORE_O=want_out, HAS_SKIP=skip is not None)
+    _gdn_step_kernel[(B * hv, triton.cdiv(dv, bv), 1)](
+        y, a, b, src, A_log, dt_bias, y if out is None else out, state, src, dst, reset, counts,
+        reset if skip is None else skip, T, C, dk ** -0.5, 0, 0, 0, HV=hv, HK=hk, DK=dk, DV=dv,
+        BK=triton.next_power_of_2(dk), BV=bv, STORE_O=want_out, HAS_SKIP=skip is not None, HAS_YROW=False)
     return out
+
+
+def gdn_replay(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor, A_log: torch.Tensor,
+               dt_bias: torch.Tensor, state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+               reset: torch.Tensor, counts: torch.Tensor, skip: torch.Tensor, *, num_k_heads: int,
+               key_dim: int, block_v: int = 32) -> None:
+    """`gdn_step` without output over all G layers in one launch, reading recorded inputs in place:
+    kernels/gdn_ref.py's `gdn_replay_ref`.
+
+    y: [G, R, W, C], a, b: [G, R, W, Hv] recorded per lane (contiguous); rows: [B] int64, the
+    recorded row of each batch row; A_log, dt_bias: [G, Hv]; state: [G, N, Hv, dk, dv] float32
+    contiguous; src, dst, reset, counts, skip: [B] as for `gdn_step`."""
+    G, R, W, C = y.shape
+    hv, hk, dk = a.shape[3], num_k_heads, key_dim
+    dv = (C - 2 * hk * dk) // hv
+    assert y.is_contiguous() and a.is_contiguous() and b.is_contiguous() and state.is_contiguous()
+    assert state.shape[0] == G and state.shape[2:] == (hv, dk, dv) and A_log.shape == (G, hv)
+    B = rows.shape[0]
+    bv = min(block_v, triton.next_power_of_2(dv))
+    _gdn_step_kernel[(B * hv, triton.cdiv(dv, bv), G)](
+        y, a, b, rows, A_log, dt_bias, y, state, src, dst, reset, counts, skip, W, C, dk ** -0.5,
+        R * W * C, R * W * hv, state[0].numel(), HV=hv, HK=hk, DK=dk, DV=dv, BK=triton.next_power_of_2(dk),
+        BV=bv, STORE_O=False, HAS_SKIP=True, HAS_YROW=True)
 
 
 @functools.cache

@@ -168,3 +168,30 @@ def gdn_step_ref(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch
     """kernels/gdn.py's `gdn_step` in torch: `gdn_inputs`, then `gdn_recurrent_ref`."""
     q, k, v, g, beta = gdn_inputs(y, a, b, A_log, dt_bias, counts, num_k_heads=num_k_heads, key_dim=key_dim)
     return gdn_recurrent_ref(q if want_out else None, k, v, g, beta, state, src, dst, reset, skip)
+
+
+def gdn_replay_ref(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor, A_log: torch.Tensor,
+                   dt_bias: torch.Tensor, state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+                   reset: torch.Tensor, counts: torch.Tensor, skip: torch.Tensor, *, num_k_heads: int,
+                   key_dim: int) -> None:
+    """kernels/gdn.py's `gdn_replay` in torch: for each layer g, `gdn_step_ref` without output on
+    y[g, rows], a[g, rows], b[g, rows] into state[g]."""
+    for g in range(y.shape[0]):
+        gdn_step_ref(y[g, rows], a[g, rows], b[g, rows], A_log[g], dt_bias[g], state[g], src, dst, reset, counts,
+                     skip, num_k_heads=num_k_heads, key_dim=key_dim, want_out=False)
+
+
+def commit_windows_ref(windows: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, src: torch.Tensor,
+                       dst: torch.Tensor, reset: torch.Tensor, counts: torch.Tensor, skip: torch.Tensor) -> None:
+    """The conv windows after the first counts[b] recorded inputs, for all layers at once.
+
+    windows: [G, N, C, K-1]; x: [G, R, W, C] recorded conv inputs; rows: [B] their rows; src: [B]
+    the window before them (zeros where reset[b]); dst: [B] where the result goes; rows with
+    skip[b] keep windows[:, dst[b]]."""
+    taps = windows.shape[3]
+    before = torch.where(reset[None, :, None, None] != 0, 0, windows[:, src])  # [G, B, C, K-1]
+    stream = torch.cat((before, x[:, rows].transpose(2, 3)), dim=3)  # [G, B, C, K-1+W]
+    # (a skipped row may have fed more than W tokens: clamp its unused indices into range)
+    idx = counts.clamp(max=x.shape[2])[:, None] + torch.arange(taps, device=x.device)  # [B, K-1]
+    after = stream.gather(3, idx[None, :, None, :].expand(stream.shape[0], -1, stream.shape[2], -1))
+    windows[:, dst] = torch.where(skip[None, :, None, None] != 0, windows[:, dst], after.to(windows.dtype))

@@ -82,9 +82,9 @@ def reference_logits(hf_model, sequences: list[list[int]]) -> list[torch.Tensor]
 
 def run_schedule(model, state, lanes: list[int], sequences: list[list[int]], schedule, *, pad_token: int = 7,
                  device="cpu") -> list[torch.Tensor]:
-    """Feed `sequences` by `schedule` (per step, tokens per row; 0 = the row sits out). Rows are
-    right-padded with `pad_token` at continuing positions and pass num_tokens. Returns per row the
-    logits [n, V] float32 of every real token fed."""
+    """Feed `sequences` by `schedule` (per step, tokens per row; 0 = the row sits out), committing
+    every step whole. Rows are right-padded with `pad_token` at continuing positions and pass
+    num_tokens. Returns per row the logits [n, V] float32 of every real token fed."""
     fed = [0] * len(sequences)
     out: list[list[torch.Tensor]] = [[] for _ in sequences]
     for counts in schedule:
@@ -96,10 +96,11 @@ def run_schedule(model, state, lanes: list[int], sequences: list[list[int]], sch
             n = counts[b]
             tokens[r, :n] = torch.tensor(sequences[b][fed[b]:fed[b] + n])
             positions[r] = torch.arange(fed[b], fed[b] + T)
-        num = torch.tensor([counts[b] for b in rows])
+        num = torch.tensor([counts[b] for b in rows], device=device)
+        lane_t = torch.tensor([lanes[b] for b in rows], device=device)
         with torch.no_grad():
-            logits = model(tokens.to(device), positions.to(device), state, torch.tensor([lanes[b] for b in rows],
-                           device=device), num_tokens=num.to(device))
+            logits = model(tokens.to(device), positions.to(device), state, lane_t, num_tokens=num)
+            state.commit(lane_t, num)
         for r, b in enumerate(rows):
             out[b].append(logits[r, :counts[b]].float().cpu())
             fed[b] += counts[b]

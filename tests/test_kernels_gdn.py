@@ -104,11 +104,58 @@ def _check_kernels(device: str, dtype: torch.dtype, tol: float, **shape) -> None
                 assert err <= tol * max(1.0, o1.float().abs().max().item()), (use_skip, err)
             else:
                 assert o1 is None and o2 is None
+    _check_commit_kernels(device, dtype, tol, y, a, b, A_log, dt_bias, state, idx, heads, x, windows)
     w1, w2 = windows.clone(), windows.clone()
     c1 = gdn_ref.causal_conv1d_indexed_ref(x, w1, weight, idx["src"], idx["dst"], idx["reset"], idx["counts"])
     c2 = causal_conv1d(x, w2, weight, idx["src"], idx["dst"], idx["reset"], idx["counts"], block_c=16)
     assert (c1.float() - c2.float()).abs().max().item() <= tol * max(1.0, c1.float().abs().max().item())
     assert (w1.float() - w2.float()).abs().max().item() == 0.0  # windows are copies of inputs
+
+
+def _check_commit_kernels(device, dtype, tol, y, a, b, A_log, dt_bias, state, idx, heads, x, windows) -> None:
+    """gdn_replay and commit_windows (all layers in one launch, recorded inputs read in place by
+    row) against their references, on G = 2 layers built from the single-layer case."""
+    from kernels.conv import commit_windows
+    from kernels.gdn import gdn_replay
+
+    G = 2
+    ry = torch.stack([y, y.flip(0)]).contiguous()  # [G, R=B, W=T, C]
+    ra, rb = torch.stack([a, a.flip(0)]).contiguous(), torch.stack([b, -b]).contiguous()
+    A, dt = torch.stack([A_log, -A_log]).float(), torch.stack([dt_bias, dt_bias * 2]).float()  # [G, Hv]
+    ssm = torch.stack([state, state.flip(0)]).contiguous()  # [G, N, Hv, dk, dv]
+    rows = torch.tensor([2, 0, 1], device=device)
+    src = idx["src"]
+    dst = torch.tensor([2, 4, 6], device=device)  # != src, as in a commit
+    kept = torch.tensor([3, 1, 5], device=device)
+    skip = torch.tensor([0, 0, 1], dtype=torch.int32, device=device)
+    s1, s2 = ssm.clone(), ssm.clone()
+    gdn_ref.gdn_replay_ref(ry, ra, rb, rows, A, dt, s1, src, dst, idx["reset"], kept, skip, **heads)
+    gdn_replay(ry, ra, rb, rows, A, dt, s2, src, dst, idx["reset"], kept, skip, block_v=8, **heads)
+    assert (s1 - s2).abs().max().item() <= tol * max(1.0, s1.abs().max().item())
+    rx = torch.stack([x, x * 2]).contiguous()  # [G, R, W, C]
+    wins = torch.stack([windows, windows.flip(0)]).contiguous()  # [G, N, C, K-1]
+    w1, w2 = wins.clone(), wins.clone()
+    gdn_ref.commit_windows_ref(w1, rx, rows, src, dst, idx["reset"], kept, skip)
+    commit_windows(w2, rx, rows, src, dst, idx["reset"], kept, skip, block_c=16)
+    assert torch.equal(w1, w2)
+    assert G == ssm.shape[0]
+
+
+@pytest.mark.skipif(INTERPRETED, reason="reference checks run in the parent process")
+def test_commit_windows_reference():
+    """commit_windows_ref against the definition: the window after n inputs is the last K-1 of
+    [window before; first n inputs]."""
+    gen = torch.Generator().manual_seed(9)
+    windows = torch.randn(1, 4, 5, 3, generator=gen)
+    x = torch.randn(1, 2, 6, 5, generator=gen)
+    rows, src, dst = torch.tensor([1, 0]), torch.tensor([0, 2]), torch.tensor([1, 3])
+    reset, kept, skip = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([2, 5]), torch.zeros(2, dtype=torch.int32)
+    out = windows.clone()
+    gdn_ref.commit_windows_ref(out, x, rows, src, dst, reset, kept, skip)
+    for b in range(2):
+        before = torch.zeros(5, 3) if reset[b] else windows[0, src[b]]
+        stream = torch.cat([before, x[0, rows[b], :kept[b]].T], dim=1)
+        assert torch.equal(out[0, dst[b]], stream[:, -3:])
 
 
 @pytest.mark.skipif(INTERPRETED, reason="reference checks run in the parent process")

@@ -141,6 +141,7 @@ def test_verify_commit_equals_recomputation(setup):
     with torch.no_grad():
         model(torch.tensor([s[:prompt_len] for s in seqs], device=device), arange(0, prompt_len).expand(rows, -1),
               state, lanes)
+        state.commit(lanes, torch.full((rows,), prompt_len, device=device))
         # the verification: the accepted prefix of row b agrees with seqs[b], the rest is a wrong draft
         accepted = torch.arange(1, rows + 1)
         verify = torch.tensor([seqs[b][prompt_len:prompt_len + int(accepted[b])] + drafts[b][int(accepted[b]):]
@@ -155,22 +156,64 @@ def test_verify_commit_equals_recomputation(setup):
             fresh = model.new_state(1, 40, dtype=dtype, device=device)
             refs.append(model(torch.tensor([seqs[b][:n + after]], device=device), arange(0, n + after), fresh,
                               torch.tensor([0], device=device))[0, n:])
+            state.commit(lanes[b:b + 1], torch.tensor([after], device=device))
     for b in range(rows):
         # the same model on both sides: float32 agrees to rounding, bf16 to its own noise
         assert_close(outs[b].float().cpu(), refs[b].float().cpu(), tol / 2, f"accepted={int(accepted[b])}")
 
 
+def test_uncommitted_step_leaves_no_trace(setup):
+    """models/state.py: "A step whose commit is never called (a cancelled row, an aborted round)
+    must leave the committed state as it was": a forward never committed, then the real next
+    tokens, give the logits of a lane that never saw the aborted step (with and without the
+    verification buffers, after prefill and after decode)."""
+    _, model, device, dtype, tol = setup
+    seq, junk = sequences([14, 6], seed=8)
+    lane = torch.tensor([1], device=device)
+    for width in (0, 6):
+        clean = model.new_state(2, 32, dtype=dtype, device=device, verify_width=width)
+        ref = run_schedule(model, clean, [1], [seq], ((9,), (1,), (4,)), device=device)[0]
+        state = model.new_state(2, 32, dtype=dtype, device=device, verify_width=width)
+        first = run_schedule(model, state, [1], [seq[:9]], ((9,),), device=device)[0]
+        with torch.no_grad():  # aborted: junk at the next positions, never committed
+            model(torch.tensor([junk], device=device), torch.arange(9, 15, device=device)[None], state, lane)
+        decode = _continue(model, state, lane, seq, 9, (1,), device)
+        with torch.no_grad():  # aborted again, after a decode step
+            model(torch.tensor([junk[:1]], device=device), torch.tensor([[10]], device=device), state, lane)
+        rest = _continue(model, state, lane, seq, 10, (4,), device)
+        ours = torch.cat([first, decode, rest])
+        assert_close(ours, ref, 1e-6 if dtype == torch.float32 else tol / 2, f"verify_width={width}")
+
+
+def _continue(model, state, lane, seq, start, chunks, device) -> torch.Tensor:
+    out = []
+    for n in chunks:
+        with torch.no_grad():
+            logits = model(torch.tensor([seq[start:start + n]], device=device),
+                           torch.arange(start, start + n, device=device)[None], state, lane)
+            state.commit(lane, torch.tensor([n], device=device))
+        out.append(logits[0].float().cpu())
+        start += n
+    return torch.cat(out)
+
+
 def test_commit_rejects_impossible_counts(checkpoint):
-    """commit raises for an accepted count outside 1..the last forward's tokens (CPU check)."""
+    """commit raises for a kept count outside 1..the last forward's tokens, and for a partial
+    commit of a forward wider than verify_width (CPU checks)."""
     _, _, model, _ = checkpoint
     state = model.new_state(1, 16, dtype=torch.float32, device="cpu", verify_width=3)
     with torch.no_grad():
         model(torch.tensor([[5, 6, 7]]), torch.arange(3)[None], state, torch.tensor([0]))
-    with pytest.raises(ValueError, match="accepted"):
+    with pytest.raises(ValueError, match="kept"):
         state.commit([0], [4])
-    with pytest.raises(ValueError, match="accepted"):
+    with pytest.raises(ValueError, match="kept"):
         state.commit([0], [0])
-    state.commit([0], [3])  # the whole forward: nothing to roll back
+    state.commit([0], [3])
+    with torch.no_grad():
+        model(torch.tensor([[5, 6, 7, 8]]), torch.arange(3, 7)[None], state, torch.tensor([0]))
+    with pytest.raises(ValueError, match="verify_width"):
+        state.commit([0], [2])
+    state.commit([0], [4])
 
 
 def test_conditional_generation_checkpoint(tmp_path):
@@ -232,8 +275,10 @@ def test_state_sizes_and_budget(checkpoint):
         per_lane = state.bytes_per_lane(config, torch.float32, verify_width=width)
         assert state.nbytes == 3 * (20 * per_token + per_lane)
         assert (state.lanes, state.max_len) == (3, 20)
+    assert model.state_sizes(torch.float32, verify_width=6) == (per_token, per_lane)
     budget = 3 * (37 * per_token + per_lane) + per_token  # room for 37 positions per lane, not 38
-    state = model.state_for_budget(3, budget, dtype=torch.float32, device="cpu", verify_width=6)
-    assert state.max_len == 37 and state.nbytes <= budget
+    n = model.max_len_for_budget(3, budget, torch.float32, verify_width=6)
+    state = model.new_state(3, n, dtype=torch.float32, device="cpu", verify_width=6)
+    assert n == 37 and state.nbytes <= budget
     with pytest.raises(ValueError):
-        model.state_for_budget(3, 3 * per_lane, dtype=torch.float32, device="cpu", verify_width=6)
+        model.max_len_for_budget(3, 3 * per_lane, torch.float32, verify_width=6)

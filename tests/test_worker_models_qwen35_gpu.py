@@ -27,8 +27,10 @@ def test_decode_graph_matches_eager():
     seq = torch.randint(0, 248_000, (B, prompt + steps), device="cuda", generator=g)
     lanes = torch.tensor([2, 0, 1], device="cuda")
     states = [model.new_state(4, 64, dtype=torch.bfloat16, device="cuda", verify_width=4) for _ in range(2)]
+    ones = torch.ones(B, dtype=torch.long, device="cuda")
     for state in states:
         model(seq[:, :prompt], torch.arange(prompt, device="cuda")[None].expand(B, -1), state, lanes)
+        state.commit(lanes, ones * prompt)
     tok = torch.zeros(B, 1, dtype=torch.long, device="cuda")
     pos = torch.zeros(B, 1, dtype=torch.long, device="cuda")
     graph_state, eager_state = states
@@ -38,16 +40,19 @@ def test_decode_graph_matches_eager():
     with torch.cuda.stream(side):  # warm-up on a throwaway state
         for _ in range(2):
             model(tok, pos, scratch, lanes)
+            scratch.commit(lanes, ones)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph):  # the step and its commit
         out = model(tok, pos, graph_state, lanes)[:, -1]  # [B, V]
+        graph_state.commit(lanes, ones)
     for t in range(steps):
         tok.copy_(seq[:, prompt + t:prompt + t + 1])
         pos.fill_(prompt + t)
         graph.replay()
         eager = model(seq[:, prompt + t:prompt + t + 1], torch.full((B, 1), prompt + t, device="cuda"), eager_state,
                       lanes)[:, -1]
+        eager_state.commit(lanes, ones)
         err = (out.float() - eager.float()).abs().max().item()
         assert err <= 1e-2 * eager.float().abs().max().item(), (t, err)
 

@@ -10,8 +10,9 @@ Rows are right-padded to T; `num_tokens[b]` real tokens per row (None: all T). P
 a lane's recurrent state or conv window; its attention keys land beyond the row's last real
 position, where no real query reads them before they are overwritten; its logits are meaningless.
 A row whose first position is 0 starts its lane afresh (a reused lane keeps nothing of its
-previous request). After a verification forward, `state.commit(lanes, accepted)` keeps each row's
-state after its first accepted[b] tokens.
+previous request). `state.commit(lanes, kept)` then keeps each row's state after its first kept[b]
+tokens (all of them in ordinary decoding; the accepted prefix after a verification); a step never
+committed leaves the committed state as it was (models/state.py).
 
 Parameter names follow Hugging Face's `Qwen3_5ForCausalLM` (`model.layers.0.linear_attn.A_log`),
 plus `mtp.*` for the MTP module when the checkpoint has it; with tied embeddings there is no
@@ -97,12 +98,18 @@ class Qwen35Model(nn.Module):
         return Qwen35State(self.config, lanes, max_len, dtype=dtype, device=device, verify_width=verify_width,
                            mtp=self.mtp is not None, gates=self._gates())
 
-    def state_for_budget(self, lanes: int, budget_bytes: int, *, dtype: torch.dtype, device: torch.device | str,
-                         max_len: int | None = None, verify_width: int = 0) -> Qwen35State:
-        """The longest lanes that fit `budget_bytes` (see `Qwen35State.from_budget`)."""
-        return Qwen35State.from_budget(self.config, lanes, budget_bytes, dtype=dtype, device=device,
-                                       max_len=max_len, verify_width=verify_width, mtp=self.mtp is not None,
-                                       gates=self._gates())
+    def max_len_for_budget(self, lanes: int, budget_bytes: int, dtype: torch.dtype, *,
+                           verify_width: int = 0) -> int:
+        """The longest lanes whose state fits `budget_bytes` (per-lane fixed bytes first, then
+        positions), capped at the model's context. Raises ValueError when not even one position
+        per lane fits."""
+        n = Qwen35State.max_len_for_budget(self.config, lanes, budget_bytes, dtype, verify_width=verify_width,
+                                           mtp=self.mtp is not None)
+        if n <= 0:
+            per_token, per_lane = self.state_sizes(dtype, verify_width=verify_width)
+            raise ValueError(f"a state budget of {budget_bytes} bytes holds no position for {lanes} lanes "
+                             f"({per_lane} bytes per lane + {per_token} per position)")
+        return min(n, self.config.max_position_embeddings)
 
     def state_sizes(self, dtype: torch.dtype, *, verify_width: int = 0) -> tuple[int, int]:
         """(bytes per cached position of a lane, fixed bytes per lane) of `new_state`'s layout."""

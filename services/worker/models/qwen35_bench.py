@@ -60,8 +60,9 @@ def _ms(fn, repeats: int) -> float:
 
 @torch.inference_mode()
 def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, graphs: bool = True) -> dict:
-    """One batch size: a prefill of `prompt` tokens per row, `steps` decode steps (graph and
-    eager), one verification forward of `verify` tokens plus its commit."""
+    """One batch size: a prefill of `prompt` tokens per row, `steps` decode steps with their
+    commits (graph and eager), one verification forward of `verify` tokens plus its commit of a
+    random accepted prefix."""
     device, dtype = model.rope_w.device, model.output_weight.dtype
     max_len = prompt + 3 * steps + verify + 16
     state = model.new_state(batch, max_len, dtype=dtype, device=device, verify_width=verify)
@@ -70,10 +71,12 @@ def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, grap
     tokens = torch.randint(0, vocab, (batch, prompt), device=device)
     positions = torch.arange(prompt, device=device)[None].expand(batch, -1)
     last = torch.full((batch, 1), prompt - 1, device=device)
+    ones = torch.ones(batch, dtype=torch.long, device=device)
     model(tokens, positions, state, lanes, logit_index=last)  # compile and autotune kernels (fla-core)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     model(tokens, positions, state, lanes, logit_index=last)
+    state.commit(lanes, ones * prompt)
     torch.cuda.synchronize()
     prefill_ms = (time.perf_counter() - t0) * 1e3
     tok = torch.randint(0, vocab, (batch, 1), device=device)
@@ -81,6 +84,7 @@ def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, grap
 
     def step():
         model(tok, pos, state, lanes)
+        state.commit(lanes, ones)
         pos.add_(1)
 
     eager_ms = _ms(step, max(steps // 4, 4))
@@ -96,15 +100,18 @@ def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, grap
         with torch.cuda.graph(graph):
             step()
         graph_ms = _ms(graph.replay, steps)
-    drafts = torch.randint(0, vocab, (batch, verify), device=device)
-    vpos = pos + torch.arange(verify, device=device)[None]
-    accepted = torch.randint(1, verify + 1, (batch,), device=device)
+    verify_ms = None
+    if verify:
+        drafts = torch.randint(0, vocab, (batch, verify), device=device)
+        vpos = pos + torch.arange(verify, device=device)[None]
+        accepted = torch.randint(1, verify + 1, (batch,), device=device)
 
-    def verify_step():
-        model(drafts, vpos, state, lanes)
-        state.commit(lanes, accepted)
+        def verify_step():
+            model(drafts, vpos, state, lanes)
+            state.commit(lanes, accepted)
 
-    verify_ms = _ms(verify_step, 4)
+        verify_step()  # compile
+        verify_ms = _ms(verify_step, 4)
     best = graph_ms if graph_ms is not None else eager_ms
     return {"batch": batch, "prompt_tokens": prompt, "prefill_ms": prefill_ms,
             "prefill_tokens_per_s": batch * prompt / prefill_ms * 1e3, "decode_ms_eager": eager_ms,

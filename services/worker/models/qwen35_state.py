@@ -1,29 +1,32 @@
 """Per-lane state of a Qwen3.5 model, allocated once: attention KV, GDN conv windows and recurrent
-states, and what committing a speculative verification needs.
+states, and what committing a step (a verification included) needs.
 
-Layout (G GDN layers, A attention layers plus the MTP layer's when the model has one):
+The contract (models/state.py): a forward writes this step's state for its rows; `commit(lanes,
+kept)` keeps, for row b, the state after its first kept[b] fed tokens; a step whose commit is never
+called leaves the committed state as it was. Layout (G GDN layers, A attention layers plus the
+MTP layer's when the model has one):
 
-- `kv: [A, 2, lanes, max_len, Hkv, D]`: as models/kv_cache.py, token p of lane l at [l, p]; a
-  verification's rejected positions are simply overwritten later (positions mask attention).
-- `ssm: [G, lanes * slots, Hv, dk, dv]` float32 and `conv: [G, lanes * slots, C, K-1]` (model dtype):
-  `slots` is 1 without speculation; with `verify_width` W > 0 it is 2 and `slot[lane]` names the live
-  one. Every forward reads the live slot and writes the other (then flips), so the state before the
-  last forward survives it.
-- Replay buffers (W > 0): the last forward's per-token GDN inputs, `x` (conv input), `y` (conv
-  output), `a`, `b` (raw gate projections), W tokens per lane and layer.
+- `kv: [A, 2, lanes, max_len, Hkv, D]`: as models/kv_cache.py, token p of lane l at [l, p]; what a
+  step writes past the kept positions lies beyond the committed frontier and is overwritten
+  before anything reads it.
+- `ssm: [G, 2 * lanes, Hv, dk, dv]` float32 and `conv: [G, 2 * lanes, C, K-1]` (model dtype): two
+  slots per lane, `slot[lane]` the committed one. A forward reads the committed slot and writes the
+  other; commit makes that one committed (flips), so an uncommitted step changes nothing.
+- Replay buffers (verify_width W > 0): a forward of T <= W tokens also records its per-token GDN
+  inputs, `x` (conv input), `y` (conv output), `a`, `b` (raw gate projections).
 
-`commit(lanes, accepted)` after a verification forward of T <= W tokens keeps, per row, the state
-after its first accepted[b] tokens: rows that accepted all T keep the forward's result; the others
-replay accepted[b] recurrence steps from the surviving pre-forward slot (no output, no projection,
-no recomputation of the prompt) and rebuild the conv window from the recorded inputs. The cost of
-this scheme over per-position snapshots, at the 9B shape (24 GDN layers, 32 x 128 x 128 float32
-state, conv 8192 x 3 bf16), B = 64 lanes, K = 15 (W = 16):
+Committing kept[b] < T tokens (a verification that rejected drafts) replays kept[b] recurrence
+steps from the committed slot into the pending one, from the recorded inputs (no output, no
+projection, no recomputation of the prompt), and rebuilds the conv window; rows that keep all T
+tokens only flip. On CUDA that is two kernel launches for all layers. The cost over one slot, at
+the 9B shape (24 GDN layers, 32 x 128 x 128 float32 state, conv 8192 x 3 bf16), K = 15 (W = 16):
 
     second slot: 24 x (2 MiB + 48 KiB) = 49 MiB/lane;  replay buffers: 24 x 16 x 32 KiB = 12 MiB/lane
-    -> 61 MiB/lane, 3.8 GiB for 64 lanes (snapshots: 16 x 49 MiB = 784 MiB/lane, 49 GiB)
+    -> 61 MiB/lane, 3.8 GiB for 64 lanes (per-position snapshots: 16 x 49 MiB = 784 MiB/lane, 49 GiB)
 
-(`speculation_bytes_per_lane` computes it.) A lane is reused by a new request without clearing:
-a forward row whose first position is 0 starts from a zero recurrent state and conv window.
+(`speculation_bytes_per_lane` computes it; the second slot is also what lets an uncommitted step
+leave no trace.) A lane is reused by a new request without clearing: a forward row whose first
+position is 0 starts from a zero recurrent state and conv window.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from dataclasses import dataclass
 import torch
 
 from kernels import gdn_ref
-from services.worker.models.gdn import step
 from services.worker.models.qwen35_config import Qwen35Config
 
 
@@ -47,43 +49,43 @@ class StepIndex:
     """Where one forward reads and writes each row's GDN state (device tensors, no host sync)."""
 
     lanes: torch.Tensor  # [B] int64
-    src: torch.Tensor  # [B] int64 rows of ssm[layer] / conv[layer] to read
-    dst: torch.Tensor  # [B] int64 rows to write
+    src: torch.Tensor  # [B] int64 rows of ssm[layer] / conv[layer] to read (the committed slot)
+    dst: torch.Tensor  # [B] int64 rows to write (the pending slot)
     reset: torch.Tensor  # [B] int32: 1 where the row starts a sequence (position 0)
     counts: torch.Tensor  # [B] int64 real tokens per row
-    valid: torch.Tensor  # [B, T] bool: token t of row b is real
     record: bool  # T <= verify_width: the replay buffers take this forward's inputs
 
 
 class Qwen35State:
-    """The state of `lanes` lanes of `max_len` positions; build with `Qwen35State.allocate`."""
+    """The state of `lanes` lanes of `max_len` positions (see the module docstring).
+
+    `gates`: each GDN layer's (A_log, dt_bias), which `commit` needs to replay (the model's
+    `new_state` passes them); required when verify_width > 0. Raises ValueError for non-positive
+    sizes or missing gates."""
 
     def __init__(self, config: Qwen35Config, lanes: int, max_len: int, *, dtype: torch.dtype,
                  device: torch.device | str, verify_width: int = 0, mtp: bool = False,
                  gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
-        """`gates`: each GDN layer's (A_log, dt_bias), which `commit` needs to replay (the model's
-        `new_state` passes them); required when verify_width > 0."""
         if lanes <= 0:
             raise ValueError(f"lanes must be positive, got {lanes}")
         if max_len <= 0:
             raise ValueError(f"max_len must be positive, got {max_len}")
         if verify_width < 0:
             raise ValueError(f"verify_width must be >= 0, got {verify_width}")
-        if verify_width and (gates is None or len(gates) != len(config.gdn_layers)):
-            raise ValueError("gates: verify_width > 0 needs (A_log, dt_bias) of every GDN layer")
-        self._gates = list(gates or ())
         c = config
+        G = len(c.gdn_layers)
+        if verify_width and (gates is None or len(gates) != G):
+            raise ValueError("gates: verify_width > 0 needs (A_log, dt_bias) of every GDN layer")
         self.config = c
         self.verify_width = verify_width
-        self.slots = 2 if verify_width else 1
         kw = {"device": device}
-        G, n = len(c.gdn_layers), lanes * self.slots
         hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
         self.kv = torch.zeros(len(c.attention_layers) + int(mtp), 2, lanes, max_len, c.num_kv_heads, c.head_dim,
                               dtype=dtype, **kw)
-        self.ssm = torch.zeros(G, n, hv, dk, dv, dtype=torch.float32, **kw)
-        self.conv = torch.zeros(G, n, c.conv_dim, c.linear_conv_kernel_dim - 1, dtype=dtype, **kw)
-        self.slot = torch.zeros(lanes, dtype=torch.int64, **kw)  # [lanes] live slot
+        self.ssm = torch.zeros(G, 2 * lanes, hv, dk, dv, dtype=torch.float32, **kw)
+        self.conv = torch.zeros(G, 2 * lanes, c.conv_dim, c.linear_conv_kernel_dim - 1, dtype=dtype, **kw)
+        self.slot = torch.zeros(lanes, dtype=torch.int64, **kw)  # [lanes] the committed slot
+        self.pending = torch.zeros(lanes, dtype=torch.int32, **kw)  # [lanes] a forward awaits commit
         self.last_len = torch.zeros(lanes, dtype=torch.int64, **kw)  # [lanes] tokens of the last forward
         self.last_reset = torch.zeros(lanes, dtype=torch.int32, **kw)  # [lanes] it started a sequence
         W = verify_width
@@ -91,6 +93,9 @@ class Qwen35State:
         self.ry = torch.zeros(G, lanes, W, c.conv_dim, dtype=dtype, **kw)  # conv outputs [q | k | v]
         self.ra = torch.zeros(G, lanes, W, hv, dtype=dtype, **kw)  # raw in_proj_a
         self.rb = torch.zeros(G, lanes, W, hv, dtype=dtype, **kw)  # raw in_proj_b
+        if gates:
+            self.A_log = torch.stack([a.detach().float() for a, _ in gates]).to(device)  # [G, Hv]
+            self.dt_bias = torch.stack([d.detach().float() for _, d in gates]).to(device)  # [G, Hv]
         self.mtp_layer = len(c.attention_layers) if mtp else None  # kv index of the MTP layer
         self._last_width = 0  # T of the last forward (host side; checked on CPU only)
 
@@ -98,7 +103,7 @@ class Qwen35State:
     def allocate(cls, config: Qwen35Config, lanes: int, max_len: int, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", verify_width: int = 0, mtp: bool = False,
                  gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> "Qwen35State":
-        """Zero-filled state (see the constructor). Raises ValueError for non-positive sizes."""
+        """Zero-filled state (see the class docstring)."""
         return cls(config, lanes, max_len, dtype=dtype, device=device, verify_width=verify_width, mtp=mtp,
                    gates=gates)
 
@@ -123,11 +128,9 @@ class Qwen35State:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._tensors())
-
-    def _tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.kv, self.ssm, self.conv, self.slot, self.last_len, self.last_reset, self.rx, self.ry,
-                self.ra, self.rb)
+        tensors = (self.kv, self.ssm, self.conv, self.slot, self.pending, self.last_len, self.last_reset, self.rx,
+                   self.ry, self.ra, self.rb)
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     @staticmethod
     def bytes_per_token(config: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False) -> int:
@@ -137,19 +140,24 @@ class Qwen35State:
 
     @staticmethod
     def bytes_per_lane(config: Qwen35Config, dtype: torch.dtype, *, verify_width: int = 0) -> int:
-        """Fixed bytes of one lane, whatever its length: recurrent states, conv windows, replay."""
-        c, slots, W = config, 2 if verify_width else 1, verify_width
+        """Fixed bytes of one lane, whatever its length: recurrent states and conv windows (two
+        slots), replay buffers, bookkeeping."""
+        c, W = config, verify_width
         G, e = len(c.gdn_layers), _element_size(dtype)
         hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-        state = slots * G * (hv * dk * dv * 4 + c.conv_dim * (c.linear_conv_kernel_dim - 1) * e)
+        state = 2 * G * (hv * dk * dv * 4 + c.conv_dim * (c.linear_conv_kernel_dim - 1) * e)
         replay = G * W * (2 * c.conv_dim + 2 * hv) * e
-        return state + replay + 8 + 8 + 4
+        return state + replay + 8 + 4 + 8 + 4
 
     @staticmethod
     def speculation_bytes_per_lane(config: Qwen35Config, dtype: torch.dtype, verify_width: int) -> int:
-        """What verification of up to `verify_width` tokens adds per lane (second slot + replay)."""
-        return Qwen35State.bytes_per_lane(config, dtype, verify_width=verify_width) - \
-            Qwen35State.bytes_per_lane(config, dtype)
+        """What verifying up to `verify_width` tokens costs per lane over a single-slot state
+        without replay buffers (the second slot plus the replay buffers)."""
+        c = config
+        G, e = len(c.gdn_layers), _element_size(dtype)
+        one_slot = G * (c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
+                        + c.conv_dim * (c.linear_conv_kernel_dim - 1) * e)
+        return one_slot + G * verify_width * (2 * c.conv_dim + 2 * c.linear_num_value_heads) * e
 
     @classmethod
     def max_len_for_budget(cls, config: Qwen35Config, lanes: int, budget_bytes: int, dtype: torch.dtype, *,
@@ -159,22 +167,6 @@ class Qwen35State:
             raise ValueError(f"lanes must be positive and budget_bytes >= 0, got {lanes}, {budget_bytes}")
         free = budget_bytes - lanes * cls.bytes_per_lane(config, dtype, verify_width=verify_width)
         return max(free, 0) // (lanes * cls.bytes_per_token(config, dtype, mtp=mtp))
-
-    @classmethod
-    def from_budget(cls, config: Qwen35Config, lanes: int, budget_bytes: int, *, dtype: torch.dtype,
-                    device: torch.device | str, max_len: int | None = None, verify_width: int = 0,
-                    mtp: bool = False, gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None
-                    ) -> "Qwen35State":
-        """The longest lanes that fit `budget_bytes`, capped at `max_len` (default: the model's
-        max_position_embeddings). Raises ValueError when not even one position per lane fits."""
-        n = cls.max_len_for_budget(config, lanes, budget_bytes, dtype, verify_width=verify_width, mtp=mtp)
-        if n <= 0:
-            raise ValueError(f"a state budget of {budget_bytes} bytes holds no position for {lanes} lanes "
-                             f"({cls.bytes_per_lane(config, dtype, verify_width=verify_width)} bytes per lane + "
-                             f"{cls.bytes_per_token(config, dtype, mtp=mtp)} per token)")
-        cap = config.max_position_embeddings if max_len is None else max_len
-        return cls(config, lanes, min(n, cap), dtype=dtype, device=device, verify_width=verify_width, mtp=mtp,
-                   gates=gates)
 
     # ---------------------------------------------------------------- views
 
@@ -191,21 +183,13 @@ class Qwen35State:
         """Index one forward of tokens [B, T] at `positions` for rows in `lanes`; `num_tokens` [B]
         real tokens per row (None: all T)."""
         B, T = positions.shape
-        arange = torch.arange(T, device=positions.device)
         counts = torch.full((B,), T, dtype=torch.int64, device=positions.device) if num_tokens is None \
             else num_tokens.to(torch.int64)
         live = self.slot[lanes]  # [B]
         self._last_width = T
-        return StepIndex(
-            lanes=lanes, src=lanes * self.slots + live, dst=lanes * self.slots + (live + 1) % self.slots,
-            reset=(positions[:, 0] == 0).to(torch.int32), counts=counts, valid=arange[None, :] < counts[:, None],
-            record=0 < T <= self.verify_width)
-
-    def end(self, step: StepIndex) -> None:
-        """Make the forward's writes live (flip the rows' slots) and remember it for `commit`."""
-        self.slot[step.lanes] = step.dst - step.lanes * self.slots
-        self.last_len[step.lanes] = step.counts
-        self.last_reset[step.lanes] = step.reset
+        return StepIndex(lanes=lanes, src=2 * lanes + live, dst=2 * lanes + 1 - live,
+                         reset=(positions[:, 0] == 0).to(torch.int32), counts=counts,
+                         record=0 < T <= self.verify_width)
 
     def record(self, layer: int, lanes: torch.Tensor, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor,
                b: torch.Tensor) -> None:
@@ -217,39 +201,54 @@ class Qwen35State:
         self.ra[layer, lanes, :T] = a
         self.rb[layer, lanes, :T] = b
 
+    def end(self, step: StepIndex) -> None:
+        """The forward's writes await `commit` (nothing committed changes)."""
+        self.pending[step.lanes] = 1
+        self.last_len[step.lanes] = step.counts
+        self.last_reset[step.lanes] = step.reset
+
     # ---------------------------------------------------------------- commit
 
-    def commit(self, lanes: torch.Tensor | Sequence[int], accepted: torch.Tensor | Sequence[int]) -> None:
-        """Keep, for row b, the state after the first accepted[b] tokens of the last forward of
-        lanes[b] (1 <= accepted[b] <= that forward's tokens, which were at most verify_width).
+    def commit(self, lanes: torch.Tensor | Sequence[int], kept: torch.Tensor | Sequence[int]) -> None:
+        """Keep, for row b, the state after the first kept[b] tokens of the last forward of
+        lanes[b] (1 <= kept[b] <= the tokens it fed; fewer than all only after a forward of at most
+        verify_width tokens). A lane with no forward since its last commit is left as it is.
 
-        lanes, accepted: [B] int64 (device tensors or host sequences). Without verify_width this is a
-        no-op (nothing can be rolled back). Raises ValueError, on the CPU, for an accepted count
-        the last forward cannot roll back to. No host synchronisation on CUDA."""
-        if self.slots == 1:
-            return
+        lanes, kept: [B] int64 (device tensors or host sequences), lanes distinct. Raises
+        ValueError, on the CPU, for a count the last forward cannot be committed at. No host
+        synchronisation on CUDA."""
         lanes = torch.as_tensor(lanes, dtype=torch.int64, device=self.device)
-        accepted = torch.as_tensor(accepted, dtype=torch.int64, device=self.device)
+        kept = torch.as_tensor(kept, dtype=torch.int64, device=self.device)
+        last = self.last_len[lanes]
         if self.device.type == "cpu":
-            last = self.last_len[lanes]
-            if bool((accepted < 1).any() or (accepted > last).any()):
-                raise ValueError(f"accepted: expected 1..{last.tolist()}, got {accepted.tolist()}")
-            if self._last_width > self.verify_width and bool((accepted != last).any()):
-                raise ValueError(f"accepted: the last forward ({self._last_width} tokens) was wider than "
-                                 f"verify_width={self.verify_width} and cannot be rolled back")
+            if bool((kept < 1).any() or (kept > last).any()):
+                raise ValueError(f"kept: expected 1..{last.tolist()}, got {kept.tolist()}")
+            partial = bool((kept != last).any())
+            if partial and not 0 < self._last_width <= self.verify_width:
+                raise ValueError(f"kept: the last forward ({self._last_width} tokens) is wider than "
+                                 f"verify_width={self.verify_width} and can only be committed whole")
+        pending = self.pending[lanes]  # [B]
         live = self.slot[lanes]
-        src, dst = lanes * 2 + (1 - live), lanes * 2 + live
-        skip = (accepted == self.last_len[lanes]).to(torch.int32)  # [B] nothing to roll back
-        reset = self.last_reset[lanes]
-        k_taps = self.config.linear_conv_kernel_dim - 1
-        kw = {"num_k_heads": self.config.linear_num_key_heads, "key_dim": self.config.linear_key_head_dim,
-              "want_out": False}
-        for i, (A_log, dt_bias) in enumerate(self._gates):
-            # the recurrence over the first accepted tokens, from the pre-forward slot
-            step(self.ry[i, lanes], self.ra[i, lanes], self.rb[i, lanes], A_log, dt_bias, self.ssm[i], src, dst,
-                 reset, accepted, skip, **kw)
-            before = torch.where(reset[:, None, None] != 0, 0, self.conv[i, src])  # [B, C, K-1]
-            stream = torch.cat((before, self.rx[i, lanes].transpose(1, 2)), dim=2)  # [B, C, K-1+W]
-            window = gdn_ref.window_after(stream, accepted, k_taps)
-            self.conv[i, dst] = torch.where(skip[:, None, None] != 0, self.conv[i, dst], window)
-        self.last_len[lanes] = accepted
+        if self.verify_width:
+            src, dst = 2 * lanes + live, 2 * lanes + 1 - live
+            skip = ((kept == last) | (pending == 0)).to(torch.int32)  # [B] nothing to replay
+            self._replay(lanes, src, dst, self.last_reset[lanes], kept, skip)
+        self.slot[lanes] = torch.where(pending != 0, 1 - live, live)
+        self.last_len[lanes] = torch.where(pending != 0, kept, last)
+        self.pending[lanes] = 0
+
+    def _replay(self, lanes, src, dst, reset, kept, skip) -> None:
+        # The pending slot of a row that keeps fewer tokens than it fed: the recurrence over its
+        # first kept tokens from the committed slot, and the conv window after them.
+        heads = {"num_k_heads": self.config.linear_num_key_heads, "key_dim": self.config.linear_key_head_dim}
+        if self.device.type == "cuda":
+            from kernels.conv import commit_windows
+            from kernels.gdn import gdn_replay
+
+            gdn_replay(self.ry, self.ra, self.rb, lanes, self.A_log, self.dt_bias, self.ssm, src, dst, reset, kept,
+                       skip, **heads)
+            commit_windows(self.conv, self.rx, lanes, src, dst, reset, kept, skip)
+            return
+        gdn_ref.gdn_replay_ref(self.ry, self.ra, self.rb, lanes, self.A_log, self.dt_bias, self.ssm, src, dst,
+                               reset, kept, skip, **heads)
+        gdn_ref.commit_windows_ref(self.conv, self.rx, lanes, src, dst, reset, kept, skip)
