@@ -17,7 +17,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _conv4_kernel(x_ptr, y_ptr, w_ptr, win_ptr, src_ptr, dst_ptr, reset_ptr, count_ptr, T, C,
+def _conv4_kernel(x_ptr, y_ptr, w_ptr, win_ptr, src_ptr, dst_ptr, reset_ptr, count_ptr, T, C, x_stride,
                   BC: tl.constexpr):
     b = tl.program_id(0)
     oc = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -37,7 +37,7 @@ def _conv4_kernel(x_ptr, y_ptr, w_ptr, win_ptr, src_ptr, dst_ptr, reset_ptr, cou
     h2 = tl.load(win + 2, mask=m_keep, other=0.0).to(tl.float32)
     k0, k1, k2 = h0, h1, h2  # the window to keep: after the row's first n tokens
     for t in range(T):
-        xt = tl.load(x_ptr + (b * T + t) * C + oc, mask=mc, other=0.0).to(tl.float32)
+        xt = tl.load(x_ptr + (b * T + t) * x_stride + oc, mask=mc, other=0.0).to(tl.float32)
         y = w0 * h0 + w1 * h1 + w2 * h2 + w3 * xt
         y = y / (1.0 + tl.exp(-y))
         tl.store(y_ptr + (b * T + t) * C + oc, y.to(y_ptr.dtype.element_ty), mask=mc)
@@ -66,9 +66,11 @@ def causal_conv1d(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, 
     if K != 4:
         raise ValueError(f"weight: the Triton conv has 4 taps, got {K} (use causal_conv1d_indexed_ref)")
     assert windows.shape[1:] == (C, K - 1) and windows.is_contiguous()
-    y = torch.empty_like(x)
-    _conv4_kernel[(B, triton.cdiv(C, block_c))](x.contiguous(), y, weight.contiguous(), windows, src, dst, reset,
-                                                counts, T, C, BC=block_c)
+    if not (x.stride(2) == 1 and x.stride(0) == T * x.stride(1)):
+        x = x.contiguous()  # (a column slice of a fused projection is read in place)
+    y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
+    _conv4_kernel[(B, triton.cdiv(C, block_c))](x, y, weight.contiguous(), windows, src, dst, reset, counts, T, C,
+                                                x.stride(1), BC=block_c)
     return y
 
 

@@ -30,7 +30,7 @@ from kernels.gdn_ref import chunk_gated_delta_rule_ref
 
 @triton.jit
 def _gdn_step_kernel(y_ptr, a_ptr, b_ptr, yrow_ptr, alog_ptr, dtb_ptr, o_ptr, s_ptr, src_ptr, dst_ptr,
-                     reset_ptr, count_ptr, skip_ptr, T, C, scale, y_layer, ab_layer, s_layer,
+                     reset_ptr, count_ptr, skip_ptr, T, C, scale, y_layer, ab_layer, s_layer, ab_stride,
                      HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, STORE_O: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_YROW: tl.constexpr):
     pid = tl.program_id(0)
@@ -73,10 +73,10 @@ def _gdn_step_kernel(y_ptr, a_ptr, b_ptr, yrow_ptr, alog_ptr, dtb_ptr, o_ptr, s_
         kt = kt * (1.0 / tl.sqrt(tl.sum(kt * kt, 0) + 1e-6))
         vt = tl.load(y + 2 * HK * DK + h * DV + ov, mask=mv, other=0.0).to(tl.float32)  # [BV]
         real = (n > t).to(tl.float32)  # padding tokens: g = beta = 0, the state is unchanged
-        x = tl.load(a_ptr + row * HV + h).to(tl.float32) + dt_bias
+        x = tl.load(a_ptr + row * ab_stride + h).to(tl.float32) + dt_bias
         softplus = tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
         gt = neg_a * softplus * real
-        bt = real / (1.0 + tl.exp(-tl.load(b_ptr + row * HV + h).to(tl.float32)))
+        bt = real / (1.0 + tl.exp(-tl.load(b_ptr + row * ab_stride + h).to(tl.float32)))
         s = s * tl.exp(gt)
         d = (vt - tl.sum(s * kt[:, None], 0)) * bt  # [BV]
         s = s + kt[:, None] * d[None, :]
@@ -96,7 +96,7 @@ def gdn_step(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Ten
     place (CUDA or the interpreter): kernels/gdn_ref.py's `gdn_step_ref`.
 
     y: [B, T, C] the conv output [q | k | v] (C = 2 Hk dk + Hv dv); a, b: [B, T, Hv] the raw
-    in_proj_a / in_proj_b outputs; A_log, dt_bias: [Hv]; state: [N, Hv, dk, dv] float32,
+    in_proj_a / in_proj_b outputs (column slices of a wider projection are read in place); A_log, dt_bias: [Hv]; state: [N, Hv, dk, dv] float32,
     contiguous; src, dst: [B] int64 rows of state to read / write; reset: [B] int32 (non-zero: start
     from zeros); counts: [B] int64 real tokens per row (later tokens leave the state unchanged);
     skip: [B] int32 or None (non-zero: the row does nothing). Returns o: [B, T, Hv, dv] in y's
@@ -106,14 +106,24 @@ def gdn_step(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Ten
     dv = (C - 2 * hk * dk) // hv
     assert state.is_contiguous() and state.dtype == torch.float32 and state.shape[1:] == (hv, dk, dv)
     assert hv % hk == 0 and C == 2 * hk * dk + hv * dv
-    y, a, b = y.contiguous(), a.contiguous(), b.contiguous()
+    y = y.contiguous()
+    a, b = _rows(a), _rows(b)
     out = torch.empty(B, T, hv, dv, dtype=y.dtype, device=y.device) if want_out else None
     bv = min(block_v, triton.next_power_of_2(dv))
     _gdn_step_kernel[(B * hv, triton.cdiv(dv, bv), 1)](
         y, a, b, src, A_log, dt_bias, y if out is None else out, state, src, dst, reset, counts,
-        reset if skip is None else skip, T, C, dk ** -0.5, 0, 0, 0, HV=hv, HK=hk, DK=dk, DV=dv,
+        reset if skip is None else skip, T, C, dk ** -0.5, 0, 0, 0, a.stride(1), HV=hv, HK=hk, DK=dk, DV=dv,
         BK=triton.next_power_of_2(dk), BV=bv, STORE_O=want_out, HAS_SKIP=skip is not None, HAS_YROW=False)
     return out
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    # [B, T, H] with unit column stride and rows (b, t) at a common stride: used in place (a column
+    # slice of a fused projection), else copied
+    B, T, _ = x.shape
+    if x.stride(2) == 1 and x.stride(0) == T * x.stride(1):
+        return x
+    return x.contiguous()
 
 
 def gdn_replay(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor, A_log: torch.Tensor,
@@ -135,7 +145,7 @@ def gdn_replay(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Te
     bv = min(block_v, triton.next_power_of_2(dv))
     _gdn_step_kernel[(B * hv, triton.cdiv(dv, bv), G)](
         y, a, b, rows, A_log, dt_bias, y, state, src, dst, reset, counts, skip, W, C, dk ** -0.5,
-        R * W * C, R * W * hv, state[0].numel(), HV=hv, HK=hk, DK=dk, DV=dv, BK=triton.next_power_of_2(dk),
+        R * W * C, R * W * hv, state[0].numel(), hv, HV=hv, HK=hk, DK=dk, DV=dv, BK=triton.next_power_of_2(dk),
         BV=bv, STORE_O=False, HAS_SKIP=True, HAS_YROW=True)
 
 

@@ -73,14 +73,15 @@ def _indexed_case(device, dtype, B=3, T=5, hk=2, hv=4, dk=16, dv=12, C=40, seed=
     gen = torch.Generator().manual_seed(seed)
     rnd = (lambda *shape, scale=1.0: (scale * torch.randn(*shape, generator=gen)).to(device=device, dtype=dtype))
     y = rnd(B, T, 2 * hk * dk + hv * dv)  # conv output [q | k | v]
-    a, b = rnd(B, T, hv, scale=2.0), rnd(B, T, hv, scale=2.0)
+    ab = rnd(B, T, 2 * hv + 3, scale=2.0)  # a and b as column slices of a wider projection
+    a, b = ab[..., 1:1 + hv], ab[..., 1 + hv:1 + 2 * hv]
     A_log, dt_bias = rnd(hv, scale=0.5), rnd(hv, scale=0.5)
     state = torch.randn(8, hv, dk, dv, generator=gen).to(device)
     idx = dict(src=torch.tensor([1, 3, 5], device=device), dst=torch.tensor([2, 3, 6], device=device),
                reset=torch.tensor([0, 0, 1], dtype=torch.int32, device=device),
                counts=torch.tensor([5, 2, 3], device=device))
     skip = torch.tensor([0, 1, 0], dtype=torch.int32, device=device)
-    x, windows, weight = rnd(B, T, C), rnd(8, C, 3), rnd(C, 4)
+    x, windows, weight = rnd(B, T, C + 5)[..., 2:2 + C], rnd(8, C, 3), rnd(C, 4)  # x: a column slice
     return (y, a, b, A_log, dt_bias, state, idx, skip, dict(num_k_heads=hk, key_dim=dk)), (x, windows, weight)
 
 
@@ -105,6 +106,7 @@ def _check_kernels(device: str, dtype: torch.dtype, tol: float, **shape) -> None
             else:
                 assert o1 is None and o2 is None
     _check_commit_kernels(device, dtype, tol, y, a, b, A_log, dt_bias, state, idx, heads, x, windows)
+    _check_gated_norm(device, dtype, tol)
     w1, w2 = windows.clone(), windows.clone()
     c1 = gdn_ref.causal_conv1d_indexed_ref(x, w1, weight, idx["src"], idx["dst"], idx["reset"], idx["counts"])
     c2 = causal_conv1d(x, w2, weight, idx["src"], idx["dst"], idx["reset"], idx["counts"], block_c=16)
@@ -139,6 +141,24 @@ def _check_commit_kernels(device, dtype, tol, y, a, b, A_log, dt_bias, state, id
     commit_windows(w2, rx, rows, src, dst, idx["reset"], kept, skip, block_c=16)
     assert torch.equal(w1, w2)
     assert G == ssm.shape[0]
+
+
+def _check_gated_norm(device, dtype, tol) -> None:
+    """kernels/gdn_norm.py against GatedRMSNorm's torch path, z a column slice."""
+    from kernels.gdn_norm import gated_rmsnorm
+    from services.worker.models.gdn import GatedRMSNorm
+
+    gen = torch.Generator().manual_seed(5)
+    B, T, hv, dv = 2, 3, 4, 24
+    o = torch.randn(B, T, hv, dv, generator=gen).to(device=device, dtype=dtype)
+    zz = torch.randn(B, T, hv * dv + 7, generator=gen).to(device=device, dtype=dtype)
+    z = zz[..., 3:3 + hv * dv]
+    norm = GatedRMSNorm(dv, 1e-6, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(dv, generator=gen))
+    ref = norm.to("cpu")(o.cpu(), z.cpu())  # the torch path
+    ours = gated_rmsnorm(o.reshape(B * T, hv, dv), z.reshape(B * T, hv * dv), norm.weight.to(device), 1e-6)
+    assert (ours.reshape(B, T, hv, dv).float().cpu() - ref.float()).abs().max().item() <= tol * ref.abs().max().item() + 1e-6
 
 
 @pytest.mark.skipif(INTERPRETED, reason="reference checks run in the parent process")

@@ -65,18 +65,25 @@ def chunk(q, k, v, g, beta, initial):
 
 
 class GatedRMSNorm(nn.Module):
-    """rmsnorm(x) * weight * silu(gate) per head: statistics in float32, weight applied in x's dtype."""
+    """rmsnorm(o) * weight * silu(z) per value head: statistics in float32, weight applied in o's
+    dtype (kernels/gdn_norm.py's Triton kernel on CUDA; this torch code is its reference)."""
 
     def __init__(self, dim: int, eps: float, dtype: torch.dtype | None = None, device=None) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = (self.weight * x32.to(x.dtype)) * F.silu(gate.float())
-        return out.to(x.dtype)
+    def forward(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        # o: [B, T, Hv, dv]; z: [B, T, Hv * dv] (a column slice is fine) -> [B, T, Hv, dv]
+        B, T, hv, dv = o.shape
+        if o.is_cuda:
+            from kernels.gdn_norm import gated_rmsnorm
+
+            return gated_rmsnorm(o.reshape(B * T, hv, dv), z.reshape(B * T, hv * dv), self.weight,
+                                 self.eps).view(B, T, hv, dv)
+        x32 = F.rms_norm(o.float(), (dv,), eps=self.eps)
+        out = (self.weight * x32.to(o.dtype)) * F.silu(z.reshape(B, T, hv, dv).float())
+        return out.to(o.dtype)
 
 
 class _Conv(nn.Module):
@@ -121,5 +128,4 @@ class GatedDeltaNet(nn.Module):
             ssm[ix.dst] = final
         else:
             o = step(y, a, b, self.A_log, self.dt_bias, ssm, ix.src, ix.dst, ix.reset, ix.counts, **kw)
-        z = z.reshape(B, T, self.hv, self.dv)
         return self.out_proj(self.norm(o.to(x.dtype), z).reshape(B, T, self.hv * self.dv))

@@ -66,8 +66,8 @@ class Qwen35Model(nn.Module):
 
     def fuse_projections(self) -> None:
         """Compute each layer's input projections with one GEMM (models/fused_linear.py): GDN
-        in_proj_qkv/z/a/b, attention q/k/v, MLP gate/up. Call once the weights are on their final
-        device; names and state_dict are unchanged."""
+        in_proj_qkv/z/a/b, attention q/k/v, MLP gate/up; and precompute the norms' scales. Call
+        once the weights are final and on their device; names and state_dict are unchanged."""
         from services.worker.models.fused_linear import fuse_linears
         from services.worker.models.gdn import GDN_PROJECTIONS
         from services.worker.models.qwen35_layers import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
@@ -79,6 +79,9 @@ class Qwen35Model(nn.Module):
             else:
                 fuse_linears(layer.self_attn, ATTENTION_PROJECTIONS)
             fuse_linears(layer.mlp, MLP_PROJECTIONS)
+        for module in self.modules():
+            if isinstance(module, Qwen35RMSNorm):
+                module.freeze()
 
     def reset_rope(self, device: torch.device | str) -> None:
         """Recompute the RoPE frequencies on `device` (after loading a model built on `meta`)."""

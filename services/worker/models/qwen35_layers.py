@@ -36,11 +36,15 @@ class Qwen35RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim, dtype=dtype, device=device))
+        self.register_buffer("scale", None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+        scale = self.scale if self.scale is not None else 1.0 + self.weight.float()  # [dim] f32
+        return F.rms_norm(x.float(), (x.shape[-1],), scale, self.eps).to(x.dtype)
+
+    def freeze(self) -> None:
+        """Precompute 1 + weight in float32 (once the weights are final; saves two ops a call)."""
+        self.scale = (1.0 + self.weight.detach().float()).contiguous()
 
 
 class GatedAttention(nn.Module):
