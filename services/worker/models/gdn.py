@@ -119,7 +119,7 @@ class GatedDeltaNet(nn.Module):
         y = conv(mixed, state.conv[layer], self.conv1d.weight[:, 0], ix.src, ix.dst, ix.reset, ix.counts)  # [B, T, C]
         if ix.record:  # what commit replays (see models/qwen35_state.py)
             state.record(layer, ix.lanes, mixed, y, a, b)
-        ssm = state.ssm[layer]  # [lanes * slots, Hv, dk, dv] f32
+        ssm = state.ssm[layer]  # [2 * lanes, Hv, dk, dv] f32
         kw = {"num_k_heads": self.hk, "key_dim": self.dk}
         if T > CHUNK_MIN_TOKENS:
             q, k, v, g, beta = gdn_ref.gdn_inputs(y, a, b, self.A_log, self.dt_bias, ix.counts, **kw)
