@@ -73,13 +73,16 @@ def test_mtp_matches_transcription(tmp_path):
     assert out.shape == (1, 1, config.hidden_size)
 
 
-def test_mtp_absent(tmp_path):
-    """A checkpoint without mtp.* tensors loads without the module; mtp_forward says so."""
-    hf = hf_causal_lm(seed=13)
-    hf.save_pretrained(str(tmp_path))
-    model, _ = load_qwen35_model(str(tmp_path))
+def test_mtp_absent():
+    """A model without mtp.* weights has no module (and its state no MTP KV); mtp_forward says so."""
+    from services.worker.models.qwen35_runtime import random_qwen35
+
+    model = random_qwen35(dtype=torch.float32, device="cpu", vocab_size=64, hidden_size=32, intermediate_size=48,
+                          layer_types=("linear_attention", "full_attention"), num_heads=2, num_kv_heads=1,
+                          head_dim=16, rotary_dim=4, linear_num_key_heads=1, linear_num_value_heads=2,
+                          linear_key_head_dim=8, linear_value_head_dim=8)
     state = model.new_state(1, 8, dtype=torch.float32, device="cpu")
     assert model.mtp is None and state.mtp_layer is None
     with pytest.raises(ValueError, match="mtp"):
-        model.mtp_forward(torch.zeros(1, 1, 64), torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long),
+        model.mtp_forward(torch.zeros(1, 1, 32), torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long),
                           state, torch.tensor([0]))
