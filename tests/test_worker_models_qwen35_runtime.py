@@ -15,7 +15,7 @@ from services.worker.models.qwen35 import Qwen35Model
 from services.worker.models.qwen35_config import Qwen35Config
 from services.worker.models.qwen35_runtime import QWEN35_9B, random_qwen35
 from services.worker.runtime import load_runtime
-from shared.generation import ChatMessage, PromptInput
+from shared.generation import PromptInput
 from tests.qwen35_support import hf_causal_lm
 
 
@@ -24,7 +24,7 @@ def test_load_runtime_without_tokenizer_files(tmp_path):
     runtime = load_runtime(str(tmp_path))
     assert isinstance(runtime.model, Qwen35Model)
     assert runtime.domain.name == "qwen3.5" and runtime.domain.size == 248_320
-    prepared = runtime.prepare(PromptInput(messages=(ChatMessage(role="user", content="hi"),)))
+    prepared = runtime.prepare(PromptInput(text="<|im_start|>user\nhi<|im_end|>\n"))
     assert 248046 in prepared.token_ids  # <|im_end|> as one special token
     ids = torch.tensor([prepared.token_ids])
     state = runtime.model.new_state(1, 64, dtype=torch.float32, device="cpu")
