@@ -12,8 +12,8 @@ MTP layer's when the model has one):
 - `ssm: [G, 2 * lanes, Hv, dk, dv]` float32 and `conv: [G, 2 * lanes, C, K-1]` (model dtype): two
   slots per lane, `slot[lane]` the committed one. A forward reads the committed slot and writes the
   other; commit makes that one committed (flips), so an uncommitted step changes nothing.
-- Replay buffers (verify_width W > 0): a forward of T <= W tokens also records its per-token GDN
-  inputs, `x` (conv input), `y` (conv output), `a`, `b` (raw gate projections).
+- Replay buffers (verify_width W > 0): a forward of 1 < T <= W tokens also records its per-token
+  GDN inputs, `x` (conv input), `y` (conv output), `a`, `b` (raw gate projections).
 
 Committing kept[b] < T tokens (a verification that rejected drafts) replays kept[b] recurrence
 steps from the committed slot into the pending one, from the recorded inputs (no output, no
@@ -53,7 +53,7 @@ class StepIndex:
     dst: torch.Tensor  # [B] int64 rows to write (the pending slot)
     reset: torch.Tensor  # [B] int32: 1 where the row starts a sequence (position 0)
     counts: torch.Tensor  # [B] int64 real tokens per row
-    record: bool  # T <= verify_width: the replay buffers take this forward's inputs
+    record: bool  # 1 < T <= verify_width: the replay buffers take this forward's inputs
 
 
 class Qwen35State:
@@ -189,7 +189,7 @@ class Qwen35State:
         self._last_width = T
         return StepIndex(lanes=lanes, src=2 * lanes + live, dst=2 * lanes + 1 - live,
                          reset=(positions[:, 0] == 0).to(torch.int32), counts=counts,
-                         record=0 < T <= self.verify_width)
+                         record=1 < T <= self.verify_width)  # a 1-token step is only ever kept whole
 
     def record(self, layer: int, lanes: torch.Tensor, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor,
                b: torch.Tensor) -> None:
