@@ -142,7 +142,12 @@ def load_runtime(model: str | None = None, *, device: str | torch.device = "cpu"
 def _load_hf_runtime(path: str, *, device: str | torch.device,
                      dtype: torch.dtype) -> ModelRuntime:
     from services.worker.models.hf_loading import load_hf_model
+    from services.worker.models.qwen35_loading import is_qwen35_checkpoint
 
+    if is_qwen35_checkpoint(path):  # hybrid GDN model: its own loader
+        from services.worker.models.qwen35_runtime import load_qwen35_runtime
+
+        return load_qwen35_runtime(path, device=device, dtype=dtype)
     frontend = get_frontend(path)
     decoder, config = load_hf_model(path, dtype, device)
     return ModelRuntime(path, decoder, config, frontend)

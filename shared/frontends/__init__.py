@@ -31,6 +31,8 @@ def get_domain(model: str) -> TokenDomain:
 
         return qwen35_domain()
     if os.path.isdir(model):
+        if _builtin_vocabulary(model):
+            return get_domain("qwen3.5")
         from shared.frontends.hf import load_hf_frontend
 
         return load_hf_frontend(model).domain
@@ -41,10 +43,29 @@ def get_domain(model: str) -> TokenDomain:
 def get_frontend(model: str) -> Frontend:
     """The Frontend of a built-in model name or a checkpoint directory (raises as `get_domain`)."""
     if os.path.isdir(model):
+        if _builtin_vocabulary(model):
+            return _builtin("qwen3.5")
         from shared.frontends.hf import load_hf_frontend
 
         return load_hf_frontend(model).frontend
     return _builtin(model)
+
+
+def _builtin_vocabulary(path: str) -> bool:
+    """A Qwen3.5 checkpoint directory without tokenizer files uses the built-in Qwen3.5
+    frontend (its config.json names the family)."""
+    if os.path.exists(os.path.join(path, "tokenizer.json")):
+        return False
+    import json
+
+    from shared.frontends.qwen35 import is_qwen35_config
+
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and is_qwen35_config(config)
 
 
 @lru_cache(maxsize=None)

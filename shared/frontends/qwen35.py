@@ -20,6 +20,14 @@ _NEVER = (
 )
 
 
+def is_qwen35_config(config: dict) -> bool:
+    """True for a config.json that names a Qwen3.5 model (dense or MoE, text-only or not)."""
+    model_type = config.get("model_type", "")
+    archs = config.get("architectures") or []
+    return (isinstance(model_type, str) and model_type.startswith("qwen3_5")) or any(
+        isinstance(a, str) and a.startswith("Qwen3_5") for a in archs)
+
+
 @lru_cache(maxsize=1)
 def qwen35_tokenizer():
     """The package's tiktoken-based tokenizer (`encode`, `decode`, special tokens by spelling)."""
