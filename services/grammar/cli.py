@@ -215,6 +215,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     serve.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0")),
                        help="serve Prometheus /metrics on this port (0: off)")
+    add_compile_args(serve, isolation="process")
     serve.set_defaults(func=run_serve)
 
     health = gsub.add_parser("health", help="ask a running grammar service for its health")
@@ -223,33 +224,62 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     health.set_defaults(func=run_health)
 
 
+def add_compile_args(p: argparse.ArgumentParser, *, isolation: str) -> None:
+    """The compile limits, cold slots and store policy (each also an INFERNIX_* variable);
+    `isolation` is this command's default for --compile-isolation."""
+    from services.grammar import limits
+
+    p.add_argument("--compile-deadline-s", type=float,
+                   default=float(env("COMPILE_DEADLINE_S", str(limits.DEFAULT_DEADLINE_S))),
+                   help="a cold compile running longer is stopped: ConstraintTooComplex "
+                        f"(default {limits.DEFAULT_DEADLINE_S:g})")
+    p.add_argument("--compile-memory-bytes", type=int,
+                   default=int(env("COMPILE_MEMORY_BYTES", str(limits.DEFAULT_MEMORY_BYTES))),
+                   help="a cold compile growing its process by more is stopped (default 2 GiB)")
+    p.add_argument("--max-cold-compiles", type=int, default=int(env("MAX_COLD_COMPILES", "2")),
+                   help="cold compiles at once per model (default 2)")
+    p.add_argument("--cold-slot-wait-s", type=float, default=float(env("COLD_SLOT_WAIT_S", "10")),
+                   help="a request waits this long for a cold slot, then gets Overloaded "
+                        "(default 10)")
+    p.add_argument("--compile-isolation", choices=("process", "thread"),
+                   default=env("COMPILE_ISOLATION", isolation),
+                   help=f"where cold compiles of unknown cost run (default {isolation}; only "
+                        "'process' enforces the memory budget and stops a runaway compile)")
+    p.add_argument("--grammar-store-min-speedup", type=float,
+                   default=float(env("GRAMMAR_STORE_MIN_SPEEDUP", str(limits.DEFAULT_MIN_SPEEDUP))),
+                   help="store and ship a compiled grammar only when it loads this many times "
+                        "faster than it compiles; 0 stores all (default "
+                        f"{limits.DEFAULT_MIN_SPEEDUP:g})")
+    p.add_argument("--grammar-load-ms-per-mb", type=float,
+                   default=float(env("GRAMMAR_LOAD_MS_PER_MB", str(limits.DEFAULT_LOAD_MS_PER_MB))),
+                   help="predicted load time per MB of compiled footprint (measured by "
+                        "`infernix bench grammar-store`)")
+    p.add_argument("--grammar-load-ms-fixed", type=float,
+                   default=float(env("GRAMMAR_LOAD_MS_FIXED", str(limits.DEFAULT_LOAD_MS_FIXED))),
+                   help="predicted fixed cost of one load, in ms")
+
+
+def cache_config_from_args(args: argparse.Namespace, **overrides: Any):
+    """The CacheConfig that `add_compile_args` flags (and `overrides`) describe."""
+    from services.grammar.cache import CacheConfig
+    from services.grammar.limits import CompileLimits, StorePolicy
+
+    fields = dict(
+        max_cold_compiles=args.max_cold_compiles, slot_wait_s=args.cold_slot_wait_s,
+        isolation=args.compile_isolation,
+        limits=CompileLimits(args.compile_deadline_s, args.compile_memory_bytes),
+        policy=StorePolicy(args.grammar_load_ms_per_mb, args.grammar_store_min_speedup,
+                           args.grammar_load_ms_fixed))
+    fields.update(overrides)
+    return CacheConfig(**fields)
+
+
 def run_health(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
-    """Exit 0 when the service at --address answers Health with SERVING (docker health checks)."""
-    import asyncio
+    """Exit 0 when the service at --address answers Health with SERVING (docker health checks;
+    `python -m services.grammar.health` is the same check without this CLI's imports)."""
+    from services.grammar.health import check
 
-    from grpclib.client import Channel
-
-    from shared.proto.grammar_grpc import GrammarStub
-    from shared.proto.grammar_pb2 import HealthRequest
-
-    host, _, port = args.address.rpartition(":")
-
-    async def ask() -> dict[str, Any]:
-        channel = Channel(host or "127.0.0.1", int(port))
-        try:
-            reply = await GrammarStub(channel).Health(HealthRequest(), timeout=args.timeout)
-            return {"status": reply.status, "models": list(reply.models), "redis_ok": reply.redis_ok}
-        finally:
-            channel.close()
-
-    try:
-        health = asyncio.run(ask())
-    except (OSError, asyncio.TimeoutError) as exc:
-        _emit(out, {"status": "UNREACHABLE", "error": type(exc).__name__})
-        return 1
-    _emit(out, health)
-    return 0 if health["status"] == "SERVING" else 1
+    return check(args.address, args.timeout, out)
 
 
 def env(name: str, default: str | None) -> str | None:
@@ -267,7 +297,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from shared.logging import configure_logging
 
     configure_logging(args.log_level)
+    config = cache_config_from_args(args, cache_bytes=args.grammar_cache_bytes)
     asyncio.run(serve(host=args.host, port=args.port, redis_url=args.redis_url,
                       cache_bytes=args.grammar_cache_bytes, models=tuple(args.models),
-                      metrics_port=args.metrics_port))
+                      metrics_port=args.metrics_port, config=config))
     return EXIT_OK

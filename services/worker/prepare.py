@@ -79,7 +79,7 @@ async def build_output_session(request: GenerateRequest, prepared: PreparedPromp
     if constraint is None:
         return OutputSession(domain, None, max_new_tokens=max_new_tokens)
     result = await grammar.compile(constraint, model=runtime.name)
-    compiled = await grammar.get_compiled(result.key, runtime.name)
+    compiled = result.grammar
     stats = result.stats
 
     def make() -> OutputSession:
