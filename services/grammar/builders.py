@@ -23,7 +23,10 @@ from services.grammar.isolation import CompilePool, Want
 from services.grammar.limits import ColdSlots, StorePolicy
 from services.grammar.records import BuildInfo, Record
 from shared.errors import ConstraintTooComplex
+from shared.logging import get_logger
 from shared.metrics import GrammarMetrics
+
+log = get_logger(__name__)
 
 if TYPE_CHECKING:
     from services.grammar.cache import CacheConfig
@@ -99,7 +102,11 @@ class Builder:
     async def warm(self) -> None:
         """Start the compile children now (process isolation), not on the first cold compile."""
         if self.config.isolation == "process":
-            await self.pool.start()
+            try:
+                await self.pool.start()
+            except Exception as exc:  # noqa: BLE001 - each compile retries the start itself
+                log.error("grammar_compile_children_failed_to_start", model=self.model,
+                          error=f"{type(exc).__name__}: {exc}"[:300])
 
     async def build(self, constraint: Any, *, want: Want, trusted: bool) -> BuildOutcome:
         """A cold build of `constraint`. `want` "always" returns the grammar itself, "stored"

@@ -28,7 +28,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from services.grammar.cache import CompileStats, ModelCaches, Remote, UpstreamUnavailable
 from services.grammar.service import constraint_to_request, record_from_reply, stats_from_proto
 from shared.contract import OutputConstraint
-from shared.errors import InternalError
+from shared.errors import GrammarServiceUnavailable, InternalError
 from shared.logging import get_logger
 from shared.proto import grammar_pb2 as pb
 from shared.proto.errors import ErrorStatusCodec, typed_error
@@ -109,10 +109,12 @@ class GrpcGrammarClient(GrammarClient):
     vocabulary), which `compile` checks. `timeout_s` bounds one Compile call (keep it above the
     service's slot wait plus compile deadline); `retry_s` is how long, after a failure, requests
     go straight to the fallback before the service is tried again; `probe_timeout_s` bounds the
-    Health call `health()` makes."""
+    Health call `health()` makes. `fallback` False forbids serving without the service: while
+    it is unreachable, a grammar not in L1 fails with GrammarServiceUnavailable (503)."""
 
     def __init__(self, host: str, port: int, caches: ModelCaches, *, timeout_s: float = 60.0,
-                 retry_s: float = 2.0, probe_timeout_s: float = 1.0) -> None:
+                 retry_s: float = 2.0, probe_timeout_s: float = 1.0,
+                 fallback: bool = True) -> None:
         if timeout_s <= 0 or retry_s < 0 or probe_timeout_s <= 0:
             raise ValueError("GrpcGrammarClient needs timeout_s > 0, retry_s >= 0, "
                              "probe_timeout_s > 0")
@@ -121,6 +123,7 @@ class GrpcGrammarClient(GrammarClient):
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self.probe_timeout_s = probe_timeout_s
+        self.fallback = fallback
         self._channel = Channel(host, port, status_details_codec=ErrorStatusCodec())
         self._stub = GrammarStub(self._channel)
         self._up: bool | None = None  # None until the first call
@@ -143,6 +146,17 @@ class GrpcGrammarClient(GrammarClient):
         return CompileResult(result.key, result.grammar, result.stats)
 
     async def _ask(self, model: str, key: str, constraint: Any, framing: str) -> Remote:
+        try:
+            return await self._call(model, key, constraint, framing)
+        except UpstreamUnavailable as exc:
+            if self.fallback:
+                raise
+            raise GrammarServiceUnavailable(
+                f"the grammar service at {self.address} is unreachable ({exc}) and this worker "
+                "may not compile by itself", service="grammar",
+                retry_after_s=max(1.0, self.retry_s)) from None
+
+    async def _call(self, model: str, key: str, constraint: Any, framing: str) -> Remote:
         if self._up is False and time.monotonic() < self._retry_at:
             raise UpstreamUnavailable(self._last_error or "grammar service unreachable")
         request = constraint_to_request(constraint, model=model, framing=framing, want_blob=True)
@@ -222,7 +236,8 @@ class GrpcGrammarClient(GrammarClient):
         down_s = None if self._down_since is None else round(time.monotonic() - self._down_since, 3)
         return {"grammar_service": "ok" if self._up else "unreachable",
                 "degraded": bool(missing), "redis": redis, "missing": missing,
-                "fallback": "redis, in-process builds" if not self._up else None,
+                "fallback": ("redis, in-process builds" if self.fallback else "none")
+                            if not self._up else None,
                 "address": self.address, "down_s": down_s, "last_error": self._last_error}
 
     async def close(self) -> None:

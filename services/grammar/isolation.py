@@ -64,12 +64,14 @@ class _Child:
     def __init__(self) -> None:
         self.proc: asyncio.subprocess.Process | None = None
         self.ready_rss = 0
+        self.ready = False  # started and answered init
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
     async def start(self, domain: TokenDomain, policy: StorePolicy) -> None:
+        await self.kill()  # a start that was interrupted leaves nothing behind
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         self.proc = await asyncio.create_subprocess_exec(
@@ -80,6 +82,7 @@ class _Child:
         if kind != "ready":
             raise InternalError(f"compile child answered {kind!r} to init")
         self.ready_rss = resident_bytes(self.proc.pid)
+        self.ready = True
 
     async def send(self, message: Any) -> None:
         assert self.proc is not None and self.proc.stdin is not None
@@ -103,6 +106,7 @@ class _Child:
         return resident_bytes(self.proc.pid) if self.alive else 0
 
     async def kill(self) -> None:
+        self.ready = False
         if self.proc is None:
             return
         if self.proc.returncode is None:
@@ -142,7 +146,7 @@ class CompilePool:
         await asyncio.gather(*(self._ensure(c) for c in self._children))
 
     async def _ensure(self, child: _Child) -> None:
-        if child.alive:
+        if child.ready and child.alive:
             return
         task = self._starting.get(id(child))
         if task is None:
@@ -207,7 +211,7 @@ class CompilePool:
         finally:
             if not reply.done():
                 reply.cancel()
-                await asyncio.gather(reply, return_exceptions=True)
+            await asyncio.gather(reply, return_exceptions=True)  # retrieved, whatever it ended with
 
     async def _stop(self, child: _Child, limit: str, value: float, what: str) -> None:
         self.kills[limit] += 1

@@ -6,9 +6,11 @@ choices, a GBNF list grammar, objects of N optional properties): the cold compil
 the footprint, serialisation and compression, blob size, decompression and deserialisation (the
 load a Redis or gRPC hit pays), the Redis round trip of the record when a Redis URL is given, the
 store policy's verdict and the measured load / compile ratio. `policy` checks the verdicts against
-the measurement: a stored grammar must load faster than it compiles (`stored_slower_to_load`
-counts those that do not); `fit` is the least-squares line load_ms = a + b * footprint_MB that the
-policy's `load_ms_per_mb` / `load_ms_fixed` defaults come from. `isolation` measures what running a
+the measurement: a stored grammar must load `min_speedup` times faster than it compiles
+(`stored_too_slow_to_load` counts those that do not, `not_stored_fast_to_load` the grammars the
+policy left out that would have qualified); `fit` is the least-squares line
+load_ms = a + b * serialised_MB that the policy's `load_ms_per_mb` / `load_ms_fixed` defaults come
+from, and `load_ms_per_serialized_mb` its range. `isolation` measures what running a
 typical compile in a child process costs (verdict only, and with the grammar sent back);
 `grpc_blob` what shipping a stored blob in the Compile reply costs over loopback.
 """
@@ -25,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from services.grammar.limits import StorePolicy
+from services.grammar.limits import CompileLimits, StorePolicy
 from shared.contract import OutputConstraint
 from shared.frontends import get_domain
 
@@ -102,15 +104,16 @@ def bench_model(model: str, redis_url: str | None, quick: bool, policy: StorePol
         raw, decompress_ms = _timed(zlib.decompress, blob)
         _, deserialize_ms = _timed(compiler.deserialize, raw.decode())
         load_ms = decompress_ms + deserialize_ms
-        points.append((size / 1e6, load_ms))
-        stored = policy.should_store(outcome.compile_ms, size)
+        points.append((len(text) / 1e6, load_ms))
+        stored = (policy.worth_serializing(outcome.compile_ms, size)
+                  and policy.should_store(outcome.compile_ms, len(text)))
         row = {"grammar": name, "compile_ms": round(outcome.compile_ms, 2),
                "footprint_bytes": size, "json_bytes": len(text), "blob_bytes": len(blob),
                "serialize_ms": round(serialize_ms, 2), "compress_ms": round(compress_ms, 2),
                "decompress_ms": round(decompress_ms, 2),
                "deserialize_ms": round(deserialize_ms, 2), "load_ms": round(load_ms, 2),
                "load_over_compile": round(load_ms / max(outcome.compile_ms, 1e-6), 3),
-               "predicted_load_ms": round(policy.predicted_load_ms(size), 2),
+               "predicted_load_ms": round(policy.predicted_load_ms(len(text)), 2),
                "stored_by_policy": stored}
         if redis_url:
             data = records.Record(records.BuildInfo(outcome.compile_ms, size, True), blob).encode()
@@ -121,19 +124,24 @@ def bench_model(model: str, redis_url: str | None, quick: bool, policy: StorePol
             row["redis_hit_over_compile"] = round((get_ms + load_ms) / outcome.compile_ms, 3)
         rows.append(row)
     stored = [r for r in rows if r["stored_by_policy"]]
+    per_mb = [r["load_ms"] / (r["json_bytes"] / 1e6) for r in rows if r["json_bytes"] > 100_000]
     return {
         "model": model, "vocab_size": domain.size, "grammars": rows,
         "fit": _fit(points),
+        "load_ms_per_serialized_mb": {"min": round(min(per_mb), 1), "max": round(max(per_mb), 1),
+                                      "median": round(statistics.median(per_mb), 1)},
         "policy": {"load_ms_per_mb": policy.load_ms_per_mb, "load_ms_fixed": policy.load_ms_fixed,
                    "min_speedup": policy.min_speedup, "stored": len(stored),
                    "not_stored": len(rows) - len(stored),
-                   "stored_slower_to_load": sum(r["load_ms"] >= r["compile_ms"] for r in stored),
+                   "stored_too_slow_to_load": sum(
+                       r["load_ms"] * policy.min_speedup > r["compile_ms"] for r in stored),
                    "worst_stored_load_over_compile": max(
                        (r["load_over_compile"] for r in stored), default=None),
-                   "not_stored_faster_to_load": sum(
-                       r["load_ms"] * policy.min_speedup < r["compile_ms"]
+                   "not_stored_fast_to_load": sum(
+                       r["load_ms"] * policy.min_speedup <= r["compile_ms"]
                        for r in rows if not r["stored_by_policy"])},
         "isolation": asyncio.run(_isolation(domain)),
+        "grpc_blob": asyncio.run(_grpc_blob(domain)),
     }
 
 
@@ -166,6 +174,51 @@ async def _isolation(domain) -> dict[str, float]:
     return {"in_process_ms": round(statistics.median(in_process), 2),
             "child_verdict_ms": round(statistics.median(verdict), 2),
             "child_with_grammar_ms": round(statistics.median(with_grammar), 2)}
+
+
+async def _grpc_blob(domain) -> dict[str, Any]:
+    """A stored grammar (the GBNF list grammar; policy: store all) that a worker client gets from
+    a grammar service on loopback, answered from the service's L1: the whole compile call (gRPC
+    with the blob, decompress, deserialise) and the decode part of it, p50 over 3 fresh workers."""
+    import socket
+
+    from services.grammar.cache import CacheConfig, GrammarCache, ModelCaches, RecordCache
+    from services.grammar.client import GrpcGrammarClient
+    from services.grammar.compiler import ModelCompiler
+    from services.grammar.service import create_server
+
+    constraint = dict(grammars(True))["gbnf_list"]
+    store_all = CacheConfig(policy=StorePolicy(min_speedup=0),
+                            limits=CompileLimits(deadline_s=3600.0))
+    service = ModelCaches({"m": RecordCache(ModelCompiler(domain), model="m", config=store_all)})
+    server = create_server(service)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    await server.start("127.0.0.1", port)
+    totals, loads, blob_bytes = [], [], 0
+    try:
+        first = await service["m"].compile(constraint)
+        blob_bytes = len(first.record.blob or b"")
+        for _ in range(3):
+            worker = GrpcGrammarClient("127.0.0.1", port, ModelCaches(
+                {"m": GrammarCache(ModelCompiler(domain), model="m", config=store_all)}))
+            worker.caches["m"].compiler.tokenizer_info  # noqa: B018 - outside the timing
+            try:
+                result = await worker.compile(constraint, model="m")
+                assert result.stats.hit == "service", result.stats
+                totals.append(result.stats.total_ms)
+                loads.append(result.stats.load_ms)
+            finally:
+                await worker.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+        await service.aclose()
+    return {"grammar": "gbnf_list", "blob_bytes": blob_bytes,
+            "compile_call_ms": round(statistics.median(totals), 2),
+            "decode_ms": round(statistics.median(loads), 2),
+            "transfer_ms": round(statistics.median(totals) - statistics.median(loads), 2)}
 
 
 def run(args: argparse.Namespace) -> int:
