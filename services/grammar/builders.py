@@ -7,7 +7,10 @@
   where only the deadline holds and only for the waiter: the request gets ConstraintTooComplex
   while the compile runs on, still holding its slot, and its result is dropped.
 
-Compile threads are daemon threads, so a process that is told to stop never waits for one.
+Compile threads are daemon threads, so a process that is told to stop never waits for one. An
+interpreter that finalises while one is still inside xgrammar's C++ may abort ("terminate called
+without an active exception"): a main that returns with `running_compile_threads()` > 0 should
+end with `os._exit` after flushing its logs.
 """
 
 from __future__ import annotations
@@ -56,6 +59,14 @@ class BuildOutcome:
         return Record(self.info, self._blob if self.info.stored else None)
 
 
+_THREAD_NAME = "grammar-compile"
+
+
+def running_compile_threads() -> int:
+    """Compile threads still running in this process."""
+    return sum(1 for t in threading.enumerate() if t.name == _THREAD_NAME and t.is_alive())
+
+
 def run_in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
     """`fn(*args)` in a new daemon thread; a future of its result on the running loop."""
     loop = asyncio.get_running_loop()
@@ -75,7 +86,7 @@ def run_in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         except RuntimeError:  # the loop is closed: nobody waits any more
             pass
 
-    threading.Thread(target=target, name="grammar-compile", daemon=True).start()
+    threading.Thread(target=target, name=_THREAD_NAME, daemon=True).start()
     return future
 
 

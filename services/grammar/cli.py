@@ -274,6 +274,25 @@ def cache_config_from_args(args: argparse.Namespace, **overrides: Any):
     return CacheConfig(**fields)
 
 
+def add_client_args(p: argparse.ArgumentParser) -> None:
+    """A worker's GrpcGrammarClient settings (each also an INFERNIX_* variable)."""
+    p.add_argument("--grammar-timeout-s", type=float, default=float(env("GRAMMAR_TIMEOUT_S", "120")),
+                   help="deadline of one Compile call to the grammar service (default 120)")
+    p.add_argument("--grammar-retry-s", type=float, default=float(env("GRAMMAR_RETRY_S", "2")),
+                   help="while the grammar service is unreachable, try it again this often "
+                        "(default 2)")
+    p.add_argument("--grammar-fallback", choices=("on", "off"),
+                   default=env("GRAMMAR_FALLBACK", "on"),
+                   help="on: serve without the grammar service while it is unreachable (Redis, "
+                        "in-process builds); off: answer GrammarServiceUnavailable (default on)")
+
+
+def client_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """GrpcGrammarClient keyword arguments from `add_client_args` flags."""
+    return {"timeout_s": args.grammar_timeout_s, "retry_s": args.grammar_retry_s,
+            "fallback": args.grammar_fallback == "on"}
+
+
 def run_health(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Exit 0 when the service at --address answers Health with SERVING (docker health checks;
     `python -m services.grammar.health` is the same check without this CLI's imports)."""

@@ -107,12 +107,13 @@ class GrpcGrammarClient(GrammarClient):
     service (they never write Redis) and, for builds of unknown cost while the service is down,
     `isolation="process"`. The key the service returns must equal the key they compute (same
     vocabulary), which `compile` checks. `timeout_s` bounds one Compile call (keep it above the
-    service's slot wait plus compile deadline); `retry_s` is how long, after a failure, requests
+    service's slot wait plus twice its compile deadline: compile, then serialise); `retry_s` is
+    how long, after a failure, requests
     go straight to the fallback before the service is tried again; `probe_timeout_s` bounds the
     Health call `health()` makes. `fallback` False forbids serving without the service: while
     it is unreachable, a grammar not in L1 fails with GrammarServiceUnavailable (503)."""
 
-    def __init__(self, host: str, port: int, caches: ModelCaches, *, timeout_s: float = 60.0,
+    def __init__(self, host: str, port: int, caches: ModelCaches, *, timeout_s: float = 120.0,
                  retry_s: float = 2.0, probe_timeout_s: float = 1.0,
                  fallback: bool = True) -> None:
         if timeout_s <= 0 or retry_s < 0 or probe_timeout_s <= 0:

@@ -127,17 +127,17 @@ class CompilePool:
         self.limits = limits
         self.policy = policy
         self.poll_s = poll_s
-        self._idle: asyncio.Queue[_Child] | None = None
+        self._idle: asyncio.LifoQueue[_Child] | None = None  # the last used (warm) child first
         self._children = [_Child() for _ in range(size)]
         self._starting: dict[int, asyncio.Task] = {}
         self.kills: dict[str, int] = {"compile_deadline_s": 0, "compile_memory_bytes": 0}
         if resident_bytes(os.getpid()) == 0:
             log.warning("grammar_compile_memory_unbounded", reason="no /proc on this system")
 
-    def _queue(self) -> asyncio.Queue[_Child]:
+    def _queue(self) -> asyncio.LifoQueue[_Child]:
         if self._idle is None:
-            self._idle = asyncio.Queue()
-            for child in self._children:
+            self._idle = asyncio.LifoQueue()
+            for child in reversed(self._children):
                 self._idle.put_nowait(child)
         return self._idle
 
