@@ -66,8 +66,10 @@ class GrammarClient(abc.ABC):
     @abc.abstractmethod
     async def health(self) -> dict[str, Any]:
         """{"grammar_service": "ok" | "unreachable" | "in_process", "degraded": bool,
-        "redis": "ok" | "unreachable" | "not_configured", "missing": [names], ...}:
-        `degraded` is True while a dependency is missing and the client serves without it."""
+        "ready": bool, "redis": "ok" | "unreachable" | "not_configured", "missing": [names],
+        ...}: `degraded` is True while a dependency is missing; `ready` is False only when
+        constrained requests cannot be served now (the service is unreachable and the fallback
+        is off)."""
 
     async def close(self) -> None:
         """Release connections and compile children (the caches' Redis client included)."""
@@ -93,8 +95,8 @@ class InProcessGrammarClient(GrammarClient):
     async def health(self) -> dict[str, Any]:
         redis = await _redis_state(self.caches)
         missing = ["redis"] if redis == "unreachable" else []
-        return {"grammar_service": "in_process", "degraded": bool(missing), "redis": redis,
-                "missing": missing}
+        return {"grammar_service": "in_process", "degraded": bool(missing), "ready": True,
+                "redis": redis, "missing": missing}
 
     async def close(self) -> None:
         await self.caches.aclose()
@@ -228,7 +230,8 @@ class GrpcGrammarClient(GrammarClient):
         `retry_s` seconds. Keys: grammar_service ("ok" | "unreachable"), degraded (bool),
         redis ("ok" | "unreachable" | "not_configured"), missing (names of unreachable
         dependencies), fallback (what stands in: "redis, in-process builds"), address,
-        down_s (seconds since the service became unreachable, else None), last_error."""
+        down_s (seconds since the service became unreachable, else None), last_error, ready
+        (False only while the service is unreachable and the fallback is off)."""
         if not (self._up and time.monotonic() - self._last_ok < self.retry_s):
             await self.probe()
         redis = await _redis_state(self.caches)
@@ -236,7 +239,8 @@ class GrpcGrammarClient(GrammarClient):
                    if not ok]
         down_s = None if self._down_since is None else round(time.monotonic() - self._down_since, 3)
         return {"grammar_service": "ok" if self._up else "unreachable",
-                "degraded": bool(missing), "redis": redis, "missing": missing,
+                "degraded": bool(missing), "ready": bool(self._up or self.fallback),
+                "redis": redis, "missing": missing,
                 "fallback": ("redis, in-process builds" if self.fallback else "none")
                             if not self._up else None,
                 "address": self.address, "down_s": down_s, "last_error": self._last_error}
