@@ -58,16 +58,6 @@ class GrammarMetrics:
             ["model", "limit"],
             registry=self.registry,
         )
-        self.service_up = Gauge(
-            "infernix_grammar_service_up",
-            "1 while the grammar service answers this worker, 0 while it is unreachable",
-            registry=self.registry,
-        )
-        self.service_failures = Counter(
-            "infernix_grammar_service_failures_total",
-            "Calls to the grammar service that failed in transport (down, refused, timed out)",
-            registry=self.registry,
-        )
         self.service_fallbacks = Counter(
             "infernix_grammar_service_fallbacks_total",
             "Grammars a worker got without the grammar service (Redis or an in-process build)",
@@ -79,6 +69,23 @@ class GrammarMetrics:
         if outcome not in COMPILE_OUTCOMES:
             raise ValueError(f"outcome {outcome!r} is not one of {COMPILE_OUTCOMES}")
         self.compiles.labels(model=model, outcome=outcome).inc()
+
+
+class GrammarClientMetrics:
+    """A worker's view of the grammar service (one GrpcGrammarClient per registry)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.service_up = Gauge(
+            "infernix_grammar_service_up",
+            "1 while the grammar service answers this worker, 0 while it is unreachable",
+            registry=self.registry,
+        )
+        self.service_failures = Counter(
+            "infernix_grammar_service_failures_total",
+            "Calls to the grammar service that failed in transport (down, refused, timed out)",
+            registry=self.registry,
+        )
 
 
 # Fixed label values of the worker's request counter.

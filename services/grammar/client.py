@@ -30,6 +30,7 @@ from services.grammar.service import constraint_to_request, record_from_reply, s
 from shared.contract import OutputConstraint
 from shared.errors import GrammarServiceUnavailable, InternalError
 from shared.logging import get_logger
+from shared.metrics import GrammarClientMetrics
 from shared.proto import grammar_pb2 as pb
 from shared.proto.errors import ErrorStatusCodec, typed_error
 from shared.proto.grammar_grpc import GrammarStub
@@ -134,7 +135,8 @@ class GrpcGrammarClient(GrammarClient):
         self._retry_at = 0.0
         self._last_ok = 0.0
         self._last_error: str | None = None
-        self._metrics = next(iter(caches.values())).metrics if caches.values() else None
+        registry = caches.values()[0].metrics.registry if caches.values() else None
+        self._metrics = GrammarClientMetrics(registry)  # beside the caches' own metrics
 
     # -- compile -----------------------------------------------------------------------------
 
@@ -194,8 +196,7 @@ class GrpcGrammarClient(GrammarClient):
             log.info("grammar_service_reconnected", address=self.address,
                      down_s=round(time.monotonic() - (self._down_since or time.monotonic()), 3))
         self._up, self._down_since, self._last_ok = True, None, time.monotonic()
-        if self._metrics is not None:
-            self._metrics.service_up.set(1)
+        self._metrics.service_up.set(1)
 
     def _mark_down(self, reason: str) -> None:
         now = time.monotonic()
@@ -204,9 +205,8 @@ class GrpcGrammarClient(GrammarClient):
                         fallback="redis, then in-process builds")
             self._down_since = now
         self._up, self._retry_at, self._last_error = False, now + self.retry_s, reason
-        if self._metrics is not None:
-            self._metrics.service_up.set(0)
-            self._metrics.service_failures.inc()
+        self._metrics.service_up.set(0)
+        self._metrics.service_failures.inc()
 
     async def probe(self) -> bool:
         """Ask the service's Health now (bounded by `probe_timeout_s`); True when it answers
