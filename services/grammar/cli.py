@@ -254,6 +254,10 @@ def add_compile_args(p: argparse.ArgumentParser, *, isolation: str) -> None:
                    default=float(env("GRAMMAR_LOAD_MS_PER_MB", str(limits.DEFAULT_LOAD_MS_PER_MB))),
                    help="predicted load time per MB of compiled footprint (measured by "
                         "`infernix bench grammar-store`)")
+    p.add_argument("--compile-reject-ttl-s", type=float,
+                   default=float(env("COMPILE_REJECT_TTL_S", "600")),
+                   help="a constraint stopped by a compile limit is refused at once for this "
+                        "long, without taking a cold slot (default 600; 0: never remembered)")
     p.add_argument("--grammar-load-ms-fixed", type=float,
                    default=float(env("GRAMMAR_LOAD_MS_FIXED", str(limits.DEFAULT_LOAD_MS_FIXED))),
                    help="predicted fixed cost of one load, in ms")
@@ -266,7 +270,7 @@ def cache_config_from_args(args: argparse.Namespace, **overrides: Any):
 
     fields = dict(
         max_cold_compiles=args.max_cold_compiles, slot_wait_s=args.cold_slot_wait_s,
-        isolation=args.compile_isolation,
+        isolation=args.compile_isolation, reject_ttl_s=args.compile_reject_ttl_s,
         limits=CompileLimits(args.compile_deadline_s, args.compile_memory_bytes),
         policy=StorePolicy(args.grammar_load_ms_per_mb, args.grammar_store_min_speedup,
                            args.grammar_load_ms_fixed))
