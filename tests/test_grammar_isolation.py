@@ -36,7 +36,7 @@ async def test_pool_compiles_reports_errors_and_stops_what_exceeds_a_limit():
     (compile_memory_bytes), and a fresh child serves the next compile. A compile started while
     the children are still starting waits for them."""
     deadline, budget = 0.5, 32_000_000
-    pool = CompilePool(byte_domain(), size=1, limits=CompileLimits(deadline, budget),
+    pool = CompilePool(byte_domain(), size=1, limits=CompileLimits(deadline_s=deadline),
                        policy=StorePolicy(min_speedup=0))
     try:
         warming = asyncio.create_task(pool.start())
