@@ -86,9 +86,14 @@ def run_worker_serve(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     serve_metrics(args.metrics_port, registry, args.host)
 
+    from services.grammar import cli as grammar_cli
+
+    config = grammar_cli.cache_config_from_args(args, cache_bytes=args.grammar_cache_bytes,
+                                                read_only=bool(args.grammar))
+
     async def main() -> None:
-        grammar = open_grammar(settings.model, redis_url=args.redis_url,
-                               cache_bytes=args.grammar_cache_bytes, service=args.grammar,
+        grammar = open_grammar(settings.model, redis_url=args.redis_url, service=args.grammar,
+                               config=config, client_options=grammar_cli.client_kwargs_from_args(args),
                                registry=registry)
         worker = await asyncio.to_thread(open_worker, settings, grammar=grammar, registry=registry)
         try:
@@ -98,7 +103,21 @@ def run_worker_serve(args: argparse.Namespace) -> int:
             await worker.aclose()
 
     asyncio.run(main())
+    _exit_past_compile_threads()
     return 0
+
+
+def _exit_past_compile_threads() -> None:
+    """A compile thread still inside xgrammar's C++ at exit aborts the interpreter ("terminate
+    called without an active exception"): leave without waiting for it."""
+    import os
+
+    from services.grammar.builders import running_compile_threads
+
+    if running_compile_threads():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def run_worker_health(args: argparse.Namespace) -> int:
@@ -181,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings(wserve, "host", "port", "grammar", "redis_url", "grammar_cache_bytes",
                  "drain_seconds", "metrics_port", "model", "device", "lanes", "max_len", "prefill_chunk",
                  "preempt_after", "log_level", port=50052)
+    grammar_cli.add_compile_args(wserve, isolation="process")
+    grammar_cli.add_client_args(wserve)
     wserve.set_defaults(func=run_worker_serve)
     whealth = wsub.add_parser("health", help="ask a running worker for its health")
     whealth.add_argument("--address", default="127.0.0.1:50052", metavar="HOST:PORT",
@@ -199,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks writing JSON")
     bsub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     grammar_cli.add_bench_parser(bsub)
+    grammar_cli.add_store_bench_parser(bsub)
     decode_bench_cli.add_parser(bsub)
     return parser
 

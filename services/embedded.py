@@ -39,10 +39,12 @@ class WorkerSettings:
                    prefill_chunk=args.prefill_chunk, preempt_after_s=args.preempt_after)
 
 
-def open_grammar(model: str, *, redis_url: str | None = None, cache_bytes: int = 256 << 20,
-                 service: str | None = None, registry=None):
-    """The worker's GrammarClient for `model` (see the module docstring). Raises InvalidRequest
-    for an unknown model name."""
+def open_grammar(model: str, *, redis_url: str | None = None, service: str | None = None,
+                 config=None, client_options: dict | None = None, registry=None):
+    """The worker's GrammarClient for `model` (see the module docstring). `config`: the caches'
+    CacheConfig (default: CacheConfig(), read-only on Redis when a service is named);
+    `client_options`: GrpcGrammarClient keywords (timeouts, fallback). Raises InvalidRequest for
+    an unknown model name."""
     from services.grammar.cache import CacheConfig, ModelCaches
     from services.grammar.client import GrpcGrammarClient, InProcessGrammarClient
     from shared.frontends import get_domain
@@ -50,12 +52,12 @@ def open_grammar(model: str, *, redis_url: str | None = None, cache_bytes: int =
 
     domains = {model: get_domain(model)}
     metrics = GrammarMetrics(registry)
-    config = CacheConfig(cache_bytes=cache_bytes, read_only=service is not None)
+    config = config if config is not None else CacheConfig(read_only=service is not None)
     caches = ModelCaches.open(domains, redis_url=redis_url, metrics=metrics, config=config)
     if service is None:
         return InProcessGrammarClient(caches)
     host, _, port = service.rpartition(":")
-    return GrpcGrammarClient(host, int(port), caches)
+    return GrpcGrammarClient(host, int(port), caches, **(client_options or {}))
 
 
 def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):

@@ -26,7 +26,9 @@ class InfernixError(Exception):
     """Base of all Infernix errors. `message` is a complete sentence for humans."""
 
     message: str
-    # Whose fault: "request" errors map to 4xx / INVALID_ARGUMENT, "internal" ones to 5xx / INTERNAL.
+    # Whose fault: "request" errors map to 4xx / INVALID_ARGUMENT, "internal" ones to 5xx / INTERNAL,
+    # "overloaded" to 429 / RESOURCE_EXHAUSTED and "unavailable" to 503 / UNAVAILABLE (both: retry
+    # later, after `retry_after_s` when the error carries one).
     fault: ClassVar[str] = "internal"
     registry: ClassVar[dict[str, type["InfernixError"]]] = {}
 
@@ -166,6 +168,41 @@ class DeadlineExceeded(RequestError):
     timeout_s: float | None = None
 
 
+@dataclass
+class ConstraintTooComplex(RequestError):
+    """A constraint whose compile went past one of the compile limits and was stopped. `limit`
+    names the limit ("compile_deadline_s", "compile_memory_bytes") and `value` its configured
+    value (seconds, bytes). Resending the same constraint fails the same way: simplify it."""
+
+    limit: str | None = None
+    value: float | None = None
+
+
+@dataclass
+class Overloaded(InfernixError):
+    """A bounded resource stayed busy for longer than a request may wait for it (`resource`, e.g.
+    "cold_compile_slots"); the request was not started. Retry after `retry_after_s` seconds."""
+
+    fault: ClassVar[str] = "overloaded"
+    resource: str | None = None
+    retry_after_s: float | None = None
+
+
+@dataclass
+class ServiceUnavailable(InfernixError):
+    """A service this request depends on (`service`) cannot be reached and nothing can stand in
+    for it. Retry after `retry_after_s` seconds when given."""
+
+    fault: ClassVar[str] = "unavailable"
+    service: str | None = None
+    retry_after_s: float | None = None
+
+
+@dataclass
+class GrammarServiceUnavailable(ServiceUnavailable):
+    """The grammar service cannot be reached and this process may not compile by itself."""
+
+
 def error_from_dict(data: dict[str, Any]) -> InfernixError:
     """Rebuild the typed error that `InfernixError.to_dict` produced (unknown types become
     `InternalError`, keeping the message)."""
@@ -179,7 +216,9 @@ def error_from_dict(data: dict[str, Any]) -> InfernixError:
 __all__ = [
     "ConflictingConstraint",
     "ConstraintDeadEnd",
+    "ConstraintTooComplex",
     "DeadlineExceeded",
+    "GrammarServiceUnavailable",
     "InfernixError",
     "InternalError",
     "InvalidChoice",
@@ -188,8 +227,10 @@ __all__ = [
     "InvalidRequest",
     "InvalidSchema",
     "InvalidToolDefinition",
+    "Overloaded",
     "RequestError",
     "SchemaSource",
+    "ServiceUnavailable",
     "Unsupported",
     "UnsupportedSchema",
     "error_from_dict",

@@ -9,7 +9,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # The outcome label of infernix_grammar_compiles_total.
-COMPILE_OUTCOMES = ("l1", "redis", "built", "shared", "error")
+COMPILE_OUTCOMES = ("l1", "redis", "service", "built", "shared", "error", "too_complex",
+                    "overloaded")
+# The limit label of infernix_grammar_compile_limit_stops_total.
+COMPILE_LIMITS = ("compile_deadline_s", "compile_memory_bytes")
 
 
 class GrammarMetrics:
@@ -24,7 +27,8 @@ class GrammarMetrics:
         )
         self.compiles = Counter(
             "infernix_grammar_compiles_total",
-            "Compile requests by model and outcome (l1, redis, built, shared, error)",
+            "Compile requests by model and outcome (l1, redis, service, built, shared, error, "
+            "too_complex, overloaded)",
             ["model", "outcome"],
             registry=self.registry,
         )
@@ -48,10 +52,40 @@ class GrammarMetrics:
             registry=self.registry,
         )
 
+        self.compile_limit_stops = Counter(
+            "infernix_grammar_compile_limit_stops_total",
+            "Cold compiles stopped by a compile limit (compile_deadline_s, compile_memory_bytes)",
+            ["model", "limit"],
+            registry=self.registry,
+        )
+        self.service_fallbacks = Counter(
+            "infernix_grammar_service_fallbacks_total",
+            "Grammars a worker got without the grammar service (Redis or an in-process build)",
+            ["model"],
+            registry=self.registry,
+        )
+
     def count_compile(self, model: str, outcome: str) -> None:
         if outcome not in COMPILE_OUTCOMES:
             raise ValueError(f"outcome {outcome!r} is not one of {COMPILE_OUTCOMES}")
         self.compiles.labels(model=model, outcome=outcome).inc()
+
+
+class GrammarClientMetrics:
+    """A worker's view of the grammar service (one GrpcGrammarClient per registry)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.service_up = Gauge(
+            "infernix_grammar_service_up",
+            "1 while the grammar service answers this worker, 0 while it is unreachable",
+            registry=self.registry,
+        )
+        self.service_failures = Counter(
+            "infernix_grammar_service_failures_total",
+            "Calls to the grammar service that failed in transport (down, refused, timed out)",
+            registry=self.registry,
+        )
 
 
 # Fixed label values of the worker's request counter.

@@ -4,7 +4,8 @@ environment parsed from the file, and requests go through them (issue 4 §3).
 CI has no Docker engine, so each service runs as the process its `command` names, with its
 `environment`; service host names are rewritten to 127.0.0.1 and ports to free ones, and the worker
 runs on the CPU. Also checked here: a schema compiled once through the grammar service is a Redis hit
-for a second worker process (issue 4 §5).
+for a second worker process (issue 4 §5), every service's metrics answer on the port the file
+gives it, and the health checks import nothing heavy (issue 12 §8).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Stack:
         self.compose = _compose()["services"]
         self.ports = {name: free_port() for name in self.compose}
         self.extra_ports: dict[str, int] = {}
+        self.metrics_ports: dict[str, int] = {}  # process name -> its free metrics port
         self.procs: dict[str, subprocess.Popen] = {}
         self.workdir = tempfile.mkdtemp(prefix="infernix-compose-")
 
@@ -54,12 +56,15 @@ class Stack:
                     if name == base else value
         return value
 
-    def env(self, service: str, port: int) -> dict[str, str]:
+    def env(self, service: str, port: int, name: str) -> dict[str, str]:
         env = dict(os.environ)
         for key, value in (self.compose[service].get("environment") or {}).items():
             env[key] = self.rewrite(str(value))
         env["INFERNIX_HOST"] = "127.0.0.1"
         env["INFERNIX_PORT"] = str(port)
+        if "INFERNIX_METRICS_PORT" in env:  # one loopback for every process: free ports
+            self.metrics_ports[name] = free_port()
+            env["INFERNIX_METRICS_PORT"] = str(self.metrics_ports[name])
         if service == "worker":
             env["INFERNIX_DEVICE"] = "cpu"  # CI has no GPU; everything else as in the file
             env["INFERNIX_LANES"] = "2"
@@ -77,7 +82,7 @@ class Stack:
         else:
             assert command[0] == "infernix", command
             command = [sys.executable, "-m", "services.cli", *command[1:]]
-            env = self.env(service, port)
+            env = self.env(service, port, name)
         with open(Path(self.workdir) / f"{name}.log", "wb") as log:  # the child keeps its own copy
             self.procs[name] = subprocess.Popen(command, env=env, cwd=ROOT,
                                                 stdout=subprocess.DEVNULL, stderr=log)
@@ -93,8 +98,9 @@ class Stack:
             test = [t.replace("127.0.0.1:50051", f"127.0.0.1:{port}")
                     .replace("127.0.0.1:50052", f"127.0.0.1:{port}") for t in test]
         else:
-            test = [sys.executable if t == "python" else t.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
-                    for t in test]
+            test = [sys.executable if t == "python" else
+                    t.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+                    .replace("127.0.0.1:50051", f"127.0.0.1:{port}") for t in test]
         deadline = time.monotonic() + timeout
         while True:
             if subprocess.run(test, capture_output=True).returncode == 0:
@@ -143,10 +149,31 @@ def stack():
         s.stop()
 
 
+def _metric(port: int, name: str, **labels: str) -> float | None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
+
+
 def test_compose_file_declares_the_four_services_with_health_checks() -> None:
+    """Issue 12 §8: 'expose every service's metrics in the compose file'; the grammar health
+    check is the light module (no xgrammar import)."""
     services = _compose()["services"]
     assert set(services) == {"redis", "grammar", "worker", "gateway"}
     assert all("healthcheck" in s for s in services.values())
+    for name in ("grammar", "worker"):
+        port = services[name]["environment"]["INFERNIX_METRICS_PORT"]
+        assert int(port) > 0 and port in services[name]["expose"]
+    assert services["grammar"]["healthcheck"]["test"][1:4] == ["python", "-m",
+                                                                "services.grammar.health"]
     worker = services["worker"]
     assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     assert any(v.endswith(":ro") for v in worker["volumes"])
@@ -194,4 +221,19 @@ def test_requests_flow_through_the_compose_services(stack: Stack) -> None:
             await worker.aclose()
 
     report = asyncio.run(ask())
-    assert report["cache"] == "redis" and report["built"] is False, report
+    # The grammar service compiled the schema once; the second worker got it from the service:
+    # its blob when the store policy keeps it, else the verdict, and then compiled it itself
+    # (faster than loading it: docs/benchmarks.md, "Grammar store policy").
+    grammar_metrics = stack.metrics_ports["grammar"]
+    assert _metric(grammar_metrics, "infernix_grammar_compiles_total", model="smollm2",
+                   outcome="built") == 1
+    assert _metric(grammar_metrics, "infernix_grammar_compiles_total", model="smollm2",
+                   outcome="l1") >= 1
+    assert (report["cache"], report["built"]) in (("service", False), (None, True)), report
+
+    # The workers' grammar-side fault counters are on their own /metrics (none fired here).
+    for name in ("worker", "worker2"):
+        port = stack.metrics_ports[name]
+        assert _metric(port, "infernix_grammar_service_up") == 1
+        assert _metric(port, "infernix_grammar_redis_fallbacks_total") == 0
+        assert _metric(port, "infernix_grammar_service_failures_total") == 0

@@ -1,4 +1,7 @@
-"""The compile cache: L1 and Redis hits, byte budgets, single flight, cold slots, Redis outages."""
+"""The compile cache: L1 and Redis hits, byte budgets, single flight, cold slots, Redis outages.
+
+Grammars of the small test vocabulary compile faster than they load, so the store policy would
+keep none of them; the tests about what Redis holds use STORE_ALL (min_speedup 0)."""
 
 from __future__ import annotations
 
@@ -6,20 +9,26 @@ import asyncio
 import random
 import threading
 import time
-import zlib
 
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
+from services.grammar import records
 from services.grammar.cache import CacheConfig, GrammarCache
 from services.grammar.compiler import ModelCompiler, cache_key
+from services.grammar.limits import StorePolicy
 from services.grammar.matching import accepts
+from services.grammar.records import Record
 from services.grammar.store import RedisStore, StoreConfig
 from shared.contract import OutputConstraint
 from shared.errors import InvalidGrammar, RequestError
 from tests.support import byte_domain
+
+
+STORE_ALL = CacheConfig(policy=StorePolicy(min_speedup=0))
+STORE_ALL_RO = CacheConfig(policy=StorePolicy(min_speedup=0), read_only=True)
 
 
 class CountingCompiler(ModelCompiler):
@@ -159,8 +168,10 @@ async def test_redis_hit_from_another_replica(store):
     warm': the second cache deserialises the blob, builds nothing, and has the same language."""
     constraint = OutputConstraint.choice(["alpha", "beta", "al"])
     a, b = CountingCompiler(), CountingCompiler()
-    first = await GrammarCache(a, store=store).compile(constraint)
-    cache_b = GrammarCache(b, store=store)
+    writer = GrammarCache(a, store=store, config=STORE_ALL)
+    first = await writer.compile(constraint)
+    await writer.drain()
+    cache_b = GrammarCache(b, store=store, config=STORE_ALL)
     second = await cache_b.compile(constraint)
     assert first.stats.built and not first.stats.redis_fallback
     assert (second.stats.hit, second.stats.built, b.started) == ("redis", False, 0)
@@ -176,16 +187,17 @@ async def test_redis_budget_evicts_least_recently_used(make_store, raw):
     """'Redis, whose LRU eviction and grammar_cache_bytes budget bound what is kept': our Lua
     index evicts least-recently-used blobs (a Redis hit refreshes one) to stay within the budget."""
     constraints = [OutputConstraint.choice(options(40, 10, seed=100 + i)) for i in range(6)]
-    blobs = [zlib.compress(ModelCompiler(byte_domain()).compile(c).grammar.serialize_json().encode(), 1)
+    blobs = [records.serialize(ModelCompiler(byte_domain()).compile(c).grammar)
              for c in constraints]
-    sizes = [len(b) for b in blobs]
-    budget = 3 * max(sizes) + 1
-    assert 4 * min(sizes) > budget  # exactly three blobs fit: eviction order is observable
+    header = 120  # a Record's header is well under this
+    budget = 3 * (max(len(b) for b in blobs) + header) + 1
+    assert 4 * min(len(b) for b in blobs) > budget  # exactly three fit: eviction is observable
     writer_store = make_store(budget)
-    writer = GrammarCache(CountingCompiler(), store=writer_store)
-    reader = GrammarCache(CountingCompiler(), store=writer_store, config=CacheConfig(read_only=True))
+    writer = GrammarCache(CountingCompiler(), store=writer_store, config=STORE_ALL)
+    reader = GrammarCache(CountingCompiler(), store=writer_store, config=STORE_ALL_RO)
     keys = [writer.key(c) for c in constraints]
     names = [writer_store.blob_name(byte_domain().vocab_id, k) for k in keys]
+    sizes: dict[int, int] = {}
     order: list[int] = []
 
     def use(i: int) -> None:
@@ -197,9 +209,13 @@ async def test_redis_budget_evicts_least_recently_used(make_store, raw):
 
     for step, i in enumerate((0, 1, 2, 3, 4, 5)):
         await writer.compile(constraints[i])
-        await writer.drain()  # the blob is stored in the background
+        await writer.drain()  # the record is stored in the background
+        stored = Record.decode(await raw.get(names[i]))
+        assert stored.info.stored and stored.blob is not None
+        assert records.deserialize(stored.blob, ModelCompiler(byte_domain())).serialize_json() \
+            == records.deserialize(blobs[i], ModelCompiler(byte_domain())).serialize_json()
+        sizes[i] = await raw.strlen(names[i])
         use(i)
-        assert await raw.strlen(names[i]) == sizes[i]
         if step == 3:  # a Redis hit on the oldest survivor makes it the most recent
             survivor = order[0]
             assert await reader.get(keys[survivor]) is not None
@@ -215,8 +231,9 @@ async def test_redis_budget_evicts_least_recently_used(make_store, raw):
 async def test_blob_larger_than_the_redis_budget_is_never_stored(make_store, raw):
     """An entry is never larger than the Redis budget: the request still succeeds (in process)."""
     small = make_store(budget=64)
-    cache = GrammarCache(CountingCompiler(), store=small)
+    cache = GrammarCache(CountingCompiler(), store=small, config=STORE_ALL)
     result = await cache.compile(OutputConstraint.choice(["only"]))
+    await cache.drain()
     assert result.stats.built and not result.stats.redis_fallback
     assert await raw.exists(small.blob_name(byte_domain().vocab_id, result.key)) == 0
     assert await small.stored_bytes() == 0
@@ -251,7 +268,7 @@ async def test_single_flight_across_replicas(make_store, make_compiler, raw):
     compilers = [make_compiler(), make_compiler()]
     for c in compilers:
         c.gate.clear()
-    caches = [GrammarCache(c, store=s) for c, s in zip(compilers, stores)]
+    caches = [GrammarCache(c, store=s, config=STORE_ALL) for c, s in zip(compilers, stores)]
     constraint = OutputConstraint.choice(options(50, 12, seed=8))
     tasks = [asyncio.create_task(caches[i % 2].compile(constraint)) for i in range(8)]
     await until(lambda: compilers[0].started + compilers[1].started == 1)
@@ -291,11 +308,11 @@ async def test_two_cold_compiles_at_most_and_hits_never_wait(store, make_compile
     """'Cold compiles: at most two at once per model (a semaphore) ... a cache hit takes no cold
     slot': with two builds held, a third waits, while an L1 hit and a Redis hit complete."""
     compiler = make_compiler()
-    cache = GrammarCache(compiler, store=store)
+    cache = GrammarCache(compiler, store=store, config=STORE_ALL)
     hot = OutputConstraint.choice(["hot"])
     await cache.compile(hot)
     warm = OutputConstraint.choice(["warm", "in", "redis"])
-    warmer = GrammarCache(CountingCompiler(), store=store)
+    warmer = GrammarCache(CountingCompiler(), store=store, config=STORE_ALL)
     await warmer.compile(warm)
     await warmer.drain()
     compiler.gate.clear()
@@ -352,7 +369,7 @@ async def test_read_only_cache_never_writes_redis(store, raw):
 async def test_redis_outage_falls_back_logs_once_and_reconnects(redis_server, store, raw):
     """'Losing Redis never fails a request: ... fall back to compiling and caching in-process,
     log it, count it in a metric, and reconnect.'"""
-    cache = GrammarCache(CountingCompiler(), store=store)
+    cache = GrammarCache(CountingCompiler(), store=store, config=STORE_ALL)
     fallbacks = lambda: cache.metrics.registry.get_sample_value(  # noqa: E731
         "infernix_grammar_redis_fallbacks_total") or 0.0
     assert not (await cache.compile(OutputConstraint.choice(["before"]))).stats.redis_fallback
@@ -373,8 +390,9 @@ async def test_redis_outage_falls_back_logs_once_and_reconnects(redis_server, st
     assert events.count("grammar_redis_unavailable") == 1
     assert events.count("grammar_redis_reconnected") == 1
     assert not after.stats.redis_fallback and fallbacks() == 3
+    await cache.drain()
     assert await raw.exists(store.blob_name(byte_domain().vocab_id, after.key)) == 1
-    other = GrammarCache(CountingCompiler(), store=store)
+    other = GrammarCache(CountingCompiler(), store=store, config=STORE_ALL)
     assert (await other.compile(OutputConstraint.choice(["after"]))).stats.hit == "redis"
 
 
@@ -387,8 +405,11 @@ async def test_real_vocabulary_round_trips_through_redis(store):
 
     domain = get_domain("smollm2")
     constraint = OutputConstraint.choice(["Paris", "London", "Rome"])
-    built = await GrammarCache(ModelCompiler(domain), store=store).compile(constraint)
-    loaded = await GrammarCache(ModelCompiler(domain), store=store).compile(constraint)
+    writer = GrammarCache(ModelCompiler(domain), store=store, config=STORE_ALL)
+    built = await writer.compile(constraint)
+    await writer.drain()
+    loaded = await GrammarCache(ModelCompiler(domain), store=store, config=STORE_ALL).compile(
+        constraint)
     assert (built.stats.built, loaded.stats.hit) == (True, "redis")
     for text in ("Paris", "London", "Rome", "Pari", "Berlin"):
         assert accepts(loaded.grammar, text) == (text in ("Paris", "London", "Rome"))
@@ -409,7 +430,7 @@ async def test_request_does_not_wait_for_the_redis_write(redis_server, raw):
     store = SlowStore(StoreConfig(redis_server.url, timeout_s=0.3, retry_s=0.05))
     other_store = new_store(redis_server.url)
     try:
-        writer = GrammarCache(CountingCompiler(), store=store)
+        writer = GrammarCache(CountingCompiler(), store=store, config=STORE_ALL)
         constraint = OutputConstraint.choice(["left", "right", "up"])
         result = await asyncio.wait_for(writer.compile(constraint), timeout=5)
         assert result.stats.built
@@ -417,7 +438,8 @@ async def test_request_does_not_wait_for_the_redis_write(redis_server, raw):
         assert await raw.exists(store.blob_name(vocab, result.key)) == 0
         assert await raw.exists(store.lock_name(vocab, result.key)) == 1  # still held
         other_compiler = CountingCompiler()
-        waiting = asyncio.create_task(GrammarCache(other_compiler, store=other_store).compile(constraint))
+        waiting = asyncio.create_task(
+            GrammarCache(other_compiler, store=other_store, config=STORE_ALL).compile(constraint))
         await asyncio.sleep(0.1)
         release.set()
         got = await asyncio.wait_for(waiting, timeout=5)

@@ -103,3 +103,28 @@ def test_serve_and_health_over_loopback() -> None:
     down = subprocess.run([sys.executable, "-m", "services.cli", "grammar", "health", "--address",
                            f"127.0.0.1:{port}"], capture_output=True, text=True)
     assert down.returncode == 1
+
+
+def test_serve_flags_and_environment_build_the_cache_config(monkeypatch) -> None:
+    """'Every setting is an environment variable with the same name as the CLI flag': the
+    compile limits, cold slots, isolation and store policy of `grammar serve` come from their
+    INFERNIX_* variables, and a flag given on the command line wins."""
+    import argparse
+
+    from services.grammar.cli import add_compile_args, cache_config_from_args
+    from services.grammar.limits import CompileLimits, StorePolicy
+
+    monkeypatch.setenv("INFERNIX_COMPILE_DEADLINE_S", "7.5")
+    monkeypatch.setenv("INFERNIX_COMPILE_MEMORY_BYTES", "123456789")
+    monkeypatch.setenv("INFERNIX_COLD_SLOT_WAIT_S", "2.5")
+    monkeypatch.setenv("INFERNIX_GRAMMAR_STORE_MIN_SPEEDUP", "0")
+    parser = argparse.ArgumentParser()
+    add_compile_args(parser, isolation="process")
+    config = cache_config_from_args(parser.parse_args(["--max-cold-compiles", "3"]),
+                                    cache_bytes=1 << 20)
+    assert config.limits == CompileLimits(7.5, 123456789)
+    assert (config.slot_wait_s, config.max_cold_compiles, config.isolation) == (2.5, 3, "process")
+    assert config.policy.min_speedup == 0 and config.cache_bytes == 1 << 20
+    assert config.policy.load_ms_per_mb == StorePolicy().load_ms_per_mb
+    with pytest.raises(ValueError):
+        cache_config_from_args(parser.parse_args(["--compile-deadline-s", "0"]))

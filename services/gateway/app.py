@@ -45,7 +45,7 @@ ENTRIES = {
     "/v1/messages": _entry("messages", "msg_", anthropic_messages, anthropic=True),
     "/v1/completions": _entry("completions", "cmpl-", completions),
 }
-_OPEN_PATHS = frozenset({"/healthz"})
+_OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 # aiohttp cancels a handler whose client went away (a non-streaming request stops at the worker
 # within a step, as a streaming one does). Every runner of this app passes these options.
 RUNNER_OPTIONS: dict[str, Any] = {"handler_cancellation": True}
@@ -71,6 +71,7 @@ def create_app(worker: WorkerClient, *, api_keys: frozenset[str] = frozenset(),
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model_id:.+}", _model)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
     return app
 
@@ -151,12 +152,39 @@ async def _model(request: web.Request) -> web.Response:
     return web.json_response(_model_object(name))
 
 
-async def _healthz(request: web.Request) -> web.Response:
+async def _worker_health(request: web.Request) -> dict[str, Any] | web.Response:
     try:
-        health = await request.app[STATE].worker.health()
+        return await request.app[STATE].worker.health()
     except Exception as err:  # noqa: BLE001 - unhealthy is an answer, not a crash
         return web.json_response({"status": "unavailable", "error": type(err).__name__}, status=503)
-    return web.json_response({"status": "ok", "worker": health})
+
+
+def _degraded(health: dict[str, Any]) -> bool:
+    """A worker's own `degraded`, or, behind a pool, any worker out of service."""
+    if "workers" in health:
+        return health["healthy"] < len(health["workers"])
+    return bool(health.get("degraded"))
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    """Liveness: 200 while requests are served, with `degraded` when a dependency is missing
+    (the grammar service or Redis down, a pool's worker out); 503 only when nothing serves."""
+    health = await _worker_health(request)
+    if isinstance(health, web.Response):
+        return health
+    return web.json_response({"status": "ok", "degraded": _degraded(health), "worker": health})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    """Readiness: 200 when constrained and plain requests can be served now, else 503 naming
+    what is missing."""
+    health = await _worker_health(request)
+    if isinstance(health, web.Response):
+        return health
+    ready = health.get("ready", True)
+    body = {"status": "ready" if ready else "not_ready", "missing": health.get("missing", []),
+            "degraded": _degraded(health)}
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -216,6 +216,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                  "log_level", port=50051)
     serve.add_argument("--models", nargs="+", default=env("MODELS", "smollm2").split(","),
                        choices=MODELS, help="models to serve (default: smollm2; env INFERNIX_MODELS=a,b)")
+    add_compile_args(serve, isolation="process")
     serve.set_defaults(func=run_serve)
 
     health = gsub.add_parser("health", help="ask a running grammar service for its health")
@@ -243,33 +244,86 @@ def _run_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def add_compile_args(p: argparse.ArgumentParser, *, isolation: str) -> None:
+    """The compile limits, cold slots and store policy (each also an INFERNIX_* variable);
+    `isolation` is this command's default for --compile-isolation."""
+    from services.grammar import limits
+
+    p.add_argument("--compile-deadline-s", type=float,
+                   default=float(env("COMPILE_DEADLINE_S", str(limits.DEFAULT_DEADLINE_S))),
+                   help="a cold compile running longer is stopped: ConstraintTooComplex "
+                        f"(default {limits.DEFAULT_DEADLINE_S:g})")
+    p.add_argument("--compile-memory-bytes", type=int,
+                   default=int(env("COMPILE_MEMORY_BYTES", str(limits.DEFAULT_MEMORY_BYTES))),
+                   help="a cold compile growing its process by more is stopped (default 2 GiB)")
+    p.add_argument("--max-cold-compiles", type=int, default=int(env("MAX_COLD_COMPILES", "2")),
+                   help="cold compiles at once per model (default 2)")
+    p.add_argument("--cold-slot-wait-s", type=float, default=float(env("COLD_SLOT_WAIT_S", "10")),
+                   help="a request waits this long for a cold slot, then gets Overloaded "
+                        "(default 10)")
+    p.add_argument("--compile-isolation", choices=("process", "thread"),
+                   default=env("COMPILE_ISOLATION", isolation),
+                   help=f"where cold compiles of unknown cost run (default {isolation}; only "
+                        "'process' enforces the memory budget and stops a runaway compile)")
+    p.add_argument("--grammar-store-min-speedup", type=float,
+                   default=float(env("GRAMMAR_STORE_MIN_SPEEDUP", str(limits.DEFAULT_MIN_SPEEDUP))),
+                   help="store and ship a compiled grammar only when it loads this many times "
+                        "faster than it compiles; 0 stores all (default "
+                        f"{limits.DEFAULT_MIN_SPEEDUP:g})")
+    p.add_argument("--grammar-load-ms-per-mb", type=float,
+                   default=float(env("GRAMMAR_LOAD_MS_PER_MB", str(limits.DEFAULT_LOAD_MS_PER_MB))),
+                   help="predicted load time per MB of compiled footprint (measured by "
+                        f"`infernix bench grammar-store`; default {limits.DEFAULT_LOAD_MS_PER_MB:g})")
+    p.add_argument("--compile-reject-ttl-s", type=float,
+                   default=float(env("COMPILE_REJECT_TTL_S", "600")),
+                   help="a constraint stopped by a compile limit is refused at once for this "
+                        "long, without taking a cold slot (default 600; 0: never remembered)")
+    p.add_argument("--grammar-load-ms-fixed", type=float,
+                   default=float(env("GRAMMAR_LOAD_MS_FIXED", str(limits.DEFAULT_LOAD_MS_FIXED))),
+                   help="predicted fixed cost of one load, in ms (default "
+                        f"{limits.DEFAULT_LOAD_MS_FIXED:g})")
+
+
+def cache_config_from_args(args: argparse.Namespace, **overrides: Any):
+    """The CacheConfig that `add_compile_args` flags (and `overrides`) describe."""
+    from services.grammar.cache import CacheConfig
+    from services.grammar.limits import CompileLimits, StorePolicy
+
+    fields = dict(
+        max_cold_compiles=args.max_cold_compiles, slot_wait_s=args.cold_slot_wait_s,
+        isolation=args.compile_isolation, reject_ttl_s=args.compile_reject_ttl_s,
+        limits=CompileLimits(args.compile_deadline_s, args.compile_memory_bytes),
+        policy=StorePolicy(args.grammar_load_ms_per_mb, args.grammar_store_min_speedup,
+                           args.grammar_load_ms_fixed))
+    fields.update(overrides)
+    return CacheConfig(**fields)
+
+
+def add_client_args(p: argparse.ArgumentParser) -> None:
+    """A worker's GrpcGrammarClient settings (each also an INFERNIX_* variable)."""
+    p.add_argument("--grammar-timeout-s", type=float, default=float(env("GRAMMAR_TIMEOUT_S", "120")),
+                   help="deadline of one Compile call to the grammar service (default 120)")
+    p.add_argument("--grammar-retry-s", type=float, default=float(env("GRAMMAR_RETRY_S", "2")),
+                   help="while the grammar service is unreachable, try it again this often "
+                        "(default 2)")
+    p.add_argument("--grammar-fallback", choices=("on", "off"),
+                   default=env("GRAMMAR_FALLBACK", "on"),
+                   help="on: serve without the grammar service while it is unreachable (Redis, "
+                        "in-process builds); off: answer GrammarServiceUnavailable (default on)")
+
+
+def client_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """GrpcGrammarClient keyword arguments from `add_client_args` flags."""
+    return {"timeout_s": args.grammar_timeout_s, "retry_s": args.grammar_retry_s,
+            "fallback": args.grammar_fallback == "on"}
+
+
 def run_health(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
-    """Exit 0 when the service at --address answers Health with SERVING (docker health checks)."""
-    import asyncio
+    """Exit 0 when the service at --address answers Health with SERVING (docker health checks;
+    `python -m services.grammar.health` is the same check without this CLI's imports)."""
+    from services.grammar.health import check
 
-    from grpclib.client import Channel
-
-    from shared.proto.grammar_grpc import GrammarStub
-    from shared.proto.grammar_pb2 import HealthRequest
-
-    host, _, port = args.address.rpartition(":")
-
-    async def ask() -> dict[str, Any]:
-        channel = Channel(host or "127.0.0.1", int(port))
-        try:
-            reply = await GrammarStub(channel).Health(HealthRequest(), timeout=args.timeout)
-            return {"status": reply.status, "models": list(reply.models), "redis_ok": reply.redis_ok}
-        finally:
-            channel.close()
-
-    try:
-        health = asyncio.run(ask())
-    except (OSError, asyncio.TimeoutError) as exc:
-        _emit(out, {"status": "UNREACHABLE", "error": type(exc).__name__})
-        return 1
-    _emit(out, health)
-    return 0 if health["status"] == "SERVING" else 1
+    return check(args.address, args.timeout, out)
 
 
 def env(name: str, default: str | None) -> str | None:
@@ -287,7 +341,26 @@ def run_serve(args: argparse.Namespace) -> int:
     from shared.logging import configure_logging
 
     configure_logging(args.log_level)
+    config = cache_config_from_args(args, cache_bytes=args.grammar_cache_bytes)
     asyncio.run(serve(host=args.host, port=args.port, redis_url=args.redis_url,
                       cache_bytes=args.grammar_cache_bytes, models=tuple(args.models),
-                      metrics_port=args.metrics_port))
+                      metrics_port=args.metrics_port, config=config))
     return EXIT_OK
+
+
+def add_store_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """`infernix bench grammar-store` (services/grammar/store_bench.py: the store policy's data)."""
+    p = sub.add_parser("grammar-store", help="stored grammar vs compile: the store policy's data")
+    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=MODELS,
+                   help="default: smollm2 qwen3.5")
+    p.add_argument("--redis-url", default="",
+                   help="also time the Redis round trip of each record (default: off)")
+    p.add_argument("--quick", action="store_true", help="fewer slow grammars")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
+    p.set_defaults(func=_run_store_bench)
+
+
+def _run_store_bench(args: argparse.Namespace) -> int:
+    from services.grammar.store_bench import run
+
+    return run(args)

@@ -1,8 +1,9 @@
-"""The shared Redis store of compiled grammars: compressed blobs under one byte budget, build locks.
+"""The shared Redis store of grammar records under one byte budget, and build locks.
 
 Layout (all names start with `prefix`, default "infernix:grammar"):
 
-- `{prefix}:{vocab_id}:{format}:g:{key}`    a zlib-compressed `CompiledGrammar.serialize_json`;
+- `{prefix}:{vocab_id}:{format}:g:{key}`    an encoded `services.grammar.records.Record`: the build
+                                            verdict and, when the store policy keeps it, the blob;
 - `{prefix}:{vocab_id}:{format}:lock:{key}` the build lock of that key (SET NX PX, a random token);
 - `{prefix}:lru` (sorted set: blob name -> logical clock of its last use), `{prefix}:size` (hash:
   blob name -> bytes), `{prefix}:bytes` (their sum), `{prefix}:clock` (the logical clock).
@@ -10,9 +11,9 @@ Layout (all names start with `prefix`, default "infernix:grammar"):
 Eviction is ours, not Redis's maxmemory policy: every put runs one Lua script that stores the blob,
 stamps it in the LRU index and deletes least-recently-used blobs until the sum is within
 `budget_bytes`; every get stamps the blob it returns. The budget is shared by all models (one Redis,
-one quota). A blob larger than the budget is never stored. Run Redis with `maxmemory` above the
-budget (or without one): if Redis evicts by itself, the index heals as gets find blobs missing.
-Blob names include xgrammar's serialisation version, so an upgrade never deserialises an old format.
+one quota). A value larger than the budget is never stored. Run Redis with `maxmemory` above the
+budget (or without one): if Redis evicts by itself, the index heals as gets find values missing.
+Names include the record and serialisation format, so an upgrade never reads an old format.
 
 Redis trouble never fails a request: every operation raises `StoreUnavailable` instead, which the
 cache answers by compiling in process. The first failure of an outage logs one warning; during an
@@ -29,17 +30,17 @@ import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-import xgrammar as xgr
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from services.grammar.records import BLOB_FORMAT
 from shared.logging import get_logger
 
 log = get_logger(__name__)
 
-# xgrammar's serialisation format version, and our compression.
-BLOB_FORMAT = f"{xgr.get_serialization_version()}-z1"
+# The record layout (records.Record.encode) on top of the blob's serialisation and compression.
+RECORD_FORMAT = f"{BLOB_FORMAT}-r1"
 
 # KEYS: blob, lru, size, bytes, clock.  ARGV: payload, budget.  Returns the number evicted, or -1
 # when the payload alone is over the budget (nothing stored).
@@ -136,10 +137,10 @@ class RedisStore:
     # -- names -------------------------------------------------------------------------------
 
     def blob_name(self, vocab_id: str, key: str) -> str:
-        return f"{self.config.prefix}:{vocab_id}:{BLOB_FORMAT}:g:{key}"
+        return f"{self.config.prefix}:{vocab_id}:{RECORD_FORMAT}:g:{key}"
 
     def lock_name(self, vocab_id: str, key: str) -> str:
-        return f"{self.config.prefix}:{vocab_id}:{BLOB_FORMAT}:lock:{key}"
+        return f"{self.config.prefix}:{vocab_id}:{RECORD_FORMAT}:lock:{key}"
 
     # -- health ------------------------------------------------------------------------------
 

@@ -52,7 +52,16 @@ class InProcessWorkerClient(WorkerClient):
         return await asyncio.to_thread(self.engine.count_tokens, prompt)
 
     async def health(self) -> dict[str, Any]:
-        return self.engine.health()
+        """The engine's state and the grammar client's (`grammar`), with `degraded` (a dependency
+        is missing but requests are served) and `ready` (constrained requests can be served now;
+        `missing` names what is not)."""
+        health = self.engine.health()
+        grammar = await self.engine.grammar.health()
+        health["grammar"] = grammar
+        health["degraded"] = bool(grammar.get("degraded"))
+        health["ready"] = health["status"] == "ok" and bool(grammar.get("ready", True))
+        health["missing"] = list(grammar.get("missing", ()))
+        return health
 
     async def drain(self, seconds: float) -> None:
         """Wait up to `seconds` for the engine's requests to finish, then cancel the rest and wait

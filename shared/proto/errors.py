@@ -40,9 +40,14 @@ class ErrorStatusCodec(StatusDetailsCodecBase):
         return found
 
 
+_STATUS_OF_FAULT = {"request": Status.INVALID_ARGUMENT, "overloaded": Status.RESOURCE_EXHAUSTED,
+                    "unavailable": Status.UNAVAILABLE}
+
+
 def grpc_status(exc: InfernixError) -> Status:
-    """INVALID_ARGUMENT for a request's fault, INTERNAL otherwise."""
-    return Status.INVALID_ARGUMENT if exc.fault == "request" else Status.INTERNAL
+    """INVALID_ARGUMENT for a request's fault, RESOURCE_EXHAUSTED for an overload, UNAVAILABLE for
+    a missing dependency, INTERNAL otherwise."""
+    return _STATUS_OF_FAULT.get(exc.fault, Status.INTERNAL)
 
 
 def grpc_error(exc: InfernixError) -> GRPCError:

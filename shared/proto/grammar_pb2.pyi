@@ -12,23 +12,27 @@ class CacheHit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_HIT_NONE: _ClassVar[CacheHit]
     CACHE_HIT_L1: _ClassVar[CacheHit]
     CACHE_HIT_REDIS: _ClassVar[CacheHit]
+    CACHE_HIT_SERVICE: _ClassVar[CacheHit]
 CACHE_HIT_NONE: CacheHit
 CACHE_HIT_L1: CacheHit
 CACHE_HIT_REDIS: CacheHit
+CACHE_HIT_SERVICE: CacheHit
 
 class CompileRequest(_message.Message):
-    __slots__ = ("model", "kind", "source", "choices", "framing")
+    __slots__ = ("model", "kind", "source", "choices", "framing", "want_blob")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     FRAMING_FIELD_NUMBER: _ClassVar[int]
+    WANT_BLOB_FIELD_NUMBER: _ClassVar[int]
     model: str
     kind: str
     source: str
     choices: _containers.RepeatedScalarFieldContainer[str]
     framing: str
-    def __init__(self, model: _Optional[str] = ..., kind: _Optional[str] = ..., source: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., framing: _Optional[str] = ...) -> None: ...
+    want_blob: bool
+    def __init__(self, model: _Optional[str] = ..., kind: _Optional[str] = ..., source: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., framing: _Optional[str] = ..., want_blob: _Optional[bool] = ...) -> None: ...
 
 class CompileStats(_message.Message):
     __slots__ = ("hit", "built", "waited", "compile_ms", "queue_ms", "load_ms", "total_ms", "redis_fallback")
@@ -50,24 +54,46 @@ class CompileStats(_message.Message):
     redis_fallback: bool
     def __init__(self, hit: _Optional[_Union[CacheHit, str]] = ..., built: _Optional[bool] = ..., waited: _Optional[bool] = ..., compile_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., load_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., redis_fallback: _Optional[bool] = ...) -> None: ...
 
+class BuildInfo(_message.Message):
+    __slots__ = ("compile_ms", "memory_bytes", "stored", "serialized_bytes")
+    COMPILE_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    SERIALIZED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    compile_ms: float
+    memory_bytes: int
+    stored: bool
+    serialized_bytes: int
+    def __init__(self, compile_ms: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., stored: _Optional[bool] = ..., serialized_bytes: _Optional[int] = ...) -> None: ...
+
 class CompileReply(_message.Message):
-    __slots__ = ("key", "stats")
+    __slots__ = ("key", "stats", "build", "blob", "blob_format")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    BUILD_FIELD_NUMBER: _ClassVar[int]
+    BLOB_FIELD_NUMBER: _ClassVar[int]
+    BLOB_FORMAT_FIELD_NUMBER: _ClassVar[int]
     key: str
     stats: CompileStats
-    def __init__(self, key: _Optional[str] = ..., stats: _Optional[_Union[CompileStats, _Mapping]] = ...) -> None: ...
+    build: BuildInfo
+    blob: bytes
+    blob_format: str
+    def __init__(self, key: _Optional[str] = ..., stats: _Optional[_Union[CompileStats, _Mapping]] = ..., build: _Optional[_Union[BuildInfo, _Mapping]] = ..., blob: _Optional[bytes] = ..., blob_format: _Optional[str] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class HealthReply(_message.Message):
-    __slots__ = ("status", "models", "redis_ok")
+    __slots__ = ("status", "models", "redis_ok", "cold_compiles", "cold_waiting")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     REDIS_OK_FIELD_NUMBER: _ClassVar[int]
+    COLD_COMPILES_FIELD_NUMBER: _ClassVar[int]
+    COLD_WAITING_FIELD_NUMBER: _ClassVar[int]
     status: str
     models: _containers.RepeatedScalarFieldContainer[str]
     redis_ok: bool
-    def __init__(self, status: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., redis_ok: _Optional[bool] = ...) -> None: ...
+    cold_compiles: int
+    cold_waiting: int
+    def __init__(self, status: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., redis_ok: _Optional[bool] = ..., cold_compiles: _Optional[int] = ..., cold_waiting: _Optional[int] = ...) -> None: ...

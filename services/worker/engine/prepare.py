@@ -141,7 +141,7 @@ async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
     if constraint is None:
         return OutputSession(domain, None)
     result = await grammar.compile(constraint, model=runtime.name)
-    compiled = await grammar.get_compiled(result.key, runtime.name)
+    compiled = result.grammar
     stats = result.stats
 
     def make() -> OutputSession:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 BRANCHES = ("undecided", "content", "tools")
-CACHE_HITS = (None, "l1", "redis")
+CACHE_HITS = (None, "l1", "redis", "service")  # "service": the grammar service sent the blob
 
 
 @dataclass(frozen=True)
