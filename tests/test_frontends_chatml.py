@@ -22,6 +22,11 @@ CONVERSATIONS = [
     [{"role": "user", "content": "What is 2+2?"}],
     [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi"},
      {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye\n"}],
+    # Several system messages, and one later in the conversation (issue 11 §3).
+    [{"role": "system", "content": "Be kind."}, {"role": "system", "content": "Be brief."},
+     {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+     {"role": "system", "content": "Now answer in French."}, {"role": "user", "content": "Bye"}],
+    [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Late rules."}],
 ]
 
 

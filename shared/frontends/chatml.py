@@ -51,8 +51,9 @@ def render_chatml(prompt: PromptInput, *, add_generation_prompt: bool = True) ->
     continuation = ""
     for i, m in enumerate(rest):
         last = i == len(rest) - 1
-        if m.role == "system":
-            raise InvalidRequest("a system message is only allowed first", field="messages")
+        if m.role == "system":  # several or late system messages render where they stand
+            parts.append(f"<|im_start|>system\n{m.content or ''}<|im_end|>\n")
+            continue
         if m.role == "tool":
             body = hermes.render_tool_result(m.content or "")
             parts.append(f"<|im_start|>user\n{body}<|im_end|>\n")
