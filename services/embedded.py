@@ -46,16 +46,16 @@ def open_grammar(model: str, *, redis_url: str | None = None, service: str | Non
     `client_options`: GrpcGrammarClient keywords (timeouts, fallback). Raises InvalidRequest for
     an unknown model name."""
     from services.grammar.cache import CacheConfig, ModelCaches
-    from services.grammar.client import GrpcGrammarClient, InProcessGrammarClient
+    from services.grammar.client import GrpcGrammarClient, in_process_client
     from shared.frontends import get_domain
     from shared.metrics import GrammarMetrics
 
     domains = {model: get_domain(model)}
-    metrics = GrammarMetrics(registry)
-    config = config if config is not None else CacheConfig(read_only=service is not None)
-    caches = ModelCaches.open(domains, redis_url=redis_url, metrics=metrics, config=config)
     if service is None:
-        return InProcessGrammarClient(caches)
+        return in_process_client(domains, redis_url=redis_url, config=config, registry=registry)
+    config = config if config is not None else CacheConfig(read_only=True)
+    caches = ModelCaches.open(domains, redis_url=redis_url, metrics=GrammarMetrics(registry),
+                              config=config)
     host, _, port = service.rpartition(":")
     return GrpcGrammarClient(host, int(port), caches, **(client_options or {}))
 

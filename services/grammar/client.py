@@ -252,3 +252,30 @@ class GrpcGrammarClient(GrammarClient):
 
 def _carries_typed_error(exc: GRPCError) -> bool:
     return any(getattr(d, "type", None) for d in exc.details or ())
+
+
+# ---------------------------------------------------------------- what the worker may use
+# The worker reaches the grammar service only through this module: the clients above, the
+# factory below, and the two facts about an output language it needs while preparing a request.
+
+from services.grammar.tools import ToolSpec, needs_tool_grammar  # noqa: E402,F401 - re-exported
+
+
+def in_process_client(domains: dict, *, redis_url: str | None = None, config=None,
+                      registry=None) -> InProcessGrammarClient:
+    """An in-process client compiling for `domains` (model name -> TokenDomain) with an in-memory
+    cache (and Redis when `redis_url` is given). `config`: a CacheConfig (default CacheConfig())."""
+    from services.grammar.cache import CacheConfig
+    from shared.metrics import GrammarMetrics
+
+    caches = ModelCaches.open(domains, redis_url=redis_url, metrics=GrammarMetrics(registry),
+                              config=config if config is not None else CacheConfig())
+    return InProcessGrammarClient(caches)
+
+
+def check_constraint(constraint: OutputConstraint, domain) -> None:
+    """Validate and convert `constraint` for `domain` without compiling against the vocabulary
+    (moments, no model needed); raises the typed errors a compile would raise for the source."""
+    from services.grammar.compiler import build_grammar
+
+    build_grammar(constraint, domain)

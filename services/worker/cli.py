@@ -108,10 +108,10 @@ def validate_constraint(request: GenerateRequest) -> None:
     constraint = request.options.constraint
     if constraint is None:
         return
-    from services.grammar.compiler import build_grammar
+    from services.grammar.client import check_constraint
     from shared.frontends import get_domain
 
-    build_grammar(constraint, get_domain(request.model))
+    check_constraint(constraint, get_domain(request.model))
 
 
 def result_json(fin: Finished) -> dict[str, Any]:

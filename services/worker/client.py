@@ -8,12 +8,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from services.grammar.cache import ModelCaches
-from services.grammar.client import GrammarClient, InProcessGrammarClient
+from services.grammar.client import GrammarClient, in_process_client
 from services.worker.engine import Engine, EngineConfig
 from services.worker.runtime import ModelRuntime
 from shared.errors import InvalidRequest
-from shared.metrics import GrammarMetrics, WorkerMetrics
+from shared.metrics import WorkerMetrics
 from shared.generation import (
     GenerateRequest,
     GenerationEvent,
@@ -89,8 +88,7 @@ def open_in_process(runtime: ModelRuntime, config: EngineConfig = EngineConfig()
     in-process grammar client with an in-memory cache for the runtime's model. Metrics go to
     `registry` (a fresh one when None)."""
     if grammar is None:
-        grammar = InProcessGrammarClient(ModelCaches.open(
-            {runtime.name: runtime.domain}, metrics=GrammarMetrics(registry)))
+        grammar = in_process_client({runtime.name: runtime.domain}, registry=registry)
     engine = Engine(runtime, grammar, config, WorkerMetrics(registry))
     engine.start()
     return InProcessWorkerClient(engine)

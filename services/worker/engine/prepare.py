@@ -13,8 +13,7 @@ import asyncio
 import secrets
 from dataclasses import dataclass
 
-from services.grammar.client import GrammarClient
-from services.grammar.tools import ToolSpec, needs_tool_grammar
+from services.grammar.client import GrammarClient, ToolSpec, needs_tool_grammar
 from services.worker.output.session import OutputSession
 from services.worker.output.stop_strings import StopStrings
 from services.worker.runtime import ModelRuntime, resolve_sampling
