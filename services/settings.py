@@ -79,6 +79,8 @@ _TABLE = (
             "(in process and in Redis)", "BYTES"),
     Setting("grammar", _address, None, "the grammar service; omitted: compile in process",
             "HOST:PORT"),
+    Setting("max_waiting", int, None, "requests that may wait for a lane; beyond it a request is "
+            "refused with 429 and Retry-After; omitted: 4 x lanes", "N"),
     Setting("drain_seconds", float, 30.0, "on the first SIGTERM, how long requests in flight may "
             "run before the rest are cancelled", "SECONDS"),
     Setting("metrics_port", int, 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),

@@ -120,6 +120,12 @@ class WorkerMetrics:
         self.tokens = Counter(
             "infernix_worker_tokens_total", "Prompt and completion tokens of finished requests",
             ["kind"], registry=self.registry)
+        self.queue_seconds = Histogram(
+            "infernix_worker_queue_seconds", "Time a request waited for a lane (each admission)",
+            buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.rejected = Counter(
+            "infernix_worker_rejected_total", "Requests refused before they were queued",
+            ["reason"], registry=self.registry)
         self.preemptions = Counter(
             "infernix_worker_preemptions_total",
             "Running requests paused for a long-waiting one (resumed later by Replay)",

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.errors import InfernixError, InternalError
+from shared.errors import InfernixError, InternalError, Overloaded
 from shared.generation import (
     Finished,
     FinishReason,
@@ -43,11 +43,19 @@ class PoolMember:
     healthy: bool = True
     failures: int = 0  # consecutive failed health checks
     outstanding: int = 0  # requests started here and not yet finished or closed
+    reported_load: int = 0  # resident + waiting requests the worker itself reported (all callers)
     models: tuple[str, ...] | None = None  # None: not asked yet
+
+    @property
+    def load(self) -> int:
+        """What the balancer minimises: this gateway's requests there, or the worker's own count
+        of running and queued requests (other gateways' included) when that is larger."""
+        return max(self.outstanding, self.reported_load)
 
     def snapshot(self) -> dict[str, Any]:
         return {"name": self.name, "healthy": self.healthy, "outstanding": self.outstanding,
-                "failures": self.failures, "models": list(self.models or ())}
+                "reported_load": self.reported_load, "failures": self.failures,
+                "models": list(self.models or ())}
 
 
 class WorkerPool(WorkerClient):
@@ -93,7 +101,10 @@ class WorkerPool(WorkerClient):
 
     async def _check(self, member: PoolMember, *, suspect: bool = False) -> None:
         try:
-            await asyncio.wait_for(member.client.health(), self.health_timeout_s)
+            health = await asyncio.wait_for(member.client.health(), self.health_timeout_s)
+            if isinstance(health, dict):
+                member.reported_load = int(health.get("resident", 0) or 0) + \
+                    int(health.get("waiting", 0) or 0)
             if member.models is None or not member.healthy:
                 member.models = tuple(await asyncio.wait_for(member.client.models(),
                                                              self.health_timeout_s))
@@ -126,7 +137,7 @@ class WorkerPool(WorkerClient):
         if not candidates:
             return None
         n = len(self.members)
-        i, member = min(candidates, key=lambda im: (im[1].outstanding, (im[0] - self._turn) % n))
+        i, member = min(candidates, key=lambda im: (im[1].load, (im[0] - self._turn) % n))
         self._turn = (i + 1) % n
         return member
 
@@ -151,12 +162,17 @@ class WorkerPool(WorkerClient):
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationEvent]:
         """Events from the chosen worker. Raises before the first event what the worker raises,
-        or InternalError when no healthy worker is left (after one retry on a connection error)."""
+        or InternalError when no healthy worker is left (after one retry on a connection error).
+        A worker whose queue is full (Overloaded) passes the request to the next one; when every
+        worker tried is full, its Overloaded (with Retry-After) is what the caller gets."""
         self._start()
         tried: set[int] = set()
+        overloaded: Overloaded | None = None
         while True:
             member = self._pick(request.model, tried)
             if member is None:
+                if overloaded is not None:
+                    raise overloaded
                 raise self._no_worker(request.model, "no healthy worker" if not tried else
                                       "the workers tried could not be reached")
             tried.add(self.members.index(member))
@@ -178,6 +194,10 @@ class WorkerPool(WorkerClient):
                         raise self._no_worker(request.model, "the workers tried could not be "
                                               f"reached (last {member.name}: {exc})") from None
                     log.info("worker_retry", request_id=request.request_id, worker=member.name)
+                    continue
+                except Overloaded as exc:
+                    overloaded = exc
+                    log.info("worker_full", request_id=request.request_id, worker=member.name)
                     continue
                 except StopAsyncIteration:
                     raise InternalError("the worker ended the stream without a Finished "

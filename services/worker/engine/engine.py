@@ -34,7 +34,7 @@ from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
 from services.worker.program import Program
 from services.worker.request import Request
-from shared.errors import DeadlineExceeded, InternalError, InvalidRequest
+from shared.errors import DeadlineExceeded, InternalError, InvalidRequest, Overloaded
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
@@ -53,6 +53,7 @@ class EngineConfig:
     prefill_chunk: int = 512  # prompt tokens per prefill step, all prefilling rows together, >= 1
     cuda_graphs: bool = True  # capture decode graphs per batch size on CUDA
     preempt_after_s: float | None = None  # pause a running request for one waiting this long
+    max_waiting: int | None = None  # queued requests beyond the lanes; None: 4 x max_batch
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -62,6 +63,12 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.max_len must be >= 2, got {self.max_len}")
         if self.preempt_after_s is not None and self.preempt_after_s < 0:
             raise ValueError(f"EngineConfig.preempt_after_s must be >= 0, got {self.preempt_after_s}")
+        if self.max_waiting is not None and self.max_waiting < 0:
+            raise ValueError(f"EngineConfig.max_waiting must be >= 0, got {self.max_waiting}")
+
+    @property
+    def waiting_limit(self) -> int:
+        return 4 * self.max_batch if self.max_waiting is None else self.max_waiting
 
 
 class Engine:
@@ -79,7 +86,8 @@ class Engine:
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
                                cuda_graphs=config.cuda_graphs)
-        self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s)
+        self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
+                                   on_admit=self.metrics.queue_seconds.observe)
         self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget)
         self.steps = 0
         self._inbox: queue.Queue = queue.Queue()
@@ -87,6 +95,7 @@ class Engine:
         self._lock = threading.Lock()  # guards _live across threads
         self._thread: threading.Thread | None = None
         self._running = False
+        self._mean_duration_s = 1.0
 
     # ---------------------------------------------------------------- caller side
 
@@ -110,9 +119,11 @@ class Engine:
         `Started` with the prompt's token count.
 
         Raises (before any event) what `prepare` raises, InvalidRequest(field="request_id") for
-        an id already running, InternalError when the engine is not running."""
+        an id already running, Overloaded(resource="waiting_queue") when `max_waiting` requests
+        already wait for a lane, InternalError when the engine is not running."""
         submitted = time.monotonic()
         self._check_running()
+        self._admission()
         ready = await prepare(request, runtime=self.runtime, grammar=self.grammar,
                               max_len=self.program.max_len, submitted=submitted)
         stream = RequestStream(asyncio.get_running_loop(), request.request_id)
@@ -159,6 +170,19 @@ class Engine:
                 "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
                 "waiting": len(self.scheduler.waiting), "steps": self.steps}
 
+    def _admission(self) -> None:
+        """A bounded waiting queue: beyond it the caller is told to come back (issue 12)."""
+        with self._lock:
+            live = len(self._live)  # queued and running
+        lanes = self.program.max_batch
+        waiting = max(0, live - lanes)
+        if live < lanes + self.config.waiting_limit:
+            return
+        self.metrics.rejected.labels(reason="queue_full").inc()
+        retry = min(60.0, max(1.0, self._mean_duration_s * (waiting + 1) / lanes))
+        raise Overloaded(f"{waiting} requests already wait for one of {lanes} lanes; retry in "
+                         f"{retry:.0f} s", resource="waiting_queue", retry_after_s=round(retry, 1))
+
     def _check_running(self) -> None:
         if not self._running:
             raise InternalError("the engine is not running")
@@ -166,6 +190,9 @@ class Engine:
     def _forget(self, job: Request) -> None:
         with self._lock:
             self._live.pop(job.request_id, None)
+        # Mean time in the engine of recent requests (the Retry-After estimate of a full queue).
+        duration = time.monotonic() - (job.enqueued_at or job.submitted_at)
+        self._mean_duration_s += 0.1 * (duration - self._mean_duration_s)
 
     # ---------------------------------------------------------------- worker thread
 

@@ -22,9 +22,11 @@ from services.worker.request import Request, RequestState
 
 
 class Scheduler:
-    def __init__(self, prefill_chunk: int, preempt_after_s: float | None = None) -> None:
+    def __init__(self, prefill_chunk: int, preempt_after_s: float | None = None,
+                 on_admit=None) -> None:
         self.prefill_chunk = prefill_chunk
         self.preempt_after_s = preempt_after_s
+        self.on_admit = on_admit  # on_admit(seconds waited): queue-time metrics
         self.waiting: deque[Request] = deque()
         self.resident: list[Request] = []
         self._last_was_prefill = False
@@ -54,6 +56,8 @@ class Scheduler:
         preempted = self._preempt(program, now)
         while self.waiting and program.free_lanes:
             job = self.waiting.popleft()
+            if self.on_admit is not None:
+                self.on_admit(now - job.waiting_since)
             job.lane = program.acquire_lane()
             job.state = RequestState.RESIDENT
             job.resident_since = now
