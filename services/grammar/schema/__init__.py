@@ -16,12 +16,13 @@ import xgrammar as xgr
 from services.grammar.schema.algebra import Graph
 from services.grammar.schema.context import Context
 from services.grammar.schema.emit import Emitter
+from services.grammar.schema.layout import layout_text
 from services.grammar.schema.nodes import (
     ArrayType, Literals, NoValue, ObjectType, ReducedSchema, Ref, StringType, Union,
 )
 from services.grammar.schema.patterns import PatternSupport
 from services.grammar.schema.reader import Reader
-from shared.errors import InternalError, SchemaSource
+from shared.errors import InternalError, InvalidSchema, SchemaSource, UnsupportedSchema
 
 
 def _context(source: SchemaSource, tool_index: int | None, tool_name: str | None) -> Context:
@@ -29,13 +30,18 @@ def _context(source: SchemaSource, tool_index: int | None, tool_name: str | None
 
 
 def _reduce(schema: Any, ctx: Context, patterns: PatternSupport) -> ReducedSchema:
+    return _reduce_graph(schema, ctx, patterns)[0]
+
+
+def _reduce_graph(schema: Any, ctx: Context, patterns: PatternSupport) -> tuple[ReducedSchema, Graph]:
     graph = Graph(ctx, patterns.matches)
-    root = Reader(schema, ctx, graph).read(schema)
-    reduced = ReducedSchema(root, graph.defs)
+    reader = Reader(schema, ctx, graph)
+    root = reader.read(schema)
+    reduced = ReducedSchema(root, graph.defs, tuple(sorted(reader.annotations)))
     _finalize(reduced, ctx, patterns)
     if isinstance(graph.resolve(root, ""), NoValue):
         raise ctx.unsupported("", "the schema accepts no JSON value (unsatisfiable)")
-    return reduced
+    return reduced, graph
 
 
 def _finalize(reduced: ReducedSchema, ctx: Context, patterns: PatternSupport) -> None:
@@ -94,7 +100,7 @@ def reduce_tool_arguments(schema: Any, *, tool_index: int, tool_name: str) -> Re
             "additionalProperties" in schema else ""
         raise ctx.unsupported(where, "a strict tool's argument object needs "
                                      "additionalProperties=false")
-    return ReducedSchema(root, reduced.defs)
+    return ReducedSchema(root, reduced.defs, reduced.annotations)
 
 
 def schema_to_grammar(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
@@ -121,10 +127,25 @@ def schema_to_ebnf(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
     return Emitter(_reduce(schema, ctx, patterns), patterns.ebnf).grammar()
 
 
+def layout_values(schema: Any, values: list[Any]) -> list[str]:
+    """Each value as JSON text in the generation layout of `schema` (see `layout.layout_text`);
+    for checking instances against the compiled grammar. Raises what `check_schema` raises."""
+    ctx = _context(SchemaSource.CONTENT, None, None)
+    reduced, graph = _reduce_graph(schema, ctx, PatternSupport(ctx))
+
+    def member(node: Any, value: Any) -> bool:
+        try:
+            return graph.matches(node, value, "")
+        except (UnsupportedSchema, InvalidSchema):
+            return False
+
+    return [layout_text(reduced.root, v, reduced.defs, member) for v in values]
+
+
 def json_object_grammar() -> xgr.Grammar:
     """Any JSON object at the root (json_object mode), same layout as schema grammars."""
     return schema_to_grammar({"type": "object"})
 
 
-__all__ = ["ReducedSchema", "check_schema", "json_object_grammar", "reduce_tool_arguments",
+__all__ = ["ReducedSchema", "check_schema", "json_object_grammar", "layout_values", "reduce_tool_arguments",
            "schema_to_ebnf", "schema_to_grammar"]

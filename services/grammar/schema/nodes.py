@@ -140,6 +140,8 @@ class ReducedSchema:
 
     root: Node
     defs: dict[str, Node] = field(default_factory=dict)
+    # Keywords in no vocabulary of the dialect, read as annotations (sorted names).
+    annotations: tuple[str, ...] = ()
 
 
 def make_union(branches: list[Node] | tuple[Node, ...]) -> Node:

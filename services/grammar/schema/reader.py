@@ -62,6 +62,7 @@ class Reader:
         self.root = root
         self.ctx = ctx
         self.graph = graph
+        self.annotations: set[str] = set()
         self.draft = DRAFT_2020
         if isinstance(root, dict) and "$schema" in root:
             uri = root["$schema"]
