@@ -73,8 +73,9 @@ class NumberType:
 
 @dataclass(frozen=True)
 class Pattern:
-    source: str  # the schema's pattern text (search semantics)
+    source: str  # the schema's pattern text (search semantics), or a format's regex (whole match)
     pointer: str  # where it was written
+    whole: bool = False  # True: the whole string must match (a `format`); False: search (`pattern`)
 
 
 @dataclass(frozen=True)

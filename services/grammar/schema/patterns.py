@@ -8,18 +8,20 @@ differ from ECMAScript's.
 
 A pattern that neither our parser nor Python's `re` can read is InvalidSchema; one that only our
 parser refuses (lookaround, back-references, \\b, \\p{..}, ...) is UnsupportedSchema. A pattern
-together with minLength/maxLength, or several patterns on one string, would need the
-string-automaton intersection, which is not built yet: UnsupportedSchema at the pattern's pointer
-(finite const/enum candidates are filtered directly by every pattern and length instead). A
-pattern that matches no string is UnsupportedSchema too (unsatisfiable), never a dead end.
+together with minLength/maxLength, several patterns, or a pattern and a `format` on one string go
+through the string-automaton intersection (`automata`, with its limits: beyond them
+UnsupportedSchema at the last pattern's pointer); finite const/enum candidates are filtered
+directly by every pattern and length instead. A pattern that matches no string is
+UnsupportedSchema too (unsatisfiable), never a dead end.
 """
 
 from __future__ import annotations
 
 import re
 
-from services.grammar.regex import search_tree
+from services.grammar.regex import search_tree, whole_tree
 from services.grammar.regex.tree import Node
+from services.grammar.schema.automata import Dfa, TooComplex, intersect, json_string_rules, tree_dfa
 from services.grammar.schema.context import Context
 from services.grammar.schema.nodes import Pattern, StringType
 from services.grammar.schema.regex_json import json_string_ebnf, whole_matches
@@ -31,17 +33,19 @@ class PatternSupport:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self._trees: dict[str, Node] = {}
+        self._trees: dict[tuple[str, bool], Node] = {}
+        self._dfas: dict[StringType, Dfa] = {}
 
     def tree(self, pattern: Pattern) -> Node:
         """The search-semantics tree of `pattern` (memoized).
 
         Raises InvalidSchema (malformed) or UnsupportedSchema (outside the supported subset),
         each at the pattern's pointer."""
-        if pattern.source in self._trees:
-            return self._trees[pattern.source]
+        key = (pattern.source, pattern.whole)
+        if key in self._trees:
+            return self._trees[key]
         try:
-            tree = search_tree(pattern.source)
+            tree = whole_tree(pattern.source) if pattern.whole else search_tree(pattern.source)
         except InvalidRegex as exc:
             try:
                 re.compile(pattern.source)
@@ -49,28 +53,54 @@ class PatternSupport:
                 raise self.ctx.invalid(pattern.pointer, f"pattern does not parse: {exc.message} "
                                                         f"({py_exc})") from None
             raise self.ctx.unsupported(pattern.pointer, f"pattern: {exc.message}") from None
-        self._trees[pattern.source] = tree
+        self._trees[key] = tree
         return tree
 
     def check(self, node: StringType, ctx: Context) -> None:
-        """Raise UnsupportedSchema unless `node`'s patterns can be enforced by `ebnf`."""
-        if len(node.patterns) > 1:
-            raise ctx.unsupported(node.patterns[1].pointer, "several patterns on one string "
-                                  "(their intersection is not supported yet)")
-        if node.min_length > 0 or node.max_length is not None:
-            raise ctx.unsupported(node.patterns[0].pointer, "pattern together with minLength/"
-                                  "maxLength (their intersection is not supported yet)")
-        if json_string_ebnf(self.tree(node.patterns[0])) is None:
-            raise ctx.unsupported(node.patterns[0].pointer, "the pattern matches no string "
-                                  "(unsatisfiable)")
+        """Raise UnsupportedSchema unless `node`'s patterns (and lengths) can be enforced."""
+        if len(node.patterns) == 1 and node.min_length == 0 and node.max_length is None:
+            if json_string_ebnf(self.tree(node.patterns[0])) is None:
+                raise ctx.unsupported(node.patterns[0].pointer, _empty(node.patterns[0]))
+            return
+        self._dfa(node, ctx)
+
+    def _dfa(self, node: StringType, ctx: Context) -> Dfa:
+        """The string-automaton intersection of every pattern/format with the length bounds."""
+        if node in self._dfas:
+            return self._dfas[node]
+        where = node.patterns[-1].pointer
+        try:
+            dfas = []
+            for p in node.patterns:
+                dfas.append(tree_dfa(self.tree(p)))
+                if not dfas[-1].delta:
+                    raise ctx.unsupported(p.pointer, _empty(p))
+            dfa = intersect(tuple(dfas), node.min_length, node.max_length)
+        except TooComplex as exc:
+            raise ctx.unsupported(where, f"the intersection of pattern/format and length is too "
+                                         f"complex: {exc}") from None
+        if not dfa.delta:
+            raise ctx.unsupported(where, "pattern/format and length together match no string "
+                                         "(unsatisfiable)")
+        self._dfas[node] = dfa
+        return dfa
 
     def matches(self, pattern: Pattern, value: str) -> bool:
-        """True when `pattern` finds a match in `value` (ECMAScript semantics, search)."""
+        """True when `pattern` finds a match in `value` (ECMAScript semantics, search), or for a
+        format, when the whole value matches."""
         return whole_matches(self.tree(pattern), value)
 
-    def ebnf(self, node: StringType) -> str:
-        """EBNF for the JSON strings (quotes included, canonical escapes) `node` allows."""
+    def ebnf(self, node: StringType, prefix: str) -> tuple[str, dict[str, str]]:
+        """EBNF for the JSON strings (quotes included, canonical escapes) `node` allows: an
+        expression and the rules it uses (named `prefix`...)."""
         self.check(node, self.ctx)
-        text = json_string_ebnf(self.tree(node.patterns[0]))
-        assert text is not None  # check() refused empty languages
-        return text
+        if len(node.patterns) == 1 and node.min_length == 0 and node.max_length is None:
+            text = json_string_ebnf(self.tree(node.patterns[0]))
+            assert text is not None  # check() refused empty languages
+            return text, {}
+        return json_string_rules(self._dfa(node, self.ctx), prefix)
+
+
+def _empty(p: Pattern) -> str:
+    what = "format" if p.whole else "pattern"
+    return f"the {what} matches no string (unsatisfiable)"
