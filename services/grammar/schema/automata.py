@@ -21,7 +21,11 @@ from services.grammar.regex.charset import CharSet
 from services.grammar.regex.tree import Alt, Chars, Literal, Node, Repeat, Seq, to_ebnf
 
 MAX_LENGTH_BOUND = 8192
-MAX_STATES = 65536
+MAX_STATES = 65536  # per DFA of one expression, and the design document's ceiling
+# Per intersection result with a length counter: the product is built in Python and emitted as one
+# rule per state; at ~4,000 rules xgrammar's compile already takes seconds on a 49k vocabulary, so
+# the length product stays below this (beyond: UnsupportedSchema, the schema is never loosened).
+MAX_PRODUCT_STATES = 4096
 
 
 class TooComplex(Exception):
@@ -169,6 +173,14 @@ def intersect(dfas: tuple[Dfa, ...], min_length: int = 0, max_length: int | None
     if min_length > MAX_LENGTH_BOUND:
         raise TooComplex(f"minLength {min_length} is above the intersection limit of "
                          f"{MAX_LENGTH_BOUND} characters")
+    shortest, longest = _length_range(dfas[0]) if len(dfas) == 1 else (0, None)
+    if min_length <= shortest:
+        min_length = 0  # every string is long enough: no counter needed for the lower bound
+    if max_length is not None and longest is not None and longest <= max_length:
+        max_length = None  # no string is too long
+    if min_length == 0 and max_length is None and len(dfas) == 1:
+        return dfas[0]
+    limit = MAX_STATES if min_length == 0 and max_length is None else MAX_PRODUCT_STATES
     cap = min_length if max_length is None else max_length + 1  # counts above cap are equivalent
     start = (tuple(0 for _ in dfas), 0)
     index = {start: 0}
@@ -186,8 +198,8 @@ def intersect(dfas: tuple[Dfa, ...], min_length: int = 0, max_length: int | None
             for cs, ts in moves:
                 nxt = (ts, min(n + 1, cap))
                 if nxt not in index:
-                    if len(order) >= MAX_STATES:
-                        raise TooComplex(f"the intersection needs more than {MAX_STATES} states")
+                    if len(order) >= limit:
+                        raise TooComplex(f"the intersection needs more than {limit} states")
                     index[nxt] = len(order)
                     order.append(nxt)
                 out.append((cs, index[nxt]))
@@ -195,7 +207,49 @@ def intersect(dfas: tuple[Dfa, ...], min_length: int = 0, max_length: int | None
         i += 1
     accepting = frozenset(k for k, (qs, n) in enumerate(order)
                           if n >= min_length and all(q in d.accepting for d, q in zip(dfas, qs)))
-    return minimise(_trim(Dfa(tuple(tuple(d) for d in delta), accepting)))
+    # The product of minimal DFAs with a counter is left as built (trimmed): Moore's refinement
+    # needs about one round per counted character there, which costs more than it saves.
+    return _trim(Dfa(tuple(tuple(d) for d in delta), accepting))
+
+
+def _length_range(dfa: Dfa) -> tuple[int, int | None]:
+    """(shortest accepted length, longest accepted length or None when unbounded); trimmed DFA."""
+    dist, frontier, shortest = {0: 0}, [0], None
+    while frontier and shortest is None:
+        nxt = []
+        for q in frontier:
+            if q in dfa.accepting:
+                shortest = dist[q]
+                break
+            for _, t in dfa.delta[q]:
+                if t not in dist:
+                    dist[t] = dist[q] + 1
+                    nxt.append(t)
+        frontier = nxt
+    longest: dict[int, int] = {}
+    state: dict[int, int] = {}  # 1 = on the stack, 2 = done
+
+    def visit(q: int) -> int | None:  # longest accepted suffix from q; None on a cycle
+        stack = [(q, iter(dfa.delta[q]))]
+        state[q] = 1
+        while stack:
+            p, it = stack[-1]
+            step = next(it, None)
+            if step is None:
+                stack.pop()
+                state[p] = 2
+                best = [longest[t] + 1 for _, t in dfa.delta[p]]
+                longest[p] = max(best + ([0] if p in dfa.accepting else []))
+                continue
+            t = step[1]
+            if state.get(t) == 1:
+                return None
+            if t not in state:
+                state[t] = 1
+                stack.append((t, iter(dfa.delta[t])))
+        return longest[q]
+
+    return shortest or 0, visit(0) if dfa.delta else 0
 
 
 def _trim(dfa: Dfa) -> Dfa:
@@ -225,11 +279,12 @@ def _trim(dfa: Dfa) -> Dfa:
     return Dfa(delta, frozenset(new[q] for q in order if q in dfa.accepting))
 
 
-def _canonical(moves, block) -> tuple:
-    """A state's moves as sorted (lo, hi, target block) with adjacent equal-block ranges merged."""
-    triples = sorted((lo, hi, block[t]) for cs, t in moves for lo, hi in cs.ranges)
+def _canonical(flat: list[tuple[int, int, int]], block: list[int]) -> tuple:
+    """A state's moves (sorted (lo, hi, target)) as (lo, hi, target block), adjacent equal-block
+    ranges merged."""
     out: list[list[int]] = []
-    for lo, hi, b in triples:
+    for lo, hi, t in flat:
+        b = block[t]
         if out and out[-1][2] == b and out[-1][1] + 1 == lo:
             out[-1][1] = hi
         else:
@@ -243,10 +298,11 @@ def minimise(dfa: Dfa) -> Dfa:
         return dfa
     block = [1 if q in dfa.accepting else 0 for q in range(dfa.size)]
     count = len(set(block))
+    flats = [sorted((lo, hi, t) for cs, t in moves for lo, hi in cs.ranges) for moves in dfa.delta]
     while True:
         sigs: dict[tuple, int] = {}
-        block = [sigs.setdefault((block[q], _canonical(moves, block)), len(sigs))
-                 for q, moves in enumerate(dfa.delta)]
+        block = [sigs.setdefault((block[q], _canonical(flat, block)), len(sigs))
+                 for q, flat in enumerate(flats)]
         if len(sigs) == count:
             break
         count = len(sigs)

@@ -65,9 +65,10 @@ IPV6 = "(?:" + "|".join([
     f"(?:(?:{_H16}:){{0,6}}{_H16})?::",
 ]) + ")"
 UUID = f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
-# 1..63 characters; "--" in the 3rd and 4th positions (IDNA2008 reserved / A-labels) refused.
+# "--" in the 3rd and 4th positions (IDNA2008 reserved / A-labels) refused. No label length bound
+# here: the whole name is at most HOSTNAME_MAX = 63 characters, so every label is too.
 _LABEL = ("(?:[A-Za-z0-9]{1,2}|[A-Za-z0-9][A-Za-z0-9-]{1,2}[A-Za-z0-9]"
-          "|[A-Za-z0-9][A-Za-z0-9-](?:[A-Za-z0-9][A-Za-z0-9-]|-[A-Za-z0-9])[A-Za-z0-9-]{0,58}[A-Za-z0-9])")
+          "|[A-Za-z0-9][A-Za-z0-9-](?:[A-Za-z0-9][A-Za-z0-9-]|-[A-Za-z0-9])[A-Za-z0-9-]*[A-Za-z0-9])")
 HOSTNAME = f"{_LABEL}(?:\\.{_LABEL})*"
 # RFC 1034 allows 253 characters in all, but labels of <= 63 and a total of <= 253 together need a
 # product automaton of ~24,000 states (measured): we generate hostnames of at most 63 characters,
