@@ -17,6 +17,7 @@ from services.grammar.schema.algebra import Graph
 from services.grammar.schema.context import Context
 from services.grammar.schema.emit import Emitter
 from services.grammar.schema.layout import layout_text
+from services.grammar.schema.objects import emit_object
 from services.grammar.schema.nodes import (
     ArrayType, Literals, NoValue, ObjectType, ReducedSchema, Ref, StringType, Union,
 )
@@ -60,14 +61,19 @@ def _finalize(reduced: ReducedSchema, ctx: Context, patterns: PatternSupport) ->
             stack.append(node.items)
         elif isinstance(node, ObjectType):
             declared = {k for k, _ in node.properties}
-            for r in node.required:
-                if r.name not in declared:
-                    raise ctx.unsupported(r.pointer, f"required name {r.name!r} is not declared in "
-                                                     "properties")
+            for r in node.required:  # Graph.object_type declares every required name
+                assert r.name in declared, r
             stack.extend(v for _, v in node.properties)
             stack.append(node.additional)
+            if node.extended:
+                stack.extend(v for _, v in patterns.regions(node))
         elif isinstance(node, StringType) and node.patterns:
             patterns.check(node, ctx)
+
+
+def _emitter(reduced: ReducedSchema, patterns: PatternSupport) -> Emitter:
+    return Emitter(reduced, patterns.ebnf,
+                   lambda em, node: emit_object(em, node, patterns.regions(node)))
 
 
 def check_schema(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
@@ -95,6 +101,9 @@ def reduce_tool_arguments(schema: Any, *, tool_index: int, tool_name: str) -> Re
             "a union" if isinstance(root, Union) else "not an object"
         raise ctx.unsupported("", f"a strict tool's argument schema must reduce to type=object; "
                                   f"it reduces to {kind}")
+    if root.extended:
+        raise ctx.unsupported("", "a strict tool's argument object with patternProperties, "
+                                  "propertyNames or property counts is not supported")
     if not isinstance(root.additional, NoValue):
         where = "/additionalProperties" if isinstance(schema, dict) and \
             "additionalProperties" in schema else ""
@@ -112,7 +121,7 @@ def schema_to_grammar(schema: Any, *, source: SchemaSource = SchemaSource.CONTEN
     ctx = _context(source, tool_index, tool_name)
     patterns = PatternSupport(ctx)
     reduced = _reduce(schema, ctx, patterns)
-    text = Emitter(reduced, patterns.ebnf).grammar()
+    text = _emitter(reduced, patterns).grammar()
     try:
         return xgr.Grammar.from_ebnf(text)
     except RuntimeError as exc:  # our emitter produced text xgrammar refuses: our bug
@@ -124,7 +133,7 @@ def schema_to_ebnf(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
     """The EBNF text `schema_to_grammar` compiles (for inspection and the CLI)."""
     ctx = _context(source, tool_index, tool_name)
     patterns = PatternSupport(ctx)
-    return Emitter(_reduce(schema, ctx, patterns), patterns.ebnf).grammar()
+    return _emitter(_reduce(schema, ctx, patterns), patterns).grammar()
 
 
 def layout_values(schema: Any, values: list[Any]) -> list[str]:
@@ -139,7 +148,13 @@ def layout_values(schema: Any, values: list[Any]) -> list[str]:
         except (UnsupportedSchema, InvalidSchema):
             return False
 
-    return [layout_text(reduced.root, v, reduced.defs, member) for v in values]
+    def value_of(obj: Any, name: str) -> Any:
+        try:
+            return graph.value_of(obj, name, "")
+        except (UnsupportedSchema, InvalidSchema):
+            return obj.value_of(name)
+
+    return [layout_text(reduced.root, v, reduced.defs, member, 0, value_of) for v in values]
 
 
 def json_object_grammar() -> xgr.Grammar:

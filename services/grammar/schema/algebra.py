@@ -15,7 +15,7 @@ from typing import Any
 
 from services.grammar.schema.context import MAX_DEPTH, Context
 from services.grammar.schema.nodes import (
-    NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
+    ANY, NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
     NumberType, ObjectType, Ref, Required, StringType, Union, make_union,
 )
 
@@ -197,9 +197,66 @@ class Graph:
 
     def _meet_object(self, a: ObjectType, b: ObjectType, pointer: str) -> Node:
         names = list(dict.fromkeys([k for k, _ in a.properties] + [k for k, _ in b.properties]))
-        props = tuple((k, self.meet(a.value_of(k), b.value_of(k), pointer)) for k in names)
+        props = tuple((k, self.meet(self.value_of(a, k, pointer), self.value_of(b, k, pointer),
+                                    pointer)) for k in names)
         required = tuple({r.name: r for r in b.required + a.required}.values())
-        return object_type(props, required, self.meet(a.additional, b.additional, pointer))
+        additional = self.meet(a.additional, b.additional, pointer)
+        if a.patterns and b.patterns:
+            if not (isinstance(a.additional, AnyValue) and isinstance(b.additional, AnyValue)):
+                raise self.ctx.unsupported(pointer, "allOf of objects that both have "
+                                                    "patternProperties and additionalProperties")
+            patterns = a.patterns + b.patterns
+        else:  # fold the other side's rule for undeclared names into each pattern's schema
+            own, other = (a, b) if a.patterns else (b, a)
+            patterns = tuple((p, self.meet(v, other.additional, pointer)) for p, v in own.patterns)
+        return self.object_type(props, required, additional, patterns,
+                                self.meet(a.names, b.names, pointer), max(a.min_props, b.min_props),
+                                _min_opt(a.max_props, b.max_props), pointer, declared_final=True)
+
+    def value_of(self, obj: ObjectType, name: str, pointer: str) -> Node:
+        """The schema a member named `name` must satisfy in `obj` (NEVER: it may not occur)."""
+        if not isinstance(obj.names, AnyValue) and not self.matches(obj.names, name, pointer):
+            return NEVER
+        for key, node in obj.properties:
+            if key == name:
+                return node
+        matched = [v for p, v in obj.patterns if self.pattern_matcher(p, name)]
+        if not matched:
+            return obj.additional
+        node = matched[0]
+        for v in matched[1:]:
+            node = self.meet(node, v, pointer)
+        return node
+
+    def object_type(self, props: tuple, required: tuple[Required, ...], additional: Node,
+                    patterns: tuple = (), names: Node = ANY, min_props: int = 0,
+                    max_props: int | None = None, pointer: str = "",
+                    declared_final: bool = False) -> Node:
+        """An object node with declared values met with the patterns their names match, required
+        names that are not declared added as declared members, names outside propertyNames
+        impossible; NEVER when a required member is impossible or the counts cannot be met.
+        `declared_final`: the declared values already hold all of that (an intersection)."""
+        probe = ObjectType((), (), additional, patterns, names)
+        out = list(props) if declared_final else []
+        for k, v in ([] if declared_final else props):
+            if not isinstance(names, AnyValue) and not self.matches(names, k, pointer):
+                v = NEVER
+            for p, pv in patterns:
+                if not isinstance(v, NoValue) and self.pattern_matcher(p, k):
+                    v = self.meet(v, pv, pointer)
+            out.append((k, v))
+        declared = {k for k, _ in out}
+        out += [(r.name, self.value_of(probe, r.name, pointer)) for r in required
+                if r.name not in declared]
+        obj = ObjectType(tuple(out), required, additional, tuple(patterns), names, min_props, max_props)
+        if any(isinstance(obj.value_of(r.name), NoValue) for r in required):
+            return NEVER
+        if max_props is not None and (max_props < min_props or max_props < len(required)):
+            return NEVER
+        possible = sum(1 for _, v in out if not isinstance(v, NoValue))
+        if min_props > possible and isinstance(additional, NoValue) and not patterns:
+            return NEVER
+        return obj
 
     # -- finite values ----------------------------------------------------------------------
     def filter_literals(self, lits: Literals, other: Node, pointer: str) -> Node:
@@ -249,7 +306,9 @@ class Graph:
         assert isinstance(node, ObjectType)
         if not isinstance(value, dict) or not node.required_names <= value.keys():
             return False
-        return all(self.matches(node.value_of(k), v, pointer, d) for k, v in value.items())
+        if len(value) < node.min_props or (node.max_props is not None and len(value) > node.max_props):
+            return False
+        return all(self.matches(self.value_of(node, k, pointer), v, pointer, d) for k, v in value.items())
 
     # -- oneOf --------------------------------------------------------------------------------
     def prove_exclusive(self, branches: list[Node], pointer: str) -> None:
@@ -275,8 +334,8 @@ class Graph:
             return all(self._disjoint(br, other, pointer) for br in u.branches)
         if isinstance(a, ObjectType) and isinstance(b, ObjectType):
             for name in a.required_names & b.required_names:
-                va = self.resolve(a.value_of(name), pointer)
-                vb = self.resolve(b.value_of(name), pointer)
+                va = self.resolve(self.value_of(a, name, pointer), pointer)
+                vb = self.resolve(self.value_of(b, name, pointer), pointer)
                 if isinstance(va, Literals) and isinstance(vb, Literals) and self._disjoint(va, vb, pointer):
                     return True
         return False
@@ -319,8 +378,4 @@ def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int |
     return ArrayType(tuple(prefix), items, min_items, limit)
 
 
-def object_type(props: tuple, required: tuple[Required, ...], additional: Node) -> Node:
-    obj = ObjectType(props, required, additional)
-    if any(isinstance(obj.value_of(r.name), NoValue) for r in required):
-        return NEVER
-    return obj
+

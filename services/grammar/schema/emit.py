@@ -36,9 +36,12 @@ class Emitter:
     compiles a string's patterns/formats and lengths."""
 
     def __init__(self, schema: ReducedSchema,
-                 pattern_ebnf: Callable[[Any, str], tuple[str, dict[str, str]]]) -> None:
+                 pattern_ebnf: Callable[[Any, str], tuple[str, dict[str, str]]],
+                 extended_object: Callable[["Emitter", ObjectType], str] | None = None) -> None:
         self.schema = schema
         self.pattern_ebnf = pattern_ebnf
+        # objects with patternProperties / propertyNames / property counts (schema/objects.py)
+        self.extended_object = extended_object
         self.rules: dict[str, str] = {}
         self.memo: dict[Node, str] = {}
         self._counter = 0
@@ -154,6 +157,9 @@ class Emitter:
         return f'"[" ws ({first} | "]")' if lo == 0 else f'"[" ws {first}'
 
     def _object(self, node: ObjectType) -> str:
+        if node.extended:
+            assert self.extended_object is not None
+            return self.extended_object(self, node)
         required = node.required_names
         props = [(k, v) for k, v in node.properties if not isinstance(v, NoValue)]
         names = [k for k, _ in node.properties] + [n for n in required if

@@ -27,15 +27,18 @@ def _number(v: int | float) -> str:
 
 
 def layout_text(node: Node, value: Any, defs: dict[str, Node],
-                member: Callable[[Node, Any], bool], depth: int = 0) -> str:
-    """`value` as JSON text in the layout of `node`; `member(node, value)` decides membership."""
+                member: Callable[[Node, Any], bool], depth: int = 0,
+                value_of: Callable[[ObjectType, str], Node] | None = None) -> str:
+    """`value` as JSON text in the layout of `node`; `member(node, value)` decides membership,
+    `value_of(object, name)` the schema of a member (default: declared or additional)."""
+    value_of = value_of or (lambda obj, k: obj.value_of(k))
     while isinstance(node, Ref) and depth < 256:
         node = defs[node.name]
         depth += 1
     if isinstance(node, Union):
         chosen = next((b for b in node.branches if member(b, value)), None)
         if chosen is not None:
-            return layout_text(chosen, value, defs, member, depth + 1)
+            return layout_text(chosen, value, defs, member, depth + 1, value_of)
     if isinstance(node, Literals):
         for text in node.texts:
             lit = json.loads(text)
@@ -46,14 +49,14 @@ def layout_text(node: Node, value: Any, defs: dict[str, Node],
             declared = [k for k, _ in node.properties if k in value]
             rest = [k for k in value if k not in dict(node.properties)]
             parts = [f"{json.dumps(k, ensure_ascii=False)}:"
-                     f"{layout_text(node.value_of(k), value[k], defs, member, depth + 1)}"
+                     f"{layout_text(value_of(node, k), value[k], defs, member, depth + 1, value_of)}"
                      for k in declared + rest]
             return "{" + ",".join(parts) + "}"
         return _plain(value)
     if isinstance(value, list):
         if isinstance(node, ArrayType):
             items = [layout_text(node.prefix[i] if i < len(node.prefix) else node.items, x, defs,
-                                 member, depth + 1) for i, x in enumerate(value)]
+                                 member, depth + 1, value_of) for i, x in enumerate(value)]
             return "[" + ",".join(items) + "]"
         return _plain(value)
     return _plain(value)

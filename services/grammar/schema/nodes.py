@@ -109,13 +109,26 @@ class ObjectType:
 
     properties: tuple[tuple[str, "Node"], ...] = ()
     required: tuple[Required, ...] = ()
-    additional: "Node" = ANY
+    additional: "Node" = ANY  # names neither declared nor matched by a pattern
+    # patternProperties: (pattern, schema) for undeclared names (declared values already include
+    # the patterns their name matches); see Graph.value_of
+    patterns: tuple[tuple[Pattern, "Node"], ...] = ()
+    names: "Node" = ANY  # propertyNames: ANY, a StringType or string Literals
+    min_props: int = 0
+    max_props: int | None = None
 
     def value_of(self, name: str) -> "Node":
+        """The declared value, else `additional` (objects without patterns or names only)."""
         for key, node in self.properties:
             if key == name:
                 return node
         return self.additional
+
+    @property
+    def extended(self) -> bool:
+        """Uses patternProperties, propertyNames or a property count."""
+        return bool(self.patterns) or self.names != ANY or self.min_props > 0 or \
+            self.max_props is not None
 
     @property
     def required_names(self) -> frozenset[str]:

@@ -20,10 +20,11 @@ from __future__ import annotations
 import re
 
 from services.grammar.regex import search_tree, whole_tree
-from services.grammar.regex.tree import Node
+from services.grammar.regex.charset import ANY as ANY_CHAR
+from services.grammar.regex.tree import Chars, Node, Repeat
 from services.grammar.schema.automata import Dfa, TooComplex, intersect, json_string_rules, tree_dfa
 from services.grammar.schema.context import Context
-from services.grammar.schema.nodes import Pattern, StringType
+from services.grammar.schema.nodes import ObjectType, Pattern, StringType
 from services.grammar.schema.regex_json import json_string_ebnf, whole_matches
 from shared.errors import InvalidRegex
 
@@ -35,6 +36,7 @@ class PatternSupport:
         self.ctx = ctx
         self._trees: dict[tuple[str, bool], Node] = {}
         self._dfas: dict[StringType, Dfa] = {}
+        self._regions: dict[ObjectType, list] = {}
 
     def tree(self, pattern: Pattern) -> Node:
         """The search-semantics tree of `pattern` (memoized).
@@ -62,15 +64,15 @@ class PatternSupport:
             if json_string_ebnf(self.tree(node.patterns[0])) is None:
                 raise ctx.unsupported(node.patterns[0].pointer, _empty(node.patterns[0]))
             return
-        self._dfa(node, ctx)
+        self.string_dfa(node, ctx)
 
-    def _dfa(self, node: StringType, ctx: Context) -> Dfa:
+    def string_dfa(self, node: StringType, ctx: Context) -> Dfa:
         """The string-automaton intersection of every pattern/format with the length bounds."""
         if node in self._dfas:
             return self._dfas[node]
-        where = node.patterns[-1].pointer
+        where = node.patterns[-1].pointer if node.patterns else ""
         try:
-            dfas = []
+            dfas = [] if node.patterns else [tree_dfa(Repeat(Chars(ANY_CHAR), 0, None))]
             for p in node.patterns:
                 dfas.append(tree_dfa(self.tree(p)))
                 if not dfas[-1].delta:
@@ -98,7 +100,16 @@ class PatternSupport:
             text = json_string_ebnf(self.tree(node.patterns[0]))
             assert text is not None  # check() refused empty languages
             return text, {}
-        return json_string_rules(self._dfa(node, self.ctx), prefix)
+        return json_string_rules(self.string_dfa(node, self.ctx), prefix)
+
+
+    def regions(self, obj: ObjectType) -> list:
+        """The name regions of an extended object (see `objects.regions`), memoized."""
+        if obj not in self._regions:
+            from services.grammar.schema.objects import regions
+
+            self._regions[obj] = regions(obj, self, self.ctx)
+        return self._regions[obj]
 
 
 def _empty(p: Pattern) -> str:

@@ -28,7 +28,8 @@ ENFORCED = frozenset({
     "$ref", "type", "const", "enum", "allOf", "anyOf", "oneOf", "properties", "required",
     "additionalProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
     "minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "format",
+    "exclusiveMaximum", "format", "patternProperties", "propertyNames", "minProperties",
+    "maxProperties",
 }) | applicators.KEYWORDS
 
 
@@ -117,8 +118,10 @@ class Reader:
             self.annotations.add(key)
 
     def _check_core(self, key: str, value: Any, pointer: str, at: str) -> None:
-        if key == "$schema" and pointer:
-            raise self.ctx.unsupported(at, "$schema is only allowed at the root")
+        if key == "$schema" and pointer and (not isinstance(value, str) or
+                                             dialect_of(value) is not self.dialect):
+            raise self.ctx.unsupported(at, "a nested $schema naming another dialect than the root's "
+                                           "is not supported")
         if key in ("$id", "id", "$anchor", "$dynamicAnchor", "$schema") and not isinstance(value, str):
             raise self.ctx.invalid(at, f"{key} must be a string")
         if key in ("$defs", "definitions") and not isinstance(value, dict):

@@ -12,11 +12,11 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from services.grammar.schema import formats
-from services.grammar.schema.algebra import array_type, integer_bounds, number_empty, object_type, string_type
+from services.grammar.schema.algebra import array_type, integer_bounds, number_empty, string_type
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
     ANY, INT64_MAX, INT64_MIN, NEVER, BooleanType, IntegerType, Node, NullType, NumberType,
-    Pattern, Required, TYPE_NAMES, make_union,
+    Pattern, Required, StringType, TYPE_NAMES, make_union,
 )
 
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 # Keywords whose presence splits a schema object into per-type branches.
 TYPE_SPECIFIC = frozenset({
-    "properties", "required", "additionalProperties", "items", "prefixItems", "additionalItems",
+    "properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+    "minProperties", "maxProperties", "items", "prefixItems", "additionalItems",
     "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum",
     "exclusiveMinimum", "exclusiveMaximum", "format",
 })
@@ -106,11 +107,18 @@ def _bound(r: "Reader", s: dict, key: str, pointer: str) -> Fraction | None:
     at = child(pointer, key)
     if not _is_number(v):
         raise r.ctx.invalid(at, f"{key} must be a number")
-    if isinstance(v, int) and not INT64_MIN <= v <= INT64_MAX:
-        raise r.ctx.unsupported(at, f"{key} {v} is outside signed 64-bit")
     if isinstance(v, float) and not math.isfinite(v):
         raise r.ctx.unsupported(at, f"{key} is a value JSON parsing would round to infinity")
-    return Fraction(v)
+    value = Fraction(v)
+    # Generated numbers lie inside signed 64-bit (integers) and below 2**63 in magnitude
+    # (decimals), so an upper bound at or above 2**63, or a lower bound below -2**63, cuts nothing.
+    if key in ("maximum", "exclusiveMaximum") and value >= 2**63:
+        return None
+    if key in ("minimum", "exclusiveMinimum") and value < INT64_MIN:
+        return None
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise r.ctx.unsupported(at, f"{key} {v} is outside signed 64-bit")
+    return value
 
 
 def _number(r: "Reader", s: dict, pointer: str, t: str, fmt: str | None) -> Node:
@@ -209,7 +217,22 @@ def _object(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
     additional = ANY
     if "additionalProperties" in s:
         additional = r.read(s["additionalProperties"], child(pointer, "additionalProperties"), depth)
-    return object_type(tuple(props), tuple(required), additional)
+    patterns: list[tuple[Pattern, Node]] = []
+    if "patternProperties" in s:
+        at = child(pointer, "patternProperties")
+        if not isinstance(s["patternProperties"], dict):
+            raise r.ctx.invalid(at, "patternProperties must be an object of schemas")
+        for source, sub in s["patternProperties"].items():
+            pattern = Pattern(source, child(at, source))
+            r.graph.pattern_matcher(pattern, "")  # the pattern must parse (raises at its pointer)
+            patterns.append((pattern, r.read(sub, child(at, source), depth)))
+    names: Node = ANY
+    if "propertyNames" in s:
+        names = r.read(s["propertyNames"], child(pointer, "propertyNames"), depth)
+        names = r.graph.meet(names, StringType(), pointer)
+    return r.graph.object_type(tuple(props), tuple(required), additional, tuple(patterns), names,
+                               count(r, s, "minProperties", pointer) or 0,
+                               count(r, s, "maxProperties", pointer), pointer)
 
 
 __all__ = ["TYPE_SPECIFIC", "count", "own_node", "IntegerType"]
