@@ -38,8 +38,6 @@ UNSUPPORTED = [
     ({"$defs": {"a": {"$id": "http://x.org/a", "$ref": "b.json"}}, "$ref": "#/$defs/a"}, "/$defs/a/$ref"),
     ({"$ref": "https://example.com/s.json"}, "/$ref"),
     ({"properties": {"a": {"$dynamicRef": "#x"}}}, "/properties/a/$dynamicRef"),
-    ({"$schema": D7, "definitions": {"a": {"type": "string"}},
-      "properties": {"p": {"$ref": "#/definitions/a", "maxLength": 3}}}, "/properties/p/maxLength"),
     ({"type": "object", "properties": {"a~b/c": {"type": "string", "format": "color"}}},
      "/properties/a~0b~1c/format"),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "/oneOf"),

@@ -7,8 +7,9 @@ no `$schema` means 2020-12. What differs between them and what the reader does w
   that make `minimum`/`maximum` exclusive; no `const`, `contains`, `propertyNames`, `if`.
 - draft-06/07: `$id`; numeric exclusive bounds; draft-07 adds `if`/`then`/`else`.
 - draft-04..07: `dependencies` (names or a schema per property); `items` may be an array with
-  `additionalItems`; keywords next to `$ref` are ignored by the specification (the design document
-  rejects sibling assertions instead of dropping them silently: use allOf).
+  `additionalItems`; keywords next to `$ref` are ignored, as the specification says ("All other
+  properties in a "$ref" object MUST be ignored", draft-07 Core 8.3) and every validator does;
+  their names are listed with the annotations of the compile result.
 - 2019-09: `$defs`, `dependentRequired`/`dependentSchemas`, `$anchor`; `items` arrays remain.
 - 2020-12: `prefixItems` + `items` (a schema only).
 

@@ -62,8 +62,12 @@ class Reader:
         if not isinstance(schema, dict):
             raise self.ctx.invalid(pointer, f"a schema must be an object or a boolean, got "
                                             f"{type(schema).__name__}")
-        self._classify(schema, pointer)
         d = depth + 1
+        if "$ref" in schema and self.dialect.ref_overrides_siblings:
+            # draft-04..07: "All other properties in a "$ref" object MUST be ignored."
+            self.annotations.update(k for k in schema if k != "$ref")
+            return self._ref(schema["$ref"], pointer, d)
+        self._classify(schema, pointer)
         node = own_node(self, schema, pointer, d)
         if "$ref" in schema:
             node = self.graph.meet(self._ref(schema["$ref"], pointer, d), node, pointer)
@@ -102,9 +106,6 @@ class Reader:
                     continue  # asserts nothing
                 if key not in ENFORCED:
                     raise self.ctx.unsupported(at, f"keyword {key!r} is not supported")
-                if key != "$ref" and "$ref" in schema and dialect.ref_overrides_siblings:
-                    raise self.ctx.unsupported(at, f"{dialect.name} ignores assertions next to "
-                                                   "$ref; use allOf for an intersection")
                 continue
             if key in ALL_ASSERTIONS:
                 raise self.ctx.unsupported(at, f"{key!r} is not a keyword of {dialect.name} (the "
