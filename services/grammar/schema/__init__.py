@@ -17,7 +17,7 @@ from services.grammar.schema.algebra import Graph
 from services.grammar.schema.context import Context
 from services.grammar.schema.emit import Emitter
 from services.grammar.schema.layout import layout_text
-from services.grammar.schema.objects import emit_object
+from services.grammar.schema.arrays import extended
 from services.grammar.schema.nodes import (
     ArrayType, Literals, NoValue, ObjectType, ReducedSchema, Ref, StringType, Union,
 )
@@ -71,9 +71,9 @@ def _finalize(reduced: ReducedSchema, ctx: Context, patterns: PatternSupport) ->
             patterns.check(node, ctx)
 
 
-def _emitter(reduced: ReducedSchema, patterns: PatternSupport) -> Emitter:
+def _emitter(reduced: ReducedSchema, graph: Graph, patterns: PatternSupport) -> Emitter:
     return Emitter(reduced, patterns.ebnf,
-                   lambda em, node: emit_object(em, node, patterns.regions(node)))
+                   lambda em, node: extended(em, node, graph, patterns.regions))
 
 
 def check_schema(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
@@ -120,8 +120,8 @@ def schema_to_grammar(schema: Any, *, source: SchemaSource = SchemaSource.CONTEN
     Raises InvalidSchema / UnsupportedSchema (pointer into `schema`, source, tool info)."""
     ctx = _context(source, tool_index, tool_name)
     patterns = PatternSupport(ctx)
-    reduced = _reduce(schema, ctx, patterns)
-    text = _emitter(reduced, patterns).grammar()
+    reduced, graph = _reduce_graph(schema, ctx, patterns)
+    text = _emitter(reduced, graph, patterns).grammar()
     try:
         return xgr.Grammar.from_ebnf(text)
     except RuntimeError as exc:  # our emitter produced text xgrammar refuses: our bug
@@ -133,7 +133,8 @@ def schema_to_ebnf(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
     """The EBNF text `schema_to_grammar` compiles (for inspection and the CLI)."""
     ctx = _context(source, tool_index, tool_name)
     patterns = PatternSupport(ctx)
-    return _emitter(_reduce(schema, ctx, patterns), patterns).grammar()
+    reduced, graph = _reduce_graph(schema, ctx, patterns)
+    return _emitter(reduced, graph, patterns).grammar()
 
 
 def layout_values(schema: Any, values: list[Any]) -> list[str]:

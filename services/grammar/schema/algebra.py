@@ -42,13 +42,21 @@ def _upper(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> 
     return a[0], a[1] or b[1]
 
 
-def integer_bounds(num: NumberType, lo: int, hi: int) -> IntegerType | NoValue:
-    """Fold a number's exact bounds into an int64 integer range."""
+def integer_bounds(num: NumberType, lo: int, hi: int, multiple: int = 1) -> IntegerType | NoValue:
+    """Fold a number's exact bounds into an int64 integer range (of multiples of `multiple`)."""
     if num.lo is not None:
         lo = max(lo, math.floor(num.lo) + 1 if num.lo_exclusive else math.ceil(num.lo))
     if num.hi is not None:
         hi = min(hi, math.ceil(num.hi) - 1 if num.hi_exclusive else math.floor(num.hi))
-    return IntegerType(lo, hi) if lo <= hi else NEVER
+    return integer_type(lo, hi, multiple)
+
+
+def integer_type(lo: int, hi: int, multiple: int = 1) -> IntegerType | NoValue:
+    """Integers in [lo, hi] divisible by `multiple`; NEVER when there is none."""
+    if multiple > 1:
+        lo = -((-lo) // multiple) * multiple  # the first multiple >= lo
+        hi = (hi // multiple) * multiple
+    return IntegerType(lo, hi, multiple) if lo <= hi else NEVER
 
 
 def number_empty(n: NumberType) -> bool:
@@ -167,14 +175,13 @@ class Graph:
         if isinstance(a, NumberType) and isinstance(b, IntegerType):
             a, b = b, a
         if isinstance(a, IntegerType) and isinstance(b, NumberType):
-            return integer_bounds(b, a.lo, a.hi)
+            return integer_bounds(b, a.lo, a.hi, a.multiple)
         if type(a) is not type(b):
             return NEVER
         if isinstance(a, (NullType, BooleanType)):
             return a
         if isinstance(a, IntegerType):
-            lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
-            return IntegerType(lo, hi) if lo <= hi else NEVER
+            return integer_type(max(a.lo, b.lo), min(a.hi, b.hi), math.lcm(a.multiple, b.multiple))
         if isinstance(a, NumberType):
             lo = _lower((a.lo, a.lo_exclusive), (b.lo, b.lo_exclusive))
             hi = _upper((a.hi, a.hi_exclusive), (b.hi, b.hi_exclusive))
@@ -193,7 +200,8 @@ class Graph:
         pos = lambda arr, i: arr.prefix[i] if i < len(arr.prefix) else arr.items  # noqa: E731
         prefix = [self.meet(pos(a, i), pos(b, i), pointer) for i in range(n)]
         return array_type(prefix, self.meet(a.items, b.items, pointer),
-                          max(a.min_items, b.min_items), _min_opt(a.max_items, b.max_items))
+                          max(a.min_items, b.min_items), _min_opt(a.max_items, b.max_items),
+                          a.unique or b.unique)
 
     def _meet_object(self, a: ObjectType, b: ObjectType, pointer: str) -> Node:
         names = list(dict.fromkeys([k for k, _ in a.properties] + [k for k, _ in b.properties]))
@@ -287,7 +295,7 @@ class Graph:
         if isinstance(node, IntegerType):
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
-            return isinstance(value, int) and node.lo <= value <= node.hi
+            return isinstance(value, int) and node.lo <= value <= node.hi and value % node.multiple == 0
         if isinstance(node, NumberType):
             return isinstance(value, (int, float)) and _in_bounds(node, Fraction(value))
         if isinstance(node, StringType):
@@ -300,6 +308,8 @@ class Graph:
             if not isinstance(value, list) or len(value) < node.min_items:
                 return False
             if node.max_items is not None and len(value) > node.max_items:
+                return False
+            if node.unique and any(json_equal(x, y) for i, x in enumerate(value) for y in value[i + 1:]):
                 return False
             return all(self.matches(node.prefix[i] if i < len(node.prefix) else node.items, v,
                                     pointer, d) for i, v in enumerate(value))
@@ -359,7 +369,8 @@ def string_type(min_length: int, max_length: int | None, patterns: tuple = ()) -
     return StringType(min_length, max_length, patterns)
 
 
-def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int | None) -> Node:
+def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int | None,
+               unique: bool = False) -> Node:
     """An array node with impossible positions cut: the array may end before a NEVER position;
     only when min_items crosses it is the whole array impossible."""
     limit = max_items
@@ -375,7 +386,9 @@ def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int |
         prefix = prefix[:limit]
     while prefix and prefix[-1] == items:  # trailing positions equal to the tail rule
         prefix = prefix[:-1]
-    return ArrayType(tuple(prefix), items, min_items, limit)
+    if limit is not None and limit <= 1:
+        unique = False  # at most one item: always unique
+    return ArrayType(tuple(prefix), items, min_items, limit, unique)
 
 
 

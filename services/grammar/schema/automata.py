@@ -209,7 +209,8 @@ def intersect(dfas: tuple[Dfa, ...], min_length: int = 0, max_length: int | None
                           if n >= min_length and all(q in d.accepting for d, q in zip(dfas, qs)))
     # The product of minimal DFAs with a counter is left as built (trimmed): Moore's refinement
     # needs about one round per counted character there, which costs more than it saves.
-    return _trim(Dfa(tuple(tuple(d) for d in delta), accepting))
+    out = _trim(Dfa(tuple(tuple(d) for d in delta), accepting))
+    return minimise(out) if limit == MAX_STATES else out
 
 
 def _length_range(dfa: Dfa) -> tuple[int, int | None]:

@@ -37,11 +37,11 @@ class Emitter:
 
     def __init__(self, schema: ReducedSchema,
                  pattern_ebnf: Callable[[Any, str], tuple[str, dict[str, str]]],
-                 extended_object: Callable[["Emitter", ObjectType], str] | None = None) -> None:
+                 extended: Callable[["Emitter", Node], str | None] | None = None) -> None:
         self.schema = schema
         self.pattern_ebnf = pattern_ebnf
-        # objects with patternProperties / propertyNames / property counts (schema/objects.py)
-        self.extended_object = extended_object
+        # node forms emitted elsewhere (schema/arrays.py, schema/objects.py): a body or None
+        self.extended = extended
         self.rules: dict[str, str] = {}
         self.memo: dict[Node, str] = {}
         self._counter = 0
@@ -79,6 +79,10 @@ class Emitter:
         return name
 
     def _body(self, node: Node) -> str:
+        if self.extended is not None:
+            body = self.extended(self, node)
+            if body is not None:
+                return body
         if isinstance(node, NoValue):
             # Unreachable in a satisfiable graph; a rule that no output can complete.
             return '"\\u0000" "\\u0000"'
@@ -157,9 +161,6 @@ class Emitter:
         return f'"[" ws ({first} | "]")' if lo == 0 else f'"[" ws {first}'
 
     def _object(self, node: ObjectType) -> str:
-        if node.extended:
-            assert self.extended_object is not None
-            return self.extended_object(self, node)
         required = node.required_names
         props = [(k, v) for k, v in node.properties if not isinstance(v, NoValue)]
         names = [k for k, _ in node.properties] + [n for n in required if

@@ -59,6 +59,7 @@ class IntegerType:
 
     lo: int = INT64_MIN
     hi: int = INT64_MAX
+    multiple: int = 1  # multipleOf (a positive integer)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class Pattern:
     source: str  # the schema's pattern text (search semantics), or a format's regex (whole match)
     pointer: str  # where it was written
     whole: bool = False  # True: the whole string must match (a `format`); False: search (`pattern`)
+    negated: bool = False  # True: the string must NOT match (from `not`)
+    literal: bool = False  # True: `source` is one literal string (whole match), from `not` of a const
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class ArrayType:
     items: "Node" = ANY
     min_items: int = 0
     max_items: int | None = None
+    unique: bool = False  # uniqueItems (only over finite item domains; see schema/arrays.py)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ import re
 
 from services.grammar.regex import search_tree, whole_tree
 from services.grammar.regex.charset import ANY as ANY_CHAR
-from services.grammar.regex.tree import Chars, Node, Repeat
-from services.grammar.schema.automata import Dfa, TooComplex, intersect, json_string_rules, tree_dfa
+from services.grammar.regex.tree import Chars, Literal, Node, Repeat
+from services.grammar.schema.automata import Dfa, TooComplex, combine, intersect, json_string_rules, tree_dfa
 from services.grammar.schema.context import Context
 from services.grammar.schema.nodes import ObjectType, Pattern, StringType
 from services.grammar.schema.regex_json import json_string_ebnf, whole_matches
@@ -34,7 +34,7 @@ class PatternSupport:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self._trees: dict[tuple[str, bool], Node] = {}
+        self._trees: dict[tuple[str, bool, bool], Node] = {}
         self._dfas: dict[StringType, Dfa] = {}
         self._regions: dict[ObjectType, list] = {}
 
@@ -43,11 +43,14 @@ class PatternSupport:
 
         Raises InvalidSchema (malformed) or UnsupportedSchema (outside the supported subset),
         each at the pattern's pointer."""
-        key = (pattern.source, pattern.whole)
+        key = (pattern.source, pattern.whole, pattern.literal)
         if key in self._trees:
             return self._trees[key]
         try:
-            tree = whole_tree(pattern.source) if pattern.whole else search_tree(pattern.source)
+            if pattern.literal:
+                tree = Literal(pattern.source)
+            else:
+                tree = whole_tree(pattern.source) if pattern.whole else search_tree(pattern.source)
         except InvalidRegex as exc:
             try:
                 re.compile(pattern.source)
@@ -60,7 +63,7 @@ class PatternSupport:
 
     def check(self, node: StringType, ctx: Context) -> None:
         """Raise UnsupportedSchema unless `node`'s patterns (and lengths) can be enforced."""
-        if len(node.patterns) == 1 and node.min_length == 0 and node.max_length is None:
+        if _tree_only(node):
             if json_string_ebnf(self.tree(node.patterns[0])) is None:
                 raise ctx.unsupported(node.patterns[0].pointer, _empty(node.patterns[0]))
             return
@@ -72,12 +75,16 @@ class PatternSupport:
             return self._dfas[node]
         where = node.patterns[-1].pointer if node.patterns else ""
         try:
-            dfas = [] if node.patterns else [tree_dfa(Repeat(Chars(ANY_CHAR), 0, None))]
-            for p in node.patterns:
+            positive = [p for p in node.patterns if not p.negated]
+            dfas = [] if positive else [tree_dfa(Repeat(Chars(ANY_CHAR), 0, None))]
+            for p in positive:
                 dfas.append(tree_dfa(self.tree(p)))
                 if not dfas[-1].delta:
                     raise ctx.unsupported(p.pointer, _empty(p))
             dfa = intersect(tuple(dfas), node.min_length, node.max_length)
+            negative = tuple(tree_dfa(self.tree(p)) for p in node.patterns if p.negated)
+            if negative and dfa.delta:
+                dfa = combine((dfa,) + negative, lambda v: v[0] and not any(v[1:]))
         except TooComplex as exc:
             raise ctx.unsupported(where, f"the intersection of pattern/format and length is too "
                                          f"complex: {exc}") from None
@@ -90,13 +97,13 @@ class PatternSupport:
     def matches(self, pattern: Pattern, value: str) -> bool:
         """True when `pattern` finds a match in `value` (ECMAScript semantics, search), or for a
         format, when the whole value matches."""
-        return whole_matches(self.tree(pattern), value)
+        return whole_matches(self.tree(pattern), value) != pattern.negated
 
     def ebnf(self, node: StringType, prefix: str) -> tuple[str, dict[str, str]]:
         """EBNF for the JSON strings (quotes included, canonical escapes) `node` allows: an
         expression and the rules it uses (named `prefix`...)."""
         self.check(node, self.ctx)
-        if len(node.patterns) == 1 and node.min_length == 0 and node.max_length is None:
+        if _tree_only(node):
             text = json_string_ebnf(self.tree(node.patterns[0]))
             assert text is not None  # check() refused empty languages
             return text, {}
@@ -110,6 +117,12 @@ class PatternSupport:
 
             self._regions[obj] = regions(obj, self, self.ctx)
         return self._regions[obj]
+
+
+def _tree_only(node: StringType) -> bool:
+    """One positive pattern and no length: the regex tree is emitted directly."""
+    return len(node.patterns) == 1 and not node.patterns[0].negated and node.min_length == 0 and \
+        node.max_length is None
 
 
 def _empty(p: Pattern) -> str:
