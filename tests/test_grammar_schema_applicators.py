@@ -51,6 +51,13 @@ CASES = [
     ("unique-enum", {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True,
                      "minItems": 1},
      [["a"], ["c", "a"], ["b", "a", "c"]], [[], ["a", "a"], ["a", "b", "a"], ["d"]]),
+    ("one-of-required", {"type": "object", "properties": {"e": {"type": "string"}, "ok": {"type": "boolean"}},
+                         "oneOf": [{"required": ["e"]}, {"required": ["ok"]}]},
+     [{"e": "x"}, {"ok": True}], [{}, {"e": "x", "ok": True}, {"e": 1}]),
+    ("one-of-ranges", {"oneOf": [{"type": "integer", "maximum": 0}, {"type": "number", "exclusiveMinimum": 0}]},
+     [-3, 0, 0.5, 7], [None, "0"]),
+    ("one-of-overlap", {"oneOf": [{"type": "string", "maxLength": 3}, {"type": "string", "pattern": "^a"}]},
+     ["", "bcd", "abcd"], ["abc", "a", "bcde", 1]),
     ("unique-booleans", {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True},
      [[], [True], [False, True]], [[True, True], [False, True, False]]),
 ]

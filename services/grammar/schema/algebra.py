@@ -342,6 +342,11 @@ class Graph:
         if isinstance(a, Union) or isinstance(b, Union):
             u, other = (a, b) if isinstance(a, Union) else (b, a)
             return all(self._disjoint(br, other, pointer) for br in u.branches)
+        if isinstance(a, (IntegerType, NumberType)) and isinstance(b, (IntegerType, NumberType)):
+            return _ranges_disjoint(a, b)
+        if isinstance(a, StringType) and isinstance(b, StringType) and not (a.patterns or b.patterns):
+            return (a.max_length is not None and a.max_length < b.min_length) or \
+                (b.max_length is not None and b.max_length < a.min_length)
         if isinstance(a, ObjectType) and isinstance(b, ObjectType):
             for name in a.required_names & b.required_names:
                 va = self.resolve(self.value_of(a, name, pointer), pointer)
@@ -349,6 +354,23 @@ class Graph:
                 if isinstance(va, Literals) and isinstance(vb, Literals) and self._disjoint(va, vb, pointer):
                     return True
         return False
+
+
+def _interval(n: IntegerType | NumberType) -> tuple:
+    if isinstance(n, IntegerType):
+        return Fraction(n.lo), False, Fraction(n.hi), False
+    return n.lo, n.lo_exclusive, n.hi, n.hi_exclusive
+
+
+def _ranges_disjoint(a: IntegerType | NumberType, b: IntegerType | NumberType) -> bool:
+    """True when the two numeric ranges cannot share a value (oneOf by disjoint ranges)."""
+    alo, alx, ahi, ahx = _interval(a)
+    blo, blx, bhi, bhx = _interval(b)
+
+    def below(hi: Fraction | None, hx: bool, lo: Fraction | None, lx: bool) -> bool:
+        return hi is not None and lo is not None and (hi < lo or (hi == lo and (hx or lx)))
+
+    return below(ahi, ahx, blo, blx) or below(bhi, bhx, alo, alx)
 
 
 def _in_bounds(n: NumberType, v: Fraction) -> bool:

@@ -22,6 +22,9 @@ from services.grammar.schema.dialects import (
 from services.grammar.schema.nodes import ANY, INT64_MAX, INT64_MIN, NEVER, Literals, Node, Ref, make_union
 from services.grammar.schema.refs import Document
 from services.grammar.schema.typed import own_node
+from shared.errors import UnsupportedSchema
+
+MAX_ONE_OF_COMPLEMENTS = 6  # branches of a oneOf reduced as "this branch and no other"
 
 # Assertion keywords this reduction enforces (each where it reduces exactly; see their modules).
 ENFORCED = frozenset({
@@ -87,8 +90,7 @@ class Reader:
             subs = self._subschemas(schema, "oneOf", pointer)
             branches = [self.graph.meet(node, self.read(s, child(at, i), d), pointer)
                         for i, s in enumerate(subs)]
-            self.graph.prove_exclusive(branches, at)
-            node = make_union(branches)
+            node = self._one_of(branches, at)
         return applicators.apply(self, schema, node, pointer, d)
 
     def _classify(self, schema: dict, pointer: str) -> None:
@@ -117,6 +119,26 @@ class Reader:
                 raise self.ctx.unsupported(at, f"unknown keyword {key!r} looks like the assertion "
                                                f"{meant!r} (it would be ignored as an annotation)")
             self.annotations.add(key)
+
+    def _one_of(self, branches: list[Node], at: str) -> Node:
+        """Exactly one branch: a union when the branches are provably disjoint, else the union of
+        each branch minus all others (`applicators.complement`), where every complement is exact."""
+        try:
+            self.graph.prove_exclusive(branches, at)
+            return make_union(branches)
+        except UnsupportedSchema as unproved:
+            if len(branches) > MAX_ONE_OF_COMPLEMENTS:
+                raise unproved
+            others = [applicators.complement(self, b, at) for b in branches]
+            if any(c is None for c in others):
+                raise unproved
+            out = []
+            for i, b in enumerate(branches):
+                for j, c in enumerate(others):
+                    if j != i:
+                        b = self.graph.meet(b, c, at)
+                out.append(b)
+            return make_union(out)
 
     def _check_core(self, key: str, value: Any, pointer: str, at: str) -> None:
         if key == "$schema" and pointer and (not isinstance(value, str) or
