@@ -5,8 +5,9 @@ other members; canonical string escapes; integers and plain decimals; no require
 valid instance in another member order or number spelling is still valid but not in the language.
 `layout_text` writes a value the way the grammar generates it: an object's members are ordered by
 the object node the value belongs to (for a union, the first branch that holds the value), numbers
-are written as integers or plain decimals. It only reorders and respells; it never changes a value,
-so whether the text is accepted is still the grammar's decision.
+are written as integers or plain decimals (a float keeps its fraction). It only reorders and
+respells; it never changes a value, so whether the text is accepted is still the grammar's
+decision.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from services.grammar.schema.nodes import ArrayType, Literals, Node, ObjectType,
 
 
 def _number(v: int | float) -> str:
+    """Integers as integers; floats as plain decimals that keep a fraction ("12345.0" stays a
+    decimal: draft-04 does not count it as an integer, so respelling it would change the value)."""
     if isinstance(v, int):
         return str(v)
-    if v.is_integer() and abs(v) < 2**63:
-        return str(int(v))
-    return format(Decimal(repr(v)), "f")
+    text = format(Decimal(repr(v)), "f")
+    return text if "." in text else text + ".0"
 
 
 def layout_text(node: Node, value: Any, defs: dict[str, Node],
