@@ -58,6 +58,9 @@ CASES = [
      [-3, 0, 0.5, 7], [None, "0"]),
     ("one-of-overlap", {"oneOf": [{"type": "string", "maxLength": 3}, {"type": "string", "pattern": "^a"}]},
      ["", "bcd", "abcd"], ["abc", "a", "bcde", 1]),
+    ("contains", {"type": "array", "items": {"type": ["integer", "string"]}, "contains": {"type": "integer"},
+                  "maxItems": 3},
+     [[1], ["a", 2], ["a", "b", 3], [1, 2, 3]], [[], ["a"], ["a", "b", "c"], [1, 2, 3, 4], [None]]),
     ("unique-booleans", {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True},
      [[], [True], [False, True]], [[True, True], [False, True, False]]),
 ]
@@ -98,7 +101,7 @@ def test_applicator_walks_and_instances_agree_with_jsonschema(name, schema, vali
     ({"type": "integer", "multipleOf": 1000}, "/multipleOf"),
     ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems"),
     ({"if": {"type": "integer"}, "then": {"minimum": 1}}, "/if"),
-    ({"type": "array", "contains": {"type": "integer"}}, "/contains"),
+    ({"type": "array", "contains": {"type": "integer"}, "maxContains": 2}, "/maxContains"),
 ])
 def test_inexact_forms_are_refused(schema, pointer):
     """'Each only where it reduces exactly; otherwise rejected with pointer'."""

@@ -59,6 +59,8 @@ def _finalize(reduced: ReducedSchema, ctx: Context, patterns: PatternSupport) ->
         elif isinstance(node, ArrayType):
             stack.extend(node.prefix)
             stack.append(node.items)
+            if node.contains is not None:
+                stack.append(node.contains)
         elif isinstance(node, ObjectType):
             declared = {k for k, _ in node.properties}
             for r in node.required:  # Graph.object_type declares every required name

@@ -199,9 +199,12 @@ class Graph:
         n = max(len(a.prefix), len(b.prefix))
         pos = lambda arr, i: arr.prefix[i] if i < len(arr.prefix) else arr.items  # noqa: E731
         prefix = [self.meet(pos(a, i), pos(b, i), pointer) for i in range(n)]
+        if a.contains is not None and b.contains is not None and a.contains != b.contains:
+            raise self.ctx.unsupported(pointer, "allOf of two different contains is not supported")
+        contains = a.contains if a.contains is not None else b.contains
         return array_type(prefix, self.meet(a.items, b.items, pointer),
                           max(a.min_items, b.min_items), _min_opt(a.max_items, b.max_items),
-                          a.unique or b.unique)
+                          a.unique or b.unique, contains, self, pointer)
 
     def _meet_object(self, a: ObjectType, b: ObjectType, pointer: str) -> Node:
         names = list(dict.fromkeys([k for k, _ in a.properties] + [k for k, _ in b.properties]))
@@ -311,6 +314,9 @@ class Graph:
                 return False
             if node.unique and any(json_equal(x, y) for i, x in enumerate(value) for y in value[i + 1:]):
                 return False
+            if node.contains is not None and not any(self.matches(node.contains, x, pointer, d)
+                                                     for x in value):
+                return False
             return all(self.matches(node.prefix[i] if i < len(node.prefix) else node.items, v,
                                     pointer, d) for i, v in enumerate(value))
         assert isinstance(node, ObjectType)
@@ -392,7 +398,8 @@ def string_type(min_length: int, max_length: int | None, patterns: tuple = ()) -
 
 
 def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int | None,
-               unique: bool = False) -> Node:
+               unique: bool = False, contains: Node | None = None, graph: "Graph | None" = None,
+               pointer: str = "") -> Node:
     """An array node with impossible positions cut: the array may end before a NEVER position;
     only when min_items crosses it is the whole array impossible."""
     limit = max_items
@@ -410,7 +417,17 @@ def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int |
         prefix = prefix[:-1]
     if limit is not None and limit <= 1:
         unique = False  # at most one item: always unique
-    return ArrayType(tuple(prefix), items, min_items, limit, unique)
+    if contains is not None:
+        assert graph is not None
+        hit = graph.meet(contains, items, pointer)  # the witness must be an item too
+        if isinstance(hit, NoValue) or limit == 0:
+            return NEVER
+        if prefix:
+            raise graph.ctx.unsupported(pointer, "contains together with positional items is not "
+                                                 "supported")
+        min_items = max(min_items, 1)
+        contains = hit
+    return ArrayType(tuple(prefix), items, min_items, limit, unique, contains)
 
 
 

@@ -85,7 +85,8 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | 
                                                       p.literal),)))
         return make_union(parts)
     if isinstance(node, ArrayType):
-        if node.prefix or not isinstance(node.items, AnyValue) or node.unique:
+        if node.prefix or not isinstance(node.items, AnyValue) or node.unique or \
+                node.contains is not None:
             return None
         parts = _others("array")
         if node.min_items > 0:
@@ -236,9 +237,9 @@ def _unique(r: "Reader", node: Node, at: str) -> Node:
             return one(n)
         if not isinstance(n, ArrayType) or (n.max_items is not None and n.max_items <= 1):
             return n
-        if n.prefix or finite_domain(r.graph, n.items, at) is None:
+        if n.prefix or n.contains is not None or finite_domain(r.graph, n.items, at) is None:
             raise r.ctx.unsupported(at, "uniqueItems is supported only over a finite item domain "
                                         "(enum/const, booleans, null, small integer ranges)")
-        return ArrayType(n.prefix, n.items, n.min_items, n.max_items, True)
+        return ArrayType(n.prefix, n.items, n.min_items, n.max_items, True, n.contains)
 
     return one(node)

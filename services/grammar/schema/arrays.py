@@ -87,6 +87,33 @@ def unique_array(em: Any, node: ArrayType, graph: Any) -> str:
     return f'"[" ws {prefix}_0'
 
 
+def contains_array(em: Any, node: ArrayType) -> str:
+    """Rule body for an ArrayType with `contains` (no prefix): the state is (items so far, capped;
+    whether a witness was generated); an item may be generated as the witness once."""
+    item, hit = em.rule(node.items), em.rule(node.contains)
+    lo, hi = node.min_items, node.max_items
+    cap = hi if hi is not None else max(lo, 1)
+    prefix = em._fresh("c")
+
+    def name(c: int, found: bool) -> str:
+        return f"{prefix}_{c}_{int(found)}"
+
+    for found in (True, False):
+        for c in range(cap + 1):
+            comma = '"," ws ' if c else ""
+            nxt = min(c + 1, cap)
+            alts = []
+            if found and c >= lo:
+                alts.append('"]"')
+            if hi is None or c < hi:
+                if found or hi is None or c + 2 <= hi:
+                    alts.append(f"{comma}{item} ws {name(nxt, found)}")
+                if not found:
+                    alts.append(f"{comma}{hit} ws {name(nxt, True)}")
+            em.rules[name(c, found)] = " | ".join(alts) if alts else '"\\u0000" "\\u0000"'
+    return f'"[" ws {name(0, False)}'
+
+
 def _residues(k: int) -> Dfa:
     digits = [CharSet.of([(0x30 + d, 0x30 + d)]) for d in range(10)]
     start = [(CharSet.chars("-"), 1)] + [(digits[d], 2 + d % k) for d in range(10)]
@@ -116,6 +143,8 @@ def extended(em: Any, node: Node, graph: Any, regions: Any) -> str | None:
 
     if isinstance(node, ArrayType) and node.unique:
         return unique_array(em, node, graph)
+    if isinstance(node, ArrayType) and node.contains is not None:
+        return contains_array(em, node)
     if isinstance(node, IntegerType) and node.multiple > 1:
         return multiple_integer(em, node)
     if isinstance(node, ObjectType) and node.extended:

@@ -99,6 +99,7 @@ class ArrayType:
     min_items: int = 0
     max_items: int | None = None
     unique: bool = False  # uniqueItems (only over finite item domains; see schema/arrays.py)
+    contains: "Node | None" = None  # contains: at least one item also satisfies this (no prefix)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ ENFORCED = frozenset({
     "additionalProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
     "minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "format", "patternProperties", "propertyNames", "minProperties",
-    "maxProperties",
+    "maxProperties", "contains", "minContains", "maxContains",
 }) | applicators.KEYWORDS
 
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # Keywords whose presence splits a schema object into per-type branches.
 TYPE_SPECIFIC = frozenset({
-    "properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+    "contains", "minContains", "maxContains", "properties", "required", "additionalProperties", "patternProperties", "propertyNames",
     "minProperties", "maxProperties", "items", "prefixItems", "additionalItems",
     "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum",
     "exclusiveMinimum", "exclusiveMaximum", "format",
@@ -192,8 +192,15 @@ def _array(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
             items = r.read(s["items"], items_at, depth)
         elif "additionalItems" in s:  # asserts nothing without an items array, but is still read
             r.read(s["additionalItems"], child(pointer, "additionalItems"), depth)
+    contains = None
+    if "contains" in s:
+        for key in ("minContains", "maxContains"):
+            if key in s and not (key == "minContains" and s[key] == 1):
+                raise r.ctx.unsupported(child(pointer, key), f"{key} is not supported")
+        contains = r.read(s["contains"], child(pointer, "contains"), depth)
     return array_type(prefix, items, count(r, s, "minItems", pointer) or 0,
-                      count(r, s, "maxItems", pointer))
+                      count(r, s, "maxItems", pointer), False, contains, r.graph,
+                      child(pointer, "contains"))
 
 
 def _object(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
