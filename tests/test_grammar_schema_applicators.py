@@ -54,6 +54,11 @@ CASES = [
     ("one-of-required", {"type": "object", "properties": {"e": {"type": "string"}, "ok": {"type": "boolean"}},
                          "oneOf": [{"required": ["e"]}, {"required": ["ok"]}]},
      [{"e": "x"}, {"ok": True}], [{}, {"e": "x", "ok": True}, {"e": 1}]),
+    ("one-of-closed", {"type": "object", "properties": {"a": {}, "b": {}}, "additionalProperties": False,
+                       "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+     [{"a": 1}, {"b": [2]}], [{}, {"a": 1, "b": 2}, {"c": 1}]),
+    ("not-numbers", {"type": "integer", "not": {"enum": [0, 5]}, "minimum": -2, "maximum": 6},
+     [-2, 1, 4, 6], [0, 5, 7]),
     ("one-of-ranges", {"oneOf": [{"type": "integer", "maximum": 0}, {"type": "number", "exclusiveMinimum": 0}]},
      [-3, 0, 0.5, 7], [None, "0"]),
     ("one-of-overlap", {"oneOf": [{"type": "string", "maxLength": 3}, {"type": "string", "pattern": "^a"}]},
@@ -96,7 +101,7 @@ def test_applicator_walks_and_instances_agree_with_jsonschema(name, schema, vali
 
 @pytest.mark.parametrize("schema,pointer", [
     ({"not": {"type": "integer"}}, "/not"),
-    ({"not": {"const": 1}}, "/not"),
+    ({"not": {"const": [1]}}, "/not"),
     ({"type": "number", "multipleOf": 0.01}, "/multipleOf"),
     ({"type": "integer", "multipleOf": 1000}, "/multipleOf"),
     ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems"),

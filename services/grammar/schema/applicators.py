@@ -2,12 +2,14 @@
 exactly to the graph, otherwise UnsupportedSchema at its pointer.
 
 - `not S` meets the node with the complement of S, computed where it is exact: of types, of
-  finite sets of null/boolean/string values (strings by negated literal patterns), of number
+  finite sets of null/boolean/number/string values (numbers by the open intervals between them,
+  strings by negated literal patterns), of number
   bounds, of string lengths and patterns (negated patterns go through the string automaton), of
   array lengths, of objects by their required names, property counts and declared property
   schemas (an object violates S when a required name is missing, or a declared property is
   present with a value in the complement of its schema); of unions by De Morgan.
 - `if I then T else E` = (I and T) or (not I and E); `if` alone asserts nothing.
+- `oneOf` that cannot be proved disjoint (reader.py): node and (X_i and not X_j, j != i) per i.
 - `dependentRequired {a: [b]}` = objects without a, or with a and b; `dependentSchemas {a: S}` =
   objects without a, or with a that satisfy S; draft-04..07 `dependencies` is either, per name.
 - `multipleOf k` for an integer k: integers divisible by k (a regular language, also within
@@ -20,6 +22,7 @@ exactly to the graph, otherwise UnsupportedSchema at its pointer.
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from services.grammar.schema.context import child
@@ -102,10 +105,17 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | 
 def _literals_complement(node: Literals) -> Node | None:
     values = [json.loads(t) for t in node.texts]
     kinds = {"null" if v is None else "boolean" if isinstance(v, bool) else
-             "string" if isinstance(v, str) else "other" for v in values}
+             "string" if isinstance(v, str) else "number" if isinstance(v, (int, float)) else
+             "other" for v in values}
     if "other" in kinds:
-        return None  # numbers, arrays, objects: no exact complement here
+        return None  # arrays, objects: no exact complement here
     parts = _others(*kinds)
+    if "number" in kinds:  # the open intervals between the excluded numbers
+        cuts = sorted({Fraction(v) for v in values if isinstance(v, (int, float)) and
+                       not isinstance(v, bool)})
+        parts.append(NumberType(hi=cuts[0], hi_exclusive=True))
+        parts += [NumberType(a, True, b, True) for a, b in zip(cuts, cuts[1:])]
+        parts.append(NumberType(lo=cuts[-1], lo_exclusive=True))
     if "boolean" in kinds:
         rest = [b for b in (True, False) if b not in [v for v in values if isinstance(v, bool)]]
         if rest:

@@ -88,9 +88,8 @@ class Reader:
         if "oneOf" in schema:
             at = child(pointer, "oneOf")
             subs = self._subschemas(schema, "oneOf", pointer)
-            branches = [self.graph.meet(node, self.read(s, child(at, i), d), pointer)
-                        for i, s in enumerate(subs)]
-            node = self._one_of(branches, at)
+            raw = [self.read(s, child(at, i), d) for i, s in enumerate(subs)]
+            node = self._one_of(node, raw, at)
         return applicators.apply(self, schema, node, pointer, d)
 
     def _classify(self, schema: dict, pointer: str) -> None:
@@ -120,16 +119,18 @@ class Reader:
                                                f"{meant!r} (it would be ignored as an annotation)")
             self.annotations.add(key)
 
-    def _one_of(self, branches: list[Node], at: str) -> Node:
-        """Exactly one branch: a union when the branches are provably disjoint, else the union of
-        each branch minus all others (`applicators.complement`), where every complement is exact."""
+    def _one_of(self, node: Node, raw: list[Node], at: str) -> Node:
+        """Exactly one of `raw` (each met with `node`): a union when the met branches are provably
+        disjoint; else node and (X_i and not X_j for every j != i), for each i, where every
+        X_j has an exact complement (`applicators.complement`)."""
+        branches = [self.graph.meet(node, x, at) for x in raw]
         try:
             self.graph.prove_exclusive(branches, at)
             return make_union(branches)
         except UnsupportedSchema as unproved:
             if len(branches) > MAX_ONE_OF_COMPLEMENTS:
                 raise unproved
-            others = [applicators.complement(self, b, at) for b in branches]
+            others = [applicators.complement(self, x, at) for x in raw]
             if any(c is None for c in others):
                 raise unproved
             out = []
