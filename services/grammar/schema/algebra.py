@@ -2,8 +2,7 @@
 
 `Graph.meet` is the allOf intersection: per type, per property, per array position; a reference
 meets by a memoized derived definition so recursion stays a graph. `Graph.matches` decides whether a
-finite value belongs to a node (const/enum filtering, proofs). `Graph.prove_exclusive` is the oneOf
-check: type domains, finite value sets, or a common required discriminator with finite values.
+finite value belongs to a node (const/enum filtering, proofs). The oneOf proofs are in `exclusive`.
 """
 
 from __future__ import annotations
@@ -325,59 +324,6 @@ class Graph:
         if len(value) < node.min_props or (node.max_props is not None and len(value) > node.max_props):
             return False
         return all(self.matches(self.value_of(node, k, pointer), v, pointer, d) for k, v in value.items())
-
-    # -- oneOf --------------------------------------------------------------------------------
-    def prove_exclusive(self, branches: list[Node], pointer: str) -> None:
-        """Raise UnsupportedSchema unless every pair of branches is provably disjoint."""
-        for i in range(len(branches)):
-            for j in range(i + 1, len(branches)):
-                if not self._disjoint(branches[i], branches[j], pointer):
-                    raise self.ctx.unsupported(
-                        pointer, f"oneOf branches {i} and {j} cannot be proved exclusive (by type, "
-                                 "finite values or a required discriminator); use anyOf")
-
-    def _disjoint(self, a: Node, b: Node, pointer: str) -> bool:
-        a, b = self.resolve(a, pointer), self.resolve(b, pointer)
-        if isinstance(a, NoValue) or isinstance(b, NoValue):
-            return True
-        if not type_domain(a, self) & type_domain(b, self):
-            return True
-        if isinstance(a, Literals) or isinstance(b, Literals):
-            lits, other = (a, b) if isinstance(a, Literals) else (b, a)
-            return not any(self.matches(other, json.loads(t), pointer) for t in lits.texts)
-        if isinstance(a, Union) or isinstance(b, Union):
-            u, other = (a, b) if isinstance(a, Union) else (b, a)
-            return all(self._disjoint(br, other, pointer) for br in u.branches)
-        if isinstance(a, (IntegerType, NumberType)) and isinstance(b, (IntegerType, NumberType)):
-            return _ranges_disjoint(a, b)
-        if isinstance(a, StringType) and isinstance(b, StringType) and not (a.patterns or b.patterns):
-            return (a.max_length is not None and a.max_length < b.min_length) or \
-                (b.max_length is not None and b.max_length < a.min_length)
-        if isinstance(a, ObjectType) and isinstance(b, ObjectType):
-            for name in a.required_names & b.required_names:
-                va = self.resolve(self.value_of(a, name, pointer), pointer)
-                vb = self.resolve(self.value_of(b, name, pointer), pointer)
-                if isinstance(va, Literals) and isinstance(vb, Literals) and self._disjoint(va, vb, pointer):
-                    return True
-        return False
-
-
-def _interval(n: IntegerType | NumberType) -> tuple:
-    if isinstance(n, IntegerType):
-        return Fraction(n.lo), False, Fraction(n.hi), False
-    return n.lo, n.lo_exclusive, n.hi, n.hi_exclusive
-
-
-def _ranges_disjoint(a: IntegerType | NumberType, b: IntegerType | NumberType) -> bool:
-    """True when the two numeric ranges cannot share a value (oneOf by disjoint ranges)."""
-    alo, alx, ahi, ahx = _interval(a)
-    blo, blx, bhi, bhx = _interval(b)
-
-    def below(hi: Fraction | None, hx: bool, lo: Fraction | None, lx: bool) -> bool:
-        return hi is not None and lo is not None and (hi < lo or (hi == lo and (hx or lx)))
-
-    return below(ahi, ahx, blo, blx) or below(bhi, bhx, alo, alx)
-
 
 def _in_bounds(n: NumberType, v: Fraction) -> bool:
     if n.lo is not None and (v < n.lo or (n.lo_exclusive and v == n.lo)):

@@ -16,6 +16,7 @@ from typing import Any
 from services.grammar.schema import applicators
 from services.grammar.schema.algebra import Graph
 from services.grammar.schema.context import MAX_DEPTH, Context, child
+from services.grammar.schema.exclusive import prove_exclusive
 from services.grammar.schema.dialects import (
     ALL_ASSERTIONS, DRAFT_2020, Dialect, dialect_of, foreign_dialects, near_miss,
 )
@@ -125,7 +126,7 @@ class Reader:
         X_j has an exact complement (`applicators.complement`)."""
         branches = [self.graph.meet(node, x, at) for x in raw]
         try:
-            self.graph.prove_exclusive(branches, at)
+            prove_exclusive(self.graph, branches, at)
             return make_union(branches)
         except UnsupportedSchema as unproved:
             if len(branches) > MAX_ONE_OF_COMPLEMENTS:
