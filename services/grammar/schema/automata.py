@@ -124,8 +124,9 @@ def _split(pairs: list[tuple[CharSet, object]]) -> list[tuple[CharSet, frozenset
 
 
 @lru_cache(maxsize=256)
-def tree_dfa(tree: Node) -> Dfa:
-    """The (minimal) DFA of the whole-match language of a regex tree (memoized: formats repeat)."""
+def tree_dfa(tree: Node, limit: int = MAX_STATES) -> Dfa:
+    """The (minimal) DFA of the whole-match language of a regex tree (memoized: formats repeat);
+    TooComplex past `limit` states of the subset construction."""
     nfa = _Nfa()
     start = nfa.state()
     final = nfa.build(tree, start)
@@ -141,8 +142,8 @@ def tree_dfa(tree: Node) -> Dfa:
         for cs, targets in _split(pairs):
             nxt = nfa.closure(set(targets))
             if nxt not in index:
-                if len(order) >= MAX_STATES:
-                    raise TooComplex(f"the expression needs more than {MAX_STATES} DFA states")
+                if len(order) >= limit:
+                    raise TooComplex(f"the expression needs more than {limit} DFA states")
                 index[nxt] = len(order)
                 order.append(nxt)
             out.append((cs, index[nxt]))
