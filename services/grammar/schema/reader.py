@@ -20,12 +20,15 @@ from services.grammar.schema.exclusive import prove_exclusive
 from services.grammar.schema.dialects import (
     ALL_ASSERTIONS, DRAFT_2020, Dialect, dialect_of, foreign_dialects, near_miss,
 )
-from services.grammar.schema.nodes import ANY, INT64_MAX, INT64_MIN, NEVER, Literals, Node, Ref, make_union
+from services.grammar.schema.nodes import (
+    ANY, INT64_MAX, INT64_MIN, NEVER, Literals, Node, Ref, Union, make_union,
+)
 from services.grammar.schema.refs import Document
 from services.grammar.schema.typed import own_node
 from shared.errors import UnsupportedSchema
 
 MAX_ONE_OF_COMPLEMENTS = 6  # branches of a oneOf reduced as "this branch and no other"
+MAX_ONE_OF_UNION = 32  # union branches that reduction may produce
 
 # Assertion keywords this reduction enforces (each where it reduces exactly; see their modules).
 ENFORCED = frozenset({
@@ -140,7 +143,12 @@ class Reader:
                     if j != i:
                         b = self.graph.meet(b, c, at)
                 out.append(b)
-            return make_union(out)
+            result = make_union(out)
+            size = len(result.branches) if isinstance(result, Union) else 1
+            if size > MAX_ONE_OF_UNION:
+                raise self.ctx.unsupported(at, f"oneOf: the exclusive form needs {size} union "
+                                               f"branches (limit {MAX_ONE_OF_UNION})")
+            return result
 
     def _check_core(self, key: str, value: Any, pointer: str, at: str) -> None:
         if key == "$schema" and pointer and (not isinstance(value, str) or
