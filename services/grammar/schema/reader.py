@@ -72,7 +72,8 @@ class Reader:
         d = depth + 1
         if "$ref" in schema and self.dialect.ref_overrides_siblings:
             # draft-04..07: "All other properties in a "$ref" object MUST be ignored."
-            self.annotations.update(k for k in schema if k != "$ref")
+            self.annotations.update(k for k in schema if k != "$ref" and k not in
+                                    self.dialect.annotations | self.dialect.core)
             return self._ref(schema["$ref"], pointer, d)
         self._classify(schema, pointer)
         node = own_node(self, schema, pointer, d)
