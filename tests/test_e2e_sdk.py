@@ -131,7 +131,7 @@ def test_anthropic_messages_with_tool_and_schema_error(server: str) -> None:
     assert message.stop_reason == "tool_use" and [b.name for b in blocks] == ["get_weather"]
     jsonschema.validate(blocks[0].input, WEATHER)
     bad = dict(WEATHER, properties={**WEATHER["properties"],
-                                    "when": {"type": "string", "format": "date-time"}})
+                                    "when": {"type": "string", "format": "color"}})
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model="smollm2", max_tokens=10,
                                tools=[{"name": "w", "input_schema": bad, "strict": True}],
@@ -145,7 +145,7 @@ def test_errors_name_the_field_and_keys_are_enforced(server: str) -> None:
         client.chat.completions.create(
             model="smollm2", max_tokens=5, messages=[{"role": "user", "content": "x"}],
             response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {
-                "type": "object", "properties": {"age": {"type": "integer", "multipleOf": 2}}}}})
+                "type": "object", "properties": {"age": {"type": "number", "multipleOf": 0.5}}}}})
     assert err.value.param == "response_format.json_schema.schema/properties/age/multipleOf"
     with pytest.raises(openai.AuthenticationError):
         _openai(server, key="wrong").chat.completions.create(

@@ -18,7 +18,7 @@ from services.grammar.limits import ColdSlots, CompileLimits, StorePolicy
 from services.grammar.matching import accepts
 from shared.contract import OutputConstraint
 from shared.errors import ConstraintTooComplex, InvalidGrammar, Overloaded
-from tests.grammar_process import optional_properties
+from tests.grammar_process import UNBOUNDED_GRAMMARS, optional_properties
 from tests.support import byte_domain
 
 pytestmark = pytest.mark.asyncio
@@ -27,6 +27,13 @@ pytestmark = pytest.mark.asyncio
 def big_schema(n: int) -> OutputConstraint:
     return OutputConstraint.json_schema(optional_properties(n))
 
+
+
+@pytest.fixture(autouse=True)
+def _unbounded_grammars(monkeypatch):
+    """In-process and child compiles of this module see the lifted grammar-size limit too."""
+    for name, value in UNBOUNDED_GRAMMARS.items():
+        monkeypatch.setenv(name, value)
 
 @pytest.mark.slow
 async def test_pool_compiles_reports_errors_and_stops_what_exceeds_a_limit():

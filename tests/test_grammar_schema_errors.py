@@ -4,7 +4,7 @@ exact RFC 6901 pointer; malformed schemas are InvalidSchema; strict tool roots m
 
 from __future__ import annotations
 
-import importlib
+import json
 
 import jsonschema
 import pytest
@@ -15,37 +15,39 @@ from shared.errors import InvalidSchema, SchemaSource, UnsupportedSchema
 D7 = "http://json-schema.org/draft-07/schema#"
 
 UNSUPPORTED = [
-    ({"type": "string", "format": "date"}, "/format"),
-    ({"type": "number", "multipleOf": 2}, "/multipleOf"),
-    ({"type": "object", "patternProperties": {"^a": {}}}, "/patternProperties"),
-    ({"type": "object", "propertyNames": {"maxLength": 3}}, "/propertyNames"),
+    ({"type": "string", "format": "color"}, "/format"),
+    ({"type": "string", "format": "idn-hostname"}, "/format"),
+    ({"type": "number", "multipleOf": 0.5}, "/multipleOf"),
+    ({"type": "object", "patternProperties": {"^a": {}, "b": {"type": "null"}}}, "/patternProperties/b"),
     ({"dependencies": {"a": ["b"]}}, "/dependencies"),
-    ({"dependentRequired": {"a": ["b"]}}, "/dependentRequired"),
-    ({"dependentSchemas": {"a": {}}}, "/dependentSchemas"),
-    ({"if": {"type": "string"}, "then": {"minLength": 1}}, "/if"),
-    ({"properties": {"a": {"not": {"type": "null"}}}}, "/properties/a/not"),
+    ({"dependentSchemas": {"a": {"not": {"type": "integer"}}}}, "/dependentSchemas/a/not"),
+    ({"if": {"minimum": 0, "type": "integer"}, "then": {"maximum": 1}}, "/if"),
+    ({"properties": {"a": {"not": {"const": {"k": 1}}}}}, "/properties/a/not"),
     ({"type": "array", "uniqueItems": True}, "/uniqueItems"),
-    ({"type": "array", "contains": {"type": "integer"}}, "/contains"),
-    ({"type": "array", "minContains": 1}, "/minContains"),
-    ({"type": "object", "minProperties": 1}, "/minProperties"),
-    ({"type": "object", "maxProperties": 1}, "/maxProperties"),
+    ({"type": "array", "contains": {"type": "integer"}, "prefixItems": [{"type": "string"}]}, "/contains"),
+    ({"type": "array", "contains": {}, "minContains": 2}, "/minContains"),
+    ({"type": "object", "properties": {"a": {}}, "required": ["a"], "maxProperties": 0}, ""),
     ({"unevaluatedProperties": False}, "/unevaluatedProperties"),
     ({"items": {"unevaluatedItems": False}}, "/items/unevaluatedItems"),
-    ({"type": "string", "x-custom": 1}, "/x-custom"),
-    ({"$defs": {"a": {"$id": "urn:a", "type": "string"}}, "$ref": "#/$defs/a"}, "/$defs/a/$id"),
+    ({"type": "string", "maxlength": 1}, "/maxlength"),
+    ({"type": "integer", "minimun": 1}, "/minimun"),
+    ({"type": "object", "requried": ["a"]}, "/requried"),
+    ({"type": "object", "additionalproperties": False}, "/additionalproperties"),
+    ({"type": "object", "properties": {"a": {"Type": "string"}}}, "/properties/a/Type"),
+    ({"$defs": {"a": {"$id": "http://x.org/a", "$ref": "b.json"}}, "$ref": "#/$defs/a"}, "/$defs/a/$ref"),
     ({"$ref": "https://example.com/s.json"}, "/$ref"),
     ({"properties": {"a": {"$dynamicRef": "#x"}}}, "/properties/a/$dynamicRef"),
-    ({"$schema": D7, "definitions": {"a": {"type": "string"}},
-      "properties": {"p": {"$ref": "#/definitions/a", "maxLength": 3}}}, "/properties/p/maxLength"),
-    ({"type": "object", "properties": {"a~b/c": {"type": "object", "required": ["x"]}}},
-     "/properties/a~0b~1c/required/0"),
+    ({"type": "object", "properties": {"a~b/c": {"type": "string", "format": "color"}}},
+     "/properties/a~0b~1c/format"),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "/oneOf"),
-    ({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 2}]}, "/oneOf"),
+    ({"oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "array", "maxItems": 2}]}, "/oneOf"),
     ({"enum": [1, 2**63]}, "/enum/1"),
     ({"const": -(2**63) - 1}, "/const"),
-    ({"type": "integer", "maximum": 2**64}, "/maximum"),
+    ({"type": "integer", "minimum": 2**64}, "/minimum"),
     ({"type": "number", "minimum": float("inf")}, "/minimum"),
-    ({"$schema": "http://json-schema.org/draft-04/schema#"}, "/$schema"),
+    ({"$schema": "http://json-schema.org/draft-03/schema#"}, "/$schema"),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "const": 1}, "/const"),
+    ({"$schema": D7, "prefixItems": [{}]}, "/prefixItems"),
     ({"type": "integer", "minimum": 3, "maximum": 2}, ""),  # unsatisfiable: nothing to generate
     ({"allOf": [{"const": 1}, {"const": 2}]}, ""),
 ]
@@ -90,30 +92,23 @@ def test_malformed_schemas_are_invalid(schema, pointer):
     assert info.value.pointer == pointer, info.value.message
 
 
-def _pattern_enforced() -> bool:
-    try:
-        regex = importlib.import_module("services.grammar.regex")
-        importlib.import_module("services.grammar.schema.regex_json")
-    except ImportError:
-        return False
-    return hasattr(regex, "normalize_regex")
-
-
-@pytest.mark.parametrize("schema,pointer", [
-    ({"type": "string", "pattern": "^a+$"}, "/pattern"),
-    ({"properties": {"s": {"type": "string", "pattern": "b", "maxLength": 4}}}, "/properties/s/pattern"),
-    ({"allOf": [{"pattern": "a"}, {"pattern": "b"}]}, "/allOf/1/pattern"),
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "pattern": "^a+$"},
+    {"properties": {"s": {"type": "string", "pattern": "b", "minLength": 2, "maxLength": 4}}},
+    {"allOf": [{"pattern": "a"}, {"pattern": "b"}], "type": "string"},
 ])
-def test_pattern_rejected_until_enforced(schema, pointer):
-    """'XML excludes and schema pattern/length must hold together; an intersection that cannot
-    compile is unsupported': a pattern is never dropped or allowed to override a length."""
-    alone = "maxLength" not in str(schema) and "allOf" not in str(schema)
-    if alone and _pattern_enforced():
-        schema_to_grammar(schema)
-        return
-    with pytest.raises(UnsupportedSchema) as info:
-        schema_to_grammar(schema)
-    assert info.value.pointer == pointer
+def test_pattern_and_length_hold_together(schema):
+    """'XML excludes and schema pattern/length must hold together': a pattern is never dropped or
+    allowed to override a length; through the string-automaton intersection both hold."""
+    from tests.test_grammar_schema_walks import compile_schema
+    from services.grammar.matching import accepts
+
+    compiled = compile_schema(schema)
+    v = jsonschema.Draft202012Validator(schema)
+    inner = lambda s: {"s": s} if "properties" in schema else s  # noqa: E731
+    for s in ["a", "b", "ab", "ba", "bb", "abab", "ababa", "aaaa", "", "bab"]:
+        value = inner(s)
+        assert accepts(compiled, json.dumps(value)) == v.is_valid(value), value
 
 
 def test_tool_arguments_errors_carry_the_tool():
@@ -154,7 +149,7 @@ def test_error_round_trips_as_dict():
     from shared.errors import error_from_dict
 
     with pytest.raises(UnsupportedSchema) as info:
-        schema_to_grammar({"properties": {"a": {"format": "email"}}}, source=SchemaSource.TOOL_ARGUMENTS,
+        schema_to_grammar({"properties": {"a": {"format": "color"}}}, source=SchemaSource.TOOL_ARGUMENTS,
                           tool_index=3, tool_name="mail")
     back = error_from_dict(info.value.to_dict())
     assert isinstance(back, UnsupportedSchema)

@@ -4,7 +4,10 @@ check   compiles each constraint and prints one JSON line per constraint:
         {"ok": true, "kind": ..., "compile_ms": ...} or {"ok": false, "error": {...}}
         With --instances, one line per candidate output: {"instance": i, "accepted": bool}
         (i counts the file's lines from 0). Exit status 0 when all compiled, 2 when any was rejected.
-        --batch FILE.jsonl: many constraints in one process, one output line per input line.
+        --batch FILE.jsonl: many constraints in one process, one output line per input line; a
+        json_schema line may carry "values" (JSON values, checked in the generation layout:
+        "values_accepted", and as plain json.dumps text: "values_accepted_raw"). Schema lines
+        list the keywords read as annotations ("annotations").
 sample  random walks through the legal masks (see services.grammar.matching.random_walk).
 serve   the grpclib GrammarService.
 """
@@ -118,6 +121,19 @@ def _emit(out: TextIO, obj: dict[str, Any]) -> None:
     out.flush()
 
 
+def _schema_report(schema: Any, values: list[Any], grammar: Any, accepts: Any) -> dict[str, Any]:
+    """The annotation keywords a schema's reduction ignored, and for each JSON value of a batch
+    line's "values": accepted in the generation layout, and accepted as plain json.dumps text."""
+    from services.grammar.schema import check_schema, layout_values
+
+    report: dict[str, Any] = {"annotations": list(check_schema(schema).annotations)}
+    if values:
+        report["values_accepted"] = [accepts(grammar, t) for t in layout_values(schema, values)]
+        report["values_accepted_raw"] = [accepts(grammar, json.dumps(v, ensure_ascii=False))
+                                         for v in values]
+    return report
+
+
 def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from services.grammar.compiler import ModelCompiler
@@ -145,6 +161,9 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
                       "compile_ms": round(outcome.compile_ms, 3)}
             instances = obj.get("instances") or []
             result["accepted"] = [accepts(outcome.grammar, s) for s in instances]
+            if constraint.kind.value == "json_schema":
+                result.update(_schema_report(constraint.schema, obj.get("values") or [],
+                                             outcome.grammar, accepts))
             _emit(out, result)
         return status
 
@@ -162,8 +181,11 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
             _emit(out, {**_error_json(exc), "source": label})
             status = EXIT_REJECTED
             continue
-        _emit(out, {"ok": True, "kind": constraint.kind.value, "source": label,
-                    "compile_ms": round(outcome.compile_ms, 3)})
+        line = {"ok": True, "kind": constraint.kind.value, "source": label,
+                "compile_ms": round(outcome.compile_ms, 3)}
+        if constraint.kind.value == "json_schema":
+            line.update(_schema_report(constraint.schema, [], outcome.grammar, accepts))
+        _emit(out, line)
         for i, text in enumerate(instances):
             _emit(out, {"instance": i, "accepted": accepts(outcome.grammar, text)})
     return status

@@ -41,6 +41,11 @@ def search_tree(pattern: str) -> Node:
     return _search_tree(parse_regex(pattern))
 
 
+def whole_tree(pattern: str) -> Node:
+    """The tree of the strings `pattern` matches as a whole. Raises InvalidRegex."""
+    return _whole_match_tree(pattern)
+
+
 def regex_to_ebnf(pattern: str) -> str:
     """EBNF (entry rule `root`) whose language is the strings `pattern` matches as a whole.
 
@@ -60,4 +65,4 @@ def normalize_regex(pattern: str, *, search: bool) -> str:
     return to_regex(tree)
 
 
-__all__ = ["CharSet", "normalize_regex", "regex_to_ebnf", "search_tree"]
+__all__ = ["CharSet", "normalize_regex", "regex_to_ebnf", "search_tree", "whole_tree"]

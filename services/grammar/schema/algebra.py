@@ -2,8 +2,7 @@
 
 `Graph.meet` is the allOf intersection: per type, per property, per array position; a reference
 meets by a memoized derived definition so recursion stays a graph. `Graph.matches` decides whether a
-finite value belongs to a node (const/enum filtering, proofs). `Graph.prove_exclusive` is the oneOf
-check: type domains, finite value sets, or a common required discriminator with finite values.
+finite value belongs to a node (const/enum filtering, proofs). The oneOf proofs are in `exclusive`.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any
 
 from services.grammar.schema.context import MAX_DEPTH, Context
 from services.grammar.schema.nodes import (
-    NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
+    ANY, NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
     NumberType, ObjectType, Ref, Required, StringType, Union, make_union,
 )
 
@@ -42,13 +41,21 @@ def _upper(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> 
     return a[0], a[1] or b[1]
 
 
-def integer_bounds(num: NumberType, lo: int, hi: int) -> IntegerType | NoValue:
-    """Fold a number's exact bounds into an int64 integer range."""
+def integer_bounds(num: NumberType, lo: int, hi: int, multiple: int = 1) -> IntegerType | NoValue:
+    """Fold a number's exact bounds into an int64 integer range (of multiples of `multiple`)."""
     if num.lo is not None:
         lo = max(lo, math.floor(num.lo) + 1 if num.lo_exclusive else math.ceil(num.lo))
     if num.hi is not None:
         hi = min(hi, math.ceil(num.hi) - 1 if num.hi_exclusive else math.floor(num.hi))
-    return IntegerType(lo, hi) if lo <= hi else NEVER
+    return integer_type(lo, hi, multiple)
+
+
+def integer_type(lo: int, hi: int, multiple: int = 1) -> IntegerType | NoValue:
+    """Integers in [lo, hi] divisible by `multiple`; NEVER when there is none."""
+    if multiple > 1:
+        lo = -((-lo) // multiple) * multiple  # the first multiple >= lo
+        hi = (hi // multiple) * multiple
+    return IntegerType(lo, hi, multiple) if lo <= hi else NEVER
 
 
 def number_empty(n: NumberType) -> bool:
@@ -167,14 +174,13 @@ class Graph:
         if isinstance(a, NumberType) and isinstance(b, IntegerType):
             a, b = b, a
         if isinstance(a, IntegerType) and isinstance(b, NumberType):
-            return integer_bounds(b, a.lo, a.hi)
+            return integer_bounds(b, a.lo, a.hi, a.multiple)
         if type(a) is not type(b):
             return NEVER
         if isinstance(a, (NullType, BooleanType)):
             return a
         if isinstance(a, IntegerType):
-            lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
-            return IntegerType(lo, hi) if lo <= hi else NEVER
+            return integer_type(max(a.lo, b.lo), min(a.hi, b.hi), math.lcm(a.multiple, b.multiple))
         if isinstance(a, NumberType):
             lo = _lower((a.lo, a.lo_exclusive), (b.lo, b.lo_exclusive))
             hi = _upper((a.hi, a.hi_exclusive), (b.hi, b.hi_exclusive))
@@ -192,14 +198,75 @@ class Graph:
         n = max(len(a.prefix), len(b.prefix))
         pos = lambda arr, i: arr.prefix[i] if i < len(arr.prefix) else arr.items  # noqa: E731
         prefix = [self.meet(pos(a, i), pos(b, i), pointer) for i in range(n)]
+        if a.contains is not None and b.contains is not None and a.contains != b.contains:
+            raise self.ctx.unsupported(pointer, "allOf of two different contains is not supported")
+        contains = a.contains if a.contains is not None else b.contains
         return array_type(prefix, self.meet(a.items, b.items, pointer),
-                          max(a.min_items, b.min_items), _min_opt(a.max_items, b.max_items))
+                          max(a.min_items, b.min_items), _min_opt(a.max_items, b.max_items),
+                          a.unique or b.unique, contains, self, pointer)
 
     def _meet_object(self, a: ObjectType, b: ObjectType, pointer: str) -> Node:
         names = list(dict.fromkeys([k for k, _ in a.properties] + [k for k, _ in b.properties]))
-        props = tuple((k, self.meet(a.value_of(k), b.value_of(k), pointer)) for k in names)
+        props = tuple((k, self.meet(self.value_of(a, k, pointer), self.value_of(b, k, pointer),
+                                    pointer)) for k in names)
         required = tuple({r.name: r for r in b.required + a.required}.values())
-        return object_type(props, required, self.meet(a.additional, b.additional, pointer))
+        additional = self.meet(a.additional, b.additional, pointer)
+        if a.patterns and b.patterns:
+            if not (isinstance(a.additional, AnyValue) and isinstance(b.additional, AnyValue)):
+                raise self.ctx.unsupported(pointer, "allOf of objects that both have "
+                                                    "patternProperties and additionalProperties")
+            patterns = a.patterns + b.patterns
+        else:  # fold the other side's rule for undeclared names into each pattern's schema
+            own, other = (a, b) if a.patterns else (b, a)
+            patterns = tuple((p, self.meet(v, other.additional, pointer)) for p, v in own.patterns)
+        return self.object_type(props, required, additional, patterns,
+                                self.meet(a.names, b.names, pointer), max(a.min_props, b.min_props),
+                                _min_opt(a.max_props, b.max_props), pointer, declared_final=True)
+
+    def value_of(self, obj: ObjectType, name: str, pointer: str) -> Node:
+        """The schema a member named `name` must satisfy in `obj` (NEVER: it may not occur)."""
+        if not isinstance(obj.names, AnyValue) and not self.matches(obj.names, name, pointer):
+            return NEVER
+        for key, node in obj.properties:
+            if key == name:
+                return node
+        matched = [v for p, v in obj.patterns if self.pattern_matcher(p, name)]
+        if not matched:
+            return obj.additional
+        node = matched[0]
+        for v in matched[1:]:
+            node = self.meet(node, v, pointer)
+        return node
+
+    def object_type(self, props: tuple, required: tuple[Required, ...], additional: Node,
+                    patterns: tuple = (), names: Node = ANY, min_props: int = 0,
+                    max_props: int | None = None, pointer: str = "",
+                    declared_final: bool = False) -> Node:
+        """An object node with declared values met with the patterns their names match, required
+        names that are not declared added as declared members, names outside propertyNames
+        impossible; NEVER when a required member is impossible or the counts cannot be met.
+        `declared_final`: the declared values already hold all of that (an intersection)."""
+        probe = ObjectType((), (), additional, patterns, names)
+        out = list(props) if declared_final else []
+        for k, v in ([] if declared_final else props):
+            if not isinstance(names, AnyValue) and not self.matches(names, k, pointer):
+                v = NEVER
+            for p, pv in patterns:
+                if not isinstance(v, NoValue) and self.pattern_matcher(p, k):
+                    v = self.meet(v, pv, pointer)
+            out.append((k, v))
+        declared = {k for k, _ in out}
+        out += [(r.name, self.value_of(probe, r.name, pointer)) for r in required
+                if r.name not in declared]
+        obj = ObjectType(tuple(out), required, additional, tuple(patterns), names, min_props, max_props)
+        if any(isinstance(obj.value_of(r.name), NoValue) for r in required):
+            return NEVER
+        if max_props is not None and (max_props < min_props or max_props < len(required)):
+            return NEVER
+        possible = sum(1 for _, v in out if not isinstance(v, NoValue))
+        if min_props > possible and isinstance(additional, NoValue) and not patterns:
+            return NEVER
+        return obj
 
     # -- finite values ----------------------------------------------------------------------
     def filter_literals(self, lits: Literals, other: Node, pointer: str) -> Node:
@@ -230,7 +297,7 @@ class Graph:
         if isinstance(node, IntegerType):
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
-            return isinstance(value, int) and node.lo <= value <= node.hi
+            return isinstance(value, int) and node.lo <= value <= node.hi and value % node.multiple == 0
         if isinstance(node, NumberType):
             return isinstance(value, (int, float)) and _in_bounds(node, Fraction(value))
         if isinstance(node, StringType):
@@ -244,43 +311,19 @@ class Graph:
                 return False
             if node.max_items is not None and len(value) > node.max_items:
                 return False
+            if node.unique and any(json_equal(x, y) for i, x in enumerate(value) for y in value[i + 1:]):
+                return False
+            if node.contains is not None and not any(self.matches(node.contains, x, pointer, d)
+                                                     for x in value):
+                return False
             return all(self.matches(node.prefix[i] if i < len(node.prefix) else node.items, v,
                                     pointer, d) for i, v in enumerate(value))
         assert isinstance(node, ObjectType)
         if not isinstance(value, dict) or not node.required_names <= value.keys():
             return False
-        return all(self.matches(node.value_of(k), v, pointer, d) for k, v in value.items())
-
-    # -- oneOf --------------------------------------------------------------------------------
-    def prove_exclusive(self, branches: list[Node], pointer: str) -> None:
-        """Raise UnsupportedSchema unless every pair of branches is provably disjoint."""
-        for i in range(len(branches)):
-            for j in range(i + 1, len(branches)):
-                if not self._disjoint(branches[i], branches[j], pointer):
-                    raise self.ctx.unsupported(
-                        pointer, f"oneOf branches {i} and {j} cannot be proved exclusive (by type, "
-                                 "finite values or a required discriminator); use anyOf")
-
-    def _disjoint(self, a: Node, b: Node, pointer: str) -> bool:
-        a, b = self.resolve(a, pointer), self.resolve(b, pointer)
-        if isinstance(a, NoValue) or isinstance(b, NoValue):
-            return True
-        if not type_domain(a, self) & type_domain(b, self):
-            return True
-        if isinstance(a, Literals) or isinstance(b, Literals):
-            lits, other = (a, b) if isinstance(a, Literals) else (b, a)
-            return not any(self.matches(other, json.loads(t), pointer) for t in lits.texts)
-        if isinstance(a, Union) or isinstance(b, Union):
-            u, other = (a, b) if isinstance(a, Union) else (b, a)
-            return all(self._disjoint(br, other, pointer) for br in u.branches)
-        if isinstance(a, ObjectType) and isinstance(b, ObjectType):
-            for name in a.required_names & b.required_names:
-                va = self.resolve(a.value_of(name), pointer)
-                vb = self.resolve(b.value_of(name), pointer)
-                if isinstance(va, Literals) and isinstance(vb, Literals) and self._disjoint(va, vb, pointer):
-                    return True
-        return False
-
+        if len(value) < node.min_props or (node.max_props is not None and len(value) > node.max_props):
+            return False
+        return all(self.matches(self.value_of(node, k, pointer), v, pointer, d) for k, v in value.items())
 
 def _in_bounds(n: NumberType, v: Fraction) -> bool:
     if n.lo is not None and (v < n.lo or (n.lo_exclusive and v == n.lo)):
@@ -300,7 +343,9 @@ def string_type(min_length: int, max_length: int | None, patterns: tuple = ()) -
     return StringType(min_length, max_length, patterns)
 
 
-def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int | None) -> Node:
+def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int | None,
+               unique: bool = False, contains: Node | None = None, graph: "Graph | None" = None,
+               pointer: str = "") -> Node:
     """An array node with impossible positions cut: the array may end before a NEVER position;
     only when min_items crosses it is the whole array impossible."""
     limit = max_items
@@ -316,11 +361,19 @@ def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int |
         prefix = prefix[:limit]
     while prefix and prefix[-1] == items:  # trailing positions equal to the tail rule
         prefix = prefix[:-1]
-    return ArrayType(tuple(prefix), items, min_items, limit)
+    if limit is not None and limit <= 1:
+        unique = False  # at most one item: always unique
+    if contains is not None:
+        assert graph is not None
+        hit = graph.meet(contains, items, pointer)  # the witness must be an item too
+        if isinstance(hit, NoValue) or limit == 0:
+            return NEVER
+        if prefix:
+            raise graph.ctx.unsupported(pointer, "contains together with positional items is not "
+                                                 "supported")
+        min_items = max(min_items, 1)
+        contains = hit
+    return ArrayType(tuple(prefix), items, min_items, limit, unique, contains)
 
 
-def object_type(props: tuple, required: tuple[Required, ...], additional: Node) -> Node:
-    obj = ObjectType(props, required, additional)
-    if any(isinstance(obj.value_of(r.name), NoValue) for r in required):
-        return NEVER
-    return obj
+

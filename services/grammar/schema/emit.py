@@ -32,11 +32,16 @@ array ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
 
 
 class Emitter:
-    """Builds the EBNF text; `pattern_ebnf(pattern) -> expression` compiles one string pattern."""
+    """Builds the EBNF text; `pattern_ebnf(string_node, rule_prefix) -> (expression, rules)`
+    compiles a string's patterns/formats and lengths."""
 
-    def __init__(self, schema: ReducedSchema, pattern_ebnf: Callable[[Any], str]) -> None:
+    def __init__(self, schema: ReducedSchema,
+                 pattern_ebnf: Callable[[Any, str], tuple[str, dict[str, str]]],
+                 extended: Callable[["Emitter", Node], str | None] | None = None) -> None:
         self.schema = schema
         self.pattern_ebnf = pattern_ebnf
+        # node forms emitted elsewhere (schema/arrays.py, schema/objects.py): a body or None
+        self.extended = extended
         self.rules: dict[str, str] = {}
         self.memo: dict[Node, str] = {}
         self._counter = 0
@@ -74,6 +79,10 @@ class Emitter:
         return name
 
     def _body(self, node: Node) -> str:
+        if self.extended is not None:
+            body = self.extended(self, node)
+            if body is not None:
+                return body
         if isinstance(node, NoValue):
             # Unreachable in a satisfiable graph; a rule that no output can complete.
             return '"\\u0000" "\\u0000"'
@@ -112,8 +121,10 @@ class Emitter:
         return ebnf_literal(json.dumps(v))
 
     def _string(self, node: StringType) -> str:
-        if node.patterns:
-            return self.pattern_ebnf(node)
+        if node.patterns:  # pattern/format (and length): the expression and its rules
+            body, rules = self.pattern_ebnf(node, self._fresh("p") + "_")
+            self.rules.update(rules)
+            return body
         hi = "" if node.max_length is None else str(node.max_length)
         if node.min_length == 0 and node.max_length is None:
             return "string"

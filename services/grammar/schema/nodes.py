@@ -59,6 +59,7 @@ class IntegerType:
 
     lo: int = INT64_MIN
     hi: int = INT64_MAX
+    multiple: int = 1  # multipleOf (a positive integer)
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,11 @@ class NumberType:
 
 @dataclass(frozen=True)
 class Pattern:
-    source: str  # the schema's pattern text (search semantics)
+    source: str  # the schema's pattern text (search semantics), or a format's regex (whole match)
     pointer: str  # where it was written
+    whole: bool = False  # True: the whole string must match (a `format`); False: search (`pattern`)
+    negated: bool = False  # True: the string must NOT match (from `not`)
+    literal: bool = False  # True: `source` is one literal string (whole match), from `not` of a const
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,8 @@ class ArrayType:
     items: "Node" = ANY
     min_items: int = 0
     max_items: int | None = None
+    unique: bool = False  # uniqueItems (only over finite item domains; see schema/arrays.py)
+    contains: "Node | None" = None  # contains: at least one item also satisfies this (no prefix)
 
 
 @dataclass(frozen=True)
@@ -108,13 +114,26 @@ class ObjectType:
 
     properties: tuple[tuple[str, "Node"], ...] = ()
     required: tuple[Required, ...] = ()
-    additional: "Node" = ANY
+    additional: "Node" = ANY  # names neither declared nor matched by a pattern
+    # patternProperties: (pattern, schema) for undeclared names (declared values already include
+    # the patterns their name matches); see Graph.value_of
+    patterns: tuple[tuple[Pattern, "Node"], ...] = ()
+    names: "Node" = ANY  # propertyNames: ANY, a StringType or string Literals
+    min_props: int = 0
+    max_props: int | None = None
 
     def value_of(self, name: str) -> "Node":
+        """The declared value, else `additional` (objects without patterns or names only)."""
         for key, node in self.properties:
             if key == name:
                 return node
         return self.additional
+
+    @property
+    def extended(self) -> bool:
+        """Uses patternProperties, propertyNames or a property count."""
+        return bool(self.patterns) or self.names != ANY or self.min_props > 0 or \
+            self.max_props is not None
 
     @property
     def required_names(self) -> frozenset[str]:
@@ -140,6 +159,8 @@ class ReducedSchema:
 
     root: Node
     defs: dict[str, Node] = field(default_factory=dict)
+    # Keywords in no vocabulary of the dialect, read as annotations (sorted names).
+    annotations: tuple[str, ...] = ()
 
 
 def make_union(branches: list[Node] | tuple[Node, ...]) -> Node:

@@ -1,0 +1,255 @@
+"""`not`, `if`/`then`/`else`, dependencies, `multipleOf`, `uniqueItems`: each where it reduces
+exactly to the graph, otherwise UnsupportedSchema at its pointer.
+
+- `not S` meets the node with the complement of S, computed where it is exact: of types, of
+  finite sets of null/boolean/number/string values (numbers by the open intervals between them,
+  strings by negated literal patterns), of number
+  bounds, of string lengths and patterns (negated patterns go through the string automaton), of
+  array lengths, of objects by their required names, property counts and declared property
+  schemas (an object violates S when a required name is missing, or a declared property is
+  present with a value in the complement of its schema); of unions by De Morgan.
+- `if I then T else E` = (I and T) or (not I and E); `if` alone asserts nothing.
+- `oneOf` that cannot be proved disjoint (reader.py): node and (X_i and not X_j, j != i) per i.
+- `dependentRequired {a: [b]}` = objects without a, or with a and b; `dependentSchemas {a: S}` =
+  objects without a, or with a that satisfy S; draft-04..07 `dependencies` is either, per name.
+- `multipleOf k` for an integer k: integers divisible by k (a regular language, also within
+  ranges); a fractional k is refused: jsonschema divides binary64 values (0.07 / 0.01 fails), so no
+  exact language agrees with both the decimal reading and the validators.
+- `uniqueItems` over a finite item domain (literals, booleans, null, small integer ranges) of at
+  most `arrays.MAX_UNIQUE` values; over anything else it is not context-free: refused.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from services.grammar.schema.context import child
+from services.grammar.schema.nodes import (
+    ANY, NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
+    NumberType, ObjectType, Pattern, Ref, Required, StringType, Union, make_union,
+)
+
+if TYPE_CHECKING:
+    from services.grammar.schema.reader import Reader
+
+KEYWORDS = frozenset({"not", "if", "then", "else", "dependencies", "dependentRequired",
+                      "dependentSchemas", "multipleOf", "uniqueItems"})
+
+_FULL: dict[str, Node] = {"null": NullType(), "boolean": BooleanType(), "number": NumberType(),
+                          "string": StringType(), "array": ArrayType(), "object": ObjectType()}
+_KIND = {NullType: "null", BooleanType: "boolean", IntegerType: "number", NumberType: "number",
+         StringType: "string", ArrayType: "array", ObjectType: "object"}
+
+
+def _others(*kinds: str) -> list[Node]:
+    return [n for k, n in _FULL.items() if k not in kinds]
+
+
+def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | None:
+    """Every JSON value not in `node`, or None where that is not exactly representable."""
+    g = r.graph
+    if depth > 64:
+        return None
+    if isinstance(node, Ref):
+        node = g.resolve(node, pointer)
+    if isinstance(node, AnyValue):
+        return NEVER
+    if isinstance(node, NoValue):
+        return ANY
+    if isinstance(node, Union):
+        out: Node = ANY
+        for b in node.branches:
+            c = complement(r, b, pointer, depth + 1)
+            if c is None:
+                return None
+            out = g.meet(out, c, pointer)
+        return out
+    if isinstance(node, Literals):
+        return _literals_complement(node)
+    if isinstance(node, (NullType, BooleanType)):
+        return make_union(_others(_KIND[type(node)]))
+    if isinstance(node, NumberType):
+        parts = _others("number")
+        if node.lo is not None:
+            parts.append(NumberType(hi=node.lo, hi_exclusive=not node.lo_exclusive))
+        if node.hi is not None:
+            parts.append(NumberType(lo=node.hi, lo_exclusive=not node.hi_exclusive))
+        return make_union(parts)
+    if isinstance(node, StringType):
+        parts = _others("string")
+        if node.min_length > 0:
+            parts.append(StringType(0, node.min_length - 1))
+        if node.max_length is not None:
+            parts.append(StringType(node.max_length + 1, None))
+        for p in node.patterns:
+            parts.append(StringType(patterns=(Pattern(p.source, p.pointer, p.whole, not p.negated,
+                                                      p.literal),)))
+        return make_union(parts)
+    if isinstance(node, ArrayType):
+        if node.prefix or not isinstance(node.items, AnyValue) or node.unique or \
+                node.contains is not None:
+            return None
+        parts = _others("array")
+        if node.min_items > 0:
+            parts.append(ArrayType(max_items=node.min_items - 1))
+        if node.max_items is not None:
+            parts.append(ArrayType(min_items=node.max_items + 1))
+        return make_union(parts)
+    if isinstance(node, ObjectType):
+        return _object_complement(r, node, pointer, depth)
+    return None  # IntegerType: the numbers that are not integers have no grammar here
+
+
+def _literals_complement(node: Literals) -> Node | None:
+    values = [json.loads(t) for t in node.texts]
+    kinds = {"null" if v is None else "boolean" if isinstance(v, bool) else
+             "string" if isinstance(v, str) else "number" if isinstance(v, (int, float)) else
+             "other" for v in values}
+    if "other" in kinds:
+        return None  # arrays, objects: no exact complement here
+    parts = _others(*kinds)
+    if "number" in kinds:  # the open intervals between the excluded numbers
+        cuts = sorted({Fraction(v) for v in values if isinstance(v, (int, float)) and
+                       not isinstance(v, bool)})
+        parts.append(NumberType(hi=cuts[0], hi_exclusive=True))
+        parts += [NumberType(a, True, b, True) for a, b in zip(cuts, cuts[1:])]
+        parts.append(NumberType(lo=cuts[-1], lo_exclusive=True))
+    if "boolean" in kinds:
+        rest = [b for b in (True, False) if b not in [v for v in values if isinstance(v, bool)]]
+        if rest:
+            parts.append(Literals((json.dumps(rest[0]),)))
+    if "string" in kinds:
+        negated = tuple(Pattern(v, "", True, True, True) for v in values if isinstance(v, str))
+        parts.append(StringType(patterns=negated))
+    return make_union(parts)
+
+
+def _object_complement(r: "Reader", node: ObjectType, pointer: str, depth: int) -> Node | None:
+    g = r.graph
+    if node.patterns or not isinstance(node.names, AnyValue) or not isinstance(node.additional, AnyValue):
+        return None
+    parts = _others("object")
+    for req in node.required:
+        parts.append(g.object_type(((req.name, NEVER),), (), ANY, pointer=pointer))
+    for key, value in node.properties:
+        if isinstance(value, AnyValue):
+            continue
+        c = complement(r, value, pointer, depth + 1)
+        if c is None:
+            return None
+        parts.append(g.object_type(((key, c),), (Required(key, pointer),), ANY, pointer=pointer))
+    if node.min_props > 0:
+        parts.append(ObjectType(max_props=node.min_props - 1))
+    if node.max_props is not None:
+        parts.append(ObjectType(min_props=node.max_props + 1))
+    return make_union(parts)
+
+
+# ---- application -----------------------------------------------------------------------------
+
+
+def apply(r: "Reader", s: dict, node: Node, pointer: str, depth: int) -> Node:
+    """`node` met with the keywords of this module present in `s`."""
+    g = r.graph
+    if "not" in s:
+        at = child(pointer, "not")
+        c = complement(r, r.read(s["not"], at, depth), at)
+        if c is None:
+            raise r.ctx.unsupported(at, "not: the complement of this schema has no exact reduction "
+                                        "(supported: types, null/boolean/string values, bounds, "
+                                        "lengths, patterns, required names, property schemas)")
+        node = g.meet(node, c, at)
+    if "if" in s:
+        node = g.meet(node, _conditional(r, s, pointer, depth), pointer)
+    for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+        if key in s:
+            node = g.meet(node, _dependencies(r, s, key, pointer, depth), child(pointer, key))
+    if "multipleOf" in s:
+        node = g.meet(node, _multiple(r, s["multipleOf"], child(pointer, "multipleOf")), pointer)
+    if s.get("uniqueItems") is True:
+        node = _unique(r, node, child(pointer, "uniqueItems"))
+    elif "uniqueItems" in s and not isinstance(s["uniqueItems"], bool):
+        raise r.ctx.invalid(child(pointer, "uniqueItems"), "uniqueItems must be a boolean")
+    return node
+
+
+def _conditional(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
+    at = child(pointer, "if")
+    cond = r.read(s["if"], at, depth)
+    then = r.read(s["then"], child(pointer, "then"), depth) if "then" in s else ANY
+    other = r.read(s["else"], child(pointer, "else"), depth) if "else" in s else ANY
+    if isinstance(then, AnyValue) and isinstance(other, AnyValue):
+        return ANY
+    c = complement(r, cond, at)
+    if c is None:
+        raise r.ctx.unsupported(at, "if: the complement of the condition has no exact reduction")
+    return make_union([r.graph.meet(cond, then, at), r.graph.meet(c, other, at)])
+
+
+def _dependencies(r: "Reader", s: dict, key: str, pointer: str, depth: int) -> Node:
+    at = child(pointer, key)
+    deps = s[key]
+    if not isinstance(deps, dict):
+        raise r.ctx.invalid(at, f"{key} must be an object")
+    g = r.graph
+    out: Node = ANY
+    for name, dep in deps.items():
+        here = child(at, name)
+        absent = g.object_type(((name, NEVER),), (), ANY, pointer=here)
+        if key != "dependentSchemas" and isinstance(dep, list):
+            if not all(isinstance(n, str) for n in dep):
+                raise r.ctx.invalid(here, f"{key} lists must hold property names")
+            names = [name] + [n for n in dep if n != name]
+            present = g.object_type((), tuple(Required(n, here) for n in dict.fromkeys(names)), ANY,
+                                    pointer=here)
+        elif key != "dependentRequired" and isinstance(dep, (dict, bool)):
+            present = g.meet(g.object_type((), (Required(name, here),), ANY, pointer=here),
+                             r.read(dep, here, depth), here)
+        else:
+            raise r.ctx.invalid(here, f"{key} values must be "
+                                      + ("arrays of names" if key == "dependentRequired" else
+                                         "schemas" if key == "dependentSchemas" else
+                                         "arrays of names or schemas"))
+        out = g.meet(out, make_union(_others("object") + [absent, present]), here)
+    return out
+
+
+def _multiple(r: "Reader", k: Any, at: str) -> Node:
+    if not isinstance(k, (int, float)) or isinstance(k, bool) or k <= 0:
+        raise r.ctx.invalid(at, "multipleOf must be a number greater than 0")
+    if isinstance(k, float):
+        if not k.is_integer():
+            raise r.ctx.unsupported(at, f"multipleOf {k}: a fractional multiple is not supported "
+                                        "(validators divide binary64 values, so 0.07 is not a "
+                                        "multiple of 0.01 for them; no exact language agrees)")
+        k = int(k)
+    from services.grammar.schema.arrays import MAX_MODULUS
+
+    if k > MAX_MODULUS:
+        raise r.ctx.unsupported(at, f"multipleOf {k} is above {MAX_MODULUS}")
+    return make_union(_others("number") + [IntegerType(multiple=k)])
+
+
+def _unique(r: "Reader", node: Node, at: str) -> Node:
+    """Array branches of `node` with uniqueItems (other branches are unaffected)."""
+    from services.grammar.schema.arrays import finite_domain
+
+    def one(n: Node) -> Node:
+        if isinstance(n, Union):
+            return make_union([one(b) for b in n.branches])
+        if isinstance(n, Ref):
+            resolved = r.graph.resolve(n, at)
+            return one(resolved) if isinstance(resolved, (ArrayType, Union)) else n
+        if isinstance(n, AnyValue):
+            n = make_union(list(_FULL.values()))
+            return one(n)
+        if not isinstance(n, ArrayType) or (n.max_items is not None and n.max_items <= 1):
+            return n
+        if n.prefix or n.contains is not None or finite_domain(r.graph, n.items, at) is None:
+            raise r.ctx.unsupported(at, "uniqueItems is supported only over a finite item domain "
+                                        "(enum/const, booleans, null, small integer ranges)")
+        return ArrayType(n.prefix, n.items, n.min_items, n.max_items, True, n.contains)
+
+    return one(node)

@@ -1,0 +1,125 @@
+"""`format` as exact regular languages, written as whole-match regular expressions for our parser.
+
+Each string format is the language of its RFC's ABNF (case-sensitive where the RFC text or the
+common checkers are; see below), expressed in the regex subset of `services.grammar.regex` and
+enforced like an anchored `pattern` (`Pattern(..., whole=True)`), so const/enum filtering, the
+grammar and the length intersection all use one tree. Where an RFC allows what `jsonschema`'s
+format checkers refuse, we take the intersection, never the union (the language is never looser
+than either):
+
+- date-time / time (RFC 3339 5.6): the leap second `:60` and year 0000 are refused
+  (rfc3339-validator refuses both); `T` and `Z` may be lowercase (RFC 3339 5.6 NOTE).
+- date (RFC 3339 full-date): February 29 only in leap years; year 0000 refused (datetime.date).
+- duration (RFC 3339 Appendix A): designators uppercase only (ISO 8601; isoduration).
+- hostname (RFC 1123 2.1 labels, RFC 1034 3.1 length): labels of 1..63 letters, digits and inner
+  hyphens, the whole name at most 63 characters (RFC: 253; see HOSTNAME_MAX), no trailing dot;
+  labels with "--" in their 3rd
+  and 4th positions are refused (IDNA2008's reserved labels: the test suite refuses invalid
+  "xn--" A-labels, whose validity is not a small regular language).
+- email (RFC 5321 4.1.2 Mailbox): dot-string or quoted local part, a domain or an address literal;
+  the size limits of RFC 5321 4.5.3.1 are not applied (they are implementation minimums).
+- ipv4 (RFC 2673 dotted-quad, no leading zeros), ipv6 (RFC 4291 2.2, the RFC 3986 IPv6address
+  production; no zone identifier), uuid (RFC 4122 3, hex digits of either case), uri and
+  uri-reference (RFC 3986, ASCII), json-pointer (RFC 6901), relative-json-pointer (its draft;
+  jsonschema's checker wrongly refuses a "0" after another digit, e.g. "10#").
+- OpenAPI's registry, applied to the type it is defined for: int32/int64 (integer ranges on
+  numbers), float/double (numbers; no constraint beyond finite binary64), byte (RFC 4648 base64),
+  binary and password (any string).
+
+Unknown formats (and regex, idn-*, iri*, uri-template: not reduced here) are UnsupportedSchema.
+"""
+
+from __future__ import annotations
+
+_DIGIT = "[0-9]"
+_HEX = "[0-9A-Fa-f]"
+
+# ---- RFC 3339
+_YEAR = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_MONTH_DAY = ("(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+              "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+              "|02-(?:0[1-9]|1[0-9]|2[0-8]))")
+DATE = f"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+TIME = ("(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?"
+        "(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
+DATE_TIME = f"{DATE}[Tt]{TIME}"
+_DUR_TIME = "T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
+DURATION = (f"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:{_DUR_TIME})?"
+            f"|{_DUR_TIME}|[0-9]+W)")
+
+# ---- addresses
+_DEC_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+IPV4 = f"(?:{_DEC_OCTET}\\.){{3}}{_DEC_OCTET}"
+_H16 = f"{_HEX}{{1,4}}"
+_LS32 = f"(?:{_H16}:{_H16}|{IPV4})"
+IPV6 = "(?:" + "|".join([
+    f"(?:{_H16}:){{6}}{_LS32}",
+    f"::(?:{_H16}:){{5}}{_LS32}",
+    f"(?:{_H16})?::(?:{_H16}:){{4}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,1}}{_H16})?::(?:{_H16}:){{3}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,2}}{_H16})?::(?:{_H16}:){{2}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}",
+    f"(?:(?:{_H16}:){{0,4}}{_H16})?::{_LS32}",
+    f"(?:(?:{_H16}:){{0,5}}{_H16})?::{_H16}",
+    f"(?:(?:{_H16}:){{0,6}}{_H16})?::",
+]) + ")"
+UUID = f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+# "--" in the 3rd and 4th positions (IDNA2008 reserved / A-labels) refused. No label length bound
+# here: the whole name is at most HOSTNAME_MAX = 63 characters, so every label is too.
+_LABEL = ("(?:[A-Za-z0-9]{1,2}|[A-Za-z0-9][A-Za-z0-9-]{1,2}[A-Za-z0-9]"
+          "|[A-Za-z0-9][A-Za-z0-9-](?:[A-Za-z0-9][A-Za-z0-9-]|-[A-Za-z0-9])[A-Za-z0-9-]*[A-Za-z0-9])")
+HOSTNAME = f"{_LABEL}(?:\\.{_LABEL})*"
+# RFC 1034 allows 253 characters in all, but labels of <= 63 and a total of <= 253 together need a
+# product automaton of ~24,000 states (measured): we generate hostnames of at most 63 characters,
+# for which the label bound holds by itself (a strict subset: never a looser language).
+HOSTNAME_MAX = 63
+
+# ---- RFC 5321 Mailbox
+_ATEXT = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+_LOCAL = f'(?:{_ATEXT}+(?:\\.{_ATEXT}+)*|"(?:[\\x20\\x21\\x23-\\x5b\\x5d-\\x7e]|\\\\[\\x20-\\x7e])*")'
+_SUBDOMAIN = "[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_ADDRESS_LITERAL = f"\\[(?:{IPV4}|[A-Za-z0-9-]*[A-Za-z0-9]:[\\x21-\\x5a\\x5e-\\x7e]+)\\]"
+EMAIL = f"{_LOCAL}@(?:{_SUBDOMAIN}(?:\\.{_SUBDOMAIN})*|{_ADDRESS_LITERAL})"
+
+# ---- RFC 3986
+_PCT = f"%{_HEX}{{2}}"
+_UNRESERVED_SUB = "A-Za-z0-9._~!$&'()*+,;=\\-"
+_PCHAR = f"(?:[{_UNRESERVED_SUB}:@]|{_PCT})"
+_SEGMENT_NZ_NC = f"(?:[{_UNRESERVED_SUB}@]|{_PCT})+"
+_USERINFO = f"(?:[{_UNRESERVED_SUB}:]|{_PCT})*"
+_REG_NAME = f"(?:[{_UNRESERVED_SUB}]|{_PCT})*"
+_IP_LITERAL = f"\\[(?:{IPV6}|[vV]{_HEX}+\\.[{_UNRESERVED_SUB}:]+)\\]"
+_AUTHORITY = f"(?:{_USERINFO}@)?(?:{_IP_LITERAL}|{_REG_NAME})(?::[0-9]*)?"
+_PATH_ABEMPTY = f"(?:/{_PCHAR}*)*"
+_PATH_ABSOLUTE = f"/(?:{_PCHAR}+(?:/{_PCHAR}*)*)?"
+_PATH_ROOTLESS = f"{_PCHAR}+(?:/{_PCHAR}*)*"
+_PATH_NOSCHEME = f"{_SEGMENT_NZ_NC}(?:/{_PCHAR}*)*"
+_QUERY_FRAGMENT = f"(?:\\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
+URI = (f"[A-Za-z][A-Za-z0-9+.-]*:(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}|{_PATH_ROOTLESS})?"
+       f"{_QUERY_FRAGMENT}")
+_RELATIVE_REF = (f"(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}|{_PATH_NOSCHEME})?"
+                 f"{_QUERY_FRAGMENT}")
+URI_REFERENCE = f"(?:{URI}|{_RELATIVE_REF})"
+
+# ---- RFC 6901 and relative JSON pointers (draft-handrews-relative-json-pointer-01)
+JSON_POINTER = "(?:/(?:[^/~]|~[01])*)*"
+RELATIVE_JSON_POINTER = f"(?:0|[1-9][0-9]*)(?:#|{JSON_POINTER})"
+
+BYTE = "(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
+
+# name -> (whole-match regex, maximum length or None)
+STRING_FORMATS: dict[str, tuple[str, int | None]] = {
+    "date-time": (DATE_TIME, None), "date": (DATE, None), "time": (TIME, None),
+    "duration": (DURATION, None), "email": (EMAIL, None), "hostname": (HOSTNAME, HOSTNAME_MAX),
+    "ipv4": (IPV4, None), "ipv6": (IPV6, None), "uuid": (UUID, None), "uri": (URI, None),
+    "uri-reference": (URI_REFERENCE, None), "json-pointer": (JSON_POINTER, None),
+    "relative-json-pointer": (RELATIVE_JSON_POINTER, None), "byte": (BYTE, None),
+}
+# Formats that assert nothing for the type they apply to (OpenAPI: descriptive).
+STRING_NO_CONSTRAINT = frozenset({"binary", "password"})
+# OpenAPI integer formats: inclusive ranges.
+INTEGER_FORMATS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+NUMBER_NO_CONSTRAINT = frozenset({"float", "double"})
+KNOWN = frozenset(STRING_FORMATS) | STRING_NO_CONSTRAINT | frozenset(INTEGER_FORMATS) | \
+    NUMBER_NO_CONSTRAINT
