@@ -49,16 +49,16 @@ def get_frontend(model: str) -> Frontend:
 
 @lru_cache(maxsize=None)
 def _builtin(model: str) -> Frontend:
-    from shared.frontends.frontend import HFTokenizer, TiktokenTokenizer
+    from shared.frontends.frontend import HFTokenizer
 
     domain = get_domain(model)  # raises for unknown names
     if model == "smollm2":
         from shared.frontends.smollm2 import smollm2_tokenizer
 
         return Frontend(model, domain, HFTokenizer(smollm2_tokenizer()))
-    from shared.frontends.qwen35 import qwen35_tokenizer, render_raw_text
+    from shared.frontends.qwen35 import qwen35_frontend
 
-    return Frontend(model, domain, TiktokenTokenizer(qwen35_tokenizer()), render=render_raw_text)
+    return qwen35_frontend(model, domain)
 
 
 __all__ = ["Frontend", "MODELS", "get_domain", "get_frontend"]
