@@ -28,10 +28,10 @@ from typing import Literal, Mapping
 
 import xgrammar as xgr
 
-from services.grammar.compiler import ModelCompiler, cache_key, framing_of, source_kind
+from services.grammar.compiler import ModelCompiler, cache_key, framing_of
 from services.grammar.store import RedisStore, StoreConfig, StoreUnavailable
 from shared.contract import OutputConstraint
-from shared.errors import InternalError, InvalidRequest, RequestError, Unsupported
+from shared.errors import InternalError, InvalidRequest, RequestError
 from shared.frontends.token_domain import TokenDomain
 from shared.logging import get_logger
 from shared.metrics import GrammarMetrics
@@ -169,13 +169,14 @@ class GrammarCache:
                       framing: str | None = None) -> CachedGrammar:
         """The compiled grammar of `constraint` with its key and how it was obtained.
 
-        `framing` defaults to "raw" (the constraint is the whole output); other framings raise
-        Unsupported until the compiler builds them. Raises the build's typed RequestError."""
+        `framing` defaults to the source's own ("raw", or Hermes tools); a framing that does not
+        fit the source raises Unsupported (services/grammar/framing.py). Raises the build's typed
+        RequestError."""
+        from services.grammar.framing import check_framing
+
         start = time.perf_counter()
         framing = framing or framing_of(constraint)
-        if framing != framing_of(constraint):
-            raise Unsupported(f"framing {framing!r} does not fit a {source_kind(constraint)} "
-                              f"source; use {framing_of(constraint)!r}", field="framing")
+        check_framing(constraint, framing)
         key = self.key(constraint, framing=framing)
         self.remember(key, constraint, framing)
         grammar = self._l1.get(key)
@@ -186,7 +187,7 @@ class GrammarCache:
         task = self._flights.get(key)
         owner = task is None
         if task is None:
-            task = self._start_flight(key, constraint)
+            task = self._start_flight(key, constraint, framing)
         try:
             grammar, fill = await asyncio.shield(task)
         except RequestError:
@@ -252,8 +253,8 @@ class GrammarCache:
 
     # -- one flight per key ------------------------------------------------------------------
 
-    def _start_flight(self, key: str, constraint: OutputConstraint) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(self._fill(key, constraint))
+    def _start_flight(self, key: str, constraint: OutputConstraint, framing: str) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(self._fill(key, constraint, framing))
         self._flights[key] = task
 
         def done(t: asyncio.Task) -> None:
@@ -265,20 +266,21 @@ class GrammarCache:
         task.add_done_callback(done)
         return task
 
-    async def _fill(self, key: str, constraint: OutputConstraint) -> tuple[xgr.CompiledGrammar, _Fill]:
+    async def _fill(self, key: str, constraint: OutputConstraint,
+                    framing: str) -> tuple[xgr.CompiledGrammar, _Fill]:
         fill = _Fill()
         grammar = None
         if self.store is not None:
             try:
-                grammar = await self._fill_shared(key, constraint, fill)
+                grammar = await self._fill_shared(key, constraint, framing, fill)
             except StoreUnavailable:
                 fill.redis_fallback = True
         if grammar is None:
-            grammar = await self._build(constraint, fill)
+            grammar = await self._build(constraint, framing, fill)
         self._put_l1(key, grammar)
         return grammar, fill
 
-    async def _fill_shared(self, key: str, constraint: OutputConstraint,
+    async def _fill_shared(self, key: str, constraint: OutputConstraint, framing: str,
                            fill: _Fill) -> xgr.CompiledGrammar | None:
         """Redis blob, or a build under the key's lock. Raises StoreUnavailable only before
         building; returns None when the caller should build in process (read-only mode)."""
@@ -312,7 +314,7 @@ class GrammarCache:
                     grammar = None if blob is None else await self._load(key, blob, fill)
                     if grammar is not None:
                         return grammar
-            grammar = await self._build(constraint, fill)
+            grammar = await self._build(constraint, framing, fill)
             # The requester gets its grammar now; serialising, compressing and storing it (longer
             # than many compiles) happens in the background, still under the key's lock so that
             # other replicas wait for the blob instead of building again.
@@ -361,14 +363,15 @@ class GrammarCache:
             except StoreUnavailable:
                 return
 
-    async def _build(self, constraint: OutputConstraint, fill: _Fill) -> xgr.CompiledGrammar:
+    async def _build(self, constraint: OutputConstraint, framing: str,
+                     fill: _Fill) -> xgr.CompiledGrammar:
         queued = time.perf_counter()
         async with self._cold:
             fill.queue_ms = _ms_since(queued)
             in_flight = self.metrics.cold_compiles_in_flight.labels(model=self.model)
             in_flight.inc()
             try:
-                outcome = await asyncio.to_thread(self.compiler.compile, constraint)
+                outcome = await asyncio.to_thread(self.compiler.compile, constraint, framing)
             finally:
                 in_flight.dec()
         fill.built, fill.hit, fill.compile_ms = True, None, outcome.compile_ms

@@ -52,9 +52,15 @@ def framing_of(constraint: "Compilable") -> str:
     return FRAMING
 
 
-def build_grammar(constraint: "Compilable", domain: TokenDomain) -> xgr.Grammar:
+def build_grammar(constraint: "Compilable", domain: TokenDomain,
+                  framing: str | None = None) -> xgr.Grammar:
     """Validate and convert a content constraint (raw framing) or a tool spec into an xgrammar
-    Grammar."""
+    Grammar; another `framing` (a thinking prefix, the XML tool format) is built by
+    services/grammar/framing.py."""
+    if framing is not None and framing != framing_of(constraint):
+        from services.grammar.framing import build_framed_grammar
+
+        return build_framed_grammar(constraint, framing, domain)
     if not isinstance(constraint, OutputConstraint):
         from services.grammar.tools import tool_grammar_ebnf
 
@@ -132,10 +138,11 @@ class ModelCompiler:
                 self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
             return self._compiler
 
-    def compile(self, constraint: "Compilable") -> CompileOutcome:
-        """Validate, convert and compile; single-threaded inside, safe to call from many threads."""
+    def compile(self, constraint: "Compilable", framing: str | None = None) -> CompileOutcome:
+        """Validate, convert and compile (under `framing`, default the source's own); single-
+        threaded inside, safe to call from many threads."""
         start = time.perf_counter()
-        grammar = build_grammar(constraint, self.domain)
+        grammar = build_grammar(constraint, self.domain, framing)
         compiler = self._ensure()
         try:
             compiled = compiler.compile_grammar(grammar)
