@@ -371,7 +371,8 @@ class GrammarCache:
             in_flight = self.metrics.cold_compiles_in_flight.labels(model=self.model)
             in_flight.inc()
             try:
-                outcome = await asyncio.to_thread(self.compiler.compile, constraint, framing)
+                args = (constraint,) if framing == framing_of(constraint) else (constraint, framing)
+                outcome = await asyncio.to_thread(self.compiler.compile, *args)
             finally:
                 in_flight.dec()
         fill.built, fill.hit, fill.compile_ms = True, None, outcome.compile_ms
