@@ -9,10 +9,11 @@ import json
 import random
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
+import torch
 import xgrammar as xgr
 
-from services.grammar.matching import legal_ids
 from services.grammar.param_names import NameIndex, ParameterNameConstraint
 from shared.frontends.token_domain import TokenDomain
 
@@ -28,63 +29,84 @@ class Walk:
 SCRIPTS = (b"\n</parameter>\n", b"</function>\n")
 
 
+@lru_cache(maxsize=4)
+def _tables(domain: TokenDomain) -> tuple[torch.Tensor, dict[bytes, int]]:
+    """Per domain: which ids start with a framing byte, and ordinary bytes -> smallest id."""
+    framing = [False] * domain.size
+    by_bytes: dict[bytes, int] = {}
+    for i, b in enumerate(domain.token_bytes):
+        if not domain.is_ordinary(i):
+            continue
+        framing[i] = bool(b) and b[0] in FRAMING_BYTES
+        by_bytes.setdefault(b, i)
+    return torch.tensor(framing, dtype=torch.bool), by_bytes
+
+
+def _legal(mask: torch.Tensor, size: int) -> torch.Tensor:
+    """[V] bool: the legal ids of a packed mask row."""
+    words = mask.to(torch.int64) & 0xFFFFFFFF
+    return (((words.unsqueeze(-1) >> torch.arange(32)) & 1).flatten()[:size]).bool()
+
+
 def walk(compiled: xgr.CompiledGrammar, domain: TokenDomain, rng: random.Random, *,
          max_tokens: int = 400, end_bias: float = 0.3, names: bool = False,
          prefer: frozenset[int] = frozenset(), prefer_weight: float = 0.4,
          scripts: tuple[bytes, ...] = SCRIPTS, script_rate: float = 0.06) -> Walk:
     """A random legal walk. EOS is taken with probability `end_bias` where legal; otherwise with
-    probability `prefer_weight` a legal token from `prefer` (control tokens, framing merges), else
-    mostly a token starting with a framing byte, else any legal token. With probability
-    `script_rate` per step the walk tries to write one of `scripts` (closing framing), token by
-    legal token, dropping it where the grammar does not allow it. `names`: apply the
-    ParameterNameConstraint companion to every mask and accept through it."""
+    probability `prefer_weight` a legal token from `prefer` (control tokens, framing merges;
+    control tokens ten times as likely), else mostly a token starting with a framing byte, else
+    any legal token. With probability `script_rate` per step the walk tries to write one of
+    `scripts` (closing framing), longest legal token first, dropping it where the grammar does not
+    allow it. `names`: apply the ParameterNameConstraint companion to every mask and accept
+    through it. Vectorised over the mask, so the real 248k vocabulary walks quickly."""
     matcher = xgr.GrammarMatcher(compiled)
     mask = xgr.allocate_token_bitmask(1, domain.size)
     companion = None
     if names:
         companion = ParameterNameConstraint(NameIndex.of(domain), domain.special_id("<tool_call>"),
                                             domain.special_id("</tool_call>"))
+    framing_ids, by_bytes = _tables(domain)
+    eos_ids = sorted(domain.eos_ids)
     tokens: list[int] = []
     script = b""
-    for _ in range(max_tokens):
-        matcher.fill_next_token_bitmask(mask)
-        if companion is not None:
-            companion.apply(mask[0])
-        ids = legal_ids(mask[0], domain.size)
-        assert ids, f"dead end after {tokens}"
-        eos = [i for i in ids if i in domain.eos_ids]
-        other = [i for i in ids if i not in domain.eos_ids]
-        if eos and (not other or rng.random() < end_bias):
-            assert matcher.accept_token(eos[0])
-            return Walk(tokens, True)
-        if not script and rng.random() < script_rate:
-            script = rng.choice(scripts)
-        steps = [i for i in other if domain.token_bytes[i] and
-                 script.startswith(domain.token_bytes[i])] if script else []
-        if steps:
-            token = max(steps, key=lambda i: len(domain.token_bytes[i]))
-            script = script[len(domain.token_bytes[token]):]
-            assert matcher.accept_token(token), token
-            if companion is not None:
-                companion.accept(token)
-            tokens.append(token)
-            continue
-        script = b""
-        preferred = [i for i in other if i in prefer]
-        framing = [i for i in other if domain.token_bytes[i][:1] and
-                   domain.token_bytes[i][0] in FRAMING_BYTES]
-        r = rng.random()
-        if preferred and r < prefer_weight:
-            weights = [10 if i in domain.control_ids else 1 for i in preferred]
-            token = rng.choices(preferred, weights)[0]
-        elif framing and r < prefer_weight + (1 - prefer_weight) * 0.6:
-            token = rng.choice(framing)
-        else:
-            token = rng.choice(other)
+
+    def take(token: int) -> None:
         assert matcher.accept_token(token), token
         if companion is not None:
             companion.accept(token)
         tokens.append(token)
+
+    for _ in range(max_tokens):
+        matcher.fill_next_token_bitmask(mask)
+        if companion is not None:
+            companion.apply(mask[0])
+        legal = _legal(mask[0], domain.size)
+        eos = [i for i in eos_ids if legal[i]]
+        legal[eos_ids] = False
+        other = torch.nonzero(legal).flatten()
+        assert eos or len(other), f"dead end after {tokens}"
+        if eos and (not len(other) or rng.random() < end_bias):
+            assert matcher.accept_token(eos[0])
+            return Walk(tokens, True)
+        if not script and rng.random() < script_rate:
+            script = rng.choice(scripts)
+        steps = [by_bytes[script[:k]] for k in range(len(script), 0, -1)
+                 if script[:k] in by_bytes and legal[by_bytes[script[:k]]]] if script else []
+        if steps:
+            script = script[len(domain.token_bytes[steps[0]]):]
+            take(steps[0])
+            continue
+        script = b""
+        preferred = [i for i in sorted(prefer) if i < domain.size and legal[i]]
+        r = rng.random()
+        framing = torch.nonzero(legal & framing_ids).flatten()
+        if preferred and r < prefer_weight:
+            weights = [10 if i in domain.control_ids else 1 for i in preferred]
+            take(rng.choices(preferred, weights)[0])
+        elif len(framing) and r < prefer_weight + (1 - prefer_weight) * 0.6:
+            take(int(framing[rng.randrange(len(framing))]))
+        else:
+            take(int(other[rng.randrange(len(other))]))
     return Walk(tokens, False)
 
 
