@@ -34,7 +34,7 @@ from tests.qwen_support import xml_domain
 from tests.xml_walks import decode_arguments, parse, walk
 
 LOOKUP = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 16},
+    "city": {"type": "string", "maxLength": 12},
     "days": {"type": "integer", "minimum": 1, "maximum": 9},
     "units": {"enum": ["metric", "imperial"]},
     "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]?$"},

@@ -59,7 +59,7 @@ VALUES = ["", "a", "abc", " x ", "\n", "é日本", "ab\n</parameter>cd", "\n</pa
           "\n</parameter>", "q" * 40]
 
 
-@pytest.mark.parametrize("lo,hi", [(0, None), (0, 12), (0, 20), (3, None), (1, 13)])
+@pytest.mark.parametrize("lo,hi", [(0, None), (0, 12), (3, None), (4, None), (2, 5)])
 def test_raw_string_lengths_and_delimiter(lo, hi, compiler) -> None:
     """A raw string value is accepted exactly when it has no delimiter and its length (Unicode
     characters) is within the bounds: the automaton with and without a count."""
@@ -98,7 +98,8 @@ def test_json_values_for_other_types(compiler) -> None:
     ({"const": "x\n</parameter>y"}, "delimiter"),
     ({"enum": ["ok", "bad\n</parameter>"]}, "delimiter"),
     ({"type": "string", "pattern": "[0-9]+"}, "line break"),
-    ({"type": "string", "maxLength": 300}, "length bound"),
+    ({"type": "string", "maxLength": 13}, "length bound"),
+    ({"type": "string", "minLength": 5}, "length bound"),
     ({"type": "string", "pattern": "^a$", "maxLength": 3}, "pattern"),
 ])
 def test_unrepresentable_parameters_are_typed_errors(prop, fragment, compiler) -> None:

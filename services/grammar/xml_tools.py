@@ -47,8 +47,8 @@ from shared.frontends.token_domain import TokenDomain
 _NAME_CLASS = ebnf_class(CharSet.chars(">\n\r").invert())
 
 
-def _strict_parameters(tool: ToolDefinition, index: int, prefix: str
-                       ) -> tuple[list[tuple[str, str, str, bool]], str]:
+def _strict_parameters(tool: ToolDefinition, index: int, prefix: str,
+                       raw: RawStrings | None = None) -> tuple[list[tuple[str, str, str, bool]], str]:
     """[(name, kind, value expression, required)] in declared order and the rules they use.
 
     Raises InvalidSchema / UnsupportedSchema (source tool_arguments, the tool's index and name)
@@ -59,7 +59,8 @@ def _strict_parameters(tool: ToolDefinition, index: int, prefix: str
     assert isinstance(root, ObjectType)
     ctx = Context(SchemaSource.TOOL_ARGUMENTS, index, tool.name)
     patterns = PatternSupport(ctx)
-    raw = RawStrings(prefix, ctx, patterns)
+    shared = raw is not None
+    raw = raw.bind(ctx, patterns) if raw is not None else RawStrings(prefix, ctx, patterns)
     required = root.required_names
     params: list[tuple[str, str, object, bool]] = []
     for name, node in root.properties:
@@ -87,7 +88,7 @@ def _strict_parameters(tool: ToolDefinition, index: int, prefix: str
             raw.expression(node, reduced, child("/properties", name))
         out.append((name, kind, expr, req))
     body, _ = embed(text, prefix)
-    rules = body + "".join(f"{k} ::= {v}\n" for k, v in raw.rules.items())
+    rules = body if shared else body + "".join(f"{k} ::= {v}\n" for k, v in raw.rules.items())
     return out, rules
 
 
@@ -95,11 +96,11 @@ _NAME_END = ebnf_literal(">\n")
 _VALUE_END = ebnf_literal(VALUE_END + "\n")
 
 
-def _arguments(tool: ToolDefinition, index: int) -> tuple[str, str]:
-    """(ARGS expression, rules) of one tool."""
+def _arguments(tool: ToolDefinition, index: int, raw: RawStrings) -> tuple[str, str]:
+    """(ARGS expression, rules) of one tool; raw string rules go to the shared `raw`."""
     if not tool.strict:
         return "xml_loose", ""
-    params, rules = _strict_parameters(tool, index, f"t{index}_")
+    params, rules = _strict_parameters(tool, index, f"t{index}_", raw)
     parts = []
     for name, _, expr, req in params:
         one = f"{ebnf_literal(PARAM_OPEN + name)} {_NAME_END} {expr} {_VALUE_END}"
@@ -107,9 +108,8 @@ def _arguments(tool: ToolDefinition, index: int) -> tuple[str, str]:
     return (" ".join(parts) if parts else '""'), rules
 
 
-def _shared_rules() -> str:
+def _shared_rules(raw: RawStrings) -> str:
     """The rules every XML tool grammar may use: free text, loose (non-strict) parameters."""
-    raw = RawStrings("xml_")
     value = raw.unbounded()
     lines = [
         f'xml_free ::= "" | {ebnf_class(ANY)} xml_free',
@@ -117,7 +117,6 @@ def _shared_rules() -> str:
         f"xml_lparam ::= {ebnf_literal(PARAM_OPEN)} xml_pname {_NAME_END} {value} {_VALUE_END}",
         f"xml_pname ::= {_NAME_CLASS}+",
     ]
-    lines += [f"{k} ::= {v}" for k, v in raw.rules.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -130,15 +129,17 @@ def xml_tool_grammar_ebnf(spec: ToolSpec, domain: TokenDomain) -> str:
         open_id, close_id = domain.special_id(CALL_OPEN), domain.special_id(CALL_CLOSE)
     except KeyError as e:
         raise ValueError(f"the vocabulary has no {e.args[0]!r} token") from None
-    lines: list[str] = [_shared_rules()]
+    raw = RawStrings("xml_")  # raw string automata shared by every tool (content-named rules)
+    lines: list[str] = [_shared_rules(raw)]
     index_of = {t.name: i for i, t in enumerate(spec.tools)}
     call_alts = []
     for tool in spec.allowed():
-        args, rules = _arguments(tool, index_of[tool.name])
+        args, rules = _arguments(tool, index_of[tool.name], raw)
         lines.append(rules)
         head = ebnf_literal(f"{CALL_HEAD}{tool.name}>\n")
         call_alts.append(f"Token({open_id}) {head} {args} {ebnf_literal(CALL_TAIL)} "
                          f"Token({close_id})")
+    lines.append("".join(f"{k} ::= {v}\n" for k, v in raw.rules.items()))
     mode = spec.choice.mode
     if mode is ToolMode.NONE:
         top = "xml_free"
