@@ -239,3 +239,16 @@ def test_strict_language(body, ok, compiler) -> None:
     compiled = compiler.compile_grammar(build_framed_grammar(
         ToolSpec(STRICT, ToolChoice(ToolMode.REQUIRED)), "qwen-xml-v1", d))
     assert _accepts(compiled, _call_tokens("stamp", body)) == ok
+
+
+def test_none_is_a_grammar_only_where_the_opener_is_a_token() -> None:
+    """`none` forbids generating the opener: with a control-token opener (XML) that takes a
+    grammar of free text (unless a content constraint owns the output); Hermes stays free."""
+    from services.grammar.tools import needs_tool_grammar
+
+    none = ToolChoice(ToolMode.NONE)
+    assert needs_tool_grammar(LOOSE, none, None, opener_is_token=True)
+    assert not needs_tool_grammar(LOOSE, none, OutputConstraint.json_object(),
+                                  opener_is_token=True)
+    assert not needs_tool_grammar(LOOSE, none, None)
+    assert not needs_tool_grammar((), none, None, opener_is_token=True)
