@@ -33,3 +33,22 @@ def xml_domain() -> TokenDomain:
         control_ids=frozenset(i for s, i in specials.items() if s != "<|im_end|>"),
         special_names=tuple(sorted(specials.items(), key=lambda kv: kv[1])),
     )
+
+
+@lru_cache(maxsize=1)
+def qwen_compiler():
+    """One xgrammar compiler over the real Qwen3.5 vocabulary for every test module (its
+    vocabulary index takes about a second to build)."""
+    import xgrammar as xgr
+
+    from shared.frontends.qwen35 import qwen35_domain
+
+    return xgr.GrammarCompiler(qwen35_domain().tokenizer_info(), max_threads=1,
+                               cache_enabled=False)
+
+
+def ordinary_ids(text: str) -> list[int]:
+    """`text` in ordinary Qwen3.5 tokens (special-token spellings stay text)."""
+    from shared.frontends.qwen35 import qwen35_tokenizer
+
+    return qwen35_tokenizer()._tokenizer.encode_ordinary(text)

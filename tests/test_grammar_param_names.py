@@ -26,8 +26,8 @@ from services.grammar.matching import legal_ids
 from services.grammar.param_names import NameIndex, ParameterNameConstraint
 from services.grammar.tools import ToolSpec
 from shared.contract import ToolChoice, ToolDefinition
-from shared.frontends.qwen35 import qwen35_domain, qwen35_tokenizer
-from tests.qwen_support import xml_domain
+from shared.frontends.qwen35 import qwen35_domain
+from tests.qwen_support import ordinary_ids, qwen_compiler, xml_domain
 from tests.xml_walks import SCRIPTS, walk
 
 LOOSE = (ToolDefinition.create("ping", None), ToolDefinition.create("echo", None))
@@ -143,9 +143,8 @@ def test_real_vocabulary_masks_match_the_oracle() -> None:
     parameter name, the companion clears exactly the legal tokens (of all 248k) that would
     complete it (`>`, `>\n`, ... among them), and nothing while the name can still differ."""
     d = qwen35_domain()
-    enc = qwen35_tokenizer()._tokenizer.encode_ordinary
-    compiler = xgr.GrammarCompiler(d.tokenizer_info(), max_threads=1, cache_enabled=False)
-    compiled = compiler.compile_grammar(build_framed_grammar(ToolSpec(LOOSE, ToolChoice()),
+    enc = ordinary_ids
+    compiled = qwen_compiler().compile_grammar(build_framed_grammar(ToolSpec(LOOSE, ToolChoice()),
                                                              "qwen-xml-v1", d))
     matcher, companion = xgr.GrammarMatcher(compiled), _companion(d)
     tokens = [d.special_id("<tool_call>")] + enc(

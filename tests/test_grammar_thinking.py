@@ -29,6 +29,7 @@ from shared.contract import OutputConstraint
 from shared.frontends import get_frontend
 from shared.frontends.thinking import CONTENT, REASONING
 from shared.generation import ReasoningDelta
+from tests.qwen_support import ordinary_ids, qwen_compiler
 from tests.xml_walks import walk
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
@@ -41,9 +42,8 @@ def frontend():
 
 
 @pytest.fixture(scope="module")
-def compiler(frontend) -> xgr.GrammarCompiler:
-    return xgr.GrammarCompiler(frontend.domain.tokenizer_info(), max_threads=1,
-                               cache_enabled=False)
+def compiler() -> xgr.GrammarCompiler:
+    return qwen_compiler()
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +58,7 @@ def _legal(matcher, domain) -> set[int]:
     return set(legal_ids(mask[0], domain.size))
 
 
-def _ordinary(text: str) -> list[int]:
-    from shared.frontends.qwen35 import qwen35_tokenizer
-
-    return qwen35_tokenizer()._tokenizer.encode_ordinary(text)
+_ordinary = ordinary_ids
 
 
 def test_reasoning_is_any_ordinary_token_then_the_close_token(frontend, json_grammar) -> None:
