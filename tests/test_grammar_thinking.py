@@ -167,3 +167,23 @@ def test_walks_split_into_reasoning_and_valid_content(frontend, json_grammar) ->
         assert text == content[2:].decode("utf-8")
         jsonschema.validate(json.loads(text), SCHEMA)
     assert done >= 2
+
+
+def test_exclude_token_union_pitfall() -> None:
+    """Why the reasoning branch is one `ExcludeToken(a, b, ...)`: xgrammar 0.2.8 masks
+    `ExcludeToken(a) | ExcludeToken(b)` as the intersection of the two sets (neither a nor b
+    legal, though each branch allows the other), so a union of exclusions would be wrong. If this
+    starts failing, the engine changed; the single terminal stays exact either way."""
+    from tests.qwen_support import xml_domain
+
+    d = xml_domain()
+    compiler = xgr.GrammarCompiler(d.tokenizer_info(), max_threads=1, cache_enabled=False)
+    masks = []
+    for rule in ("root ::= ExcludeToken(97) | ExcludeToken(98)", "root ::= ExcludeToken(97, 98)"):
+        matcher = xgr.GrammarMatcher(compiler.compile_grammar(rule))
+        masks.append(_legal(matcher, d))
+    ordinary = {i for i in range(d.size) if d.is_ordinary(i)}
+    assert ordinary - {97, 98} <= masks[1] and not {97, 98} & masks[1]
+    assert masks[0] == masks[1]  # the engine's intersection, not the union
+    # ExcludeToken admits control tokens too: the reasoning branch lists them explicitly.
+    assert d.control_ids <= masks[1]
