@@ -22,7 +22,7 @@ import codecs
 from dataclasses import dataclass
 from typing import Sequence
 
-from shared.frontends.pieces import Control, Piece
+from shared.frontends.pieces import Control
 from shared.frontends.token_domain import TokenDomain
 from shared.generation import ReasoningDelta
 

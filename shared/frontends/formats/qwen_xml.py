@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,15 +173,6 @@ def convert_value(text: str, types: tuple[str, ...]) -> Any:
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             pass
     return text
-
-
-def finite_json(text: str) -> bool:
-    """True when `text` is one JSON value without NaN/Infinity (a strict value's check)."""
-    try:
-        value = json.loads(text, parse_constant=_no_constant)
-    except ValueError:
-        return False
-    return not (isinstance(value, float) and not math.isfinite(value))
 
 
 @dataclass
