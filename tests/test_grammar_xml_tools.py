@@ -252,3 +252,25 @@ def test_none_is_a_grammar_only_where_the_opener_is_a_token() -> None:
                                   opener_is_token=True)
     assert not needs_tool_grammar(LOOSE, none, None)
     assert not needs_tool_grammar((), none, None, opener_is_token=True)
+
+
+@pytest.mark.asyncio
+async def test_framings_compile_through_the_cache_under_their_own_keys() -> None:
+    """The framing is part of the cache identity; a framing that does not fit the source is a
+    typed error naming the field."""
+    from services.grammar.cache import GrammarCache
+    from services.grammar.compiler import ModelCompiler
+    from shared.errors import Unsupported
+
+    cache = GrammarCache(ModelCompiler(xml_domain()))
+    spec = ToolSpec(STRICT, ToolChoice())
+    keys = {f: (await cache.compile(spec, framing=f)).key
+            for f in ("qwen-xml-v1", "qwen-think-v1+qwen-xml-v1", "hermes-v1")}
+    assert len(set(keys.values())) == 3
+    content = OutputConstraint.json_schema(ANSWER)
+    assert (await cache.compile(content, framing="qwen-think-v1+raw")).key != \
+        (await cache.compile(content)).key
+    for source, framing in ((spec, "raw"), (content, "qwen-xml-v1"), (content, "nope+raw")):
+        with pytest.raises(Unsupported) as err:
+            await cache.compile(source, framing=framing)
+        assert err.value.field == "framing"
