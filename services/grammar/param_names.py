@@ -122,7 +122,7 @@ class NameIndex:
 
     @staticmethod
     def of(domain: TokenDomain) -> "NameIndex":
-        """The index of `domain` (built once per vocabulary, about a second for 248k tokens)."""
+        """The index of `domain` (built once per vocabulary: 0.12 s for the 248k Qwen3.5 tokens)."""
         return _index(domain)
 
 
