@@ -33,8 +33,6 @@ _NEVER = (
 )
 FRAMING_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
                   "</tool_response>")
-# config.json `model_type` values of the family (top level or text_config).
-MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 _TEMPLATE = os.path.join(os.path.dirname(__file__), "templates", "qwen35.jinja")
 
 
@@ -77,10 +75,12 @@ def qwen35_template() -> str:
         return f.read()
 
 
-def is_qwen35_config(config: dict[str, Any]) -> bool:
-    """True for a checkpoint config.json of the Qwen3.5 family (by `model_type`)."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    return config.get("model_type") in MODEL_TYPES or text.get("model_type") in MODEL_TYPES
+def is_qwen35_config(config: dict) -> bool:
+    """True for a config.json that names a Qwen3.5 model (dense or MoE, text-only or not)."""
+    model_type = config.get("model_type", "")
+    archs = config.get("architectures") or []
+    return (isinstance(model_type, str) and model_type.startswith("qwen3_5")) or any(
+        isinstance(a, str) and a.startswith("Qwen3_5") for a in archs)
 
 
 def qwen35_frontend(name: str = "qwen3.5", domain: TokenDomain | None = None, tokenizer=None,
