@@ -74,6 +74,7 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None  # for role "tool"
     name: str | None = None
+    reasoning: str | None = None  # an assistant turn's reasoning (templates read reasoning_content)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ class PromptInput:
     text: str | None = None
     tools: tuple[ToolDefinition, ...] = ()
     continue_final_assistant: bool = False
+    # Thinking on/off for templates with a thinking mode (the template's `enable_thinking`, as
+    # vLLM/SGLang clients send it in chat_template_kwargs); None: the template's own default.
+    enable_thinking: bool | None = None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.text is None):
@@ -127,6 +131,11 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ReasoningDelta:
+    text: str  # reasoning (thinking) text; concatenated deltas are the turn's reasoning
+
+
+@dataclass(frozen=True)
 class ToolCallStart:
     index: int
     id: str
@@ -151,7 +160,8 @@ class Finished:
     stop_sequence: str | None = None  # the stop string that ended the output (Anthropic reports it)
 
 
-GenerationEvent = Union[Started, TextDelta, ToolCallStart, ToolCallArgumentsDelta, Finished]
+GenerationEvent = Union[Started, TextDelta, ReasoningDelta, ToolCallStart, ToolCallArgumentsDelta,
+                        Finished]
 
 
 class WorkerClient:

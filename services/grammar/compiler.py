@@ -52,9 +52,15 @@ def framing_of(constraint: "Compilable") -> str:
     return FRAMING
 
 
-def build_grammar(constraint: "Compilable", domain: TokenDomain) -> xgr.Grammar:
+def build_grammar(constraint: "Compilable", domain: TokenDomain,
+                  framing: str | None = None) -> xgr.Grammar:
     """Validate and convert a content constraint (raw framing) or a tool spec into an xgrammar
-    Grammar."""
+    Grammar; another `framing` (a thinking prefix, the XML tool format) is built by
+    services/grammar/framing.py."""
+    if framing is not None and framing != framing_of(constraint):
+        from services.grammar.framing import build_framed_grammar
+
+        return build_framed_grammar(constraint, framing, domain)
     if not isinstance(constraint, OutputConstraint):
         from services.grammar.tools import tool_grammar_ebnf
 
@@ -103,6 +109,21 @@ def cache_key(
 
 
 @dataclass(frozen=True)
+class Framed:
+    """A source compiled under a framing other than its own (a thinking prefix, the XML tool
+    format): what travels through the cache, the build pools and the compile children in place
+    of the bare source, so every builder compiles the same language the key names."""
+
+    source: "Compilable"
+    framing: str
+
+
+def framed(constraint: "Compilable", framing: str) -> "Compilable | Framed":
+    """`constraint` itself under its own framing, else wrapped with `framing`."""
+    return constraint if framing == framing_of(constraint) else Framed(constraint, framing)
+
+
+@dataclass(frozen=True)
 class CompileOutcome:
     grammar: xgr.CompiledGrammar
     compile_ms: float
@@ -132,10 +153,13 @@ class ModelCompiler:
                 self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
             return self._compiler
 
-    def compile(self, constraint: "Compilable") -> CompileOutcome:
-        """Validate, convert and compile; single-threaded inside, safe to call from many threads."""
+    def compile(self, constraint: "Compilable", framing: str | None = None) -> CompileOutcome:
+        """Validate, convert and compile (under `framing`, default the source's own); single-
+        threaded inside, safe to call from many threads."""
+        if isinstance(constraint, Framed):
+            constraint, framing = constraint.source, constraint.framing
         start = time.perf_counter()
-        grammar = build_grammar(constraint, self.domain)
+        grammar = build_grammar(constraint, self.domain, framing)
         compiler = self._ensure()
         try:
             compiled = compiler.compile_grammar(grammar)

@@ -14,11 +14,10 @@ from typing import Any, Generic
 from services.grammar.builders import BuildOutcome, Builder
 from services.grammar.cache_types import (CacheConfig, Cached, CompileStats, Upstream,
                                           UpstreamUnavailable, V, _Fill, _LRU)
-from services.grammar.compiler import ModelCompiler, cache_key, framing_of, source_kind
+from services.grammar.compiler import Framed, ModelCompiler, cache_key, framed, framing_of
 from services.grammar.records import Record
 from services.grammar.store import RedisStore, StoreUnavailable
-from shared.errors import (ConstraintTooComplex, Overloaded, RequestError, ServiceUnavailable,
-                           Unsupported)
+from shared.errors import ConstraintTooComplex, Overloaded, RequestError, ServiceUnavailable
 from shared.frontends.token_domain import TokenDomain
 from shared.logging import get_logger
 from shared.metrics import GrammarMetrics
@@ -83,14 +82,15 @@ class _KeyCache(Generic[V]):
                     upstream: Upstream | None = None) -> Cached[V]:
         """The value of `constraint` with its key and how it was obtained.
 
-        `framing` defaults to the source's own framing (others raise Unsupported). Raises the
-        build's typed RequestError (ConstraintTooComplex when a limit stopped it), Overloaded
-        when no cold slot freed in time, InternalError when a compile process crashed."""
+        `framing` defaults to the source's own framing; one that does not fit the source raises
+        Unsupported (services/grammar/framing.py). Raises the build's typed RequestError
+        (ConstraintTooComplex when a limit stopped it), Overloaded when no cold slot freed in
+        time, InternalError when a compile process crashed."""
+        from services.grammar.framing import check_framing
+
         start = time.perf_counter()
         framing = framing or framing_of(constraint)
-        if framing != framing_of(constraint):
-            raise Unsupported(f"framing {framing!r} does not fit a {source_kind(constraint)} "
-                              f"source; use {framing_of(constraint)!r}", field="framing")
+        check_framing(constraint, framing)
         key = self.key(constraint, framing=framing)
         value = self._l1.get(key)
         if value is not None:
@@ -101,7 +101,7 @@ class _KeyCache(Generic[V]):
         task = self._flights.get(key)
         owner = task is None
         if task is None:
-            task = self._start_flight(key, constraint, framing, upstream)
+            task = self._start_flight(key, framed(constraint, framing), framing, upstream)
         try:
             value, fill = await asyncio.shield(task)
         except ConstraintTooComplex as exc:
@@ -196,7 +196,8 @@ class _KeyCache(Generic[V]):
         value = None
         if upstream is not None:
             try:
-                remote = await upstream(key, constraint, framing)
+                source = constraint.source if isinstance(constraint, Framed) else constraint
+                remote = await upstream(key, source, framing)
             except UpstreamUnavailable:
                 fill.service_fallback = True
             else:

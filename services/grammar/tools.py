@@ -93,11 +93,18 @@ class ToolSpec:
 
 
 def needs_tool_grammar(tools: tuple[ToolDefinition, ...], choice: ToolChoice,
-                       content: OutputConstraint | None) -> bool:
+                       content: OutputConstraint | None, *, opener_is_token: bool = False) -> bool:
     """Whether a request's output language is a tool grammar (else: the content constraint alone,
-    or free generation). Raises ConflictingConstraint for GBNF/choice/regex with active tools."""
-    if not tools or choice.mode is ToolMode.NONE:
+    or free generation). Raises ConflictingConstraint for GBNF/choice/regex with active tools.
+
+    `opener_is_token`: the model's format opens calls with a control token (Qwen XML). Then `none`
+    without a content constraint is a grammar too, the free text that never opens a call ("None
+    ... forbids generating the <tool_call> token"); a text opener (Hermes) cannot be forbidden
+    that way and `none` stays free generation."""
+    if not tools:
         return False
+    if choice.mode is ToolMode.NONE:
+        return opener_is_token and content is None
     if content is not None and content.kind not in (ConstraintKind.JSON_OBJECT,
                                                     ConstraintKind.JSON_SCHEMA):
         raise ConflictingConstraint(

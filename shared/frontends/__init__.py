@@ -31,8 +31,6 @@ def get_domain(model: str) -> TokenDomain:
 
         return qwen35_domain()
     if os.path.isdir(model):
-        if _builtin_vocabulary(model):
-            return get_domain("qwen3.5")
         from shared.frontends.hf import load_hf_frontend
 
         return load_hf_frontend(model).domain
@@ -43,43 +41,24 @@ def get_domain(model: str) -> TokenDomain:
 def get_frontend(model: str) -> Frontend:
     """The Frontend of a built-in model name or a checkpoint directory (raises as `get_domain`)."""
     if os.path.isdir(model):
-        if _builtin_vocabulary(model):
-            return _builtin("qwen3.5")
         from shared.frontends.hf import load_hf_frontend
 
         return load_hf_frontend(model).frontend
     return _builtin(model)
 
 
-def _builtin_vocabulary(path: str) -> bool:
-    """A Qwen3.5 checkpoint directory without tokenizer files uses the built-in Qwen3.5
-    frontend (its config.json names the family)."""
-    if os.path.exists(os.path.join(path, "tokenizer.json")):
-        return False
-    import json
-
-    from shared.frontends.qwen35 import is_qwen35_config
-
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and is_qwen35_config(config)
-
-
 @lru_cache(maxsize=None)
 def _builtin(model: str) -> Frontend:
-    from shared.frontends.frontend import HFTokenizer, TiktokenTokenizer
+    from shared.frontends.frontend import HFTokenizer
 
     domain = get_domain(model)  # raises for unknown names
     if model == "smollm2":
         from shared.frontends.smollm2 import smollm2_tokenizer
 
         return Frontend(model, domain, HFTokenizer(smollm2_tokenizer()))
-    from shared.frontends.qwen35 import qwen35_tokenizer, render_raw_text
+    from shared.frontends.qwen35 import qwen35_frontend
 
-    return Frontend(model, domain, TiktokenTokenizer(qwen35_tokenizer()), render=render_raw_text)
+    return qwen35_frontend(model, domain)
 
 
 __all__ = ["Frontend", "MODELS", "get_domain", "get_frontend"]

@@ -17,10 +17,15 @@ SentencePiece decoder's `Strip` of the first leading space is a display rule for
 text and is not applied: a generated `▁yes` is the bytes ` yes`. Added tokens without the special
 flag are their content's UTF-8 bytes. Any other tokenizer type raises `CheckpointError`.
 
-Chat rendering uses the checkpoint's Jinja chat template in a sandboxed environment with the
-globals transformers gives templates (`raise_exception`, `strftime_now`, a `tojson` that does not
-HTML-escape, the special-token spellings), messages as OpenAI-shaped dictionaries and tools as
-OpenAI function declarations; without a template it falls back to ChatML (`chatml.py`).
+Chat rendering uses the checkpoint's Jinja chat template (`template.ChatTemplate`: transformers'
+environment, the special-token spellings as variables, OpenAI-shaped messages and tools); without
+a template it falls back to ChatML (`chatml.py`).
+
+Model families with their own Frontend are chosen by config.json's `model_type` (the one place is
+`_family_frontend`): a Qwen3.5 checkpoint gets the Qwen3.5 Frontend (XML tool format, `<think>`
+framing; qwen35.py), with the checkpoint's own tokenizer and template where it has them (its
+framing tokens become control tokens), and the built-in vocabulary and template where it has no
+tokenizer files. Every other checkpoint gets the Hermes tool format and no thinking framing.
 """
 
 from __future__ import annotations
@@ -28,26 +33,20 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from datetime import datetime
-from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, Any
+from functools import lru_cache
+from typing import Any
 
-from shared.errors import InvalidRequest
-from shared.frontends.chatml import RenderedPrompt, check_messages, render_chatml
+from shared.frontends.chatml import RenderedPrompt
+from shared.frontends.frontend import Frontend, HFTokenizer
+from shared.frontends.template import ChatTemplate, TemplateError
 from shared.frontends.token_domain import (
     TokenDomain,
     byte_level_to_bytes,
     gpt2_byte_decoder,
 )
-from shared.generation import ChatMessage, PromptInput
-
-if TYPE_CHECKING:
-    from shared.frontends.frontend import Frontend
+from shared.generation import PromptInput
 
 METASPACE = "\u2581"  # "▁", SentencePiece's spelling of a space
-# Stands in for the final assistant content of a continued message while the template renders; the
-# text before it is the prompt, the real content is appended (no template sees or strips it).
-_CONTINUE_SENTINEL = "\x00infernix-continue\x00"
 
 
 class CheckpointError(ValueError):
@@ -145,10 +144,13 @@ def _token_spelling(value: Any) -> str | None:
     return None
 
 
-def build_hf_domain(path: str) -> TokenDomain:
+def build_hf_domain(path: str, *, control_spellings: tuple[str, ...] = ()) -> TokenDomain:
     """The token domain of checkpoint directory `path` (see the module docstring for the rules).
-    Raises CheckpointError for missing or unsupported tokenizer files, an EOS id outside the
-    vocabulary or a `vocab_size` smaller than the tokenizer."""
+
+    `control_spellings`: added tokens that are control tokens whatever their `special` flag (a
+    model family's framing tokens, named by its Frontend). Raises CheckpointError for missing or
+    unsupported tokenizer files, an EOS id outside the vocabulary or a `vocab_size` smaller than
+    the tokenizer."""
     config = _read_json(path, "config.json", required=True)
     spec = _read_json(path, "tokenizer.json", required=True)
     generation = _read_json(path, "generation_config.json", required=False)
@@ -174,7 +176,8 @@ def build_hf_domain(path: str) -> TokenDomain:
     for i, s in spellings.items():
         token_bytes[i] = (s.encode("utf-8") if i in verbatim
                           else _spelling_to_bytes(kind, s, byte_fallback, decoder, i))
-    specials = {e["content"]: int(e["id"]) for e in added if e.get("special")}
+    specials = {e["content"]: int(e["id"]) for e in added
+                if e.get("special") or e["content"] in control_spellings}
 
     by_spelling = {s: i for i, s in spellings.items()}
     eos = (_ids(generation.get("eos_token_id"), "generation_config.json")
@@ -205,49 +208,7 @@ def build_hf_domain(path: str) -> TokenDomain:
     )
 
 
-# ---------------------------------------------------------------- chat templates
-
-
-def _raise_exception(message: str) -> None:
-    raise InvalidRequest(f"the model's chat template rejects the messages: {message}", field="messages")
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # Plain JSON: Jinja's own `tojson` HTML-escapes <, >, & and ', which chat templates never want.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
-
-
-def _generation_extension():
-    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask markers) rendered as
-    their body."""
-    from jinja2.ext import Extension
-
-    class Generation(Extension):
-        tags = frozenset({"generation"})
-
-        def parse(self, parser):
-            next(parser.stream)
-            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-    return Generation
-
-
-@lru_cache(maxsize=16)
-def _compile_template(source: str):
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_generation_extension(), loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        return env.from_string(source)
-    except Exception as e:  # jinja2.TemplateSyntaxError: the checkpoint's fault
-        raise CheckpointError("chat_template", f"does not compile: {e}") from e
+# ---------------------------------------------------------------- frontends
 
 
 def _read_template(path: str, tok_config: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -267,54 +228,16 @@ def _read_template(path: str, tok_config: dict[str, Any]) -> tuple[str | None, s
                           "{name, template} objects")
 
 
-def message_dict(m: ChatMessage) -> dict[str, Any]:
-    """One message in the OpenAI shape templates expect; content is always a string and tool-call
-    arguments are a parsed object (templates apply `tojson` to them, as transformers documents)."""
-    out: dict[str, Any] = {"role": m.role, "content": m.content or ""}
-    if m.tool_calls:
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function",
-             "function": {"name": c.name,
-                          "arguments": json.loads(c.arguments_json) if c.arguments_json else {}}}
-            for c in m.tool_calls
-        ]
-    if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
-    if m.name is not None:
-        out["name"] = m.name
-    return out
-
-
-def tool_dicts(prompt: PromptInput) -> list[dict[str, Any]]:
-    """Declared tools as OpenAI function declarations."""
-    out = []
-    for tool in prompt.tools:
-        function: dict[str, Any] = {"name": tool.name}
-        if tool.description is not None:
-            function["description"] = tool.description
-        function["parameters"] = tool.parameters
-        out.append({"type": "function", "function": function})
-    return out
-
-
 @dataclass(frozen=True, eq=False)
 class HFFrontend:
-    """Token domain, tokenizer and chat rendering of one checkpoint directory."""
+    """One checkpoint directory's Frontend (`frontend`) and its token domain."""
 
     path: str
-    domain: TokenDomain
-    tokenizer: Any  # tokenizers.Tokenizer
-    chat_template: str | None  # None: ChatML fallback
-    tool_template: str | None = None  # a named "tool_use" template, used when tools are declared
-    special_tokens: tuple[tuple[str, str], ...] = ()  # ("eos_token", "<|im_end|>"), ... for templates
+    frontend: Frontend
 
-    @cached_property
-    def frontend(self) -> "Frontend":
-        """This checkpoint as the worker's Frontend (Hermes tool format, no thinking framing)."""
-        from shared.frontends.frontend import Frontend, HFTokenizer
-
-        return Frontend(self.path, self.domain, HFTokenizer(self.tokenizer),
-                        render=self.render_prompt)
+    @property
+    def domain(self) -> TokenDomain:
+        return self.frontend.domain
 
     def render(self, prompt: PromptInput) -> str:
         """The prompt text (special tokens spelled); see `render_prompt`."""
@@ -323,40 +246,9 @@ class HFFrontend:
     def render_prompt(self, prompt: PromptInput) -> RenderedPrompt:
         """Render `prompt` with the checkpoint's chat template (`add_generation_prompt=True`; a
         continued final assistant message ends the text with its content instead). Raw text is
-        returned as is. Raises InvalidRequest for bad messages or a template's raise_exception."""
-        template = (self.tool_template if prompt.tools and self.tool_template else self.chat_template)
-        if prompt.messages is None or template is None:
-            return render_chatml(prompt)
-        messages = check_messages(prompt.messages)
-        dicts = [message_dict(m) for m in messages]
-        continuation = ""
-        if prompt.continue_final_assistant:
-            last = messages[-1]
-            if last.role != "assistant":
-                raise InvalidRequest("continue_final_assistant needs an assistant message last",
-                                     field="messages")
-            if last.tool_calls:
-                raise InvalidRequest("a continued assistant message must not hold tool calls",
-                                     field="messages")
-            continuation = last.content or ""
-            dicts[-1]["content"] = _CONTINUE_SENTINEL
-        text = self._render_template(template, dicts, tool_dicts(prompt),
-                                     add_generation_prompt=not prompt.continue_final_assistant)
-        if prompt.continue_final_assistant:
-            at = text.rfind(_CONTINUE_SENTINEL)
-            if at < 0:
-                raise InvalidRequest("the model's chat template drops the final assistant message, "
-                                     "so it cannot be continued", field="messages")
-            text = text[:at] + continuation
-        return RenderedPrompt(text, continuation)
-
-    def _render_template(self, source: str, messages: list[dict], tools: list[dict], *,
-                         add_generation_prompt: bool) -> str:
-        kwargs: dict[str, Any] = dict(self.special_tokens)
-        if tools:
-            kwargs["tools"] = tools
-        return _compile_template(source).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **kwargs)
+        returned as is. Raises InvalidRequest for bad messages, a template's raise_exception or a
+        continued content the template changes."""
+        return self.frontend.render(prompt)
 
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
@@ -369,20 +261,50 @@ def load_hf_frontend(path: str) -> HFFrontend:
     return _load(os.path.realpath(path))
 
 
+def _family_frontend(path: str, config: dict[str, Any], domain: TokenDomain | None, tokenizer,
+                     template: ChatTemplate | None) -> Frontend:
+    """The Frontend of the checkpoint's model family (see the module docstring); `domain`,
+    `tokenizer` and `template` are the checkpoint's own (None: it has none)."""
+    from shared.frontends import qwen35
+
+    if qwen35.is_qwen35_config(config):
+        try:
+            if domain is None:
+                return qwen35.checkpoint_frontend(path, config)
+            return qwen35.qwen35_frontend(path, domain, tokenizer, template)
+        except ValueError as e:
+            raise CheckpointError("config.json", f"a Qwen3.5 checkpoint: {e}") from e
+    if domain is None:
+        raise CheckpointError("tokenizer.json", f"not found in {path}")
+    return Frontend(path, domain, tokenizer, render=template) if template is not None \
+        else Frontend(path, domain, tokenizer)
+
+
 @lru_cache(maxsize=8)
 def _load(path: str) -> HFFrontend:
     from tokenizers import Tokenizer
 
-    domain = build_hf_domain(path)
+    from shared.frontends import qwen35
+
+    config = _read_json(path, "config.json", required=True)
+    family = qwen35.FRAMING_TOKENS if qwen35.is_qwen35_config(config) else ()
+    if family and not os.path.exists(os.path.join(path, "tokenizer.json")):
+        return HFFrontend(path, _family_frontend(path, config, None, None, None))
+    domain = build_hf_domain(path, control_spellings=family)
     tok_config = _read_json(path, "tokenizer_config.json", required=False)
-    template, tool_template = _read_template(path, tok_config)
-    for source in (template, tool_template):
-        if source is not None:
-            _compile_template(source)  # a broken template fails at load, not at the first request
+    source, tool_source = _read_template(path, tok_config)
     specials = tuple((k, s) for k in _SPECIAL_KEYS
                      if (s := _token_spelling(tok_config.get(k))) is not None)
+    template = None
+    if source is not None or tool_source is not None:
+        try:
+            template = ChatTemplate(source or tool_source, tool_source, specials)
+        except TemplateError as e:
+            raise CheckpointError("chat_template", str(e)) from e
+    elif family:
+        template = ChatTemplate(qwen35.qwen35_template(), None, specials)
     try:
         tokenizer = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
     except Exception as e:  # tokenizers raises a plain Exception for files it cannot read
         raise CheckpointError("tokenizer.json", f"cannot be loaded: {e}") from e
-    return HFFrontend(path, domain, tokenizer, template, tool_template, specials)
+    return HFFrontend(path, _family_frontend(path, config, domain, HFTokenizer(tokenizer), template))

@@ -75,6 +75,16 @@ class TokenDomain:
     def special_ids(self) -> frozenset[int]:
         return self.eos_ids | self.control_ids | self.never_ids
 
+    @cached_property
+    def byte_token_ids(self) -> tuple[int, ...]:
+        """For each byte value 0..255, the ordinary token whose bytes are exactly that byte (the
+        smallest such id), or -1 when the vocabulary has none."""
+        out = [-1] * 256
+        for i, b in enumerate(self.token_bytes):
+            if len(b) == 1 and out[b[0]] < 0 and self.is_ordinary(i):
+                out[b[0]] = i
+        return tuple(out)
+
     def is_ordinary(self, token_id: int) -> bool:
         """True for ids that may appear as content (matched by their bytes)."""
         return 0 <= token_id < len(self.token_bytes) and token_id not in self.special_ids

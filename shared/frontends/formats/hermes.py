@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.errors import InternalError
+from shared.frontends.pieces import Control
 from shared.generation import TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallStart
 
 if TYPE_CHECKING:
@@ -99,7 +100,8 @@ class _Call:
 class ToolStream:
     """Feed published text with `feed`, end with `finish`; both return protocol events."""
 
-    def __init__(self, *, constrained: bool) -> None:
+    def __init__(self, *, constrained: bool, codings: object = None) -> None:
+        # `codings` (the XML format's value contract) has no meaning here: Hermes arguments are JSON.
         self.constrained = constrained
         self.state = "content"  # content | head | name | args_prefix | args | suffix | between
         self.buf = ""  # text not yet consumed by the current state
@@ -120,7 +122,9 @@ class ToolStream:
             return "tools"
         return "content" if self.content else "undecided"
 
-    def feed(self, text: str) -> list:
+    def feed(self, text: "str | Control") -> list:
+        if isinstance(text, Control):  # Hermes framing is text: a control token reads as spelled
+            text = text.spelling
         if not self.constrained and (self.free_tail or self.state != "content"):
             self.free_tail += text
             return []
