@@ -22,6 +22,19 @@ class ConstraintKind(str, Enum):
     REGEX = "regex"  # a whole-content ECMAScript-style regex
 
 
+# JSON whitespace profiles (JSON kinds only): `any` = runs of at most 32 whitespace characters
+# between tokens, `compact` = none, `indented` = the canonical 2-space layout; None = the model's
+# default (services.grammar.compiler.DEFAULT_WHITESPACE).
+JSON_WHITESPACE = ("any", "compact", "indented")
+
+
+def _whitespace(value: str | None) -> str | None:
+    if value is not None and value not in JSON_WHITESPACE:
+        raise InvalidRequest(f"whitespace must be one of {', '.join(JSON_WHITESPACE)}, got "
+                             f"{value!r}", field="whitespace")
+    return value
+
+
 def canonical_json(value: Any) -> str:
     """Order-preserving compact JSON: the declared property order is part of a schema's meaning."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -50,6 +63,7 @@ class OutputConstraint:
     kind: ConstraintKind
     source: str = ""
     choices: tuple[str, ...] = ()
+    whitespace: str | None = None  # JSON kinds: a JSON_WHITESPACE profile, None = model default
 
     @classmethod
     def grammar(cls, text: str) -> "OutputConstraint":
@@ -58,12 +72,14 @@ class OutputConstraint:
         return cls(ConstraintKind.GRAMMAR, source=text)
 
     @classmethod
-    def json_object(cls) -> "OutputConstraint":
-        return cls(ConstraintKind.JSON_OBJECT)
+    def json_object(cls, *, whitespace: str | None = None) -> "OutputConstraint":
+        return cls(ConstraintKind.JSON_OBJECT, whitespace=_whitespace(whitespace))
 
     @classmethod
-    def json_schema(cls, schema: Mapping[str, Any] | bool | str) -> "OutputConstraint":
-        """`schema` is a parsed JSON value (object or boolean) or its JSON text."""
+    def json_schema(cls, schema: Mapping[str, Any] | bool | str, *,
+                    whitespace: str | None = None) -> "OutputConstraint":
+        """`schema` is a parsed JSON value (object or boolean) or its JSON text; `whitespace` a
+        JSON_WHITESPACE profile (InvalidRequest(field="whitespace") otherwise)."""
         if isinstance(schema, str):
             schema = parse_json_text(schema, field="json_schema")
         if not isinstance(schema, (dict, bool)):
@@ -71,7 +87,8 @@ class OutputConstraint:
                 f"json_schema must be a JSON object or boolean, got {type(schema).__name__}",
                 field="json_schema",
             )
-        return cls(ConstraintKind.JSON_SCHEMA, source=canonical_json(schema))
+        return cls(ConstraintKind.JSON_SCHEMA, source=canonical_json(schema),
+                   whitespace=_whitespace(whitespace))
 
     @classmethod
     def choice(cls, options: Sequence[str]) -> "OutputConstraint":

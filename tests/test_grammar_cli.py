@@ -36,7 +36,7 @@ def test_check_schema_files_with_instances(tmp_path, capsys) -> None:
     instances = tmp_path / "instances.jsonl"
     instances.write_text("".join(json.dumps(c) + "\n" for c in candidates))
     status = main(["grammar", "check", "--json-schema-file", str(good), str(bad),
-                   "--instances", str(instances)])
+                   "--instances", str(instances), "--json-whitespace", "any"])
     lines = _lines(capsys)
     assert status == 2
     assert lines[0]["ok"] is True and lines[0]["kind"] == "json_schema" and lines[0]["compile_ms"] > 0
@@ -49,15 +49,21 @@ def test_check_schema_files_with_instances(tmp_path, capsys) -> None:
     err = lines[-1]
     assert err["ok"] is False and err["error"]["type"] == "UnsupportedSchema"
     assert err["error"]["pointer"] == "/format"
+    # the built-in model's default profile is the 2-space layout (docs/constraint-engines.md)
+    layouts = tmp_path / "layouts.jsonl"
+    value = {"name": "Ada", "age": 36}
+    layouts.write_text(json.dumps(json.dumps(value)) + "\n" + json.dumps(json.dumps(value, indent=2)))
+    main(["grammar", "check", "--json-schema-file", str(good), "--instances", str(layouts)])
+    assert [line["accepted"] for line in _lines(capsys)[1:]] == [False, True]
 
 
 def test_check_batch_many_constraints_in_one_process(tmp_path, capsys) -> None:
     rows = [
-        {"json_schema": SCHEMA, "instances": ['{"name": "a", "age": 1}', "{}"]},
+        {"json_schema": SCHEMA, "whitespace": "any", "instances": ['{"name": "a", "age": 1}', "{}"]},
         {"regex": "[0-9]{3}", "instances": ["123", "12a"]},
         {"choice": ["yes", "no"], "instances": ["no", "maybe"]},
         {"grammar": 'root ::= "a"+', "instances": ["aaa", ""]},
-        {"json_object": True, "instances": ["{}", "[]"]},
+        {"json_object": True, "whitespace": "any", "instances": ["{}", "[]"]},
         {"regex": "(?<=a)b"},
         {"grammar": "root ::= (", "instances": ["x"]},
     ] + [{"regex": f"x{{{n}}}", "instances": ["x" * n]} for n in range(1, 60)]

@@ -19,6 +19,8 @@ import torch
 import xgrammar as xgr
 
 from services.grammar.compiler import ModelCompiler
+from services.grammar.engine import MaskFiller
+from services.grammar.engine_xgrammar import XgrammarConstraint
 from services.grammar.matching import legal_ids
 from services.worker.output.session import OutputSession, PositionState, filler_row
 from shared.contract import OutputConstraint
@@ -40,7 +42,7 @@ def _compiler() -> xgr.GrammarCompiler:
 
 @lru_cache(maxsize=None)
 def gbnf(text: str) -> xgr.CompiledGrammar:
-    return _compiler().compile_grammar(text)
+    return XgrammarConstraint(_compiler().compile_grammar(text), DOMAIN)
 
 
 @lru_cache(maxsize=None)
@@ -66,7 +68,7 @@ def oracle_legal(prefix: bytes, options: tuple[str, ...]) -> set[int]:
 
 def fresh_mask(compiled: xgr.CompiledGrammar, committed: list[int]) -> torch.Tensor:
     """The mask after `committed`, from a matcher that never saw a lookahead."""
-    m = xgr.GrammarMatcher(compiled)
+    m = xgr.GrammarMatcher(compiled.compiled)
     for t in committed:
         assert m.accept_token(t)
     row = buffer(1)
@@ -137,7 +139,7 @@ def test_dead_end_positions():
     tiny = TokenDomain(name="tiny", token_bytes=(b"a", b"bc", b"<eos>"), size=3,
                        eos_ids=frozenset({2}), control_ids=frozenset())
     compiler = xgr.GrammarCompiler(tiny.tokenizer_info(), max_threads=1, cache_enabled=False)
-    compiled = compiler.compile_grammar('root ::= "a" "bd" | "bc"')
+    compiled = XgrammarConstraint(compiler.compile_grammar('root ::= "a" "bd" | "bc"'), tiny)
     session = OutputSession(tiny, compiled)
     out = torch.zeros(3, tiny.mask_words, dtype=torch.int32)
     result = session.lookahead([0, 1], out)
@@ -289,7 +291,8 @@ def test_prefix_continuation():
     prefix {"name": and a suffix "Shanghai"} form a complete object". Checked with jsonschema."""
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
               "additionalProperties": False}
-    compiled = _compiler().compile_json_schema(json.dumps(schema), any_whitespace=False)
+    compiled = XgrammarConstraint(
+        _compiler().compile_json_schema(json.dumps(schema), any_whitespace=False), DOMAIN)
     prefix = b'{"name": '
     session = OutputSession(DOMAIN, compiled, prefix=prefix)
     assert not session.may_end
@@ -380,7 +383,8 @@ def test_fill_ordinary_equals_lookahead_per_session():
     tiny = TokenDomain(name="tiny", token_bytes=(b"a", b"bc", b"<eos>"), size=3,
                        eos_ids=frozenset({2}), control_ids=frozenset())
     tiny_compiler = xgr.GrammarCompiler(tiny.tokenizer_info(), max_threads=1, cache_enabled=False)
-    dead = OutputSession(tiny, tiny_compiler.compile_grammar('root ::= "a" "bd" | "bc"'))
+    dead = OutputSession(tiny, XgrammarConstraint(
+        tiny_compiler.compile_grammar('root ::= "a" "bd" | "bc"'), tiny))
     commit(dead, [0])  # "a": nothing can follow
     sessions = [OutputSession(byte_domain(), choice("red", "green", "gr")),
                 OutputSession(byte_domain(), gbnf('root ::= [0-9]+ "."')),
@@ -392,14 +396,14 @@ def test_fill_ordinary_equals_lookahead_per_session():
     for s, m in zip(sessions, masks):
         s.lookahead([], m)
     out = torch.full((7, byte_domain().mask_words), -1, dtype=torch.int32)
-    results = OutputSession.fill_ordinary(sessions, out, [0, 3, 6], xgr.BatchGrammarMatcher(2),
+    results = OutputSession.fill_ordinary(sessions, out, [0, 3, 6], MaskFiller(2),
                                           [2, 2, 0])
     assert [r.states for r in results] == [e.states for e in expected] == [(R,)] * 3
     for row, m in zip([0, 3, 6], masks):
         assert torch.equal(out[row], m[0])
     assert [s.report().mask_positions for s in sessions] == [3, 3, 3]
     tiny_out = torch.zeros(1, tiny.mask_words, dtype=torch.int32)
-    [result] = OutputSession.fill_ordinary([dead], tiny_out, [0], xgr.BatchGrammarMatcher(1), [1])
+    [result] = OutputSession.fill_ordinary([dead], tiny_out, [0], MaskFiller(1), [1])
     assert result.states == (D,) and torch.equal(tiny_out[0], filler_row(3))
     error = result.dead_end_error()
     assert isinstance(error, ConstraintDeadEnd) and error.position == 1

@@ -61,9 +61,8 @@ def test_mixed_batch_masks_only_constrained_rows(runtime, compiler):
     sampled constrained token is legal by a fresh xgrammar matcher's mask."""
     domain = runtime.domain
     grammar = compiler.compile(OutputConstraint.regex("[0-9]{2,4}")).grammar
-    matcher = xgr.GrammarMatcher(grammar)
     legal_mask = xgr.allocate_token_bitmask(1, domain.size)
-    matcher.fill_next_token_bitmask(legal_mask)
+    grammar.matcher().fill_mask(legal_mask, 0)
     legal = set(legal_ids(legal_mask[0], domain.size))
     for seed in range(6):
         program = Program(runtime, max_batch=2, max_len=40)

@@ -22,6 +22,7 @@ from services.gateway.translate import (
     structured_outputs_key,
     tool_definition,
     tool_policy,
+    with_json_whitespace,
 )
 from shared.contract import OutputConstraint, ToolChoice, ToolMode, parse_json_text
 from shared.errors import InvalidRequest, Unsupported
@@ -72,8 +73,9 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
     messages = _messages(body, limits, policy)
     tools = _tools(body, limits, policy)
     choice = tool_policy(tools, _tool_choice(body, policy))
-    constraint = merge_content_constraint(_response_format(body, limits, policy),
-                                          structured_outputs(body, limits), "response_format")
+    constraint = with_json_whitespace(merge_content_constraint(
+        _response_format(body, limits, policy), structured_outputs(body, limits),
+        "response_format"), body)
     max_tokens = f.get_int(body, "max_completion_tokens", "")
     if max_tokens is None:
         max_tokens = f.get_int(body, "max_tokens", "")

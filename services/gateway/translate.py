@@ -3,6 +3,7 @@ response schemas, tool declarations and the call policy, and the translated-requ
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,11 +11,17 @@ from services.gateway import fields as f
 from services.gateway.errors import ErrorPaths
 from services.gateway.limits import GatewayLimits
 from services.gateway.schema_meta import check_meta_schema
-from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode, validate_tools
+from shared.contract import (
+    JSON_WHITESPACE, ConstraintKind, OutputConstraint, ToolChoice, ToolDefinition, ToolMode,
+    validate_tools,
+)
 from shared.errors import ConflictingConstraint, InvalidRequest
 from shared.generation import GenerateRequest
 
 STRUCTURED_OUTPUT_KEYS = ("grammar", "regex", "choice")
+# An option beside them: the JSON whitespace profile of the request's JSON content
+# (response_format json_schema/json_object), one of shared.contract.JSON_WHITESPACE.
+WHITESPACE_KEY = "whitespace"
 
 
 @dataclass(frozen=True)
@@ -49,8 +56,10 @@ def choice_count(body: dict, limits: GatewayLimits, prompts: int = 1) -> int:
 def structured_outputs_key(body: dict) -> str | None:
     """The single key of a well-formed `structured_outputs` object, for error paths."""
     value = body.get("structured_outputs")
-    if isinstance(value, dict) and len(value) == 1:
-        return next(iter(value))
+    if isinstance(value, dict):
+        keys = [k for k in value if k != WHITESPACE_KEY]
+        if len(keys) == 1:
+            return keys[0]
     return None
 
 
@@ -60,6 +69,9 @@ def structured_outputs(body: dict, limits: GatewayLimits) -> OutputConstraint | 
     Raises InvalidRequest naming `structured_outputs` or `structured_outputs.<key>`."""
     value = f.get_dict(body, "structured_outputs", "")
     if value is None:
+        return None
+    value = {k: v for k, v in value.items() if k != WHITESPACE_KEY}
+    if not value:
         return None
     unknown = [k for k in value if k not in STRUCTURED_OUTPUT_KEYS]
     if unknown:
@@ -83,6 +95,25 @@ def structured_outputs(body: dict, limits: GatewayLimits) -> OutputConstraint | 
     if key == "grammar":
         return OutputConstraint.grammar(source)
     return OutputConstraint.regex(source)
+
+
+def with_json_whitespace(constraint: OutputConstraint | None, body: dict) -> OutputConstraint | None:
+    """`constraint` with `structured_outputs.whitespace` applied. Raises InvalidRequest for a
+    profile that is not one of JSON_WHITESPACE, ConflictingConstraint when the content is not
+    JSON (field `structured_outputs.whitespace` in both)."""
+    value = body.get("structured_outputs")
+    if not isinstance(value, dict) or WHITESPACE_KEY not in value:
+        return constraint
+    path = f"structured_outputs.{WHITESPACE_KEY}"
+    profile = value[WHITESPACE_KEY]
+    if profile not in JSON_WHITESPACE:
+        raise InvalidRequest(f"{path} must be one of {', '.join(JSON_WHITESPACE)}, got "
+                             f"{profile!r}", field=path)
+    if constraint is None or constraint.kind not in (ConstraintKind.JSON_OBJECT,
+                                                     ConstraintKind.JSON_SCHEMA):
+        raise ConflictingConstraint(f"{path} applies to JSON content (response_format "
+                                    "json_object or json_schema) only", field=path)
+    return dataclasses.replace(constraint, whitespace=profile)
 
 
 def merge_content_constraint(standard: OutputConstraint | None, extension: OutputConstraint | None,

@@ -5,7 +5,8 @@ check   compiles each constraint and prints one JSON line per constraint:
         With --instances, one line per candidate output: {"instance": i, "accepted": bool}
         (i counts the file's lines from 0). Exit status 0 when all compiled, 2 when any was rejected.
         --batch FILE.jsonl: many constraints in one process, one output line per input line; a
-        json_schema line may carry "values" (JSON values, checked in the generation layout:
+        json_schema line may carry "values" (JSON values, checked in the generation layout under
+        the `any` whitespace profile unless the line names one:
         "values_accepted", and as plain json.dumps text: "values_accepted_raw"). Schema lines
         list the keywords read as annotations ("annotations").
 sample  random walks through the legal masks (see services.grammar.matching.random_walk).
@@ -37,6 +38,9 @@ def add_constraint_args(p: argparse.ArgumentParser, *, many_files: bool) -> None
     group.add_argument("--regex", metavar="R", help="whole-content regex")
     group.add_argument("--choice", action="append", metavar="C", help="one literal option; repeat")
     group.add_argument("--json-object", action="store_true", help="any JSON object")
+    p.add_argument("--json-whitespace", choices=("any", "compact", "indented"), default=None,
+                   help="whitespace between JSON tokens: any (runs of at most 32), compact "
+                        "(none) or indented (2-space layout); default: the model's default")
 
 
 def _read(path: str) -> str:
@@ -56,8 +60,10 @@ def constraints_from_args(args: argparse.Namespace) -> list[tuple[str, OutputCon
     def listify(v: Any) -> list[str]:
         return v if isinstance(v, list) else [v]
 
+    ws = getattr(args, "json_whitespace", None)
     if args.json_schema_file:
-        return [(f, OutputConstraint.json_schema(_read(f))) for f in listify(args.json_schema_file)]
+        return [(f, OutputConstraint.json_schema(_read(f), whitespace=ws))
+                for f in listify(args.json_schema_file)]
     if args.grammar_file:
         return [(f, OutputConstraint.grammar(_read(f))) for f in listify(args.grammar_file)]
     if args.regex is not None:
@@ -65,7 +71,7 @@ def constraints_from_args(args: argparse.Namespace) -> list[tuple[str, OutputCon
     if args.choice:
         return [("choice", OutputConstraint.choice(args.choice))]
     if args.json_object:
-        return [("json_object", OutputConstraint.json_object())]
+        return [("json_object", OutputConstraint.json_object(whitespace=ws))]
     raise InvalidRequest(
         "give one constraint: --json-schema-file, --grammar-file, --regex, --choice or --json-object",
         field="constraint",
@@ -73,7 +79,8 @@ def constraints_from_args(args: argparse.Namespace) -> list[tuple[str, OutputCon
 
 
 def constraint_from_batch_line(obj: Any) -> OutputConstraint:
-    """One --batch input object: exactly one of json_schema, grammar, regex, choice, json_object."""
+    """One --batch input object: exactly one of json_schema, grammar, regex, choice, json_object
+    (JSON ones may add "whitespace": any | compact | indented)."""
     if not isinstance(obj, dict):
         raise InvalidRequest("each batch line must be a JSON object", field="line")
     fields = [k for k in ("json_schema", "grammar", "regex", "choice", "json_object") if k in obj]
@@ -84,8 +91,9 @@ def constraint_from_batch_line(obj: Any) -> OutputConstraint:
         )
     name = fields[0]
     value = obj[name]
+    ws = obj.get("whitespace")
     if name == "json_schema":
-        return OutputConstraint.json_schema(value)
+        return OutputConstraint.json_schema(value, whitespace=ws)
     if name == "grammar":
         return OutputConstraint.grammar(value)
     if name == "regex":
@@ -94,7 +102,7 @@ def constraint_from_batch_line(obj: Any) -> OutputConstraint:
         return OutputConstraint.choice(value)
     if value is not True:
         raise InvalidRequest("json_object must be true", field="json_object")
-    return OutputConstraint.json_object()
+    return OutputConstraint.json_object(whitespace=ws)
 
 
 def _error_json(exc: InfernixError) -> dict[str, Any]:
@@ -147,6 +155,10 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
             result: dict[str, Any]
             try:
                 obj = json.loads(line)
+                if isinstance(obj, dict) and obj.get("values") and "whitespace" not in obj:
+                    # Values are checked in the generation layout without whitespace, which the
+                    # contract's `any` profile holds (a model's default may require indentation).
+                    obj = {**obj, "whitespace": "any"}
                 constraint = constraint_from_batch_line(obj)
                 outcome = compiler.compile(constraint)
             except InfernixError as exc:
@@ -250,12 +262,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     """`infernix bench grammar` (its measurements live in services/grammar/bench.py)."""
-    p = sub.add_parser("grammar", help="compile cache and mask-fill benchmark")
+    p = sub.add_parser("grammar", help="constraint compile, mask, lookahead and sampling costs")
     p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=MODELS,
                    help="default: smollm2 qwen3.5")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0",
-                   help="Redis for the Redis-hit figures; '' to skip them (default: the local one)")
-    p.add_argument("--repeats", type=int, default=3, help="default: 3")
+    p.add_argument("--cases", nargs="*", help="only these case names (default: all)")
+    p.add_argument("--redis-url", default="",
+                   help="also measure the typical schemas through GrammarCache with this Redis "
+                        "(default: off)")
+    p.add_argument("--repeats", type=int, default=3, help="cold compiles per case (default: 3)")
+    p.add_argument("--case-budget-s", type=float, default=60.0,
+                   help="CPU seconds of walking per case before it is cut short (default: 60)")
+    p.add_argument("--sample-s", type=float, default=3.0,
+                   help="CPU seconds of random walks per case (0: skip; default: 3)")
+    p.add_argument("--sample-tokens", type=int, default=120,
+                   help="max tokens per random walk (default: 120)")
+    p.add_argument("--label", default="", help="a free-form label stored in the JSON (default: none)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=_run_bench)
 

@@ -258,6 +258,9 @@ def _carries_typed_error(exc: GRPCError) -> bool:
 # The worker reaches the grammar service only through this module: the clients above, the
 # factory below, and the two facts about an output language it needs while preparing a request.
 
+from services.grammar.engine import (  # noqa: E402,F401 - re-exported: the matcher interface
+    CompiledConstraint, MaskFiller, Matcher, fill_masks,
+)
 from services.grammar.tools import ToolSpec, needs_tool_grammar  # noqa: E402,F401 - re-exported
 
 

@@ -1,13 +1,16 @@
-"""From an OutputConstraint to an xgrammar CompiledGrammar for one model's token domain.
+"""From an OutputConstraint (or a tool spec) to a compiled constraint for one model's token domain.
 
-`build_grammar` validates and converts (no vocabulary involved); `ModelCompiler.compile` adds the
-vocabulary. The compile cache (`services.grammar.cache`) wraps `ModelCompiler.compile` with the key
-from `cache_key`. Every rejection is a typed RequestError raised before xgrammar sees the source.
+`build_grammar` validates and converts to xgrammar's Grammar (no vocabulary involved);
+`ModelCompiler.compile` picks the engine (`choose_engine`, the rule of docs/constraint-engines.md)
+and adds the vocabulary, returning a `services.grammar.engine.CompiledConstraint`. The compile
+cache (`services.grammar.cache`) wraps `ModelCompiler.compile` with the key from `cache_key`. Every
+rejection is a typed RequestError raised before an engine sees the source.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -15,6 +18,10 @@ from typing import TYPE_CHECKING, Union
 
 import xgrammar as xgr
 
+from services.grammar import engine_llguidance, engine_xgrammar
+from services.grammar.engine import LLGUIDANCE, XGRAMMAR, CompiledConstraint
+from services.grammar.engine_llguidance import LlguidanceConstraint
+from services.grammar.engine_xgrammar import XgrammarConstraint
 from services.grammar.regex.tree import ebnf_literal
 from shared.contract import ConstraintKind, OutputConstraint
 from shared.errors import InternalError, InvalidGrammar
@@ -27,7 +34,7 @@ if TYPE_CHECKING:
 Compilable = Union[OutputConstraint, "ToolSpec"]
 
 # Bumped whenever a conversion changes the language a source compiles to: old cache entries die.
-CONVERTER_VERSION = "1"
+CONVERTER_VERSION = "2"
 # The framing of a bare content constraint: the constrained bytes are the whole output.
 RAW_FRAMING = "raw"
 
@@ -64,26 +71,29 @@ def build_grammar(constraint: "Compilable", domain: TokenDomain,
     if not isinstance(constraint, OutputConstraint):
         from services.grammar.tools import tool_grammar_ebnf
 
-        return _from_ebnf(tool_grammar_ebnf(constraint), "tools")
+        content = constraint.content
+        ws = "any" if content is None else whitespace_of(content, domain)
+        return _from_ebnf(tool_grammar_ebnf(constraint, whitespace=ws), "tools")
     kind = constraint.kind
     if kind is ConstraintKind.GRAMMAR:
         from services.grammar.gbnf import gbnf_to_ebnf
 
         text = gbnf_to_ebnf(constraint.source, domain)
     elif kind is ConstraintKind.REGEX:
-        from services.grammar.regex import regex_to_ebnf
+        from services.grammar.gbnf import regex_to_optimized_ebnf
 
-        text = regex_to_ebnf(constraint.source)
+        text = regex_to_optimized_ebnf(constraint.source)
     elif kind is ConstraintKind.CHOICE:
         text = choice_to_ebnf(constraint.choices)
     elif kind is ConstraintKind.JSON_OBJECT:
         from services.grammar.schema import json_object_grammar
 
-        return json_object_grammar()
+        return json_object_grammar(whitespace_of(constraint, domain))
     elif kind is ConstraintKind.JSON_SCHEMA:
         from services.grammar.schema import schema_to_grammar
 
-        return schema_to_grammar(constraint.schema)
+        return schema_to_grammar(constraint.schema, whitespace=whitespace_of(constraint, domain),
+                                 explicit_layout=constraint.whitespace is not None)
     else:  # pragma: no cover - the enum is closed
         raise InternalError(f"unknown constraint kind {kind!r}")
     return _from_ebnf(text, kind.value)
@@ -96,16 +106,79 @@ def _from_ebnf(text: str, what: str) -> xgr.Grammar:
         raise InternalError(f"converted {what} grammar did not parse: {exc}") from None
 
 
+# The JSON whitespace profile of a request that names none, per built-in model (measured with
+# scripts/json_whitespace_rates.py, docs/benchmarks.md "JSON whitespace": SmolLM2 valid JSON within
+# 256 tokens any 49/60, indented 58/60, compact 60/60 but off the model's own layout, which the
+# design document warns against); other models get the contract's `any`.
+DEFAULT_WHITESPACE: dict[str, str] = {"smollm2": "indented"}
+
+
+def whitespace_of(constraint: OutputConstraint, domain: TokenDomain) -> str:
+    """The whitespace profile a JSON constraint compiles with on `domain` ("any" for non-JSON)."""
+    if constraint.kind not in _JSON_KINDS:
+        return "any"
+    return constraint.whitespace or DEFAULT_WHITESPACE.get(domain.name, "any")
+
+
 def cache_key(
     constraint: "Compilable", domain: TokenDomain, *, framing: str = RAW_FRAMING, options: str = ""
 ) -> str:
-    """hash(kind, canonical source, options, framing id, vocabulary id)."""
+    """hash(kind, canonical source, whitespace profile, options, framing id, vocabulary id)."""
+    content = constraint if isinstance(constraint, OutputConstraint) else constraint.content
+    ws = "any" if content is None else whitespace_of(content, domain)
     h = hashlib.sha256()
-    for part in (CONVERTER_VERSION, source_kind(constraint), constraint.canonical_source(), options,
-                 framing, domain.vocab_id):
+    for part in (CONVERTER_VERSION, source_kind(constraint), constraint.canonical_source(), ws,
+                 options, framing, domain.vocab_id):
         h.update(len(part.encode()).to_bytes(8, "little"))
         h.update(part.encode())
     return h.hexdigest()
+
+
+# The engines ModelCompiler.compile can build.
+BUILDABLE = (XGRAMMAR, LLGUIDANCE)
+_JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
+
+
+# The worker's OutputSession and Program drive matchers through `services.grammar.engine` only,
+# so a constraint may run on either engine.
+WORKER_USES_ENGINE_INTERFACE = True
+
+
+def choose_engine(constraint: "Compilable", *, interface: bool | None = None) -> str:
+    """The engine a constraint compiles on (the rule of docs/constraint-engines.md): llguidance
+    for JSON Schema and json_object content; xgrammar, the engine of record, for everything else
+    (GBNF with its token terminals, regex, choice, tool framing). Both write the same language.
+
+    `interface` (default `WORKER_USES_ENGINE_INTERFACE`): whether the consumers can run engines
+    other than xgrammar; without it everything compiles on xgrammar."""
+    ready = WORKER_USES_ENGINE_INTERFACE if interface is None else interface
+    if ready and isinstance(constraint, OutputConstraint) and constraint.kind in _JSON_KINDS \
+            and json_engine() == LLGUIDANCE:
+        return LLGUIDANCE
+    return XGRAMMAR
+
+
+def json_engine() -> str:
+    """The engine of JSON content: llguidance unless the operator sets INFERNIX_JSON_ENGINE to
+    xgrammar (the engine of record for everything; read at each compile, also in compile
+    children). Raises InternalError for another value."""
+    value = os.environ.get("INFERNIX_JSON_ENGINE", LLGUIDANCE)
+    if value not in (LLGUIDANCE, XGRAMMAR):
+        raise InternalError(f"INFERNIX_JSON_ENGINE must be {LLGUIDANCE} or {XGRAMMAR}, got {value!r}")
+    return value
+
+
+def build_lark(constraint: OutputConstraint, domain: TokenDomain) -> str:
+    """Validate and convert a JSON content constraint into llguidance Lark text (the language
+    `build_grammar` gives xgrammar). Raises the schema's typed RequestErrors."""
+    from services.grammar.schema import schema_to_lark
+
+    if constraint.kind not in _JSON_KINDS:
+        raise InternalError(f"llguidance runs JSON content only, not {constraint.kind.value}")
+    schema = {"type": "object"} if constraint.kind is ConstraintKind.JSON_OBJECT \
+        else constraint.schema
+    return schema_to_lark(schema, whitespace=whitespace_of(constraint, domain),
+                          explicit_layout=constraint.whitespace is not None)
 
 
 @dataclass(frozen=True)
@@ -125,12 +198,12 @@ def framed(constraint: "Compilable", framing: str) -> "Compilable | Framed":
 
 @dataclass(frozen=True)
 class CompileOutcome:
-    grammar: xgr.CompiledGrammar
+    grammar: CompiledConstraint
     compile_ms: float
 
 
 class ModelCompiler:
-    """One model's vocabulary-bound xgrammar compiler, created lazily and thread-safely on first use
+    """One model's vocabulary-bound compilers, created lazily and thread-safely on first use
     (that time belongs to the first constrained request, never to unconstrained ones)."""
 
     def __init__(self, domain: TokenDomain) -> None:
@@ -153,19 +226,40 @@ class ModelCompiler:
                 self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
             return self._compiler
 
-    def compile(self, constraint: "Compilable", framing: str | None = None) -> CompileOutcome:
-        """Validate, convert and compile (under `framing`, default the source's own); single-
-        threaded inside, safe to call from many threads."""
+    def compile(self, constraint: "Compilable", framing: str | None = None, *,
+                engine: str | None = None) -> CompileOutcome:
+        """Validate, convert and compile under `framing` (default the source's own) on `engine`
+        (default: `choose_engine`; a framed source and a schema form only the xgrammar emission
+        writes compile on xgrammar); single-threaded inside, safe to call from many threads.
+        Raises the typed RequestErrors of validation."""
         if isinstance(constraint, Framed):
             constraint, framing = constraint.source, constraint.framing
         start = time.perf_counter()
+        own = framing is None or framing == framing_of(constraint)
+        engine = engine or (choose_engine(constraint) if own else XGRAMMAR)
+        if engine == LLGUIDANCE and own and isinstance(constraint, OutputConstraint):
+            from services.grammar.schema.emit import NeedsXgrammar
+
+            try:
+                built = LlguidanceConstraint(build_lark(constraint, self.domain), self.domain)
+                return CompileOutcome(built, (time.perf_counter() - start) * 1000.0)
+            except NeedsXgrammar:
+                engine = XGRAMMAR
+        if engine != XGRAMMAR:
+            raise InternalError(f"constraint engine {engine!r} cannot build this constraint")
         grammar = build_grammar(constraint, self.domain, framing)
         compiler = self._ensure()
         try:
             compiled = compiler.compile_grammar(grammar)
         except RuntimeError as exc:
             raise InvalidGrammar(f"grammar failed to compile: {exc}") from None
-        return CompileOutcome(compiled, (time.perf_counter() - start) * 1000.0)
+        constraint_ = XgrammarConstraint(compiled, self.domain)
+        return CompileOutcome(constraint_, (time.perf_counter() - start) * 1000.0)
 
-    def deserialize(self, text: str) -> xgr.CompiledGrammar:
-        return xgr.CompiledGrammar.deserialize_json(text, self.tokenizer_info)
+    def deserialize(self, text: str) -> CompiledConstraint:
+        """A constraint from its `serialize_json` text. Raises InternalError for an unknown tag."""
+        if text.startswith(engine_xgrammar.TAG):
+            return engine_xgrammar.load(text, self.domain, self.tokenizer_info)
+        if text.startswith(engine_llguidance.TAG):
+            return engine_llguidance.load(text, self.domain)
+        raise InternalError("compiled-constraint blob of an unknown engine")

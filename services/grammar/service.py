@@ -49,7 +49,7 @@ def constraint_to_request(constraint: OutputConstraint, *, model: str, framing: 
                                  framing=framing or framing_of(constraint))
     return pb.CompileRequest(model=model, kind=constraint.kind.value, source=constraint.source,
                              choices=list(constraint.choices), framing=framing or RAW_FRAMING,
-                             want_blob=want_blob)
+                             want_blob=want_blob, whitespace=constraint.whitespace or "")
 
 
 def constraint_from_request(request: pb.CompileRequest) -> OutputConstraint:
@@ -70,9 +70,9 @@ def constraint_from_request(request: pb.CompileRequest) -> OutputConstraint:
     if kind is ConstraintKind.REGEX:
         return OutputConstraint.regex(request.source)
     if kind is ConstraintKind.JSON_OBJECT:
-        return OutputConstraint.json_object()
+        return OutputConstraint.json_object(whitespace=request.whitespace or None)
     if kind is ConstraintKind.JSON_SCHEMA:
-        return OutputConstraint.json_schema(request.source)
+        return OutputConstraint.json_schema(request.source, whitespace=request.whitespace or None)
     return OutputConstraint.choice(list(request.choices))
 
 

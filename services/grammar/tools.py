@@ -57,7 +57,7 @@ class ToolSpec:
             "mode": self.choice.mode.value,
             "parallel": self.choice.parallel,
             "content": None if self.content is None else
-            [self.content.kind.value, self.content.canonical_source()],
+            [self.content.kind.value, self.content.canonical_source(), self.content.whitespace],
         })
 
     def to_json(self) -> str:
@@ -68,7 +68,8 @@ class ToolSpec:
                        "parameters": t.parameters if t.strict else None} for t in self.allowed()],
             "mode": self.choice.mode.value,
             "parallel": self.choice.parallel,
-            "content": None if c is None else {"kind": c.kind.value, "source": c.source},
+            "content": None if c is None else {"kind": c.kind.value, "source": c.source,
+                                               "whitespace": c.whitespace},
         })
 
     @classmethod
@@ -85,8 +86,10 @@ class ToolSpec:
             content = data["content"]
             if content is not None:
                 kind = ConstraintKind(content["kind"])
-                content = OutputConstraint.json_object() if kind is ConstraintKind.JSON_OBJECT \
-                    else OutputConstraint.json_schema(content["source"])
+                ws = content.get("whitespace")
+                content = OutputConstraint.json_object(whitespace=ws) \
+                    if kind is ConstraintKind.JSON_OBJECT \
+                    else OutputConstraint.json_schema(content["source"], whitespace=ws)
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"malformed tool spec: {exc}", field="source") from None
         return cls(tools, choice, content)
@@ -179,9 +182,10 @@ def _schema_ebnf(schema: object, *, index: int, name: str, strict: bool) -> str:
                           tool_name=name)
 
 
-def tool_grammar_ebnf(spec: ToolSpec) -> str:
-    """The EBNF (entry `root`) of a tool spec. Raises UnsupportedSchema / InvalidSchema (source
-    tool_arguments, with the tool's index and name) for a strict tool's unusable schema."""
+def tool_grammar_ebnf(spec: ToolSpec, *, whitespace: str = "any") -> str:
+    """The EBNF (entry `root`) of a tool spec; `whitespace` is the JSON content's profile (tool
+    arguments always use `any`). Raises UnsupportedSchema / InvalidSchema (source tool_arguments,
+    with the tool's index and name) for a strict tool's unusable schema."""
     lines: list[str] = []
     call_alts = []
     index_of = {t.name: i for i, t in enumerate(spec.tools)}
@@ -203,7 +207,7 @@ def tool_grammar_ebnf(spec: ToolSpec) -> str:
 
         schema = {"type": "object"} if spec.content.kind is ConstraintKind.JSON_OBJECT \
             else spec.content.schema
-        body, root = embed(schema_to_ebnf(schema), "c_")
+        body, root = embed(schema_to_ebnf(schema, whitespace=whitespace), "c_")
         lines.append(body)
         top = f"{root} | calls" if mode is ToolMode.AUTO else "calls"
     elif mode is ToolMode.AUTO:

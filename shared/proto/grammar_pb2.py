@@ -24,27 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ashared/proto/grammar.proto\x12\x13infernix.grammar.v1\"r\n\x0e\x43ompileRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0f\n\x07\x63hoices\x18\x04 \x03(\t\x12\x0f\n\x07\x66raming\x18\x05 \x01(\t\x12\x11\n\twant_blob\x18\x06 \x01(\x08\"\xba\x01\n\x0c\x43ompileStats\x12*\n\x03hit\x18\x01 \x01(\x0e\x32\x1d.infernix.grammar.v1.CacheHit\x12\r\n\x05\x62uilt\x18\x02 \x01(\x08\x12\x0e\n\x06waited\x18\x03 \x01(\x08\x12\x12\n\ncompile_ms\x18\x04 \x01(\x01\x12\x10\n\x08queue_ms\x18\x05 \x01(\x01\x12\x0f\n\x07load_ms\x18\x06 \x01(\x01\x12\x10\n\x08total_ms\x18\x07 \x01(\x01\x12\x16\n\x0eredis_fallback\x18\x08 \x01(\x08\"_\n\tBuildInfo\x12\x12\n\ncompile_ms\x18\x01 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06stored\x18\x03 \x01(\x08\x12\x18\n\x10serialized_bytes\x18\x04 \x01(\x03\"\x9f\x01\n\x0c\x43ompileReply\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x30\n\x05stats\x18\x02 \x01(\x0b\x32!.infernix.grammar.v1.CompileStats\x12-\n\x05\x62uild\x18\x03 \x01(\x0b\x32\x1e.infernix.grammar.v1.BuildInfo\x12\x0c\n\x04\x62lob\x18\x04 \x01(\x0c\x12\x13\n\x0b\x62lob_format\x18\x05 \x01(\t\"\x0f\n\rHealthRequest\"l\n\x0bHealthReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0e\n\x06models\x18\x02 \x03(\t\x12\x10\n\x08redis_ok\x18\x03 \x01(\x08\x12\x15\n\rcold_compiles\x18\x04 \x01(\x05\x12\x14\n\x0c\x63old_waiting\x18\x05 \x01(\x05*\\\n\x08\x43\x61\x63heHit\x12\x12\n\x0e\x43\x41\x43HE_HIT_NONE\x10\x00\x12\x10\n\x0c\x43\x41\x43HE_HIT_L1\x10\x01\x12\x13\n\x0f\x43\x41\x43HE_HIT_REDIS\x10\x02\x12\x15\n\x11\x43\x41\x43HE_HIT_SERVICE\x10\x03\x32\xac\x01\n\x07Grammar\x12Q\n\x07\x43ompile\x12#.infernix.grammar.v1.CompileRequest\x1a!.infernix.grammar.v1.CompileReply\x12N\n\x06Health\x12\".infernix.grammar.v1.HealthRequest\x1a .infernix.grammar.v1.HealthReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ashared/proto/grammar.proto\x12\x13infernix.grammar.v1\"\x86\x01\n\x0e\x43ompileRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0f\n\x07\x63hoices\x18\x04 \x03(\t\x12\x0f\n\x07\x66raming\x18\x05 \x01(\t\x12\x11\n\twant_blob\x18\x06 \x01(\x08\x12\x12\n\nwhitespace\x18\x07 \x01(\t\"\xba\x01\n\x0c\x43ompileStats\x12*\n\x03hit\x18\x01 \x01(\x0e\x32\x1d.infernix.grammar.v1.CacheHit\x12\r\n\x05\x62uilt\x18\x02 \x01(\x08\x12\x0e\n\x06waited\x18\x03 \x01(\x08\x12\x12\n\ncompile_ms\x18\x04 \x01(\x01\x12\x10\n\x08queue_ms\x18\x05 \x01(\x01\x12\x0f\n\x07load_ms\x18\x06 \x01(\x01\x12\x10\n\x08total_ms\x18\x07 \x01(\x01\x12\x16\n\x0eredis_fallback\x18\x08 \x01(\x08\"_\n\tBuildInfo\x12\x12\n\ncompile_ms\x18\x01 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06stored\x18\x03 \x01(\x08\x12\x18\n\x10serialized_bytes\x18\x04 \x01(\x03\"\x9f\x01\n\x0c\x43ompileReply\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x30\n\x05stats\x18\x02 \x01(\x0b\x32!.infernix.grammar.v1.CompileStats\x12-\n\x05\x62uild\x18\x03 \x01(\x0b\x32\x1e.infernix.grammar.v1.BuildInfo\x12\x0c\n\x04\x62lob\x18\x04 \x01(\x0c\x12\x13\n\x0b\x62lob_format\x18\x05 \x01(\t\"\x0f\n\rHealthRequest\"l\n\x0bHealthReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0e\n\x06models\x18\x02 \x03(\t\x12\x10\n\x08redis_ok\x18\x03 \x01(\x08\x12\x15\n\rcold_compiles\x18\x04 \x01(\x05\x12\x14\n\x0c\x63old_waiting\x18\x05 \x01(\x05*\\\n\x08\x43\x61\x63heHit\x12\x12\n\x0e\x43\x41\x43HE_HIT_NONE\x10\x00\x12\x10\n\x0c\x43\x41\x43HE_HIT_L1\x10\x01\x12\x13\n\x0f\x43\x41\x43HE_HIT_REDIS\x10\x02\x12\x15\n\x11\x43\x41\x43HE_HIT_SERVICE\x10\x03\x32\xac\x01\n\x07Grammar\x12Q\n\x07\x43ompile\x12#.infernix.grammar.v1.CompileRequest\x1a!.infernix.grammar.v1.CompileReply\x12N\n\x06Health\x12\".infernix.grammar.v1.HealthRequest\x1a .infernix.grammar.v1.HealthReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shared.proto.grammar_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CACHEHIT']._serialized_start=742
-  _globals['_CACHEHIT']._serialized_end=834
-  _globals['_COMPILEREQUEST']._serialized_start=51
-  _globals['_COMPILEREQUEST']._serialized_end=165
-  _globals['_COMPILESTATS']._serialized_start=168
-  _globals['_COMPILESTATS']._serialized_end=354
-  _globals['_BUILDINFO']._serialized_start=356
-  _globals['_BUILDINFO']._serialized_end=451
-  _globals['_COMPILEREPLY']._serialized_start=454
-  _globals['_COMPILEREPLY']._serialized_end=613
-  _globals['_HEALTHREQUEST']._serialized_start=615
-  _globals['_HEALTHREQUEST']._serialized_end=630
-  _globals['_HEALTHREPLY']._serialized_start=632
-  _globals['_HEALTHREPLY']._serialized_end=740
-  _globals['_GRAMMAR']._serialized_start=837
-  _globals['_GRAMMAR']._serialized_end=1009
+  _globals['_CACHEHIT']._serialized_start=763
+  _globals['_CACHEHIT']._serialized_end=855
+  _globals['_COMPILEREQUEST']._serialized_start=52
+  _globals['_COMPILEREQUEST']._serialized_end=186
+  _globals['_COMPILESTATS']._serialized_start=189
+  _globals['_COMPILESTATS']._serialized_end=375
+  _globals['_BUILDINFO']._serialized_start=377
+  _globals['_BUILDINFO']._serialized_end=472
+  _globals['_COMPILEREPLY']._serialized_start=475
+  _globals['_COMPILEREPLY']._serialized_end=634
+  _globals['_HEALTHREQUEST']._serialized_start=636
+  _globals['_HEALTHREQUEST']._serialized_end=651
+  _globals['_HEALTHREPLY']._serialized_start=653
+  _globals['_HEALTHREPLY']._serialized_end=761
+  _globals['_GRAMMAR']._serialized_start=858
+  _globals['_GRAMMAR']._serialized_end=1030
 # @@protoc_insertion_point(module_scope)

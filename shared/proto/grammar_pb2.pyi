@@ -19,20 +19,22 @@ CACHE_HIT_REDIS: CacheHit
 CACHE_HIT_SERVICE: CacheHit
 
 class CompileRequest(_message.Message):
-    __slots__ = ("model", "kind", "source", "choices", "framing", "want_blob")
+    __slots__ = ("model", "kind", "source", "choices", "framing", "want_blob", "whitespace")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     FRAMING_FIELD_NUMBER: _ClassVar[int]
     WANT_BLOB_FIELD_NUMBER: _ClassVar[int]
+    WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     model: str
     kind: str
     source: str
     choices: _containers.RepeatedScalarFieldContainer[str]
     framing: str
     want_blob: bool
-    def __init__(self, model: _Optional[str] = ..., kind: _Optional[str] = ..., source: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., framing: _Optional[str] = ..., want_blob: _Optional[bool] = ...) -> None: ...
+    whitespace: str
+    def __init__(self, model: _Optional[str] = ..., kind: _Optional[str] = ..., source: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., framing: _Optional[str] = ..., want_blob: _Optional[bool] = ..., whitespace: _Optional[str] = ...) -> None: ...
 
 class CompileStats(_message.Message):
     __slots__ = ("hit", "built", "waited", "compile_ms", "queue_ms", "load_ms", "total_ms", "redis_fallback")

@@ -23,7 +23,8 @@ from services.grammar.schema.arrays import extended
 from services.grammar.schema.nodes import (
     ArrayType, Literals, NoValue, ObjectType, ReducedSchema, Ref, StringType, Union,
 )
-from services.grammar.schema.patterns import PatternSupport
+from services.grammar.schema.patterns import PatternSupport, _tree_only
+from services.grammar.schema.regex_json import lower
 from services.grammar.schema.reader import Reader
 from shared.errors import InternalError, InvalidSchema, SchemaSource, UnsupportedSchema
 
@@ -86,19 +87,31 @@ def max_grammar_bytes() -> int:
     return int(os.environ.get("INFERNIX_MAX_GRAMMAR_BYTES", MAX_GRAMMAR_BYTES))
 
 
-def _text(reduced: ReducedSchema, graph: Graph, patterns: PatternSupport, ctx: Context) -> str:
-    text = _emitter(reduced, graph, patterns).grammar()
+def _emit(schema: Any, source: SchemaSource, tool_index: int | None, tool_name: str | None,
+          syntax: str, whitespace: str, explicit_layout: bool) -> str:
+    """The grammar text in `syntax` ("xgrammar" EBNF or "llguidance" Lark). Raises the schema's
+    typed errors, ConstraintTooComplex past `max_grammar_bytes()`, and emit.NeedsXgrammar for a
+    Lark emission of an xgrammar-only form."""
+    ctx = _context(source, tool_index, tool_name)
+    patterns = PatternSupport(ctx)
+    reduced, graph = _reduce_graph(schema, ctx, patterns)
+
+    def pattern_tree(node: StringType) -> Any:
+        patterns.check(node, ctx)
+        body = lower(patterns.tree(node.patterns[0]))
+        assert body is not None  # check() refused empty languages
+        return body
+
+    text = Emitter(reduced, pattern_tree, syntax=syntax, whitespace=whitespace,
+                   pattern_ebnf=patterns.ebnf, one_pattern=_tree_only,
+                   extended=lambda em, node: extended(em, node, graph, patterns.regions),
+                   explicit_layout=explicit_layout, context=ctx).grammar()
     limit = max_grammar_bytes()
     if len(text) > limit:
         raise ConstraintTooComplex(f"the schema's grammar would be {len(text):,} bytes (limit "
                                    f"{limit:,}, INFERNIX_MAX_GRAMMAR_BYTES): too large to compile",
                                    limit="max_grammar_bytes", value=limit)
     return text
-
-
-def _emitter(reduced: ReducedSchema, graph: Graph, patterns: PatternSupport) -> Emitter:
-    return Emitter(reduced, patterns.ebnf,
-                   lambda em, node: extended(em, node, graph, patterns.regions))
 
 
 def check_schema(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
@@ -138,15 +151,15 @@ def reduce_tool_arguments(schema: Any, *, tool_index: int, tool_name: str) -> Re
 
 
 def schema_to_grammar(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
-                      tool_index: int | None = None, tool_name: str | None = None) -> xgr.Grammar:
+                      tool_index: int | None = None, tool_name: str | None = None,
+                      whitespace: str = "any", explicit_layout: bool = False) -> xgr.Grammar:
     """A Grammar whose language is exactly the schema's instances in the generation layout
-    (declared property order, whitespace runs of at most 32 characters between tokens).
+    (declared property order, whitespace as the profile says: `emit.WHITESPACE_PROFILES`;
+    `explicit_layout`: the profile was requested, so a form that cannot keep it is refused).
 
     Raises InvalidSchema / UnsupportedSchema (pointer into `schema`, source, tool info)."""
-    ctx = _context(source, tool_index, tool_name)
-    patterns = PatternSupport(ctx)
-    reduced, graph = _reduce_graph(schema, ctx, patterns)
-    text = _text(reduced, graph, patterns, ctx)
+    text = schema_to_ebnf(schema, source=source, tool_index=tool_index, tool_name=tool_name,
+                          whitespace=whitespace, explicit_layout=explicit_layout)
     try:
         return xgr.Grammar.from_ebnf(text)
     except RuntimeError as exc:  # our emitter produced text xgrammar refuses: our bug
@@ -154,12 +167,18 @@ def schema_to_grammar(schema: Any, *, source: SchemaSource = SchemaSource.CONTEN
 
 
 def schema_to_ebnf(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
-                   tool_index: int | None = None, tool_name: str | None = None) -> str:
-    """The EBNF text `schema_to_grammar` compiles (for inspection and the CLI)."""
-    ctx = _context(source, tool_index, tool_name)
-    patterns = PatternSupport(ctx)
-    reduced, graph = _reduce_graph(schema, ctx, patterns)
-    return _text(reduced, graph, patterns, ctx)
+                   tool_index: int | None = None, tool_name: str | None = None,
+                   whitespace: str = "any", explicit_layout: bool = False) -> str:
+    """The xgrammar EBNF text `schema_to_grammar` compiles (entry rule `root`)."""
+    return _emit(schema, source, tool_index, tool_name, "xgrammar", whitespace, explicit_layout)
+
+
+def schema_to_lark(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
+                   tool_index: int | None = None, tool_name: str | None = None,
+                   whitespace: str = "any", explicit_layout: bool = False) -> str:
+    """The same language as llguidance Lark text (entry rule `start`). Raises emit.NeedsXgrammar
+    for a schema form only the xgrammar emission writes."""
+    return _emit(schema, source, tool_index, tool_name, "llguidance", whitespace, explicit_layout)
 
 
 def layout_values(schema: Any, values: list[Any]) -> list[str]:
@@ -183,10 +202,10 @@ def layout_values(schema: Any, values: list[Any]) -> list[str]:
     return [layout_text(reduced.root, v, reduced.defs, member, 0, value_of) for v in values]
 
 
-def json_object_grammar() -> xgr.Grammar:
+def json_object_grammar(whitespace: str = "any") -> xgr.Grammar:
     """Any JSON object at the root (json_object mode), same layout as schema grammars."""
-    return schema_to_grammar({"type": "object"})
+    return schema_to_grammar({"type": "object"}, whitespace=whitespace)
 
 
-__all__ = ["ReducedSchema", "check_schema", "json_object_grammar", "layout_values", "reduce_tool_arguments",
-           "schema_to_ebnf", "schema_to_grammar"]
+__all__ = ["ReducedSchema", "check_schema", "json_object_grammar", "layout_values",
+           "reduce_tool_arguments", "schema_to_ebnf", "schema_to_grammar", "schema_to_lark"]

@@ -1,6 +1,7 @@
 """OutputSession: one request's grammar matcher transactions and its output decoder.
 
-One session per request. The `xgrammar.CompiledGrammar` is shared between requests; the matcher,
+One session per request. The compiled constraint (services/grammar/engine.py: either engine, the
+session never knows which) is shared between requests; the matcher,
 the decoder and any pending preview belong to this session alone, and only the Engine's worker
 thread calls it. A session built without a grammar (an unconstrained request) only decodes output,
 tracks EOS, and reports no constraint.
@@ -8,15 +9,15 @@ tracks EOS, and reports no constraint.
 Transactions (design document, section 5):
 
 - `lookahead(drafts, out)` fills one mask row per position, accepting drafts temporarily, and
-  always rolls the matcher back to the committed baseline with `GrammarMatcher.rollback`; it never
+  always rolls the matcher back to the committed baseline with the matcher's `rollback`; it never
   replays the output. Its counts and time are work paid and stay in the report.
 - `preview(tokens, limit=)` accepts the produced tokens provisionally (matcher, EOS, the output
   budget left that the Request passes, decoder) and fixes the accepted prefix; `confirm()` commits
   it after the Program commit succeeded (nothing there can fail), `discard()` returns to the mark. `preview_forced(tokens)` does the same for a
   fixed control string. A lookahead while a preview is pending is an internal error.
 
-Mask rows and position states: positions.py (xgrammar 0.2.8 may set bits past the domain size,
-so every filled row is cleaned; non-Ready positions get the filler row).
+Mask rows and position states: positions.py (the engines leave bits past the domain size zero;
+non-Ready positions get the filler row).
 
 Output text: the session publishes the exact bytes of accepted tokens as `str` deltas (text.py).
 Bytes of an unfinished UTF-8 character are held back until the character completes; EOS is never
@@ -34,8 +35,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import xgrammar as xgr
 
+from services.grammar.client import CompiledConstraint, Matcher, MaskFiller, fill_masks
 from services.worker.output.report import (
     BRANCHES,
     CACHE_HITS,
@@ -43,7 +44,7 @@ from services.worker.output.report import (
     ConstraintReport,
 )
 from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
-    LookaheadResult, PositionState, filler as _filler, filler_row, int32, tail_word,
+    LookaheadResult, PositionState, filler as _filler, filler_row, int32,
 )
 from services.worker.output.text import decode
 from shared.errors import InternalError, InvalidRequest
@@ -87,7 +88,7 @@ class OutputSession:
     def __init__(
         self,
         domain: TokenDomain,
-        compiled: xgr.CompiledGrammar | None = None,
+        compiled: CompiledConstraint | None = None,
         *,
         prefix: bytes | str = b"",
         branch: str = "content",
@@ -108,7 +109,7 @@ class OutputSession:
         self.branch = branch
         self._counters = ConstraintCounters(cache=cache, built=built, waited=waited,
                                             compile_ms=compile_ms)
-        self._matcher: xgr.GrammarMatcher | None = None
+        self._matcher: Matcher | None = None
         self._pending: _Pending | None = None
         self._held = b""  # committed bytes of an unfinished character, not yet published
         self._eos = False  # EOS committed
@@ -117,12 +118,11 @@ class OutputSession:
         self._scratch: torch.Tensor | None = None  # [1, ceil(V/32)] for can_continue
         if compiled is None:
             return
-        vocab = compiled.tokenizer_info.vocab_size
+        vocab = compiled.domain.size
         if vocab != domain.size:
             raise InternalError(f"grammar compiled for {vocab} token ids, domain has {domain.size}")
-        stops = sorted(domain.eos_ids) or None
-        self._matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stops)
-        if prefix and not self._matcher.accept_string(prefix):
+        self._matcher = compiled.matcher()
+        if prefix and not self._matcher.accept_bytes(prefix):
             raise InvalidRequest("the continued content prefix is not a prefix of the constrained "
                                  "output language", field="prefix")
         self._counters.prepare_seconds += time.perf_counter() - start
@@ -156,7 +156,7 @@ class OutputSession:
                 or out.shape[1] != self.domain.mask_words or out.device.type != "cpu":
             raise InternalError(f"mask buffer must be [>= {n + 1}, {self.domain.mask_words}] int32 "
                                 f"on the CPU, got {list(out.shape)} {out.dtype} on {out.device}")
-        matcher, tail, filler = self._matcher, tail_word(size), _filler(size)
+        matcher, filler = self._matcher, _filler(size)
         states = [PositionState.UNREACHABLE] * (n + 1)
         illegal_at = eos_at = dead_at = None
         accepted = 0
@@ -164,8 +164,7 @@ class OutputSession:
         try:
             for i in range(n + 1):
                 # out[i]: [ceil(V/32)] int32, the legal set after committed + drafts[:i]
-                matcher.fill_next_token_bitmask(out, i)
-                out[i, -1] &= tail
+                matcher.fill_mask(out, i)  # bits past the domain are zero (engine contract)
                 self._counters.mask_positions += 1
                 if not bool(out[i].any()):
                     states[i] = PositionState.DEAD_END
@@ -197,10 +196,10 @@ class OutputSession:
 
     @staticmethod
     def fill_ordinary(sessions: Sequence["OutputSession"], out: torch.Tensor, rows: Sequence[int],
-                      batcher: xgr.BatchGrammarMatcher,
+                      filler: MaskFiller,
                       positions: Sequence[int]) -> list[LookaheadResult]:
         """`lookahead(())` of several constrained sessions at once: the position-0 masks of an
-        ordinary decode step filled by xgrammar's multi-threaded batch call.
+        ordinary decode step in one call per engine, on the engines' own threads.
 
         `out`: `[M, ceil(V/32)]` int32 CPU tensor; session k writes row `rows[k]`; `positions[k]`
         is its committed output length. The shared wall
@@ -211,20 +210,18 @@ class OutputSession:
                 raise InternalError("fill_ordinary needs constrained sessions")
         if not sessions:
             return []
-        size = sessions[0].domain.size
-        tail, filler = tail_word(size), _filler(size)
+        filler_row_ = _filler(sessions[0].domain.size)
         start = time.perf_counter()
-        batcher.batch_fill_next_token_bitmask([s._matcher for s in sessions], out, list(rows))
+        fill_masks([s._matcher for s in sessions], out, list(rows), filler)
         share = (time.perf_counter() - start) / len(sessions)
         results = []
         for session, r, position in zip(sessions, rows, positions):
-            out[r, -1] &= tail  # bits past V: xgrammar may set them
             session._counters.mask_positions += 1
             session._counters.mask_seconds += share
             if bool(out[r].any()):
                 results.append(LookaheadResult((PositionState.READY,), position))
             else:
-                out[r].copy_(filler)
+                out[r].copy_(filler_row_)
                 results.append(LookaheadResult((PositionState.DEAD_END,), position, dead_end_at=0))
         return results
 
@@ -346,8 +343,7 @@ class OutputSession:
             self._scratch = torch.empty((1, self.domain.mask_words), dtype=torch.int32)
         start = time.perf_counter()
         row = self._scratch  # [1, ceil(V/32)]
-        self._matcher.fill_next_token_bitmask(row, 0)
-        row[0, -1] &= tail_word(self.domain.size)
+        self._matcher.fill_mask(row, 0)
         for eos in self.domain.eos_ids:  # clear the EOS bits (int32: bit 31 is the sign)
             row[0, eos >> 5] &= int32(~(1 << (eos & 31)) & 0xFFFFFFFF)
         self._counters.mask_seconds += time.perf_counter() - start

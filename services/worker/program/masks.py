@@ -4,7 +4,7 @@ Allocated once at start: pinned host masks and their device mirror `[B, K+1, cei
 (one tensor on the CPU), and one descriptor per compact row (`mask_row`: the flat mask row of the
 row's position 0, or -1 = disabled: an unconstrained row never gets an all-ones mask). Bit i of
 word w is token 32w+i; bits past the domain size are zero. Ordinary decoding fills position 0 of
-every constrained row; several rows are filled in one multi-threaded xgrammar call.
+every constrained row; several rows are filled in one call per constraint engine.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import xgrammar as xgr
 
+from services.grammar.client import MaskFiller
 from services.worker.output.session import OutputSession, PositionState
 from shared.errors import InfernixError
 from shared.frontends.token_domain import TokenDomain
@@ -46,7 +46,7 @@ class MaskBuffers:
         self.device_masks = torch.zeros_like(self.host, device=device) if cuda else self.host
         self.host_row = torch.full((max_batch,), -1, dtype=torch.int32, pin_memory=cuda)  # [B]
         self._row_bytes = 4 * words if cuda else 0  # nothing is uploaded on the CPU
-        self._batcher = xgr.BatchGrammarMatcher(max_threads="auto")
+        self._filler = MaskFiller("auto")  # each engine's batched fill on its own threads
 
     def fill_ordinary(self, sessions: Sequence[OutputSession], positions: Sequence[int]) -> MaskFill:
         """Position-0 masks of one ordinary step: compact row j belongs to sessions[j] (whose
@@ -59,7 +59,7 @@ class MaskBuffers:
         if len(constrained) > 1:
             results = OutputSession.fill_ordinary(
                 [sessions[j] for j in constrained], flat, [j * self.stride for j in constrained],
-                self._batcher, [positions[j] for j in constrained])
+                self._filler, [positions[j] for j in constrained])
         else:
             results = [sessions[j].lookahead((), self.host[j], position=positions[j])
                        for j in constrained]

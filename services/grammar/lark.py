@@ -1,0 +1,86 @@
+"""Writers for llguidance's Lark dialect: string literals, regex terminals from our expression tree,
+and the EBNF expressions our converters produce read back as trees.
+
+- `lark_literal(text)`: Lark string literals use JSON string syntax (llguidance's lexer);
+- `rust_regex(node)`: a `/.../` terminal body in the syntax of Rust's regex crate, which llguidance
+  (derivre) reads; every character that is not an ASCII letter or digit is written as `\\x{H}`, so
+  no character is ever read as syntax (the `/` delimiter included). Classes are sets of Unicode
+  scalar values, which is what the regex crate's classes are, so surrogates never match;
+- `ebnf_tree(text)`: an EBNF expression of literals, classes, groups, `|` and repetitions (what
+  `services.grammar.schema.numbers` writes) parsed by our own GBNF front end.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+from services.grammar.regex.charset import CharSet
+from services.grammar.regex.tree import Alt, Chars, Literal, Node, Repeat, Seq
+from shared.frontends.token_domain import TokenDomain
+
+
+def lark_literal(text: str) -> str:
+    """A Lark string literal matching `text` exactly (JSON string syntax, ASCII only)."""
+    return json.dumps(text, ensure_ascii=True)
+
+
+def _char(cp: int) -> str:
+    ch = chr(cp)
+    return ch if ch.isascii() and ch.isalnum() else f"\\x{{{cp:x}}}"
+
+
+def _class(cs: CharSet) -> str:
+    if not cs.ranges:
+        raise ValueError("an empty class has no regex form (prune it first)")
+    if cs.single is not None:
+        return _char(cs.single)
+    return "[" + "".join(_char(lo) if lo == hi else f"{_char(lo)}-{_char(hi)}"
+                         for lo, hi in cs.ranges) + "]"
+
+
+def _quantifier(lo: int, hi: int | None) -> str:
+    if (lo, hi) == (0, None):
+        return "*"
+    if (lo, hi) == (1, None):
+        return "+"
+    if (lo, hi) == (0, 1):
+        return "?"
+    if hi is None:
+        return f"{{{lo},}}"
+    return f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}"
+
+
+def rust_regex(node: Node) -> str:
+    """Regex text (Rust regex syntax) whose whole-match language is `node`'s."""
+    if isinstance(node, Literal):
+        return "".join(_char(ord(c)) for c in node.text)
+    if isinstance(node, Chars):
+        return _class(node.charset)
+    if isinstance(node, Seq):
+        return "".join(f"(?:{rust_regex(i)})" if isinstance(i, Alt) else rust_regex(i)
+                       for i in node.items)
+    if isinstance(node, Alt):
+        return "|".join(rust_regex(i) for i in node.items)
+    if isinstance(node, Repeat):
+        inner = rust_regex(node.item)
+        atom = inner if isinstance(node.item, Chars) or (
+            isinstance(node.item, Literal) and len(node.item.text) == 1) else f"(?:{inner})"
+        return atom + _quantifier(node.lo, node.hi)
+    raise TypeError(f"{type(node).__name__} has no regex form")
+
+
+@lru_cache(maxsize=1)
+def _no_tokens() -> TokenDomain:
+    return TokenDomain(name="none", token_bytes=(), size=0, eos_ids=frozenset(),
+                       control_ids=frozenset())
+
+
+@lru_cache(maxsize=4096)
+def ebnf_tree(text: str) -> Node:
+    """The tree of one EBNF expression without rule references or token terminals."""
+    from services.grammar.gbnf.lexer import Lexer
+    from services.grammar.gbnf.parser import parse_rules
+
+    [rule] = parse_rules(Lexer(f"root ::= {text}").tokens(), _no_tokens())
+    return rule.body
