@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from shared.errors import InfernixError, RequestError, error_from_dict
+from shared.generation import FinishReason
 from tests.fake_worker import FakeWorker, Script, running_gateway
 
 MODEL = "smollm2"
@@ -141,3 +142,24 @@ async def test_a_client_leaving_a_stream_of_several_choices_cancels_them_all():
         await _wait_for(lambda: len(worker.cancelled) == 3)
     assert sorted(worker.cancelled) == sorted(r.request_id for r in worker.requests)
     assert worker.finished == []
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_generation_cut_by_a_draining_worker_is_a_typed_503(stream):
+    """Issue 12 §6/§8: a worker's drain cancels what outlives its grace period with a terminal
+    event (Finished CANCELLED); the client gets a typed 503 `service_unavailable` with a
+    Retry-After (a terminal error event with that code when streaming), not `500 internal_error`."""
+    worker = FakeWorker(Script(text=("par", "tial"), finish_reason=FinishReason.CANCELLED))
+    body = {**BODIES["/v1/chat/completions"], "stream": stream}
+    async with running_gateway(worker) as url, aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/chat/completions", json=body) as r:
+            if not stream:
+                assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
+                error = (await r.json())["error"]
+            else:
+                assert r.status == 200
+                chunks = [json.loads(line[6:]) for line in (await r.text()).splitlines()
+                          if line.startswith("data: {")]
+                error = chunks[-1]["error"]
+    assert error["code"] == "service_unavailable", error
