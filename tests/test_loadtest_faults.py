@@ -108,12 +108,19 @@ async def test_a_mixed_load_loses_nothing_while_redis_grammar_and_a_worker_are_k
     workers = [WorkerProcess(*worker_flags, name=f"worker{i}") for i in (1, 2)]
     gateway = GatewayProcess(*(w.address for w in workers))
     processes = [grammar, *workers, gateway]
+    began = time.perf_counter()
+    phases: dict[str, float] = {}
+
+    def mark(phase: str) -> None:
+        phases[phase] = round(time.perf_counter() - began, 1)
+
     try:
         for process in processes:  # side by side: their imports and loads overlap
             process.start()
         await grammar.wait_healthy()
         await asyncio.gather(*(w.wait_healthy() for w in workers))
         await gateway.until_workers_healthy(2)
+        mark("started")
 
         stop = asyncio.Event()
         load = asyncio.ensure_future(run_mix(gateway.url, stop=stop, concurrency=4, seed=12,
@@ -131,17 +138,21 @@ async def test_a_mixed_load_loses_nothing_while_redis_grammar_and_a_worker_are_k
         redis_server.start()
         grammar.start()
         killed.start()
+        mark("restarting")
         await grammar.wait_healthy()
+        mark("grammar_back")
         await killed.wait_healthy()
         await gateway.until_workers_healthy(2)
+        mark("worker_back")
         await asyncio.sleep(2.0)  # the mix runs on the recovered stack
         stop.set()
         outcomes = await asyncio.wait_for(load, 60)
+        mark("done")
     finally:
         for process in reversed(processes):
             process.stop()
     summary = summarize(outcomes)
-    print(json.dumps(summary, indent=2))
+    print(json.dumps({"phases_s": phases, **summary}, indent=2))
     assert summary["lost"] == 0 and summary["untyped"] == 0, summary["bad"]
     assert summary["ok"] >= 20, summary
     assert set(summary["by_scenario"]) >= {"chat", "chat_stream", "json_schema", "chat_regex",
