@@ -163,3 +163,49 @@ async def test_a_generation_cut_by_a_draining_worker_is_a_typed_503(stream):
                           if line.startswith("data: {")]
                 error = chunks[-1]["error"]
     assert error["code"] == "service_unavailable", error
+
+
+@pytest.mark.asyncio
+async def test_health_and_readiness_behind_a_pool_report_the_workers_dependencies():
+    """Issue 12 §1: "health reports the degraded state (`/healthz` stays 200 with a `degraded`
+    field; a readiness endpoint says what is missing)", also in the compose deployment, where the
+    gateway's worker is a pool (before, the pool's health said nothing of the workers' grammar
+    service or Redis, so /healthz was never degraded by them and /readyz always ready)."""
+    from services.gateway.pool import WorkerPool
+
+    class Reporting(FakeWorker):
+        state: dict = {}
+
+        async def health(self):
+            return {**await super().health(), **self.state}
+
+    a, b = Reporting(), Reporting()
+    a.state = {"degraded": True, "missing": ["grammar_service"], "ready": True}
+    pool = WorkerPool([a, b], health_interval_s=60)
+    try:
+        async with running_gateway(pool) as url, aiohttp.ClientSession() as http:
+            await pool.check_health()
+
+            async def get(path):
+                async with http.get(url + path) as r:
+                    return r.status, await r.json()
+
+            status, body = await get("/healthz")
+            assert (status, body["degraded"]) == (200, True)
+            assert await get("/readyz") == (200, {"status": "ready", "degraded": True,
+                                                  "missing": ["grammar_service"]})
+            b.healthy = False  # out of the pool after two failed checks
+            await pool.check_health()
+            await pool.check_health()
+            a.state = {"degraded": True, "missing": ["grammar_service", "redis"], "ready": False}
+            await pool.check_health()
+            assert await get("/readyz") == (503, {"status": "not_ready", "degraded": True,
+                                                  "missing": ["grammar_service", "redis",
+                                                              "worker"]})
+            assert (await get("/healthz"))[0] == 200  # still serving (L1 grammars, plain text)
+            a.state, b.healthy = {"degraded": False, "missing": [], "ready": True}, True
+            await pool.check_health()
+            assert await get("/readyz") == (200, {"status": "ready", "degraded": False,
+                                                  "missing": []})
+    finally:
+        await pool.aclose()

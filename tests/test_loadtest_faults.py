@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -70,6 +71,14 @@ class GatewayProcess:
                 return json.loads(reply.read())
         except OSError:
             return None
+
+    def get(self, path: str) -> tuple[int, dict]:
+        """(status, JSON body) of a GET, error statuses included."""
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
 
     async def until_workers_healthy(self, n: int, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
@@ -157,6 +166,10 @@ async def test_a_mixed_load_loses_nothing_while_redis_grammar_and_a_worker_are_k
             "structured_outputs": {"regex": "outage-[0-9]{2}"}})
         async with aiohttp.ClientSession() as session:
             during = await one_request(session, gateway.url, fresh, 120)
+        # Liveness stays 200 and says degraded; readiness names what is missing.
+        await _until(lambda: set(gateway.get("/readyz")[1].get("missing", ())) >=
+                     {"grammar_service", "redis", "worker"})
+        live, ready = gateway.get("/healthz"), gateway.get("/readyz")
         redis_server.start()
         grammar.start()
         killed.start()
@@ -182,4 +195,6 @@ async def test_a_mixed_load_loses_nothing_while_redis_grammar_and_a_worker_are_k
     # New grammars of the outage (a fresh regex almost every chat_regex request, and the one sent
     # above) were compiled in process by the survivor.
     assert during.outcome == "ok", during
+    assert live[0] == 200 and live[1]["degraded"] is True, live
+    assert ready[0] == 200 and ready[1]["status"] == "ready", ready  # degraded, but it serves
     assert fallbacks >= 1, fallbacks

@@ -60,6 +60,10 @@ class PoolMember:
     outstanding: int = 0  # requests started here and not yet finished or closed
     reported_load: int = 0  # resident + waiting requests the worker itself reported (all callers)
     models: tuple[str, ...] | None = None  # None: not asked yet
+    # From the worker's last health: its dependencies that are down ("grammar_service",
+    # "redis"), and whether it can serve constrained requests now.
+    missing: tuple[str, ...] = ()
+    ready: bool = True
 
     @property
     def load(self) -> int:
@@ -70,7 +74,8 @@ class PoolMember:
     def snapshot(self) -> dict[str, Any]:
         return {"name": self.name, "healthy": self.healthy, "outstanding": self.outstanding,
                 "reported_load": self.reported_load, "failures": self.failures,
-                "models": list(self.models or ())}
+                "models": list(self.models or ()), "missing": list(self.missing),
+                "ready": self.ready}
 
 
 class WorkerPool(WorkerClient):
@@ -120,6 +125,8 @@ class WorkerPool(WorkerClient):
             if isinstance(health, dict):
                 member.reported_load = int(health.get("resident", 0) or 0) + \
                     int(health.get("waiting", 0) or 0)
+                member.missing = tuple(str(m) for m in health.get("missing", ()) or ())
+                member.ready = bool(health.get("ready", True))
             if member.models is None or not member.healthy:
                 member.models = tuple(await asyncio.wait_for(member.client.models(),
                                                              self.health_timeout_s))
@@ -302,14 +309,20 @@ class WorkerPool(WorkerClient):
                                           f"(last {member.name}: {exc})") from None
 
     async def health(self) -> dict[str, Any]:
-        """Every worker's state; raises ServiceUnavailable when no worker is healthy."""
+        """Every worker's state, and the pool's: `degraded` (a worker out, or a dependency of a
+        healthy worker down), `missing` (those dependencies, and "worker" while one is out),
+        `ready` (some healthy worker can serve constrained requests now). Raises
+        ServiceUnavailable when no worker is healthy."""
         self._start()
         workers = [m.snapshot() for m in self.members]
-        healthy = sum(m.healthy for m in self.members)
-        if not healthy:
+        serving = [m for m in self.members if m.healthy]
+        if not serving:
             raise ServiceUnavailable("no healthy worker", service="worker",
                                      retry_after_s=RETRY_AFTER_S)
-        return {"healthy": healthy, "workers": workers}
+        missing = sorted({name for m in serving for name in m.missing} |
+                         ({"worker"} if len(serving) < len(self.members) else set()))
+        return {"healthy": len(serving), "workers": workers, "degraded": bool(missing),
+                "missing": missing, "ready": any(m.ready for m in serving)}
 
     async def aclose(self) -> None:
         """Stop the health checks and close the clients."""
