@@ -74,7 +74,8 @@ def scenarios(rng: random.Random, *, max_tokens: int = 64) -> list[Scenario]:
         # A new grammar almost every time (a literal drawn from 10^6): a cold compile per request.
         Scenario("chat_regex", 1, "/v1/chat/completions", {
             "model": MODEL, "max_tokens": max_tokens, "messages": _user(f"A postcode for {city}."),
-            "structured_outputs": {"regex": f"{city[:2].upper()}{rng.randrange(10 ** 6)}-[0-9]{{3}}"}}),
+            "structured_outputs": {
+                "regex": f"{city[:2].upper()}{rng.randrange(10 ** 6)}-[0-9]{{3}}"}}),
         Scenario("anthropic_stream", 1, "/v1/messages", {
             "model": MODEL, "max_tokens": max_tokens, "stream": True,
             "messages": _user(f"Name a street in {city}.")}, stream=True),

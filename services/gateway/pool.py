@@ -58,7 +58,7 @@ class PoolMember:
     healthy: bool = True
     failures: int = 0  # consecutive failed health checks
     outstanding: int = 0  # requests started here and not yet finished or closed
-    reported_load: int = 0  # resident + waiting requests the worker itself reported (all callers)
+    reported_load: int = 0  # resident, waiting, preparing requests the worker reports (all callers)
     models: tuple[str, ...] | None = None  # None: not asked yet
     # From the worker's last health: its dependencies that are down ("grammar_service",
     # "redis"), and whether it can serve constrained requests now.
@@ -123,8 +123,8 @@ class WorkerPool(WorkerClient):
         try:
             health = await asyncio.wait_for(member.client.health(), self.health_timeout_s)
             if isinstance(health, dict):
-                member.reported_load = int(health.get("resident", 0) or 0) + \
-                    int(health.get("waiting", 0) or 0)
+                member.reported_load = sum(int(health.get(key, 0) or 0)
+                                           for key in ("resident", "waiting", "preparing"))
                 member.missing = tuple(str(m) for m in health.get("missing", ()) or ())
                 member.ready = bool(health.get("ready", True))
             if member.models is None or not member.healthy:
