@@ -1,5 +1,5 @@
 """A load run against a running Infernix gateway that accounts for every request:
-`python loadtest/run.py --url http://127.0.0.1:8000 --requests 200 --concurrency 8 --out r.json`.
+`python loadtest/run.py --url http://127.0.0.1:8000 --requests 100 --concurrency 8`.
 
 It sends the mix of `scenarios.py` (plain, JSON Schema, regex, choice and tool constraints; streaming
 and not; chat, Responses, Anthropic messages and completions) from `--concurrency` concurrent
