@@ -160,8 +160,9 @@ class DenseDecoder(nn.Module):
         return min(per_lane, self.config.max_position_embeddings)
 
     def new_state(self, lanes: int, max_len: int, *, dtype: torch.dtype,
-                  device: torch.device | str) -> KVCache:
-        """The per-lane state of this model: its KV cache (models/state.py)."""
+                  device: torch.device | str, verify_width: int = 0) -> KVCache:
+        """The per-lane state of this model: its KV cache (models/state.py). `verify_width` (the
+        widest verification) needs nothing here: KV past the kept positions is overwritten."""
         return KVCache.allocate(self.config, lanes, max_len, dtype, device)
 
     @property

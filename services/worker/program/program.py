@@ -5,7 +5,8 @@ state (`model.new_state`: a dense model's KV cache; plus one scratch lane that a
 of padding rows when decode graphs are used), the mask buffers (masks.py), the sampler
 (sampling.py), and on CUDA the decode graphs (graphs.py) and the ready event (events.py).
 
-`step(batch)` runs one forward for the batch's rows, fills the constrained rows' masks on the CPU
+`step(batch)` runs one forward for the batch's rows (a verification round when rows carry drafts:
+verify.py), fills the constrained rows' masks on the CPU
 while the forward runs on CUDA, samples with the mask fused before candidate selection, and
 returns a `PendingBatch` with each row's result: tokens, a constraint dead end, non-finite logits,
 or no output (an intermediate prefill chunk). `commit(pending, accepted)` commits device state
@@ -24,6 +25,7 @@ from kernels.sampling_contract import SampleStatus
 from services.worker.program.batch import BatchRow, PendingBatch, RowOutcome, RowResult, StepBatch
 from services.worker.program.masks import MaskBuffers
 from services.worker.program.sampling import Sampler
+from services.worker.program.verify import Verifier
 from services.worker.runtime import ModelRuntime
 from shared.errors import InternalError
 from shared.logging import get_logger
@@ -57,11 +59,14 @@ class Program:
         cap = runtime.config.max_position_embeddings
         if max_len is None:
             max_len = self.model.max_len_for_budget(lanes, kv_budget_bytes, runtime.dtype)
+        extra = {"verify_width": max_drafts + 1} if max_drafts else {}
         self.state = self.model.new_state(lanes, min(max_len, cap), dtype=runtime.dtype,
-                                          device=self.device)
+                                          device=self.device, **extra)
         self.max_len = self.state.max_len
         self.masks = MaskBuffers(self.domain, max_batch, max_drafts, self.device)
         self.sampler = Sampler(self.domain, self.device)
+        self.verifier = Verifier(self.domain, self.device, self.masks, self.sampler,
+                                 max_drafts) if max_drafts > 0 else None
         pin = self.cuda
         self.host_tokens = torch.zeros(max_batch, dtype=torch.int64, pin_memory=pin)  # [B]
         self.host_status = torch.zeros(max_batch, dtype=torch.int32, pin_memory=pin)  # [B]
@@ -100,6 +105,8 @@ class Program:
         """Forward, masks, sampling for every row of `batch` (at most B rows, distinct lanes)."""
         rows = batch.rows
         assert 0 < len(rows) <= self.max_batch
+        if batch.has_drafts:
+            return self._verify(batch)
         logits = self._forward(batch)  # [n, V] logits after each row's last fed token
         sampled = [i for i, r in enumerate(rows) if r.sample]
         results = [RowResult(RowOutcome.NO_OUTPUT)] * len(rows)
@@ -156,6 +163,26 @@ class Program:
         return RowResult(RowOutcome.NONFINITE, error=InternalError(
             f"sampling found {what} at output position {row.request.num_output_tokens}"))
 
+    def _verify(self, batch: StepBatch) -> PendingBatch:
+        """A verification round (host-launched route: drafts fixed on the host before the
+        forward, masks filled while it runs, acceptance after it; verify.py)."""
+        assert self.verifier is not None and all(
+            r.sample and len(r.tokens) == 1 + r.num_drafts <= 1 + self.max_drafts
+            for r in batch.rows), "drafts need a Program built with max_drafts >= K"
+        rows = batch.rows
+        width = max(len(r.tokens) for r in rows)
+        if any(r.start + width > self.max_len for r in rows):  # padding would leave the lane
+            logits = torch.cat([self._pad(self._prefill((r,), len(r.tokens), every=True), width)
+                                for r in rows])
+        else:
+            logits = self._prefill(rows, width, every=True)  # [n, W, V]
+        return PendingBatch(batch, tuple(self.verifier.verify(rows, logits)))
+
+    @staticmethod
+    def _pad(logits: torch.Tensor, width: int) -> torch.Tensor:
+        # logits: [1, w, V] -> [1, width, V] (zeros: positions the acceptance walk never reaches)
+        return torch.cat([logits, logits.new_zeros(1, width - logits.shape[1], logits.shape[2])], 1)
+
     def _forward(self, batch: StepBatch) -> torch.Tensor:
         rows, dev = batch.rows, self.device
         lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)  # [n]
@@ -177,8 +204,9 @@ class Program:
             return torch.cat([self._prefill((r,), len(r.tokens)) for r in rows])
         return self._prefill(rows, width)
 
-    def _prefill(self, rows: Sequence[BatchRow], width: int) -> torch.Tensor:
+    def _prefill(self, rows: Sequence[BatchRow], width: int, *, every: bool = False) -> torch.Tensor:
         # Rows padded on the right to `width` at the following positions (all < max_len).
+        # Logits [n, V] after each row's last real token, or with `every` [n, width, V].
         dev = self.device
         tokens = torch.zeros(len(rows), width, dtype=torch.int64)  # [n, T]
         positions = torch.zeros(len(rows), width, dtype=torch.int64)  # [n, T]
@@ -188,7 +216,7 @@ class Program:
         fed = torch.tensor([len(r.tokens) for r in rows], dtype=torch.int64)  # [n]
         lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)  # [n]
         kv_len = max(r.start for r in rows) + width
+        index = None if every else (fed - 1)[:, None].to(dev)
         out = self.model(tokens.to(dev), positions.to(dev), self.state, lanes.to(dev),
-                         kv_len=kv_len, logit_index=(fed - 1)[:, None].to(dev),
-                         num_tokens=fed.to(dev))  # [n, 1, V]
-        return out[:, 0]
+                         kv_len=kv_len, logit_index=index, num_tokens=fed.to(dev))  # [n, 1|T, V]
+        return out if every else out[:, 0]

@@ -1,0 +1,59 @@
+"""The host-launched route of a host proposer (n-gram copy): drafts fixed on the host before the
+verify forward (design document: "drafts ... are fixed on the host before its verification, and
+sampling and acceptance run on the host-launched path after the verify forward, outside the CUDA
+Graph"), and the engine's speculation counters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from services.worker.program.batch import StepBatch
+from services.worker.spec.ngram import NgramProposer
+
+
+@dataclass
+class SpecCounters:
+    """The Engine's global speculation counters (all requests, constrained or not)."""
+
+    rounds: int = 0  # committed rows of verification rounds that carried drafts
+    drafts: int = 0  # drafts proposed in those rows
+    accepted: int = 0  # drafts committed
+    tokens: int = 0  # output tokens those rows committed (accepted + correction / bonus)
+    draft_seconds: float = 0.0  # host time spent proposing (exposed: the forward waits for it)
+
+    def to_dict(self) -> dict:
+        mean = self.accepted / self.rounds if self.rounds else 0.0
+        return {"rounds": self.rounds, "drafts": self.drafts, "accepted": self.accepted,
+                "tokens": self.tokens, "mean_accepted": mean,
+                "acceptance_rate": self.accepted / self.drafts if self.drafts else 0.0,
+                "draft_seconds": self.draft_seconds}
+
+
+class HostDrafter:
+    """Attaches up to `k` drafts to every row of a decode batch (`attach`)."""
+
+    def __init__(self, proposer: NgramProposer, k: int) -> None:
+        if k < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {k}")
+        self.proposer = proposer
+        self.k = k
+
+    def attach(self, batch: StepBatch, max_len: int) -> tuple[StepBatch, float]:
+        """The batch with each row's drafts after its anchor, and the seconds spent proposing.
+
+        A row proposes at most k drafts, fewer where its output budget (the round emits drafts
+        + 1 tokens) or its lane (the last draft sits at position start + n < max_len) ends; a
+        batch where no row has a draft stays an ordinary decode step."""
+        start = time.perf_counter()
+        rows = []
+        for row in batch.rows:
+            job = row.request
+            limit = min(self.k, job.remaining - 1, max_len - 1 - row.start)
+            drafts = self.proposer.propose(job.prompt_ids + tuple(job.output_ids), limit) \
+                if limit > 0 else []
+            rows.append(replace(row, tokens=row.tokens + tuple(drafts), num_drafts=len(drafts)))
+        seconds = time.perf_counter() - start
+        out = StepBatch(tuple(rows))
+        return (out if out.has_drafts else batch), seconds
