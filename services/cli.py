@@ -5,7 +5,7 @@
     infernix grammar check|sample|serve|health
     infernix worker serve|health        the gRPC worker
     infernix gateway serve --worker ADDR [--worker ADDR ...]
-    infernix bench grammar|decode ...   benchmarks writing JSON
+    infernix bench grammar|decode|spec  benchmarks writing JSON
 
 Every flag is also an environment variable named after it: --redis-url is INFERNIX_REDIS_URL.
 Building the parser imports nothing heavy (no torch, xgrammar or transformers): `--help` answers
@@ -236,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     grammar_cli.add_bench_parser(bsub)
     grammar_cli.add_store_bench_parser(bsub)
     decode_bench_cli.add_parser(bsub)
+    decode_bench_cli.add_spec_parser(bsub)
     return parser
 
 

@@ -307,3 +307,40 @@ def test_ngram_proposer_longest_suffix_most_recent():
     assert NgramProposer(min_n=2, max_n=2).propose([4, 1, 2, 6, 3, 1, 2], 5) == [6, 3, 1, 2]
     with pytest.raises(ValueError):
         NgramProposer(min_n=3, max_n=2)
+
+
+def _generate(runtime, argv):
+    import argparse
+    import io
+
+    from services.worker.cli import add_generate_parser, run_generate
+
+    parser = argparse.ArgumentParser()
+    add_generate_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["generate", *argv])
+    out, err = io.StringIO(), io.StringIO()
+    return run_generate(args, out, err, runtime=runtime), out.getvalue(), err.getvalue()
+
+
+def test_cli_generate_with_speculation(runtime):
+    """`infernix generate --speculative ngram --num-draft-tokens K` gives the greedy output of
+    ordinary decoding (constrained), and the report counts the verification rounds."""
+    base = ["--prompt", "abab", "--raw", "--temperature", "0", "--max-tokens", "20",
+            "--max-len", "96", "--regex", "(ab|cd)+", "--json"]
+    rc, plain, err = _generate(runtime, base)
+    assert rc == 0, err
+    rc, spec, err = _generate(runtime, base + ["--speculative", "ngram", "--num-draft-tokens", "3"])
+    assert rc == 0, err
+    plain, spec = json.loads(plain), json.loads(spec)
+    assert spec["content"] == plain["content"] and re.fullmatch("(ab|cd)+", spec["content"])
+    assert spec["constraint"]["verify_rounds"] > 0 and plain["constraint"]["verify_rounds"] == 0
+
+
+def test_cli_refuses_unimplemented_backends(runtime):
+    rc, out, err = _generate(runtime, ["--prompt", "x", "--raw", "--speculative", "dflash"])
+    assert rc == 2 and json.loads(err)["error"]["type"] == "Unsupported"
+    assert json.loads(err)["error"]["field"] == "speculative"
+    from services.cli import main
+
+    assert main(["serve", "--speculative", "mtp", "--port", "1"]) == 2  # before any model load
+    assert main(["serve", "--draft-model", "/nowhere"]) == 2
