@@ -53,7 +53,7 @@ class Scripted:
 
 
 def with_proposer(client, proposer, k: int) -> None:
-    client.engine.drafter = HostDrafter(proposer, k)
+    client.engine.drafter = HostDrafter.from_context(proposer, k)
 
 
 async def run_all(client, runtime, cases):
@@ -288,7 +288,7 @@ def test_nonfinite_verify_row_commits_zero_tokens_while_others_commit(runtime):
 
 
 def test_unimplemented_backends_are_refused_typed(runtime):
-    for backend in ("mtp", "dflash", "dflash2", "medusa"):
+    for backend in ("mtp", "dflash", "dflash2", "medusa"):  # mtp: this model has no MTP module
         with pytest.raises(Unsupported) as exc:
             Engine(runtime, grammar=None, config=EngineConfig(speculative=backend))
         assert exc.value.field == "speculative"
@@ -342,5 +342,5 @@ def test_cli_refuses_unimplemented_backends(runtime):
     assert json.loads(err)["error"]["field"] == "speculative"
     from services.cli import main
 
-    assert main(["serve", "--speculative", "mtp", "--port", "1"]) == 2  # before any model load
+    assert main(["serve", "--speculative", "dflash2", "--port", "1"]) == 2  # before any load
     assert main(["serve", "--draft-model", "/nowhere"]) == 2

@@ -137,7 +137,7 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
         await asyncio.gather(*(_finished(client, r) for r in
                                _requests(runtime, prompts, schema, 4, f"w{tag}")))
         if backend == "oracle":
-            drafter = HostDrafter(oracle, k)
+            drafter = HostDrafter.from_context(oracle, k)
         engine.drafter = drafter
         if record is not None:
             engine.finish_listeners.append(

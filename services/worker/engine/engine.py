@@ -35,7 +35,7 @@ from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
 from services.worker.program import Program
 from services.worker.request import Request
-from services.worker.spec import SpecCounters, check_backend, make_drafter
+from services.worker.spec import SpecCounters, check_backend, check_model, make_drafter
 from shared.errors import DeadlineExceeded, InternalError, InvalidRequest, Overloaded
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
@@ -94,13 +94,14 @@ class Engine:
         self.config = config
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         check_backend(config.speculative, config.draft_model)
-        self.drafter = make_drafter(config.speculative, config.num_draft_tokens)
+        check_model(config.speculative, runtime.model)
         self.speculation = SpecCounters()
         self.finish_listeners: list = []  # fn(request) on the worker thread as each one ends
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
-                               max_drafts=config.num_draft_tokens if self.drafter else 0,
-                               cuda_graphs=config.cuda_graphs)
+                               max_drafts=config.num_draft_tokens if config.speculative else 0,
+                               mtp=config.speculative == "mtp", cuda_graphs=config.cuda_graphs)
+        self.drafter = make_drafter(config.speculative, config.num_draft_tokens, self.program)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
                                    on_admit=self.metrics.queue_seconds.observe)
         self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget,

@@ -43,7 +43,7 @@ class Program:
     fit."""
 
     def __init__(self, runtime: ModelRuntime, *, max_batch: int, max_len: int | None = None,
-                 kv_budget_bytes: int = 256 << 20, max_drafts: int = 0,
+                 kv_budget_bytes: int = 256 << 20, max_drafts: int = 0, mtp: bool = False,
                  cuda_graphs: bool = True) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -54,7 +54,7 @@ class Program:
         self.cuda = self.device.type == "cuda"
         self.max_batch = max_batch
         self.max_drafts = max_drafts
-        use_graphs = self.cuda and cuda_graphs
+        use_graphs = self.cuda and cuda_graphs and not mtp  # MTP needs the decode hidden states
         lanes = max_batch + (1 if use_graphs else 0)  # + the scratch lane of padding rows
         cap = runtime.config.max_position_embeddings
         if max_len is None:
@@ -67,6 +67,12 @@ class Program:
         self.sampler = Sampler(self.domain, self.device)
         self.verifier = Verifier(self.domain, self.device, self.masks, self.sampler,
                                  max_drafts) if max_drafts > 0 else None
+        self.mtp = None  # the MTP proposer: aligned and drafting after every step
+        self._hidden: list[torch.Tensor] = []  # [n_i, T_i, H] target hidden states of this step
+        if mtp:
+            from services.worker.spec.mtp import MtpProposer
+
+            self.mtp = MtpProposer(self.model, self.state, max(max_drafts, 1), self.domain.size)
         pin = self.cuda
         self.host_tokens = torch.zeros(max_batch, dtype=torch.int64, pin_memory=pin)  # [B]
         self.host_status = torch.zeros(max_batch, dtype=torch.int32, pin_memory=pin)  # [B]
@@ -105,13 +111,14 @@ class Program:
         """Forward, masks, sampling for every row of `batch` (at most B rows, distinct lanes)."""
         rows = batch.rows
         assert 0 < len(rows) <= self.max_batch
+        self._hidden = []
         if batch.has_drafts:
-            return self._verify(batch)
+            return self._after(self._verify(batch))
         logits = self._forward(batch)  # [n, V] logits after each row's last fed token
         sampled = [i for i, r in enumerate(rows) if r.sample]
         results = [RowResult(RowOutcome.NO_OUTPUT)] * len(rows)
         if not sampled:
-            return PendingBatch(batch, tuple(results))
+            return self._after(PendingBatch(batch, tuple(results)))
         requests = [rows[i].request for i in sampled]
         # The CPU fills masks while the forward runs on CUDA: nothing above waits for the device.
         fill = self.masks.fill_ordinary([r.session for r in requests],
@@ -128,7 +135,7 @@ class Program:
             self._ready.wait()
         for j, i in enumerate(sampled):
             results[i] = self._row_result(j, rows[i], fill)
-        return PendingBatch(batch, tuple(results))
+        return self._after(PendingBatch(batch, tuple(results)))
 
     def commit(self, pending: PendingBatch, kept: Mapping[int, int]) -> None:
         """Commit the device state of the rows named: batch index -> how many of the tokens the
@@ -150,6 +157,28 @@ class Program:
             self._ready = None
 
     # ---------------------------------------------------------------- internals
+
+    def _after(self, pending: PendingBatch) -> PendingBatch:
+        """The MTP proposer's alignment and next drafts from this step's hidden states."""
+        if self.mtp is not None:
+            parts, self._hidden = self._hidden, []
+            width = max(h.shape[1] for h in parts)
+            hidden = torch.cat([torch.nn.functional.pad(h, (0, 0, 0, width - h.shape[1]))
+                                for h in parts])  # [n, W, H]
+            self.mtp.after_step(pending.batch.rows, hidden, pending.results)
+        return pending
+
+    def _run_model(self, tokens, positions, lanes, *, kv_len, logit_index=None, num_tokens=None):
+        # Logits; with MTP the hidden states go through hidden_states + logits (kept for it).
+        if self.mtp is None:
+            return self.model(tokens, positions, self.state, lanes, kv_len=kv_len,
+                              logit_index=logit_index, num_tokens=num_tokens)
+        hidden = self.model.hidden_states(tokens, positions, self.state, lanes, kv_len=kv_len,
+                                          num_tokens=num_tokens)  # [n, T, H]
+        self._hidden.append(hidden)
+        if logit_index is not None:
+            hidden = hidden.gather(1, logit_index[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        return self.model.logits(hidden)
 
     def _row_result(self, j: int, row: BatchRow, fill) -> RowResult:
         if j in fill.dead_ends:
@@ -197,8 +226,8 @@ class Program:
                                  positions.to(dev, non_blocking=True),
                                  lanes.to(dev, non_blocking=True))
             kv_len = max(r.start for r in rows) + 1
-            return self.model(tokens.to(dev), positions.to(dev), self.state, lanes.to(dev),
-                              kv_len=kv_len)[:, -1]
+            return self._run_model(tokens.to(dev), positions.to(dev), lanes.to(dev),
+                                   kv_len=kv_len)[:, -1]
         width = max(len(r.tokens) for r in rows)
         if any(r.start + width > self.max_len for r in rows):  # padding would leave the lane
             return torch.cat([self._prefill((r,), len(r.tokens)) for r in rows])
@@ -217,6 +246,6 @@ class Program:
         lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)  # [n]
         kv_len = max(r.start for r in rows) + width
         index = None if every else (fed - 1)[:, None].to(dev)
-        out = self.model(tokens.to(dev), positions.to(dev), self.state, lanes.to(dev),
-                         kv_len=kv_len, logit_index=index, num_tokens=fed.to(dev))  # [n, 1|T, V]
+        out = self._run_model(tokens.to(dev), positions.to(dev), lanes.to(dev), kv_len=kv_len,
+                              logit_index=index, num_tokens=fed.to(dev))  # [n, 1|T, V]
         return out if every else out[:, 0]

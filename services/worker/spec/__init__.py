@@ -6,6 +6,8 @@ lookahead masks along each row's proposal chain and verifies the drafts. Chosen 
 if/elif on the engine's configuration (`make_drafter`).
 
     ngram.py    prompt-lookup copy from the request's own context (any model)
+    mtp.py      the Qwen3.5 MTP module, k steps, aligned after every step
+    oracle.py   the target's own recorded continuation (benchmarks and tests only)
     drafter.py  the host-launched route: drafts fixed on the host before the verify forward
 """
 
@@ -16,7 +18,7 @@ from services.worker.spec.ngram import NgramProposer
 from shared.errors import Unsupported
 
 BACKENDS = ("ngram", "mtp", "dflash", "dflash2")  # what --speculative names
-IMPLEMENTED = ("ngram",)
+IMPLEMENTED = ("ngram", "mtp")
 
 
 def check_backend(backend: str | None, draft_model: str | None) -> None:
@@ -38,14 +40,24 @@ def check_backend(backend: str | None, draft_model: str | None) -> None:
         raise Unsupported("the ngram backend takes no draft model", field="draft_model")
 
 
-def make_drafter(backend: str | None, num_draft_tokens: int) -> HostDrafter | None:
-    """The drafter of a checked backend (None: no speculation)."""
+def check_model(backend: str | None, model) -> None:
+    """Refuse a backend the served model cannot run: Unsupported(field="speculative")."""
+    if backend == "mtp" and getattr(model, "mtp", None) is None:
+        raise Unsupported("--speculative mtp needs a model with an MTP module (a Qwen3.5 "
+                          "checkpoint with mtp.* weights)", field="speculative")
+
+
+def make_drafter(backend: str | None, num_draft_tokens: int, program) -> HostDrafter | None:
+    """The drafter of a checked backend (None: no speculation); MTP drafts come from the
+    Program's MTP proposer (filled after every step)."""
     if backend is None:
         return None
     if backend == "ngram":
-        return HostDrafter(NgramProposer(), num_draft_tokens)
+        return HostDrafter.from_context(NgramProposer(), num_draft_tokens)
+    if backend == "mtp":
+        return HostDrafter(program.mtp.propose, num_draft_tokens)
     raise Unsupported(f"speculative backend {backend!r} is not implemented", field="speculative")
 
 
 __all__ = ["BACKENDS", "HostDrafter", "IMPLEMENTED", "NgramProposer", "SpecCounters",
-           "check_backend", "make_drafter"]
+           "check_backend", "check_model", "make_drafter"]

@@ -7,10 +7,10 @@ Graph"), and the engine's speculation counters.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from services.worker.program.batch import StepBatch
-from services.worker.spec.ngram import NgramProposer
 
 
 @dataclass
@@ -32,13 +32,20 @@ class SpecCounters:
 
 
 class HostDrafter:
-    """Attaches up to `k` drafts to every row of a decode batch (`attach`)."""
+    """Attaches up to `k` drafts to every row of a decode batch (`attach`). `propose(request,
+    n)`: at most n drafts continuing the request's committed tokens."""
 
-    def __init__(self, proposer: NgramProposer, k: int) -> None:
+    def __init__(self, propose: Callable[..., list[int]], k: int) -> None:
         if k < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {k}")
-        self.proposer = proposer
+        self.propose = propose
         self.k = k
+
+    @classmethod
+    def from_context(cls, proposer, k: int) -> "HostDrafter":
+        """A drafter over a context proposer (`proposer.propose(tokens, n)`: n-gram, oracle)
+        that sees the request's prompt and committed output."""
+        return cls(lambda job, n: proposer.propose(job.prompt_ids + tuple(job.output_ids), n), k)
 
     def attach(self, batch: StepBatch, max_len: int) -> tuple[StepBatch, float]:
         """The batch with each row's drafts after its anchor, and the seconds spent proposing.
@@ -51,8 +58,7 @@ class HostDrafter:
         for row in batch.rows:
             job = row.request
             limit = min(self.k, job.remaining - 1, max_len - 1 - row.start)
-            drafts = self.proposer.propose(job.prompt_ids + tuple(job.output_ids), limit) \
-                if limit > 0 else []
+            drafts = self.propose(job, limit) if limit > 0 else []
             rows.append(replace(row, tokens=row.tokens + tuple(drafts), num_drafts=len(drafts)))
         seconds = time.perf_counter() - start
         out = StepBatch(tuple(rows))
