@@ -100,8 +100,8 @@ _TABLE = (
     Setting("metrics_port", int, 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
     Setting("log_level", _log_level, "INFO", "log level: DEBUG, INFO, WARNING or ERROR"),
     Setting("speculative", _speculative, None, "speculative decoding backend: ngram (n-gram copy "
-            "from the request's own context) or mtp (a Qwen3.5 model's MTP module); dflash and "
-            "dflash2 are refused as unsupported in this build; omitted: off", "BACKEND"),
+            "from the request's own context), mtp (a Qwen3.5 model's MTP module), dflash or "
+            "dflash2 (a draft model, --draft-model, on a dense target); omitted: off", "BACKEND"),
     Setting("draft_model", str, None, "checkpoint directory of the draft model (dflash, dflash2)",
             "DIR"),
     Setting("num_draft_tokens", _positive, 4, "drafts per request and round with --speculative",

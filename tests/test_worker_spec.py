@@ -287,11 +287,12 @@ def test_nonfinite_verify_row_commits_zero_tokens_while_others_commit(runtime):
         runtime, runtime.tokenizer.encode(oprompt), 20))
 
 
-def test_unimplemented_backends_are_refused_typed(runtime):
-    for backend in ("mtp", "dflash", "dflash2", "medusa"):  # mtp: this model has no MTP module
-        with pytest.raises(Unsupported) as exc:
+def test_backends_this_model_cannot_run_are_refused_typed(runtime):
+    for backend, field in (("mtp", "speculative"), ("medusa", "speculative"),
+                           ("dflash", "draft_model"), ("dflash2", "draft_model")):
+        with pytest.raises(Unsupported) as exc:  # no MTP module; unknown; no draft model given
             Engine(runtime, grammar=None, config=EngineConfig(speculative=backend))
-        assert exc.value.field == "speculative"
+        assert exc.value.field == field
     with pytest.raises(Unsupported) as exc:
         check_backend("ngram", "/some/dir")
     assert exc.value.field == "draft_model"
@@ -336,10 +337,10 @@ def test_cli_generate_with_speculation(runtime):
     assert spec["constraint"]["verify_rounds"] > 0 and plain["constraint"]["verify_rounds"] == 0
 
 
-def test_cli_refuses_unimplemented_backends(runtime):
+def test_cli_refuses_what_it_cannot_run(runtime):
     rc, out, err = _generate(runtime, ["--prompt", "x", "--raw", "--speculative", "dflash"])
     assert rc == 2 and json.loads(err)["error"]["type"] == "Unsupported"
-    assert json.loads(err)["error"]["field"] == "speculative"
+    assert json.loads(err)["error"]["field"] == "draft_model"  # dflash needs --draft-model
     from services.cli import main
 
     assert main(["serve", "--speculative", "dflash2", "--port", "1"]) == 2  # before any load

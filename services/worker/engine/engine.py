@@ -35,7 +35,7 @@ from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
 from services.worker.program import Program
 from services.worker.request import Request
-from services.worker.spec import SpecCounters, check_backend, check_model, make_drafter
+from services.worker.spec import SpecCounters, check_backend, check_model, load_draft, make_drafter
 from shared.errors import DeadlineExceeded, InternalError, InvalidRequest, Overloaded
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
@@ -85,7 +85,8 @@ class Engine:
     `runtime`: the served model bundle. `grammar`: where constraints compile. Call `start()` before
     submitting and `stop()` at the end (unfinished requests finish as cancelled). Raises
     Unsupported(field="speculative" | "draft_model") for a speculative backend this build does
-    not run."""
+    not run or a draft model that does not fit, InvalidRequest(field="draft_model") for a draft
+    directory that does not load."""
 
     def __init__(self, runtime, grammar: GrammarClient, config: EngineConfig = EngineConfig(),
                  metrics: WorkerMetrics | None = None) -> None:
@@ -100,7 +101,9 @@ class Engine:
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
                                max_drafts=config.num_draft_tokens if config.speculative else 0,
-                               mtp=config.speculative == "mtp", cuda_graphs=config.cuda_graphs)
+                               mtp=config.speculative == "mtp",
+                               draft=load_draft(config.speculative, config.draft_model, runtime),
+                               cuda_graphs=config.cuda_graphs)
         self.drafter = make_drafter(config.speculative, config.num_draft_tokens, self.program)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
                                    on_admit=self.metrics.queue_seconds.observe)

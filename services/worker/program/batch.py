@@ -32,6 +32,7 @@ class BatchRow:
     start: int  # position of tokens[0] in the lane
     sample: bool  # the row samples its next token after this step
     num_drafts: int = 0  # speculative drafts at the end of `tokens` (after the anchor), 0..K
+    draft_q: tuple | None = None  # sparse q of the drafts: (ids [n, Q] int32, probs [n, Q] f32)
 
     @property
     def end(self) -> int:

@@ -44,7 +44,7 @@ class Program:
 
     def __init__(self, runtime: ModelRuntime, *, max_batch: int, max_len: int | None = None,
                  kv_budget_bytes: int = 256 << 20, max_drafts: int = 0, mtp: bool = False,
-                 cuda_graphs: bool = True) -> None:
+                 draft=None, cuda_graphs: bool = True) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.runtime = runtime
@@ -54,7 +54,8 @@ class Program:
         self.cuda = self.device.type == "cuda"
         self.max_batch = max_batch
         self.max_drafts = max_drafts
-        use_graphs = self.cuda and cuda_graphs and not mtp  # MTP needs the decode hidden states
+        # MTP and DFlash read each step's hidden states: the eager route (no decode graphs).
+        use_graphs = self.cuda and cuda_graphs and not mtp and draft is None
         lanes = max_batch + (1 if use_graphs else 0)  # + the scratch lane of padding rows
         cap = runtime.config.max_position_embeddings
         if max_len is None:
@@ -67,12 +68,22 @@ class Program:
         self.sampler = Sampler(self.domain, self.device)
         self.verifier = Verifier(self.domain, self.device, self.masks, self.sampler,
                                  max_drafts) if max_drafts > 0 else None
-        self.mtp = None  # the MTP proposer: aligned and drafting after every step
-        self._hidden: list[torch.Tensor] = []  # [n_i, T_i, H] target hidden states of this step
+        # A model-based proposer (MTP, DFlash): aligned with and drafting after every step.
+        self.proposer = None
+        self._tap: tuple[int, ...] = ()  # target layers whose outputs DFlash reads
+        self._hidden: list[torch.Tensor] = []  # [n_i, T_i, H'] what the proposer reads
         if mtp:
             from services.worker.spec.mtp import MtpProposer
 
-            self.mtp = MtpProposer(self.model, self.state, max(max_drafts, 1), self.domain.size)
+            self.proposer = MtpProposer(self.model, self.state, max(max_drafts, 1),
+                                        self.domain.size)
+        elif draft is not None:
+            from services.worker.spec.dflash import DFlashProposer
+
+            self.proposer = DFlashProposer(self.model, draft, lanes, self.max_len,
+                                           max(max_drafts, 1), self.domain.size,
+                                           dtype=runtime.dtype, device=self.device)
+            self._tap = self.proposer.tap
         pin = self.cuda
         self.host_tokens = torch.zeros(max_batch, dtype=torch.int64, pin_memory=pin)  # [B]
         self.host_status = torch.zeros(max_batch, dtype=torch.int32, pin_memory=pin)  # [B]
@@ -159,23 +170,28 @@ class Program:
     # ---------------------------------------------------------------- internals
 
     def _after(self, pending: PendingBatch) -> PendingBatch:
-        """The MTP proposer's alignment and next drafts from this step's hidden states."""
-        if self.mtp is not None:
+        """The proposer's alignment and next drafts from this step's hidden states."""
+        if self.proposer is not None:
             parts, self._hidden = self._hidden, []
             width = max(h.shape[1] for h in parts)
             hidden = torch.cat([torch.nn.functional.pad(h, (0, 0, 0, width - h.shape[1]))
                                 for h in parts])  # [n, W, H]
-            self.mtp.after_step(pending.batch.rows, hidden, pending.results)
+            self.proposer.after_step(pending.batch.rows, hidden, pending.results)
         return pending
 
     def _run_model(self, tokens, positions, lanes, *, kv_len, logit_index=None, num_tokens=None):
-        # Logits; with MTP the hidden states go through hidden_states + logits (kept for it).
-        if self.mtp is None:
+        # Logits; with a proposer through hidden_states + logits, keeping what it reads: the
+        # final hidden states (MTP) or the tapped layers' outputs (DFlash, a dense target).
+        if self.proposer is None:
             return self.model(tokens, positions, self.state, lanes, kv_len=kv_len,
                               logit_index=logit_index, num_tokens=num_tokens)
-        hidden = self.model.hidden_states(tokens, positions, self.state, lanes, kv_len=kv_len,
-                                          num_tokens=num_tokens)  # [n, T, H]
-        self._hidden.append(hidden)
+        if self._tap:
+            hidden, kept = self.model.hidden_states(tokens, positions, self.state, lanes,
+                                                    kv_len=kv_len, tap=self._tap)
+        else:
+            hidden = kept = self.model.hidden_states(tokens, positions, self.state, lanes,
+                                                     kv_len=kv_len, num_tokens=num_tokens)
+        self._hidden.append(kept)  # [n, T, H']
         if logit_index is not None:
             hidden = hidden.gather(1, logit_index[:, :, None].expand(-1, -1, hidden.shape[-1]))
         return self.model.logits(hidden)

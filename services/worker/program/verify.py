@@ -78,6 +78,26 @@ class Verifier:
             looks.append(look)
         return states, looks
 
+    def _sparse_q(self, rows: Sequence[BatchRow], drafts: torch.Tensor):
+        """(q_ids, q_probs) [m, K, Q] when some row's drafter has a real q (DFlash2 at T > 0);
+        the other rows' one-hot q as the same sparse form. (None, None): one-hot q for all."""
+        if not any(r.draft_q is not None for r in rows):
+            return None, None
+        width = max(r.draft_q[0].shape[1] for r in rows if r.draft_q is not None)
+        m, k = drafts.shape
+        ids = torch.full((m, k, width), -1, dtype=torch.int32)
+        probs = torch.zeros((m, k, width), dtype=torch.float32)
+        for j, row in enumerate(rows):
+            n = row.num_drafts
+            if row.draft_q is None:
+                ids[j, :n, 0] = drafts[j, :n].to(torch.int32)
+                probs[j, :n, 0] = 1.0
+            else:
+                qi, qp = row.draft_q
+                ids[j, :n, :qi.shape[1]] = qi[:n].cpu()
+                probs[j, :n, :qp.shape[1]] = qp[:n].cpu()
+        return ids.to(self.device), probs.to(self.device)
+
     def verify(self, rows: Sequence[BatchRow], logits: torch.Tensor) -> list[RowResult]:
         """logits: [m, W, V'] target logits of the rows' W <= K+1 fed positions. Fills the masks
         (the forward may still run on the device meanwhile), runs acceptance and returns one
@@ -102,10 +122,11 @@ class Verifier:
         drafts_d = drafts.to(dev, non_blocking=self.cuda)
         base = self.sampler.penalties(requests)
         penalties = speculative_penalties(base, drafts_d) if base is not None else None
+        q_ids, q_probs = self._sparse_q(rows, drafts)
         result = self._accept(z, params, drafts_d, num.to(dev, non_blocking=self.cuda),
                               states.to(dev, non_blocking=self.cuda), vocab_size=self.domain.size,
-                              mask=mask, penalties=penalties, eos_ids=self._eos,
-                              candidate_width=cand_width)
+                              mask=mask, q_ids=q_ids, q_probs=q_probs, penalties=penalties,
+                              eos_ids=self._eos, candidate_width=cand_width)
         tokens, count = result.tokens.cpu(), result.num_tokens.cpu()  # the host waits here
         accepted, status, end = result.accepted.cpu(), result.status.cpu(), result.end.cpu()
         row_bytes = 4 * self.domain.mask_words * (k + 1) if self.cuda else 0

@@ -7,18 +7,19 @@ if/elif on the engine's configuration (`make_drafter`).
 
     ngram.py    prompt-lookup copy from the request's own context (any model)
     mtp.py      the Qwen3.5 MTP module, k steps, aligned after every step
+    dflash.py   DFlash / DFlash2 draft models (models/dflash.py) conditioned on target layers
     oracle.py   the target's own recorded continuation (benchmarks and tests only)
     drafter.py  the host-launched route: drafts fixed on the host before the verify forward
 """
 
 from __future__ import annotations
 
-from services.worker.spec.drafter import HostDrafter, SpecCounters
+from services.worker.spec.drafter import HostDrafter, Proposal, SpecCounters
 from services.worker.spec.ngram import NgramProposer
 from shared.errors import Unsupported
 
 BACKENDS = ("ngram", "mtp", "dflash", "dflash2")  # what --speculative names
-IMPLEMENTED = ("ngram", "mtp")
+IMPLEMENTED = BACKENDS
 
 
 def check_backend(backend: str | None, draft_model: str | None) -> None:
@@ -36,8 +37,10 @@ def check_backend(backend: str | None, draft_model: str | None) -> None:
     if backend not in IMPLEMENTED:
         raise Unsupported(f"speculative backend {backend!r} is not implemented in this build "
                           f"(implemented: {', '.join(IMPLEMENTED)})", field="speculative")
-    if backend == "ngram" and draft_model is not None:
-        raise Unsupported("the ngram backend takes no draft model", field="draft_model")
+    if backend in ("ngram", "mtp") and draft_model is not None:
+        raise Unsupported(f"the {backend} backend takes no draft model", field="draft_model")
+    if backend in ("dflash", "dflash2") and draft_model is None:
+        raise Unsupported(f"--speculative {backend} needs --draft-model DIR", field="draft_model")
 
 
 def check_model(backend: str | None, model) -> None:
@@ -45,6 +48,46 @@ def check_model(backend: str | None, model) -> None:
     if backend == "mtp" and getattr(model, "mtp", None) is None:
         raise Unsupported("--speculative mtp needs a model with an MTP module (a Qwen3.5 "
                           "checkpoint with mtp.* weights)", field="speculative")
+    if backend in ("dflash", "dflash2") and type(model).__name__ != "DenseDecoder":
+        raise Unsupported(f"--speculative {backend} runs on dense Llama/Qwen3 targets; "
+                          f"{type(model).__name__} targets are not implemented",
+                          field="speculative")
+
+
+def load_draft(backend: str | None, path: str | None, runtime):
+    """The DFlash / DFlash2 draft model of `path` for `runtime`'s target, on its device and
+    dtype (None for other backends). Raises InvalidRequest(field="draft_model") for a directory
+    that is not a loadable draft checkpoint, Unsupported(field="draft_model") for a draft that
+    does not fit the backend or the target."""
+    if backend not in ("dflash", "dflash2"):
+        return None
+    from services.worker.models.dflash import DraftConfigError, load_dflash
+    from shared.errors import InvalidRequest
+
+    try:
+        draft = load_dflash(path, dtype=runtime.dtype, device=runtime.device)
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, DraftConfigError):
+            raise Unsupported(f"draft model {path}: {exc}", field="draft_model") from None
+        raise InvalidRequest(f"draft model {path}: {exc}", field="draft_model") from None
+    c, t = draft.config, runtime.config
+    if c.dflash2 != (backend == "dflash2"):
+        raise Unsupported(f"{path} is a {'DFlash2' if c.dflash2 else 'DFlash'} draft; use "
+                          f"--speculative {'dflash2' if c.dflash2 else 'dflash'}", field="draft_model")
+    problems = []
+    if c.hidden_size != t.hidden_size:
+        problems.append(f"hidden_size {c.hidden_size} != the target's {t.hidden_size}")
+    if max(c.target_layer_ids) >= t.num_layers or min(c.target_layer_ids) < 0:
+        problems.append(f"target_layer_ids {list(c.target_layer_ids)} outside the target's "
+                        f"{t.num_layers} layers")
+    if not 0 <= c.mask_token_id < t.vocab_size:
+        problems.append(f"mask_token_id {c.mask_token_id} outside the target's vocabulary")
+    if c.dflash2 and c.vocab_size != t.vocab_size:
+        problems.append(f"vocab_size {c.vocab_size} != the target's {t.vocab_size}")
+    if problems:
+        raise Unsupported(f"draft model {path} does not fit the target: {'; '.join(problems)}",
+                          field="draft_model")
+    return draft
 
 
 def make_drafter(backend: str | None, num_draft_tokens: int, program) -> HostDrafter | None:
@@ -54,10 +97,10 @@ def make_drafter(backend: str | None, num_draft_tokens: int, program) -> HostDra
         return None
     if backend == "ngram":
         return HostDrafter.from_context(NgramProposer(), num_draft_tokens)
-    if backend == "mtp":
-        return HostDrafter(program.mtp.propose, num_draft_tokens)
+    if backend in ("mtp", "dflash", "dflash2"):
+        return HostDrafter(program.proposer.propose, num_draft_tokens)
     raise Unsupported(f"speculative backend {backend!r} is not implemented", field="speculative")
 
 
-__all__ = ["BACKENDS", "HostDrafter", "IMPLEMENTED", "NgramProposer", "SpecCounters",
-           "check_backend", "check_model", "make_drafter"]
+__all__ = ["BACKENDS", "HostDrafter", "Proposal", "IMPLEMENTED", "NgramProposer", "SpecCounters",
+           "check_backend", "check_model", "load_draft", "make_drafter"]

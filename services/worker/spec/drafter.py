@@ -13,6 +13,16 @@ from dataclasses import dataclass, replace
 from services.worker.program.batch import StepBatch
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """Drafts and, for a drafter with a real distribution (DFlash2 at T > 0), the sparse q each
+    was drawn from: q_ids [n, Q] int32 (-1 pads), q_probs [n, Q] float32. None: one-hot q."""
+
+    tokens: list[int]
+    q_ids: object = None
+    q_probs: object = None
+
+
 @dataclass
 class SpecCounters:
     """The Engine's global speculation counters (all requests, constrained or not)."""
@@ -58,8 +68,16 @@ class HostDrafter:
         for row in batch.rows:
             job = row.request
             limit = min(self.k, job.remaining - 1, max_len - 1 - row.start)
-            drafts = self.propose(job, limit) if limit > 0 else []
-            rows.append(replace(row, tokens=row.tokens + tuple(drafts), num_drafts=len(drafts)))
+            proposal = self.propose(job, limit) if limit > 0 else []
+            q = None
+            if isinstance(proposal, Proposal):
+                drafts = proposal.tokens[:limit]
+                if proposal.q_ids is not None and drafts:
+                    q = (proposal.q_ids[:len(drafts)], proposal.q_probs[:len(drafts)])
+            else:
+                drafts = list(proposal)[:limit]
+            rows.append(replace(row, tokens=row.tokens + tuple(drafts), num_drafts=len(drafts),
+                                draft_q=q))
         seconds = time.perf_counter() - start
         out = StepBatch(tuple(rows))
         return (out if out.has_drafts else batch), seconds
