@@ -345,3 +345,25 @@ def test_cli_refuses_what_it_cannot_run(runtime):
 
     assert main(["serve", "--speculative", "dflash2", "--port", "1"]) == 2  # before any load
     assert main(["serve", "--draft-model", "/nowhere"]) == 2
+
+
+def test_serve_flags_reach_the_worker_settings(monkeypatch):
+    """`infernix serve --speculative ngram --num-draft-tokens 3` (and the environment variables
+    of the same names) become the worker's settings, checked before any model loads."""
+    from services.cli import _worker_settings, build_parser
+    from services.embedded import WorkerSettings
+
+    args = build_parser().parse_args(["serve", "--speculative", "ngram", "--num-draft-tokens", "3"])
+    settings = _worker_settings(WorkerSettings, args)
+    assert (settings.speculative, settings.num_draft_tokens, settings.draft_model) == ("ngram", 3, None)
+    monkeypatch.setenv("INFERNIX_SPECULATIVE", "mtp")
+    monkeypatch.setenv("INFERNIX_NUM_DRAFT_TOKENS", "2")
+    args = build_parser().parse_args(["serve"])
+    assert (args.speculative, args.num_draft_tokens) == ("mtp", 2)
+    import argparse
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--speculative", "eagle"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--num-draft-tokens", "0"])
+    assert isinstance(args, argparse.Namespace)

@@ -188,7 +188,9 @@ class Engine:
         return {"status": "ok" if self._running else "stopped", "model": self.runtime.name,
                 "device": str(self.program.device), "max_batch": self.program.max_batch,
                 "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
-                "waiting": len(self.scheduler.waiting), "steps": self.steps}
+                "waiting": len(self.scheduler.waiting), "steps": self.steps,
+                **({"speculative": self.config.speculative,
+                    "speculation": self.speculation.to_dict()} if self.drafter else {})}
 
     def _admission(self) -> None:
         """A bounded waiting queue: beyond it the caller is told to come back (issue 12)."""

@@ -70,6 +70,8 @@ class DFlashProposer:
                 continue  # a failed row commits nothing: its request ends
             m = len(emitted) if row.num_drafts else len(row.tokens)
             anchor = emitted[-1] if emitted else None
+            if anchor is None and job.output_ids and row.end == job.num_tokens - 1:
+                anchor = job.output_ids[-1]  # a Replay caught up: its newest token follows
             work.append((b, m, job.num_tokens + len(emitted), anchor))
         if not work:
             return
@@ -83,6 +85,7 @@ class DFlashProposer:
             self._propose(rows, sampled, dev)
 
     def _propose(self, rows, sampled, dev) -> None:
+        # sampled: (batch index, kept positions m, committed length after, anchor)
         k, n = self.k, len(sampled)
         anchors = torch.tensor([a for *_, a in sampled], dtype=torch.int64, device=dev)  # [n]
         ids = torch.full((n, k + 1), self.config.mask_token_id, dtype=torch.int64, device=dev)

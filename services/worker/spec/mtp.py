@@ -8,7 +8,8 @@ the step's target hidden states and what each row emits (`after_step`), and it
 1. aligns the MTP context: for each row the positions the commit keeps (a prefill chunk's tokens,
    or a decode/verify row's anchor and accepted drafts), fed with the next committed token of
    each (the prompt's next token, the accepted drafts, the correction or bonus);
-2. proposes: the prediction at the last kept position is the first draft after the new anchor;
+2. proposes (rows that sampled, and Replays that caught up with their ledger): the prediction at
+   the last kept position is the first draft after the new anchor;
    k - 1 more steps feed the module its own output hidden state and its previous draft, at the
    following positions (greedy, one-hot q, never constrained).
 
@@ -73,7 +74,10 @@ class MtpProposer:
             nxt = future[row.start + 1:row.start + 1 + m]  # the next committed token of each
             if len(nxt) < m:
                 continue  # nothing known after the chunk (a final chunk always samples)
-            work.append((b, m, nxt, len(future), bool(emitted)))
+            # Draft when the row's newest token follows: sampled now, or a Replay caught up
+            # (its last chunk ends one behind the ledger, whose newest token is the anchor).
+            drafting = bool(emitted) or (bool(job.output_ids) and row.end == job.num_tokens - 1)
+            work.append((b, m, nxt, len(future), drafting))
         if not work:
             return
         width = max(m for _, m, _, _, _ in work)
