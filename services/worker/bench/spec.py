@@ -142,12 +142,13 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
         if record is not None:
             engine.finish_listeners.append(
                 lambda job: record.__setitem__(job.request_id, job.prompt_ids + tuple(job.output_ids)))
-        before = dict(vars(engine.speculation))
+        before = dict(vars(engine.speculation), model=engine.program.draft_wait_seconds)
         requests = _requests(runtime, prompts, schema, opts.max_tokens, tag)
         start = time.perf_counter()
         finished = await asyncio.gather(*(_finished(client, r) for r in requests))
         wall = time.perf_counter() - start
         spec = {name: value - before[name] for name, value in vars(engine.speculation).items()}
+        spec["draft_seconds"] += engine.program.draft_wait_seconds - before["model"]
     finally:
         await client.aclose()
     tokens = sum(f.usage.completion_tokens for f in finished)

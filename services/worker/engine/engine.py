@@ -190,7 +190,8 @@ class Engine:
                 "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
                 "waiting": len(self.scheduler.waiting), "steps": self.steps,
                 **({"speculative": self.config.speculative,
-                    "speculation": self.speculation.to_dict()} if self.drafter else {})}
+                    "speculation": self.speculation.to_dict(self.program.draft_wait_seconds)}
+                   if self.drafter else {})}
 
     def _admission(self) -> None:
         """A bounded waiting queue: beyond it the caller is told to come back (issue 12)."""

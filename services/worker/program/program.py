@@ -17,6 +17,7 @@ committed frontier and are overwritten before being read.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -70,6 +71,7 @@ class Program:
                                  max_drafts) if max_drafts > 0 else None
         # A model-based proposer (MTP, DFlash): aligned with and drafting after every step.
         self.proposer = None
+        self.draft_wait_seconds = 0.0  # host time waiting for a model proposer's drafts
         self._tap: tuple[int, ...] = ()  # target layers whose outputs DFlash reads
         self._hidden: list[torch.Tensor] = []  # [n_i, T_i, H'] what the proposer reads
         if mtp:
@@ -172,11 +174,17 @@ class Program:
     def _after(self, pending: PendingBatch) -> PendingBatch:
         """The proposer's alignment and next drafts from this step's hidden states."""
         if self.proposer is not None:
+            start = time.perf_counter()
             parts, self._hidden = self._hidden, []
             width = max(h.shape[1] for h in parts)
             hidden = torch.cat([torch.nn.functional.pad(h, (0, 0, 0, width - h.shape[1]))
                                 for h in parts])  # [n, W, H]
             self.proposer.after_step(pending.batch.rows, hidden, pending.results)
+            # The host waited for the drafts (their ids come back to it): exposed draft wait.
+            waited = time.perf_counter() - start
+            self.draft_wait_seconds += waited
+            for row in pending.batch.rows:
+                row.request.session.add_draft_wait(waited)
         return pending
 
     def _run_model(self, tokens, positions, lanes, *, kv_len, logit_index=None, num_tokens=None):
