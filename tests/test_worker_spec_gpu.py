@@ -65,11 +65,15 @@ def test_ngram_and_oracle_on_cuda_equal_ordinary_greedy(dense):
         oracle.record(seq)
     fins, engine = asyncio.run(_run(dense, speculative="ngram", num_draft_tokens=3))
     _same(fins, base)
-    fins, engine = asyncio.run(_run(dense, speculative="ngram", num_draft_tokens=4,
-                                    wrap=lambda e: HostDrafter.from_context(oracle, 4)))
-    _same(fins, base)
-    assert engine.speculation.accepted > 0
-    assert fins[1].constraint["mask_upload_bytes"] > 0
+    for graphs in (True, False):  # the verify forward replayed per padded size, or eager
+        fins, engine = asyncio.run(_run(dense, speculative="ngram", num_draft_tokens=4,
+                                        cuda_graphs=graphs,
+                                        wrap=lambda e: HostDrafter.from_context(oracle, 4)))
+        _same(fins, base)
+        assert engine.speculation.accepted > 0
+        assert fins[1].constraint["mask_upload_bytes"] > 0
+        verify_graphs = engine.program._verify_graphs
+        assert (verify_graphs is not None and verify_graphs.captured) == graphs
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dflash2"])

@@ -235,7 +235,8 @@ def run(args: argparse.Namespace) -> int:
                     "draft_tokens": list(opts.draft_tokens), "batch_size": opts.batch_size,
                     "max_tokens": opts.max_tokens, "cuda_graphs": opts.cuda_graphs,
                     "greedy": True, "route": "host-launched (drafts on the host before the "
-                                               "verify forward, acceptance after it)"},
+                                               "verify forward, a CUDA graph per padded batch "
+                                               "size on CUDA, acceptance after it)"},
     }
     rows = asyncio.run(_bench(runtime, opts, log))
     report["results"] = rows

@@ -1,7 +1,11 @@
-"""CUDA graphs of the Program: one captured decode forward per batch size.
+"""CUDA graphs of the Program: one captured decode forward per batch size, and for the
+host-launched speculative route one captured verify forward (K+1 tokens per row) per size.
 
 Sizes 1, 2, 4, ... up to B are captured lazily; a batch is padded to the next size with rows that
-write the scratch lane. Speculative backends will add a Forward and a Finish graph per size here.
+write the scratch lane. The verify graph holds the target forward only: drafts are fixed on the
+host before it, masks are filled while it runs, and acceptance runs after it outside the graph
+(design document: "sampling and acceptance run on the host-launched path after the verify
+forward, outside the CUDA Graph").
 """
 
 from __future__ import annotations
@@ -54,22 +58,69 @@ class DecodeGraph:
         return self.logits[:n]
 
 
-class DecodeGraphs:
-    """The decode graphs of one Program, captured on first use per padded size."""
+class VerifyGraph:
+    """One captured verify forward for a fixed batch size and width W = K+1: static tokens and
+    positions [S, W], lanes [S] in, static logits [S, W, V] out (kv_len = max_len). A row's
+    positions must all lie inside its lane (the Program runs rows near the lane's end eagerly)."""
 
-    def __init__(self, model, state, max_batch: int, scratch_lane: int) -> None:
+    def __init__(self, model, state, size: int, width: int, scratch_lane: int, pool) -> None:
+        device = next(model.parameters()).device
+        self.size, self.width, self.scratch_lane = size, width, scratch_lane
+        self.tokens = torch.zeros(size, width, dtype=torch.int64, device=device)  # [S, W]
+        self.positions = torch.arange(width, device=device).repeat(size, 1)  # [S, W]
+        self.lanes = torch.full((size,), scratch_lane, dtype=torch.int64, device=device)  # [S]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model(self.tokens, self.positions, state, self.lanes, kv_len=state.max_len)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits = model(self.tokens, self.positions, state, self.lanes,
+                                kv_len=state.max_len)  # [S, W, V]
+
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+        """tokens, positions: [n, W]; lanes: [n] (n <= size); returns logits [n, W, V] (a view)."""
+        n = tokens.shape[0]
+        self.tokens[:n].copy_(tokens, non_blocking=True)
+        self.positions[:n].copy_(positions, non_blocking=True)
+        self.lanes[:n].copy_(lanes, non_blocking=True)
+        self.tokens[n:].zero_()
+        self.positions[n:].copy_(torch.arange(self.width, device=self.positions.device)
+                                 .expand(self.size - n, -1))
+        self.lanes[n:].fill_(self.scratch_lane)
+        self.graph.replay()
+        return self.logits[:n]
+
+
+class DecodeGraphs:
+    """The decode graphs of one Program, captured on first use per padded size; with `width`
+    > 1 the verify graphs of K+1 = width tokens per row instead."""
+
+    def __init__(self, model, state, max_batch: int, scratch_lane: int, width: int = 1) -> None:
         self._model, self._state, self._scratch = model, state, scratch_lane
+        self._width = width
         self._sizes = graph_sizes(max_batch)
         self._pool = torch.cuda.graph_pool_handle()
-        self._graphs: dict[int, DecodeGraph] = {}
+        self._graphs: dict[int, DecodeGraph | VerifyGraph] = {}
 
-    def get(self, n: int) -> tuple[DecodeGraph, bool]:
+    @property
+    def captured(self) -> tuple[int, ...]:
+        """The padded sizes captured so far."""
+        return tuple(sorted(self._graphs))
+
+    def get(self, n: int) -> tuple["DecodeGraph | VerifyGraph", bool]:
         """The graph for a batch of n rows, and whether it was captured by this call."""
         size = next(s for s in self._sizes if s >= n)
         graph = self._graphs.get(size)
         if graph is not None:
             return graph, False
-        graph = DecodeGraph(self._model, self._state, size, self._scratch, self._pool)
+        if self._width == 1:
+            graph = DecodeGraph(self._model, self._state, size, self._scratch, self._pool)
+        else:
+            graph = VerifyGraph(self._model, self._state, size, self._width, self._scratch,
+                                self._pool)
         self._graphs[size] = graph
         return graph, True
 

@@ -90,11 +90,14 @@ class Program:
         self.host_tokens = torch.zeros(max_batch, dtype=torch.int64, pin_memory=pin)  # [B]
         self.host_status = torch.zeros(max_batch, dtype=torch.int32, pin_memory=pin)  # [B]
         self._free = list(range(max_batch))
-        self._graphs = self._ready = None
+        self._graphs = self._verify_graphs = self._ready = None
         if use_graphs:
             from services.worker.program.graphs import DecodeGraphs
 
             self._graphs = DecodeGraphs(self.model, self.state, max_batch, scratch_lane=max_batch)
+            if max_drafts > 0:  # the host-launched route's verify forward, K+1 tokens a row
+                self._verify_graphs = DecodeGraphs(self.model, self.state, max_batch,
+                                                   scratch_lane=max_batch, width=max_drafts + 1)
         if self.cuda:
             from services.worker.program.events import ReadyEvent
 
@@ -165,6 +168,8 @@ class Program:
         """Destroy graphs before the event and buffers they reference."""
         if self._graphs is not None:
             self._graphs.clear()
+        if self._verify_graphs is not None:
+            self._verify_graphs.clear()
         if self._ready is not None:
             self._ready.close()
             self._ready = None
@@ -224,12 +229,29 @@ class Program:
             for r in batch.rows), "drafts need a Program built with max_drafts >= K"
         rows = batch.rows
         width = max(len(r.tokens) for r in rows)
+        full = self.max_drafts + 1
+        if self._verify_graphs is not None and all(r.start + full <= self.max_len for r in rows):
+            return PendingBatch(batch, tuple(self.verifier.verify(rows, self._verify_graph(rows))))
         if any(r.start + width > self.max_len for r in rows):  # padding would leave the lane
             logits = torch.cat([self._pad(self._prefill((r,), len(r.tokens), every=True), width)
                                 for r in rows])
         else:
             logits = self._prefill(rows, width, every=True)  # [n, W, V]
         return PendingBatch(batch, tuple(self.verifier.verify(rows, logits)))
+
+    def _verify_graph(self, rows: Sequence[BatchRow]) -> torch.Tensor:
+        # The replayed verify graph: rows padded to K+1 tokens at the following positions.
+        full, dev = self.max_drafts + 1, self.device
+        tokens = torch.zeros(len(rows), full, dtype=torch.int64)  # [n, K+1]
+        for i, r in enumerate(rows):
+            tokens[i, :len(r.tokens)] = torch.tensor(r.tokens)
+        positions = torch.tensor([r.start for r in rows])[:, None] + torch.arange(full)[None]
+        lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)
+        graph, captured = self._verify_graphs.get(len(rows))
+        if captured:
+            log.info("verify_graph_captured", batch_size=graph.size, width=full)
+        return graph.run(tokens.to(dev, non_blocking=True), positions.to(dev, non_blocking=True),
+                         lanes.to(dev, non_blocking=True))  # [n, K+1, V]
 
     @staticmethod
     def _pad(logits: torch.Tensor, width: int) -> torch.Tensor:
