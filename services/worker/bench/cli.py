@@ -51,8 +51,11 @@ def add_spec_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--tasks", nargs="+", choices=("extract", "rewrite"),
                    default=["extract", "rewrite"], help="default: extract rewrite")
-    p.add_argument("--backends", nargs="+", choices=("ngram", "oracle"),
-                   default=["ngram", "oracle"], help="default: ngram oracle")
+    p.add_argument("--backends", nargs="+", choices=("ngram", "oracle", "dflash", "dflash2"),
+                   default=["ngram", "oracle"], help="default: ngram oracle (dflash, dflash2: a "
+                   "random-weight draft of the target's width, its cost per round)")
+    p.add_argument("--draft-layers", type=int, default=2,
+                   help="layers of the random DFlash draft (default: 2)")
     p.add_argument("--num-draft-tokens", type=int, nargs="+", default=[2, 4], metavar="K",
                    help="K values (default: 2 4)")
     p.add_argument("--batch-size", type=int, default=1, help="concurrent requests (default: 1)")

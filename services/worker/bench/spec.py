@@ -10,7 +10,11 @@ with `--speculative` runs the same requests:
 - `oracle`: the target's own greedy continuation recorded by the baseline round, so every draft
   is accepted and the round measures the machinery alone (verify forward, K+1 masks,
   acceptance, commit). Random weights accept almost nothing, so this is the honest machinery
-  figure on `qwen3-8b-random`.
+  figure on `qwen3-8b-random`;
+- `dflash`, `dflash2`: a random-weight draft model of the target's width (`draft_layers`
+  layers, conditioned on target layers spread from 1 to L-3, block K+1), built as a checkpoint
+  directory in a temporary folder and loaded by its names: it accepts (almost) nothing, so the
+  figure is the cost of the draft pass and its context per round, not a speed-up.
 
 Reported per run: wall time, output tokens, speed-up against the baseline, whether the outputs
 equal the baseline's token for token (greedy), verify rounds, mean accepted drafts per round,
@@ -42,7 +46,8 @@ from shared.contract import OutputConstraint
 from shared.generation import (ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions,
                                SamplingParams)
 
-BACKENDS = ("ngram", "oracle")
+BACKENDS = ("ngram", "oracle", "dflash", "dflash2")
+DEFAULT_BACKENDS = ("ngram", "oracle")
 TASKS = ("extract", "rewrite")
 
 _PEOPLE = [("Maria Lopez", "maria.lopez@example.com", "Valencia", "A-10293", 129.5),
@@ -82,11 +87,12 @@ def task_prompts(task: str, count: int) -> tuple[list[str], dict]:
 @dataclass(frozen=True)
 class SpecBenchOptions:
     tasks: tuple[str, ...] = TASKS
-    backends: tuple[str, ...] = BACKENDS
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
     draft_tokens: tuple[int, ...] = (2, 4)  # K values, each >= 1
     batch_size: int = 1  # concurrent requests per round, >= 1
     max_tokens: int = 96  # output tokens per request, >= 2
-    cuda_graphs: bool = True  # ordinary decode graphs (the verify rounds run eagerly)
+    cuda_graphs: bool = True  # decode and (n-gram, oracle) verify graphs on CUDA
+    draft_layers: int = 2  # layers of the random DFlash / DFlash2 draft, >= 1
 
     def __post_init__(self) -> None:
         if not self.tasks or any(t not in TASKS for t in self.tasks):
@@ -96,8 +102,9 @@ class SpecBenchOptions:
                              f"{self.backends}")
         if not self.draft_tokens or any(k < 1 for k in self.draft_tokens):
             raise ValueError(f"SpecBenchOptions.draft_tokens must be >= 1, got {self.draft_tokens}")
-        if self.batch_size < 1 or self.max_tokens < 2:
-            raise ValueError("SpecBenchOptions: batch_size >= 1 and max_tokens >= 2")
+        if self.batch_size < 1 or self.max_tokens < 2 or self.draft_layers < 1:
+            raise ValueError("SpecBenchOptions: batch_size >= 1, max_tokens >= 2 and "
+                             "draft_layers >= 1")
 
 
 def _requests(runtime: ModelRuntime, prompts: list[str], schema: dict | None, max_tokens: int,
@@ -122,13 +129,56 @@ async def _finished(client, request: GenerateRequest) -> Finished:
     raise RuntimeError(f"request {request.request_id} ended without Finished")
 
 
+def random_draft(runtime: ModelRuntime, path: str, *, dflash2: bool, layers: int, block: int,
+                 seed: int = 0) -> None:
+    """Write a random-weight DFlash (or DFlash2) checkpoint for `runtime`'s dense target into
+    directory `path` (config.json + model.safetensors)."""
+    import os
+
+    import torch
+    from safetensors.torch import save_file
+
+    from services.worker.models.dflash import DFlashConfig, DFlashDraft
+
+    t = runtime.config
+    n = max(1, min(5, t.num_layers - 2))
+    ids = sorted({1 + round(i * (t.num_layers - 4) / max(1, n - 1)) for i in range(n)})
+    raw = {"architectures": ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"],
+           "hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size,
+           "num_hidden_layers": layers, "num_attention_heads": t.num_heads,
+           "num_key_value_heads": t.num_kv_heads, "head_dim": t.head_dim,
+           "rms_norm_eps": t.rms_norm_eps, "vocab_size": t.vocab_size,
+           "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"},
+           "dflash_config": {"block_size": block, "mask_token_id": runtime.domain.size - 1,
+                             "target_layer_ids": [min(i, t.num_layers - 1) for i in ids]}}
+    if dflash2:
+        raw["dflash_config"].update(conv_kernel_size=2, conv_group_size=16, selector_rank=256,
+                                    selector_top_k=16)
+    device = runtime.device
+    model = DFlashDraft(DFlashConfig.from_dict(raw), dtype=runtime.dtype, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    tensors = {}
+    for name, p in model.state_dict().items():
+        if name.endswith("norm.weight"):
+            tensors[name] = torch.ones_like(p).cpu()
+        else:
+            std = p.shape[-1] ** -0.5
+            tensors[name] = torch.empty_like(p).normal_(0.0, std, generator=gen).cpu()
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(raw, f)
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+
+
 async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: str | None,
                  k: int, oracle: OracleProposer | None, record: dict | None,
-                 tag: str) -> dict[str, Any]:
+                 tag: str, drafts: dict | None = None) -> dict[str, Any]:
     max_len = 1024
+    speculative = None if backend is None else backend if backend.startswith("dflash") \
+        else "ngram"
     config = EngineConfig(max_batch=opts.batch_size, max_len=max_len, prefill_chunk=1024,
-                          cuda_graphs=opts.cuda_graphs,
-                          speculative="ngram" if backend else None, num_draft_tokens=k)
+                          cuda_graphs=opts.cuda_graphs, speculative=speculative,
+                          num_draft_tokens=k,
+                          draft_model=(drafts or {}).get((backend, k)))
     client = open_in_process(runtime, config)
     engine = client.engine
     try:
@@ -156,6 +206,7 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
     out = {"wall_s": round(wall, 4), "output_tokens": tokens,
            "tok_s": round(tokens / wall, 2), "texts": [f.content for f in finished],
            "mask_seconds": round(sum(r.get("mask_seconds", 0.0) for r in reports), 6),
+           "mask_wall_fraction": round(sum(r.get("mask_seconds", 0.0) for r in reports) / wall, 5),
            "mask_positions": sum(r.get("mask_positions", 0) for r in reports)}
     if backend:
         rounds = spec["rounds"]
@@ -171,6 +222,24 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
 
 
 async def _bench(runtime, opts: SpecBenchOptions, log) -> list[dict]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="infernix-draft-") as tmp:
+        drafts = {}
+        for backend in opts.backends:
+            if backend.startswith("dflash"):
+                for k in opts.draft_tokens:
+                    import os
+
+                    path = os.path.join(tmp, f"{backend}-{k}")
+                    os.makedirs(path)
+                    random_draft(runtime, path, dflash2=backend == "dflash2",
+                                 layers=opts.draft_layers, block=k + 1)
+                    drafts[(backend, k)] = path
+        return await _bench_rounds(runtime, opts, log, drafts)
+
+
+async def _bench_rounds(runtime, opts: SpecBenchOptions, log, drafts: dict) -> list[dict]:
     rows = []
     for task in opts.tasks:
         prompts, schema = task_prompts(task, opts.batch_size)
@@ -186,7 +255,8 @@ async def _bench(runtime, opts: SpecBenchOptions, log) -> list[dict]:
             for backend in opts.backends:
                 for k in opts.draft_tokens:
                     run = await _round(runtime, opts, prompts, sch, backend=backend, k=k,
-                                       oracle=oracle, record=None, tag=f"{task}-{mode}-{backend}{k}")
+                                       oracle=oracle, record=None, drafts=drafts,
+                                       tag=f"{task}-{mode}-{backend}{k}")
                     run.update(backend=backend, k=k,
                                speedup=round(base["wall_s"] / run["wall_s"], 3),
                                outputs_equal=run["texts"] == base["texts"])
@@ -217,7 +287,8 @@ def _targets(rows: list[dict]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     opts = SpecBenchOptions(tasks=tuple(args.tasks), backends=tuple(args.backends),
                             draft_tokens=tuple(args.num_draft_tokens), batch_size=args.batch_size,
-                            max_tokens=args.max_tokens, cuda_graphs=not args.no_cuda_graphs)
+                            max_tokens=args.max_tokens, cuda_graphs=not args.no_cuda_graphs,
+                            draft_layers=args.draft_layers)
 
     def log(line: str) -> None:
         print(f"[bench spec] {line}", file=sys.stderr, flush=True)
@@ -234,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
         "options": {"tasks": list(opts.tasks), "backends": list(opts.backends),
                     "draft_tokens": list(opts.draft_tokens), "batch_size": opts.batch_size,
                     "max_tokens": opts.max_tokens, "cuda_graphs": opts.cuda_graphs,
+                    "draft_layers": opts.draft_layers,
                     "greedy": True, "route": "host-launched (drafts on the host before the "
                                                "verify forward, a CUDA graph per padded batch "
                                                "size on CUDA, acceptance after it)"},
