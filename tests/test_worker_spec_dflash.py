@@ -20,7 +20,6 @@ from safetensors.torch import save_file
 
 from services.worker.models import KVCache
 from services.worker.models.dflash import DFlashConfig, DFlashDraft, load_dflash
-from services.worker.spec import HostDrafter, Proposal
 from shared.contract import OutputConstraint
 from shared.errors import InvalidRequest, Unsupported
 from shared.generation import RequestOptions, SamplingParams
@@ -76,11 +75,27 @@ def checkpoints(tmp_path_factory, runtime):
     return out
 
 
-async def _run(runtime, cases, *, speculative=None, draft=None, wrap=None, k=4):
+def _recording(program, seen: list) -> None:
+    """Record (committed context, drafts, draft q) of every row the Program drafted."""
+    inner = program._device_verify
+
+    def device_verify(batch):
+        pending = inner(batch)
+        for row in pending.batch.rows:
+            if row.num_drafts:
+                job = row.request
+                seen.append((job.prompt_ids + tuple(job.output_ids), list(row.tokens[1:]),
+                             row.draft_q))
+        return pending
+
+    program._device_verify = device_verify
+
+
+async def _run(runtime, cases, *, speculative=None, draft=None, seen=None, k=4):
     client = open_client(runtime, max_batch=3, max_len=128, prefill_chunk=6,
                          speculative=speculative, draft_model=draft, num_draft_tokens=k)
-    if wrap is not None:
-        client.engine.drafter = wrap(client.engine.drafter)
+    if seen is not None:
+        _recording(client.engine.program, seen)
     try:
         results = await asyncio.gather(*(collect(client, text_request(r, p, o, runtime.name))
                                          for r, p, o in cases))
@@ -118,52 +133,33 @@ def _from_scratch(runtime, draft, sequence, k):
 @pytest.mark.parametrize("kind", ["dflash", "dflash2"])
 def test_greedy_with_the_draft_model_equals_greedy_without(runtime, checkpoints, baseline, kind):
     seen = []
-
-    def wrap(drafter):
-        def propose(job, n):
-            proposal = drafter.propose(job, n)
-            tokens = proposal.tokens if isinstance(proposal, Proposal) else proposal
-            if tokens:
-                seen.append((job.prompt_ids + tuple(job.output_ids), list(tokens)))
-            return proposal
-
-        return HostDrafter(propose, drafter.k)
-
     fins, engine = asyncio.run(_run(runtime, CASES, speculative=kind, draft=checkpoints[kind],
-                                    wrap=wrap))
+                                    seen=seen))
     for got, want in zip(fins, baseline):
         assert got.error is None, got.error
         assert (got.content, got.usage.completion_tokens) == (want.content, want.usage.completion_tokens)
     assert engine.speculation.rounds > 0 and len(seen) > 10
     draft = engine.program.proposer.draft
-    for context, drafts in seen[:: max(1, len(seen) // 8)]:  # the context cache is the prefix's
+    assert engine.program.draft_wait_seconds > 0
+    for context, drafts, _ in seen[:: max(1, len(seen) // 8)]:  # the context is the prefix's
         assert drafts == _from_scratch(runtime, draft, list(context), 4)[:len(drafts)]
 
 
 def test_dflash2_sampled_rounds_use_the_sparse_q(runtime, checkpoints):
     """T > 0: the drafts come with their q over the selector's candidates and are verified
     with min(1, p/q); outputs stay in the constraint's language."""
-    qs = []
-
-    def wrap(drafter):
-        def propose(job, n):
-            proposal = drafter.propose(job, n)
-            if isinstance(proposal, Proposal) and proposal.q_ids is not None:
-                qs.append(proposal)
-            return proposal
-
-        return HostDrafter(propose, drafter.k)
-
+    seen = []
     opts = RequestOptions(max_tokens=24, constraint=OutputConstraint.regex("(ab|abc|c)+d"),
                           sampling=SamplingParams(temperature=1.0, seed=3))
     cases = [(f"s{i}", "abc", opts) for i in range(2)]
     fins, engine = asyncio.run(_run(runtime, cases, speculative="dflash2",
-                                    draft=checkpoints["dflash2"], wrap=wrap))
-    assert qs and engine.speculation.rounds > 0
-    for p in qs:
-        assert p.q_ids.shape == (len(p.tokens), 6) and torch.allclose(p.q_probs.sum(-1),
-                                                                    torch.ones(len(p.tokens)))
-        for t, ids, q in zip(p.tokens, p.q_ids, p.q_probs):  # each draft was a candidate, q > 0
+                                    draft=checkpoints["dflash2"], seen=seen))
+    qs = [(drafts, q) for _, drafts, q in seen if q is not None]
+    assert qs and len(qs) == len(seen) and engine.speculation.rounds > 0
+    for drafts, (q_ids, q_probs) in qs:
+        assert q_ids.shape == (len(drafts), 6)
+        assert torch.allclose(q_probs.sum(-1), torch.ones(len(drafts)))
+        for t, ids, q in zip(drafts, q_ids, q_probs):  # each draft was a candidate, q > 0
             assert q[(ids == t).nonzero()[0, 0]] > 0
     for fin in fins:
         assert fin.error is None

@@ -255,10 +255,12 @@ class DFlashDraft(nn.Module):
             cache[i, 1][lanes[:, None], positions] = v.to(cache.dtype)
 
     def block(self, embedded: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor,
-              lanes: torch.Tensor, context_len: torch.Tensor) -> torch.Tensor:
+              lanes: torch.Tensor, context_len: torch.Tensor, kv_len: int | None = None) -> torch.Tensor:
         """embedded: [B, S, H] block input at `positions` [B, S]; each row sees its lane's
-        context positions < context_len[b] (its anchor's position). Returns normed [B, S, H]."""
-        L = int(context_len.max())
+        context positions < context_len[b] (its anchor's position). kv_len: a host-side bound
+        >= every context_len (default: their maximum, read from the device; a CUDA graph passes
+        the lane length). Returns normed [B, S, H]."""
+        L = int(context_len.max()) if kv_len is None else kv_len
         cos, sin = rope_cos_sin(self.rope_w, positions, self.rope_scaling)
         slots = torch.arange(max(L, 1), device=embedded.device)
         ctx_visible = (slots[None, :] < context_len[:, None])[:, None, None, :]  # [B, 1, 1, L]
@@ -296,8 +298,7 @@ class DFlashDraft(nn.Module):
             q = torch.softmax(scores / t, dim=-1)
             q = torch.where(greedy[:, None], F.one_hot(scores.argmax(-1), sel.top_k).float(), q)
             cdf = torch.cumsum(q, -1)
-            idx = torch.minimum((cdf <= uniforms[:, s, None] * cdf[:, -1:]).sum(-1),
-                                torch.tensor(sel.top_k - 1, device=z.device))
+            idx = (cdf <= uniforms[:, s, None] * cdf[:, -1:]).sum(-1).clamp(max=sel.top_k - 1)
             idx = torch.where(greedy, scores.argmax(-1), idx)
             pred = cand[:, s].gather(1, idx[:, None])[:, 0]
             path.append(pred)

@@ -33,6 +33,7 @@ class BatchRow:
     sample: bool  # the row samples its next token after this step
     num_drafts: int = 0  # speculative drafts at the end of `tokens` (after the anchor), 0..K
     draft_q: tuple | None = None  # sparse q of the drafts: (ids [n, Q] int32, probs [n, Q] f32)
+    draft_limit: int = 0  # drafts the Program makes on the device in this round (DFlash), 0..K
 
     @property
     def end(self) -> int:
@@ -50,8 +51,9 @@ class StepBatch:
 
     @property
     def has_drafts(self) -> bool:
-        """A verification round: every row feeds its anchor and 0..K drafts, one row at least one."""
-        return any(r.num_drafts for r in self.rows)
+        """A verification round: every row feeds its anchor and 0..K drafts, one row at least one
+        (drafted on the host, or by the Program on the device: `draft_limit`)."""
+        return any(r.num_drafts or r.draft_limit for r in self.rows)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -86,6 +87,9 @@ class Program:
                                            max(max_drafts, 1), self.domain.size,
                                            dtype=runtime.dtype, device=self.device)
             self._tap = self.proposer.tap
+            # The round's draft ids come back here (pinned) before the host waits on the event.
+            self.host_drafts = torch.zeros(max_batch, self.proposer.k, dtype=torch.int64,
+                                           pin_memory=self.cuda)  # [B, K]
         pin = self.cuda
         self.host_tokens = torch.zeros(max_batch, dtype=torch.int64, pin_memory=pin)  # [B]
         self.host_status = torch.zeros(max_batch, dtype=torch.int32, pin_memory=pin)  # [B]
@@ -128,6 +132,8 @@ class Program:
         rows = batch.rows
         assert 0 < len(rows) <= self.max_batch
         self._hidden = []
+        if any(r.draft_limit for r in rows):
+            return self._after(self._device_verify(batch))
         if batch.has_drafts:
             return self._after(self._verify(batch))
         logits = self._forward(batch)  # [n, V] logits after each row's last fed token
@@ -179,18 +185,70 @@ class Program:
     def _after(self, pending: PendingBatch) -> PendingBatch:
         """The proposer's alignment and next drafts from this step's hidden states."""
         if self.proposer is not None:
+            device_drafts = getattr(self.proposer, "device_drafts", False)
             start = time.perf_counter()
             parts, self._hidden = self._hidden, []
             width = max(h.shape[1] for h in parts)
             hidden = torch.cat([torch.nn.functional.pad(h, (0, 0, 0, width - h.shape[1]))
                                 for h in parts])  # [n, W, H]
             self.proposer.after_step(pending.batch.rows, hidden, pending.results)
-            # The host waited for the drafts (their ids come back to it): exposed draft wait.
-            waited = time.perf_counter() - start
-            self.draft_wait_seconds += waited
-            for row in pending.batch.rows:
-                row.request.session.add_draft_wait(waited)
+            if not device_drafts:  # MTP: the host waited for the drafts' ids here (exposed)
+                self._count_draft_wait(pending.batch.rows, time.perf_counter() - start)
         return pending
+
+    def _count_draft_wait(self, rows: Sequence[BatchRow], seconds: float) -> None:
+        self.draft_wait_seconds += seconds
+        for row in rows:
+            row.request.session.add_draft_wait(seconds)
+
+    def _device_verify(self, batch: StepBatch) -> PendingBatch:
+        """A DFlash round. Forward: the draft block on the device, its ids copied D2H into
+        pinned memory, the ready event, the target forward over [anchor, drafts]; the host waits
+        on the event only (not on the target forward), then fills the masks while the target
+        forward runs, and acceptance follows (verify.py). Rows near the lane's end take the
+        host route once their drafts are on the host."""
+        rows, dev, proposer = batch.rows, self.device, self.proposer
+        k, n = proposer.k, len(rows)
+        anchors = torch.tensor([r.tokens[0] for r in rows], dtype=torch.int64).to(dev)  # [n]
+        starts = torch.tensor([r.start for r in rows], dtype=torch.int64).to(dev)  # [n]
+        lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64).to(dev)  # [n]
+        sampled = [r.request.sampling.temperature > 0 for r in rows]
+        extra = {}
+        if proposer.config.dflash2 and any(sampled):
+            extra = {"temperature": torch.tensor([r.request.sampling.temperature for r in rows],
+                                                 dtype=torch.float32).to(dev),
+                     "seed": torch.tensor([r.request.seed for r in rows]).to(dev),
+                     "out_pos": torch.tensor([r.request.num_output_tokens for r in rows]).to(dev)}
+        fits = all(r.start + k + 1 <= self.max_len for r in rows)
+        waited = time.perf_counter()
+        ids, q_ids, q_probs = proposer.block_drafts(anchors, starts, lanes, **extra)  # [n, K]
+        self.host_drafts[:n].copy_(ids, non_blocking=self.cuda)
+        if self._ready is not None:
+            self._ready.record(torch.cuda.current_stream())
+        waited = time.perf_counter() - waited  # launching (CUDA) or running (CPU) the draft
+        logits = None
+        if fits:
+            tokens = torch.cat([anchors[:, None], ids], 1)  # [n, K+1]
+            positions = starts[:, None] + torch.arange(k + 1, device=dev)[None]  # [n, K+1]
+            logits = self._run_model(tokens, positions, lanes,
+                                     kv_len=max(r.start for r in rows) + k + 1)  # [n, K+1, V]
+        if self._ready is not None:
+            start = time.perf_counter()
+            self._ready.wait()  # the draft ids are on the host; the target forward still runs
+            waited += time.perf_counter() - start
+        self._count_draft_wait(rows, waited)
+        host = self.host_drafts[:n].tolist()
+        new_rows = []
+        for i, row in enumerate(rows):
+            drafts = host[i][:row.draft_limit]
+            q = (q_ids[i, :len(drafts)], q_probs[i, :len(drafts)]) \
+                if q_ids is not None and sampled[i] and drafts else None
+            new_rows.append(replace(row, tokens=row.tokens + tuple(drafts),
+                                    num_drafts=len(drafts), draft_limit=0, draft_q=q))
+        drafted = StepBatch(tuple(new_rows))
+        if logits is None:
+            return self._verify(drafted)
+        return PendingBatch(drafted, tuple(self.verifier.verify(new_rows, logits)))
 
     def _run_model(self, tokens, positions, lanes, *, kv_len, logit_index=None, num_tokens=None):
         # Logits; with a proposer through hidden_states + logits, keeping what it reads: the

@@ -97,8 +97,10 @@ def make_drafter(backend: str | None, num_draft_tokens: int, program) -> HostDra
         return None
     if backend == "ngram":
         return HostDrafter.from_context(NgramProposer(), num_draft_tokens)
-    if backend in ("mtp", "dflash", "dflash2"):
+    if backend == "mtp":
         return HostDrafter(program.proposer.propose, num_draft_tokens)
+    if backend in ("dflash", "dflash2"):  # drafted on the device in the round's Forward
+        return HostDrafter(None, min(num_draft_tokens, program.proposer.k), device=True)
     raise Unsupported(f"speculative backend {backend!r} is not implemented", field="speculative")
 
 

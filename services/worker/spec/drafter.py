@@ -47,11 +47,13 @@ class HostDrafter:
     """Attaches up to `k` drafts to every row of a decode batch (`attach`). `propose(request,
     n)`: at most n drafts continuing the request's committed tokens."""
 
-    def __init__(self, propose: Callable[..., list[int]], k: int) -> None:
+    def __init__(self, propose: Callable[..., list[int]] | None, k: int, *,
+                 device: bool = False) -> None:
         if k < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {k}")
         self.propose = propose
         self.k = k
+        self.device = device  # the Program drafts on the device (DFlash): only the limit here
 
     @classmethod
     def from_context(cls, proposer, k: int) -> "HostDrafter":
@@ -60,7 +62,8 @@ class HostDrafter:
         return cls(lambda job, n: proposer.propose(job.prompt_ids + tuple(job.output_ids), n), k)
 
     def attach(self, batch: StepBatch, max_len: int) -> tuple[StepBatch, float]:
-        """The batch with each row's drafts after its anchor, and the seconds spent proposing.
+        """The batch with each row's drafts after its anchor (or, for a device drafter, how
+        many the Program may draft), and the seconds spent proposing.
 
         A row proposes at most k drafts, fewer where its output budget (the round emits drafts
         + 1 tokens) or its lane (the last draft sits at position start + n < max_len) ends; a
@@ -70,6 +73,9 @@ class HostDrafter:
         for row in batch.rows:
             job = row.request
             limit = min(self.k, job.remaining - 1, max_len - 1 - row.start)
+            if self.device:
+                rows.append(replace(row, draft_limit=max(0, limit)))
+                continue
             proposal = self.propose(job, limit) if limit > 0 else []
             q = None
             if isinstance(proposal, Proposal):
