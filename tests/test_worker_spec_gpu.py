@@ -76,14 +76,50 @@ def test_ngram_and_oracle_on_cuda_equal_ordinary_greedy(dense):
         assert (verify_graphs is not None and verify_graphs.captured) == graphs
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
-def test_draft_models_on_cuda_equal_ordinary_greedy(dense, kind, tmp_path):
+@pytest.mark.parametrize("kind,graphs", [("dflash", True), ("dflash", False),
+                                         ("dflash2", True)])
+def test_draft_models_on_cuda_equal_ordinary_greedy(dense, kind, graphs, tmp_path):
+    """DFlash's Forward phase captured per padded batch size (draft block, D2H of the ids,
+    external event record, target forward) or eager; DFlash2 always eager."""
     write_checkpoint(tmp_path, dense.domain.size, dflash2=kind == "dflash2")
     base, _ = asyncio.run(_run(dense))
     fins, engine = asyncio.run(_run(dense, speculative=kind, draft_model=str(tmp_path),
-                                    num_draft_tokens=4))
+                                    num_draft_tokens=4, cuda_graphs=graphs))
     _same(fins, base)
-    assert engine.speculation.rounds > 0
+    assert engine.speculation.rounds > 0 and engine.program.draft_wait_seconds > 0
+    forward_graphs = engine.program._dflash_graphs
+    assert bool(forward_graphs is not None and forward_graphs.captured) == (graphs and kind == "dflash")
+
+
+def test_external_event_record_inside_capture_only():
+    """The design's verified recipe: inside `torch.cuda.graph`, `record_external` becomes an
+    external event-record node; after a replay the host's wait returns and the pinned buffer
+    written by the non-blocking D2H copy before it holds the new values. Outside capture the
+    external flag is illegal (an InternalError), the eager path records plainly."""
+    from services.worker.program.events import ReadyEvent
+    from shared.errors import InternalError
+
+    event = ReadyEvent()
+    src = torch.zeros(64, dtype=torch.int64, device="cuda")
+    host = torch.zeros(64, dtype=torch.int64, pin_memory=True)
+    work = torch.randn(2048, 2048, device="cuda")
+    with pytest.raises(InternalError):
+        event.record_external(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        src.add_(1)
+        host.copy_(src, non_blocking=True)
+        event.record_external(torch.cuda.current_stream())
+        out = work
+        for _ in range(20):
+            out = out @ work  # the rest of the graph runs after the record
+    for expected in (1, 2):
+        graph.replay()
+        event.wait()
+        assert int(host[0]) == expected and int(host[-1]) == expected
+    torch.cuda.synchronize()
+    del out, graph
+    event.close()
 
 
 def test_dflash2_sampled_on_cuda_stays_in_the_language(dense, tmp_path):

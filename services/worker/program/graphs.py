@@ -94,6 +94,88 @@ class VerifyGraph:
         return self.logits[:n]
 
 
+class DFlashForwardGraph:
+    """One captured DFlash Forward for a fixed batch size (design document: "DFlash's Forward
+    Graph records an event with cudaEventRecordExternal after the draft D2H and continues with
+    the target forward"): the draft block over static anchors / lane positions / lanes, its ids
+    copied into the pinned `host_ids`, the external event record, then the target forward over
+    [anchor, drafts] keeping the tapped features. Attention reads whole lanes (kv_len =
+    max_len): the graph does not depend on the context length."""
+
+    def __init__(self, model, state, proposer, size: int, scratch_lane: int, pool,
+                 host_ids: torch.Tensor, event) -> None:
+        device = next(model.parameters()).device
+        k = proposer.k
+        self.size, self.scratch_lane = size, scratch_lane
+        self.anchors = torch.zeros(size, dtype=torch.int64, device=device)  # [S]
+        self.starts = torch.zeros(size, dtype=torch.int64, device=device)  # [S]
+        self.lanes = torch.full((size,), scratch_lane, dtype=torch.int64, device=device)  # [S]
+        self.offsets = torch.arange(k + 1, device=device)[None]  # [1, K+1]
+        self.host_ids = host_ids  # [S, K] pinned
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up outside capture: the eager event record
+                self._body(model, state, proposer, lambda: event.record(side))
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            capture = torch.cuda.current_stream()
+            self._body(model, state, proposer, lambda: event.record_external(capture))
+
+    def _body(self, model, state, proposer, record) -> None:
+        ids, _, _ = proposer.block_drafts(self.anchors, self.starts, self.lanes,
+                                          kv_len=state.max_len)  # [S, K]
+        self.host_ids.copy_(ids, non_blocking=True)
+        record()  # the draft ids are on the host once the event completes
+        tokens = torch.cat([self.anchors[:, None], ids], 1)  # [S, K+1]
+        positions = self.starts[:, None] + self.offsets  # [S, K+1]
+        hidden, self.feats = model.hidden_states(tokens, positions, state, self.lanes,
+                                                 kv_len=state.max_len, tap=proposer.tap)
+        self.logits = model.logits(hidden)  # [S, K+1, V]
+
+    def run(self, anchors: torch.Tensor, starts: torch.Tensor, lanes: torch.Tensor) -> None:
+        """anchors, starts, lanes: [n] device tensors (n <= size); replays the graph. The host
+        then waits on the event, reads host_ids[:n], and uses logits[:n] and feats[:n]."""
+        n = anchors.shape[0]
+        self.anchors[:n].copy_(anchors)
+        self.starts[:n].copy_(starts)
+        self.lanes[:n].copy_(lanes)
+        self.anchors[n:].zero_()
+        self.starts[n:].zero_()
+        self.lanes[n:].fill_(self.scratch_lane)
+        self.graph.replay()
+
+
+class DFlashForwardGraphs:
+    """DFlash Forward graphs per padded batch size, captured on first use."""
+
+    def __init__(self, model, state, proposer, max_batch: int, scratch_lane: int,
+                 host_ids: torch.Tensor, event) -> None:
+        self._args = (model, state, proposer)
+        self._scratch, self._host_ids, self._event = scratch_lane, host_ids, event
+        self._sizes = graph_sizes(max_batch)
+        self._pool = torch.cuda.graph_pool_handle()
+        self._graphs: dict[int, DFlashForwardGraph] = {}
+
+    @property
+    def captured(self) -> tuple[int, ...]:
+        return tuple(sorted(self._graphs))
+
+    def get(self, n: int) -> tuple[DFlashForwardGraph, bool]:
+        size = next(s for s in self._sizes if s >= n)
+        graph = self._graphs.get(size)
+        if graph is not None:
+            return graph, False
+        graph = DFlashForwardGraph(*self._args, size, self._scratch, self._pool,
+                                   self._host_ids[:size], self._event)
+        self._graphs[size] = graph
+        return graph, True
+
+    def clear(self) -> None:
+        self._graphs.clear()
+
+
 class DecodeGraphs:
     """The decode graphs of one Program, captured on first use per padded size; with `width`
     > 1 the verify graphs of K+1 = width tokens per row instead."""

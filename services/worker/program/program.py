@@ -56,8 +56,10 @@ class Program:
         self.cuda = self.device.type == "cuda"
         self.max_batch = max_batch
         self.max_drafts = max_drafts
-        # MTP and DFlash read each step's hidden states: the eager route (no decode graphs).
-        use_graphs = self.cuda and cuda_graphs and not mtp and draft is None
+        # MTP and DFlash read each step's hidden states: no decode graphs; DFlash (greedy
+        # one-hot drafts) captures its Forward phase instead, DFlash2 and MTP run eagerly.
+        use_graphs = self.cuda and cuda_graphs and not mtp and (
+            draft is None or not draft.config.dflash2)
         lanes = max_batch + (1 if use_graphs else 0)  # + the scratch lane of padding rows
         cap = runtime.config.max_position_embeddings
         if max_len is None:
@@ -94,18 +96,24 @@ class Program:
         self.host_tokens = torch.zeros(max_batch, dtype=torch.int64, pin_memory=pin)  # [B]
         self.host_status = torch.zeros(max_batch, dtype=torch.int32, pin_memory=pin)  # [B]
         self._free = list(range(max_batch))
-        self._graphs = self._verify_graphs = self._ready = None
-        if use_graphs:
+        self._graphs = self._verify_graphs = self._ready = self._dflash_graphs = None
+        if self.cuda:
+            from services.worker.program.events import ReadyEvent
+
+            self._ready = ReadyEvent()
+        if use_graphs and draft is not None:
+            from services.worker.program.graphs import DFlashForwardGraphs
+
+            self._dflash_graphs = DFlashForwardGraphs(self.model, self.state, self.proposer,
+                                                      max_batch, max_batch, self.host_drafts,
+                                                      self._ready)
+        elif use_graphs:
             from services.worker.program.graphs import DecodeGraphs
 
             self._graphs = DecodeGraphs(self.model, self.state, max_batch, scratch_lane=max_batch)
             if max_drafts > 0:  # the host-launched route's verify forward, K+1 tokens a row
                 self._verify_graphs = DecodeGraphs(self.model, self.state, max_batch,
                                                    scratch_lane=max_batch, width=max_drafts + 1)
-        if self.cuda:
-            from services.worker.program.events import ReadyEvent
-
-            self._ready = ReadyEvent()
 
     # ---------------------------------------------------------------- lanes
 
@@ -176,6 +184,8 @@ class Program:
             self._graphs.clear()
         if self._verify_graphs is not None:
             self._verify_graphs.clear()
+        if self._dflash_graphs is not None:
+            self._dflash_graphs.clear()
         if self._ready is not None:
             self._ready.close()
             self._ready = None
@@ -220,6 +230,8 @@ class Program:
                      "seed": torch.tensor([r.request.seed for r in rows]).to(dev),
                      "out_pos": torch.tensor([r.request.num_output_tokens for r in rows]).to(dev)}
         fits = all(r.start + k + 1 <= self.max_len for r in rows)
+        if self._dflash_graphs is not None and fits:
+            return self._graphed_forward(batch, anchors, starts, lanes)
         waited = time.perf_counter()
         ids, q_ids, q_probs = proposer.block_drafts(anchors, starts, lanes, **extra)  # [n, K]
         self.host_drafts[:n].copy_(ids, non_blocking=self.cuda)
@@ -237,18 +249,37 @@ class Program:
             self._ready.wait()  # the draft ids are on the host; the target forward still runs
             waited += time.perf_counter() - start
         self._count_draft_wait(rows, waited)
-        host = self.host_drafts[:n].tolist()
-        new_rows = []
+        drafted = self._drafted(rows, q_ids, q_probs, sampled)
+        if logits is None:
+            return self._verify(drafted)
+        return PendingBatch(drafted, tuple(self.verifier.verify(drafted.rows, logits)))
+
+    def _drafted(self, rows, q_ids, q_probs, sampled) -> StepBatch:
+        # The rows with the drafts the host read back (each up to its own limit).
+        host = self.host_drafts[:len(rows)].tolist()
+        out = []
         for i, row in enumerate(rows):
             drafts = host[i][:row.draft_limit]
             q = (q_ids[i, :len(drafts)], q_probs[i, :len(drafts)]) \
                 if q_ids is not None and sampled[i] and drafts else None
-            new_rows.append(replace(row, tokens=row.tokens + tuple(drafts),
-                                    num_drafts=len(drafts), draft_limit=0, draft_q=q))
-        drafted = StepBatch(tuple(new_rows))
-        if logits is None:
-            return self._verify(drafted)
-        return PendingBatch(drafted, tuple(self.verifier.verify(new_rows, logits)))
+            out.append(replace(row, tokens=row.tokens + tuple(drafts), num_drafts=len(drafts),
+                               draft_limit=0, draft_q=q))
+        return StepBatch(tuple(out))
+
+    def _graphed_forward(self, batch: StepBatch, anchors, starts, lanes) -> PendingBatch:
+        """The captured DFlash Forward (graphs.py): replay, wait on the external event (the ids
+        are on the host while the target forward still runs), masks and acceptance after."""
+        rows, n = batch.rows, len(batch.rows)
+        graph, captured = self._dflash_graphs.get(n)
+        if captured:
+            log.info("dflash_forward_graph_captured", batch_size=graph.size)
+        start = time.perf_counter()
+        graph.run(anchors, starts, lanes)
+        self._ready.wait()
+        self._count_draft_wait(rows, time.perf_counter() - start)
+        self._hidden.append(graph.feats[:n])  # [n, K+1, n_layers * H]
+        drafted = self._drafted(rows, None, None, [False] * n)
+        return PendingBatch(drafted, tuple(self.verifier.verify(drafted.rows, graph.logits[:n])))
 
     def _run_model(self, tokens, positions, lanes, *, kv_len, logit_index=None, num_tokens=None):
         # Logits; with a proposer through hidden_states + logits, keeping what it reads: the
