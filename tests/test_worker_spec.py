@@ -367,3 +367,35 @@ def test_serve_flags_reach_the_worker_settings(monkeypatch):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--num-draft-tokens", "0"])
     assert isinstance(args, argparse.Namespace)
+
+
+def test_stop_strings_end_the_ledger_where_ordinary_decoding_does(runtime):
+    """A round whose accepted drafts run past a stop string commits only up to the token that
+    completes it: content, usage and the matched stop equal ordinary decoding's."""
+    record: dict = {}
+
+    async def run(stop, proposer=None):
+        client = open_client(runtime, max_batch=1, max_len=128,
+                             **({"speculative": "ngram", "num_draft_tokens": 6} if proposer else {}))
+        if proposer is not None:
+            with_proposer(client, proposer, 6)
+        client.engine.finish_listeners.append(
+            lambda job: record.__setitem__(job.request_id, job.prompt_ids + tuple(job.output_ids)))
+        try:
+            opts = RequestOptions(max_tokens=30, stop=stop, sampling=SamplingParams(temperature=0.0))
+            _, fin = await collect(client, text_request(f"r{bool(stop)}{bool(proposer)}",
+                                                        "abcabc", opts, runtime.name))
+            return fin
+        finally:
+            await client.aclose()
+
+    free = asyncio.run(run(()))
+    assert len(free.content) > 8
+    stop = free.content[5:7]  # a stop string the free output reaches mid-round
+    plain = asyncio.run(run((stop,)))
+    oracle = OracleProposer()
+    oracle.record(record["rFalseFalse"])  # the continuation past the stop string
+    spec = asyncio.run(run((stop,), oracle))
+    assert plain.finish_reason.value == "stop" and plain.stop_sequence == stop
+    assert (spec.content, spec.usage.completion_tokens, spec.stop_sequence) == \
+        (plain.content, plain.usage.completion_tokens, plain.stop_sequence)

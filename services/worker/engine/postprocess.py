@@ -20,6 +20,7 @@ Failure rules (design document, section 5):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Callable
@@ -109,6 +110,9 @@ class Postprocessor:
             cut = next((k for k, t in enumerate(tokens) if t in job.stop_token_ids), None)
             result = job.session.preview(tokens if cut is None else tokens[:cut],
                                          limit=job.remaining, position=job.num_output_tokens)
+            if result.failure is None and row.num_drafts and job.stop is not None \
+                    and result.accepted > 1 and _stops(job, result.text):
+                result = self._shortest_stop(job, tokens if cut is None else tokens[:cut])
             if result.failure is not None:
                 round_.failures[i] = result.failure
                 round_.aborted_by = i
@@ -117,6 +121,19 @@ class Postprocessor:
             round_.previews[i] = _Preview(result, tokens[:result.accepted + (1 if stop_id else 0)],
                                           stop_id)
         return round_
+
+    @staticmethod
+    def _shortest_stop(job: Request, tokens: list[int]) -> PreviewResult:
+        """A verify row whose round completes a stop string: the shortest prefix that does, so
+        the ledger ends where ordinary decoding's would (one token at a time)."""
+        job.session.discard()
+        for n in range(1, len(tokens) + 1):
+            result = job.session.preview(tokens[:n], limit=job.remaining,
+                                         position=job.num_output_tokens)
+            if result.failure is not None or n == len(tokens) or _stops(job, result.text):
+                return result
+            job.session.discard()
+        raise AssertionError("unreachable: the last prefix returns")
 
     def _confirm(self, pending: PendingBatch, i: int, preview: _Preview | None, kept: int) -> None:
         row = pending.batch.rows[i]
@@ -227,6 +244,13 @@ class Postprocessor:
         log.info("request_done", request_id=job.request_id, finish_reason=reason.value,
                  prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens,
                  error=error.type_name if error is not None else None, constraint=constraint)
+
+
+def _stops(job: Request, text: str) -> bool:
+    """Feeding `text` would complete one of the request's stop strings (the state is copied)."""
+    probe = copy.copy(job.stop)
+    probe.feed(text)
+    return probe.stopped
 
 
 def _kept(row, preview: _Preview | None) -> int:
