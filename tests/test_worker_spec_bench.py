@@ -62,3 +62,24 @@ def test_bench_spec_options_are_checked():
         SpecBenchOptions(draft_tokens=(0,))
     prompts, schema = task_prompts("extract", 5)
     assert len(prompts) == 5 and schema["required"]
+
+
+def test_bench_spec_mtp_rounds_on_a_tiny_qwen35():
+    import torch
+
+    from services.worker.models.qwen35_runtime import random_qwen35
+    from services.worker.runtime import ByteTokenizer, ModelRuntime
+    from shared.frontends.frontend import Frontend
+    from tests.support import byte_domain
+    from tests.test_worker_spec_mtp import SHAPE
+
+    d = byte_domain()
+    model = random_qwen35(dtype=torch.float64, device="cpu", vocab_size=d.size, mtp=True, seed=3,
+                          **{**SHAPE, "max_position_embeddings": 2048})
+    runtime = ModelRuntime("q35", model, model.config, Frontend("q35", d, ByteTokenizer(d)))
+    opts = SpecBenchOptions(tasks=("extract",), backends=("mtp",), draft_tokens=(2,),
+                            batch_size=1, max_tokens=8)
+    rows = asyncio.run(_bench(runtime, opts, lambda line: None))
+    for row in rows:
+        [run] = row["runs"]
+        assert run["backend"] == "mtp" and run["outputs_equal"] and run["verify_rounds"] > 0

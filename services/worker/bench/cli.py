@@ -47,11 +47,13 @@ def add_spec_parser(sub: argparse._SubParsersAction) -> None:
                        description="n-gram copy and the oracle proposer (the target's own greedy "
                        "continuation) on copy-heavy structured tasks, constrained and not: "
                        "speed-up, accepted length, exposed draft wait, greedy equality.")
-    p.add_argument("--model", choices=MODELS, default="smollm2", help="default: smollm2")
+    p.add_argument("--model", choices=MODELS + ("qwen35-9b-random",), default="smollm2",
+                   help="default: smollm2 (qwen35-9b-random: with its MTP module, for --backends "
+                   "mtp)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--tasks", nargs="+", choices=("extract", "rewrite"),
                    default=["extract", "rewrite"], help="default: extract rewrite")
-    p.add_argument("--backends", nargs="+", choices=("ngram", "oracle", "dflash", "dflash2"),
+    p.add_argument("--backends", nargs="+", choices=("ngram", "oracle", "mtp", "dflash", "dflash2"),
                    default=["ngram", "oracle"], help="default: ngram oracle (dflash, dflash2: a "
                    "random-weight draft of the target's width, its cost per round)")
     p.add_argument("--draft-layers", type=int, default=2,

@@ -11,6 +11,8 @@ with `--speculative` runs the same requests:
   is accepted and the round measures the machinery alone (verify forward, K+1 masks,
   acceptance, commit). Random weights accept almost nothing, so this is the honest machinery
   figure on `qwen3-8b-random`;
+- `mtp` (on `qwen35-9b-random`, a random Qwen3.5-9B-shaped model with its MTP module): k MTP
+  steps per round; random weights accept (almost) nothing, so again the cost per round;
 - `dflash`, `dflash2`: a random-weight draft model of the target's width (`draft_layers`
   layers, conditioned on target layers spread from 1 to L-3, block K+1), built as a checkpoint
   directory in a temporary folder and loaded by its names: it accepts (almost) nothing, so the
@@ -46,7 +48,7 @@ from shared.contract import OutputConstraint
 from shared.generation import (ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions,
                                SamplingParams)
 
-BACKENDS = ("ngram", "oracle", "dflash", "dflash2")
+BACKENDS = ("ngram", "oracle", "mtp", "dflash", "dflash2")
 DEFAULT_BACKENDS = ("ngram", "oracle")
 TASKS = ("extract", "rewrite")
 
@@ -173,7 +175,7 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
                  k: int, oracle: OracleProposer | None, record: dict | None,
                  tag: str, drafts: dict | None = None) -> dict[str, Any]:
     max_len = 1024
-    speculative = None if backend is None else backend if backend.startswith("dflash") \
+    speculative = None if backend is None else backend if backend in ("mtp", "dflash", "dflash2") \
         else "ngram"
     config = EngineConfig(max_batch=opts.batch_size, max_len=max_len, prefill_chunk=1024,
                           cuda_graphs=opts.cuda_graphs, speculative=speculative,
@@ -284,6 +286,24 @@ def _targets(rows: list[dict]) -> dict[str, Any]:
             "draft_wait_fraction_lt_0.05": wait}
 
 
+def _runtime(model: str, device: str) -> ModelRuntime:
+    """The decode bench's models, plus `qwen35-9b-random`: random Qwen3.5-9B-shaped weights with
+    the MTP module over the real Qwen3.5 vocabulary (bf16 on CUDA; structure only)."""
+    if model != "qwen35-9b-random":
+        return build_runtime(model, device)
+    import torch
+
+    from services.worker.models.qwen35_runtime import random_qwen35
+    from shared.frontends import get_domain
+    from shared.frontends.frontend import Frontend, TiktokenTokenizer
+    from shared.frontends.qwen35 import qwen35_tokenizer
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    net = random_qwen35(dtype=dtype, device=device, mtp=True)
+    return ModelRuntime(model, net, net.config, Frontend(model, get_domain("qwen3.5"),
+                                                         TiktokenTokenizer(qwen35_tokenizer())))
+
+
 def run(args: argparse.Namespace) -> int:
     opts = SpecBenchOptions(tasks=tuple(args.tasks), backends=tuple(args.backends),
                             draft_tokens=tuple(args.num_draft_tokens), batch_size=args.batch_size,
@@ -297,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     started = time.perf_counter()
-    runtime = build_runtime(args.model, args.device)
+    runtime = _runtime(args.model, args.device)
     report: dict[str, Any] = {
         "bench": "spec", "command": "infernix " + shlex.join(sys.argv[1:]),
         "machine": _machine(args.device), "model": args.model, "device": args.device,
