@@ -136,12 +136,17 @@ def test_dflash2_sampled_on_cuda_stays_in_the_language(dense, tmp_path):
             assert re.fullmatch("(ab|abc|c)+d", fin.content)
 
 
-def test_mtp_on_cuda_equals_ordinary_greedy():
+@pytest.mark.parametrize("graphs", [True, False])
+def test_mtp_on_cuda_equals_ordinary_greedy(graphs):
+    """MTP rounds with the decode and verify graphs keeping the final hidden states, or eager."""
     d = byte_domain()
     model = random_qwen35(dtype=torch.float32, device="cuda", vocab_size=d.size, mtp=True, seed=3,
                           **SHAPE)
     runtime = ModelRuntime("q35-tiny", model, model.config, Frontend("q35-tiny", d, ByteTokenizer(d)))
     base, _ = asyncio.run(_run(runtime))
-    fins, engine = asyncio.run(_run(runtime, speculative="mtp", num_draft_tokens=3))
+    fins, engine = asyncio.run(_run(runtime, speculative="mtp", num_draft_tokens=3,
+                                    cuda_graphs=graphs))
     _same(fins, base)
     assert engine.speculation.rounds > 0
+    verify_graphs = engine.program._verify_graphs
+    assert bool(verify_graphs is not None and verify_graphs.captured) == graphs

@@ -1,5 +1,6 @@
-"""CUDA graphs of the Program: one captured decode forward per batch size, and for the
-host-launched speculative route one captured verify forward (K+1 tokens per row) per size.
+"""CUDA graphs of the Program: one captured decode forward per batch size, for the
+host-launched speculative route one captured verify forward (K+1 tokens per row) per size (both
+keep the final hidden states for the MTP proposer when asked), and DFlash's Forward graph.
 
 Sizes 1, 2, 4, ... up to B are captured lazily; a batch is padded to the next size with rows that
 write the scratch lane. The verify graph holds the target forward only: drafts are fixed on the
@@ -27,7 +28,8 @@ class DecodeGraph:
     static last-position logits out. Attention reads the whole lane (kv_len = max_len), so the
     graph does not depend on the context length."""
 
-    def __init__(self, model, state, size: int, scratch_lane: int, pool) -> None:
+    def __init__(self, model, state, size: int, scratch_lane: int, pool,
+                 keep_hidden: bool = False) -> None:
         device = next(model.parameters()).device
         self.size = size
         self.scratch_lane = scratch_lane
@@ -38,11 +40,12 @@ class DecodeGraph:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up outside capture (allocator, lazy inits)
-                model(self.tokens, self.positions, state, self.lanes, kv_len=state.max_len)
+                _forward(model, self.tokens, self.positions, state, self.lanes, keep_hidden)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            out = model(self.tokens, self.positions, state, self.lanes, kv_len=state.max_len)
+            out, self.hidden = _forward(model, self.tokens, self.positions, state, self.lanes,
+                                        keep_hidden)  # hidden: [S, 1, H] or None
             self.logits = out[:, -1]  # [S, V]
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
@@ -58,12 +61,21 @@ class DecodeGraph:
         return self.logits[:n]
 
 
+def _forward(model, tokens, positions, state, lanes, keep_hidden: bool):
+    # (logits [S, T, V], final hidden states [S, T, H] when kept for a proposer (MTP) or None)
+    if not keep_hidden:
+        return model(tokens, positions, state, lanes, kv_len=state.max_len), None
+    hidden = model.hidden_states(tokens, positions, state, lanes, kv_len=state.max_len)
+    return model.logits(hidden), hidden
+
+
 class VerifyGraph:
     """One captured verify forward for a fixed batch size and width W = K+1: static tokens and
     positions [S, W], lanes [S] in, static logits [S, W, V] out (kv_len = max_len). A row's
     positions must all lie inside its lane (the Program runs rows near the lane's end eagerly)."""
 
-    def __init__(self, model, state, size: int, width: int, scratch_lane: int, pool) -> None:
+    def __init__(self, model, state, size: int, width: int, scratch_lane: int, pool,
+                 keep_hidden: bool = False) -> None:
         device = next(model.parameters()).device
         self.size, self.width, self.scratch_lane = size, width, scratch_lane
         self.tokens = torch.zeros(size, width, dtype=torch.int64, device=device)  # [S, W]
@@ -73,12 +85,12 @@ class VerifyGraph:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                model(self.tokens, self.positions, state, self.lanes, kv_len=state.max_len)
+                _forward(model, self.tokens, self.positions, state, self.lanes, keep_hidden)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.logits = model(self.tokens, self.positions, state, self.lanes,
-                                kv_len=state.max_len)  # [S, W, V]
+            self.logits, self.hidden = _forward(model, self.tokens, self.positions, state,
+                                                self.lanes, keep_hidden)  # [S, W, V], [S, W, H]
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
         """tokens, positions: [n, W]; lanes: [n] (n <= size); returns logits [n, W, V] (a view)."""
@@ -180,9 +192,10 @@ class DecodeGraphs:
     """The decode graphs of one Program, captured on first use per padded size; with `width`
     > 1 the verify graphs of K+1 = width tokens per row instead."""
 
-    def __init__(self, model, state, max_batch: int, scratch_lane: int, width: int = 1) -> None:
+    def __init__(self, model, state, max_batch: int, scratch_lane: int, width: int = 1,
+                 keep_hidden: bool = False) -> None:
         self._model, self._state, self._scratch = model, state, scratch_lane
-        self._width = width
+        self._width, self._keep_hidden = width, keep_hidden
         self._sizes = graph_sizes(max_batch)
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict[int, DecodeGraph | VerifyGraph] = {}
@@ -199,10 +212,11 @@ class DecodeGraphs:
         if graph is not None:
             return graph, False
         if self._width == 1:
-            graph = DecodeGraph(self._model, self._state, size, self._scratch, self._pool)
+            graph = DecodeGraph(self._model, self._state, size, self._scratch, self._pool,
+                                self._keep_hidden)
         else:
             graph = VerifyGraph(self._model, self._state, size, self._width, self._scratch,
-                                self._pool)
+                                self._pool, self._keep_hidden)
         self._graphs[size] = graph
         return graph, True
 

@@ -56,10 +56,9 @@ class Program:
         self.cuda = self.device.type == "cuda"
         self.max_batch = max_batch
         self.max_drafts = max_drafts
-        # MTP and DFlash read each step's hidden states: no decode graphs; DFlash (greedy
-        # one-hot drafts) captures its Forward phase instead, DFlash2 and MTP run eagerly.
-        use_graphs = self.cuda and cuda_graphs and not mtp and (
-            draft is None or not draft.config.dflash2)
+        # MTP reads each step's final hidden states: its decode and verify graphs keep them.
+        # DFlash (greedy one-hot drafts) captures its Forward phase instead; DFlash2 is eager.
+        use_graphs = self.cuda and cuda_graphs and (draft is None or not draft.config.dflash2)
         lanes = max_batch + (1 if use_graphs else 0)  # + the scratch lane of padding rows
         cap = runtime.config.max_position_embeddings
         if max_len is None:
@@ -110,10 +109,12 @@ class Program:
         elif use_graphs:
             from services.worker.program.graphs import DecodeGraphs
 
-            self._graphs = DecodeGraphs(self.model, self.state, max_batch, scratch_lane=max_batch)
+            self._graphs = DecodeGraphs(self.model, self.state, max_batch, scratch_lane=max_batch,
+                                        keep_hidden=mtp)
             if max_drafts > 0:  # the host-launched route's verify forward, K+1 tokens a row
                 self._verify_graphs = DecodeGraphs(self.model, self.state, max_batch,
-                                                   scratch_lane=max_batch, width=max_drafts + 1)
+                                                   scratch_lane=max_batch, width=max_drafts + 1,
+                                                   keep_hidden=mtp)
 
     # ---------------------------------------------------------------- lanes
 
@@ -339,8 +340,12 @@ class Program:
         graph, captured = self._verify_graphs.get(len(rows))
         if captured:
             log.info("verify_graph_captured", batch_size=graph.size, width=full)
-        return graph.run(tokens.to(dev, non_blocking=True), positions.to(dev, non_blocking=True),
-                         lanes.to(dev, non_blocking=True))  # [n, K+1, V]
+        logits = graph.run(tokens.to(dev, non_blocking=True),
+                           positions.to(dev, non_blocking=True),
+                           lanes.to(dev, non_blocking=True))  # [n, K+1, V]
+        if graph.hidden is not None:  # kept for the MTP proposer
+            self._hidden.append(graph.hidden[:len(rows)])
+        return logits
 
     @staticmethod
     def _pad(logits: torch.Tensor, width: int) -> torch.Tensor:
@@ -357,9 +362,12 @@ class Program:
                 graph, captured = self._graphs.get(len(rows))
                 if captured:
                     log.info("decode_graph_captured", batch_size=graph.size)
-                return graph.run(tokens.to(dev, non_blocking=True),
-                                 positions.to(dev, non_blocking=True),
-                                 lanes.to(dev, non_blocking=True))
+                logits = graph.run(tokens.to(dev, non_blocking=True),
+                                   positions.to(dev, non_blocking=True),
+                                   lanes.to(dev, non_blocking=True))
+                if graph.hidden is not None:  # kept for the MTP proposer
+                    self._hidden.append(graph.hidden[:len(rows)])
+                return logits
             kv_len = max(r.start for r in rows) + 1
             return self._run_model(tokens.to(dev), positions.to(dev), lanes.to(dev),
                                    kv_len=kv_len)[:, -1]
