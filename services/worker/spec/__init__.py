@@ -9,7 +9,8 @@ if/elif on the engine's configuration (`make_drafter`).
     mtp.py      the Qwen3.5 MTP module, k steps, aligned after every step
     dflash.py   DFlash / DFlash2 draft models (models/dflash.py) conditioned on target layers
     oracle.py   the target's own recorded continuation (benchmarks and tests only)
-    drafter.py  the host-launched route: drafts fixed on the host before the verify forward
+    drafter.py  drafts per decode row (host proposers) or their limit (DFlash drafts on the
+                device in the round's Forward phase); the engine's speculation counters
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from services.worker.spec.ngram import NgramProposer
 from shared.errors import Unsupported
 
 BACKENDS = ("ngram", "mtp", "dflash", "dflash2")  # what --speculative names
-IMPLEMENTED = BACKENDS
 
 
 def check_backend(backend: str | None, draft_model: str | None) -> None:
-    """Refuse a speculative backend this build does not run. Raises Unsupported naming the field
-    (`speculative` for an unknown or unimplemented backend, `draft_model` for a draft model the
-    backend takes none of)."""
+    """Refuse a speculative configuration before any model loads. Raises Unsupported naming the
+    field (`speculative` for an unknown backend, `draft_model` for a draft model the backend
+    takes none of, or a missing one that it needs)."""
     if backend is None:
         if draft_model is not None:
             raise Unsupported("--draft-model needs --speculative dflash or dflash2",
@@ -34,9 +34,6 @@ def check_backend(backend: str | None, draft_model: str | None) -> None:
     if backend not in BACKENDS:
         raise Unsupported(f"speculative backend {backend!r} is unknown (expected one of "
                           f"{', '.join(BACKENDS)})", field="speculative")
-    if backend not in IMPLEMENTED:
-        raise Unsupported(f"speculative backend {backend!r} is not implemented in this build "
-                          f"(implemented: {', '.join(IMPLEMENTED)})", field="speculative")
     if backend in ("ngram", "mtp") and draft_model is not None:
         raise Unsupported(f"the {backend} backend takes no draft model", field="draft_model")
     if backend in ("dflash", "dflash2") and draft_model is None:
@@ -104,5 +101,5 @@ def make_drafter(backend: str | None, num_draft_tokens: int, program) -> HostDra
     raise Unsupported(f"speculative backend {backend!r} is not implemented", field="speculative")
 
 
-__all__ = ["BACKENDS", "HostDrafter", "Proposal", "IMPLEMENTED", "NgramProposer", "SpecCounters",
+__all__ = ["BACKENDS", "HostDrafter", "Proposal", "NgramProposer", "SpecCounters",
            "check_backend", "check_model", "load_draft", "make_drafter"]
