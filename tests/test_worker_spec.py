@@ -399,3 +399,27 @@ def test_stop_strings_end_the_ledger_where_ordinary_decoding_does(runtime):
     assert plain.finish_reason.value == "stop" and plain.stop_sequence == stop
     assert (spec.content, spec.usage.completion_tokens, spec.stop_sequence) == \
         (plain.content, plain.usage.completion_tokens, plain.stop_sequence)
+
+
+def test_speculation_metrics(runtime):
+    """Prometheus counters of the verify rounds, their drafts (proposed / accepted) and the
+    host's draft wait, fixed labels only."""
+    from prometheus_client import generate_latest
+
+    async def main():
+        client = open_client(runtime, max_batch=1, max_len=96, speculative="ngram",
+                             num_draft_tokens=3)
+        with_proposer(client, Scripted(lambda c, k: c[-k:]), 3)
+        try:
+            await collect(client, text_request("m", "abab", greedy(10), runtime.name))
+            return client.engine
+        finally:
+            await client.aclose()
+
+    engine = asyncio.run(main())
+    text = generate_latest(engine.metrics.registry).decode()
+    spec = engine.speculation
+    assert f"infernix_worker_spec_rounds_total {float(spec.rounds)}" in text and spec.rounds > 0
+    assert f'infernix_worker_spec_draft_tokens_total{{result="proposed"}} {float(spec.drafts)}' in text
+    assert f'infernix_worker_spec_draft_tokens_total{{result="accepted"}} {float(spec.accepted)}' in text
+    assert "infernix_worker_spec_draft_wait_seconds_total" in text

@@ -98,6 +98,7 @@ class Engine:
         check_model(config.speculative, runtime.model)
         self.speculation = SpecCounters()
         self.finish_listeners: list = []  # fn(request) on the worker thread as each one ends
+        self._draft_wait_seen = 0.0  # Program.draft_wait_seconds already in the metrics
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
                                max_drafts=config.num_draft_tokens if config.speculative else 0,
@@ -240,6 +241,10 @@ class Engine:
             self.post.fail_batch(batch, InternalError(f"the batch step failed: {exc}"))
             return True
         self.post.commit(pending)
+        waited = self.program.draft_wait_seconds  # a draft model's waits, counted by the Program
+        if waited > self._draft_wait_seen:
+            self.metrics.spec_draft_wait_seconds.inc(waited - self._draft_wait_seen)
+            self._draft_wait_seen = waited
         self.metrics.lanes_in_use.set(len(self.scheduler.resident))
         self.metrics.queue_depth.set(len(self.scheduler.waiting))
         return True
@@ -249,6 +254,7 @@ class Engine:
         time the rows waited for them is exposed."""
         batch, seconds = self.drafter.attach(batch, self.program.max_len)
         self.speculation.draft_seconds += seconds
+        self.metrics.spec_draft_wait_seconds.inc(seconds)
         for row in batch.rows:
             row.request.session.add_draft_wait(seconds)
         return batch

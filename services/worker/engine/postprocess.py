@@ -149,6 +149,9 @@ class Postprocessor:
                 spec = self.speculation
                 spec.rounds, spec.drafts = spec.rounds + 1, spec.drafts + row.num_drafts
                 spec.accepted, spec.tokens = spec.accepted + accepted, spec.tokens + len(preview.tokens)
+                self.metrics.spec_rounds.inc()
+                self.metrics.spec_drafts.labels(result="proposed").inc(row.num_drafts)
+                self.metrics.spec_drafts.labels(result="accepted").inc(accepted)
         job.commit(row.start + kept, preview.tokens if preview is not None else [])
 
     def _publish(self, batch: StepBatch, round_: _Round) -> None:
