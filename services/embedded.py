@@ -28,17 +28,25 @@ class WorkerSettings:
     prefill_chunk: int = 512  # prompt tokens per prefill step (all rows together), >= 1
     preempt_after_s: float | None = None  # preemption for long-waiting requests; None: off
     max_waiting: int | None = None  # bounded waiting queue; None: 4 x lanes
+    speculative: str | None = None  # speculative backend (services/worker/spec); None: off
+    draft_model: str | None = None  # draft checkpoint directory (dflash, dflash2)
+    num_draft_tokens: int = 4  # K, >= 1
 
     def __post_init__(self) -> None:
-        for name, low in (("lanes", 1), ("max_len", 2), ("prefill_chunk", 1)):
+        for name, low in (("lanes", 1), ("max_len", 2), ("prefill_chunk", 1),
+                          ("num_draft_tokens", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        from services.worker.spec import check_backend
+
+        check_backend(self.speculative, self.draft_model)  # Unsupported before the model loads
 
     @classmethod
     def from_args(cls, args) -> "WorkerSettings":
         return cls(model=args.model, device=args.device, lanes=args.lanes, max_len=args.max_len,
                    prefill_chunk=args.prefill_chunk, preempt_after_s=args.preempt_after,
-                   max_waiting=args.max_waiting)
+                   max_waiting=args.max_waiting, speculative=args.speculative,
+                   draft_model=args.draft_model, num_draft_tokens=args.num_draft_tokens)
 
 
 def open_grammar(model: str, *, redis_url: str | None = None, service: str | None = None,
@@ -77,5 +85,8 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
     config = EngineConfig(max_batch=settings.lanes, max_len=settings.max_len,
                           prefill_chunk=settings.prefill_chunk,
                           preempt_after_s=settings.preempt_after_s,
-                          max_waiting=settings.max_waiting)
+                          max_waiting=settings.max_waiting,
+                          speculative=settings.speculative,
+                          num_draft_tokens=settings.num_draft_tokens,
+                          draft_model=settings.draft_model)
     return open_in_process(runtime, config, grammar=grammar, registry=registry)

@@ -130,6 +130,18 @@ class WorkerMetrics:
             "infernix_worker_preemptions_total",
             "Running requests paused for a long-waiting one (resumed later by Replay)",
             registry=self.registry)
+        self.spec_drafts = Counter(
+            "infernix_worker_spec_draft_tokens_total",
+            "Speculative drafts verified in committed rounds, and of them accepted",
+            ["result"], registry=self.registry)  # result: proposed | accepted
+        self.spec_rounds = Counter(
+            "infernix_worker_spec_rounds_total",
+            "Committed verification rounds of one request that carried drafts",
+            registry=self.registry)
+        self.spec_draft_wait_seconds = Counter(
+            "infernix_worker_spec_draft_wait_seconds_total",
+            "Host seconds waiting for drafts (proposing on the host, or a draft model's ready "
+            "event)", registry=self.registry)
 
     def finished(self, constraint: str, outcome: str, *, ttft: float | None, tpot: float | None,
                  mask_seconds: float, prompt_tokens: int, completion_tokens: int) -> None:

@@ -44,7 +44,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     """Add the `generate` subcommand to `sub` (its func is `run_generate`)."""
     p = sub.add_parser("generate", help="generate one output with the in-process worker",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_settings(p, "model", "device", "max_len")
+    add_settings(p, "model", "device", "max_len", "speculative", "draft_model", "num_draft_tokens")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", metavar="TEXT",
                         help="one user message, rendered with the model's ChatML chat template "
@@ -148,6 +148,11 @@ def run_generate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     from services.worker.runtime import load_runtime
 
     try:
+        from services.worker.spec import check_backend
+
+        speculative = getattr(args, "speculative", None)
+        draft_model = getattr(args, "draft_model", None)
+        check_backend(speculative, draft_model)  # Unsupported before the model loads
         request = request_from_args(args)
         if runtime is None:  # the real command line (tests pass a runtime and keep their logging)
             validate_constraint(request)
@@ -163,7 +168,9 @@ def run_generate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         return EXIT_REJECTED if exc.fault == "request" else EXIT_FAILED
 
     async def main() -> int:
-        client = open_in_process(runtime, EngineConfig(max_batch=1, max_len=args.max_len))
+        client = open_in_process(runtime, EngineConfig(
+            max_batch=1, max_len=args.max_len, speculative=speculative, draft_model=draft_model,
+            num_draft_tokens=getattr(args, "num_draft_tokens", 4)))
         try:
             fin = await generate_once(client, request, stream=args.stream, as_json=args.json, out=out)
         except InfernixError as exc:

@@ -1,4 +1,5 @@
-"""The arguments of `infernix bench decode` (imports nothing heavy: `--help` answers at once)."""
+"""The arguments of `infernix bench decode` and `infernix bench spec` (imports nothing heavy:
+`--help` answers at once)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,36 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=_run)
+
+
+def _run_spec(args: argparse.Namespace) -> int:
+    from services.worker.bench.spec import run
+
+    return run(args)
+
+
+def add_spec_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("spec", help="speculative decoding against ordinary decoding, as JSON",
+                       description="n-gram copy and the oracle proposer (the target's own greedy "
+                       "continuation) on copy-heavy structured tasks, constrained and not: "
+                       "speed-up, accepted length, exposed draft wait, greedy equality.")
+    p.add_argument("--model", choices=MODELS + ("qwen35-9b-random",), default="smollm2",
+                   help="default: smollm2 (qwen35-9b-random: with its MTP module, for --backends "
+                   "mtp)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--tasks", nargs="+", choices=("extract", "rewrite"),
+                   default=["extract", "rewrite"], help="default: extract rewrite")
+    p.add_argument("--backends", nargs="+", choices=("ngram", "oracle", "mtp", "dflash", "dflash2"),
+                   default=["ngram", "oracle"], help="default: ngram oracle (dflash, dflash2: a "
+                   "random-weight draft of the target's width, its cost per round)")
+    p.add_argument("--draft-layers", type=int, default=2,
+                   help="layers of the random DFlash draft (default: 2)")
+    p.add_argument("--num-draft-tokens", type=int, nargs="+", default=[2, 4], metavar="K",
+                   help="K values (default: 2 4)")
+    p.add_argument("--batch-size", type=int, default=1, help="concurrent requests (default: 1)")
+    p.add_argument("--max-tokens", type=int, default=96, help="output tokens per request "
+                   "(default: 96)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="ordinary decode without graphs")
+    p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
+    p.set_defaults(func=_run_spec)

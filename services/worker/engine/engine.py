@@ -13,6 +13,7 @@ Two sides, one boundary:
 One step:
 
     retire cancelled / expired -> admit waiting into free lanes -> batch = schedule()
+    -> [speculative: drafts for the decode rows (services/worker/spec)]
     -> pending = program.step(batch) -> postprocess.commit(pending)
 
 where the commit path (postprocess.py) previews every row, commits the Program's device state,
@@ -34,6 +35,7 @@ from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
 from services.worker.program import Program
 from services.worker.request import Request
+from services.worker.spec import SpecCounters, check_backend, check_model, load_draft, make_drafter
 from shared.errors import DeadlineExceeded, InternalError, InvalidRequest, Overloaded
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
@@ -54,6 +56,9 @@ class EngineConfig:
     cuda_graphs: bool = True  # capture decode graphs per batch size on CUDA
     preempt_after_s: float | None = None  # pause a running request for one waiting this long
     max_waiting: int | None = None  # queued requests beyond the lanes; None: 4 x max_batch
+    speculative: str | None = None  # None, or a backend of services/worker/spec (ngram, ...)
+    num_draft_tokens: int = 4  # K: drafts per row and round when speculative, >= 1
+    draft_model: str | None = None  # checkpoint directory of a DFlash / DFlash2 draft model
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -65,6 +70,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.preempt_after_s must be >= 0, got {self.preempt_after_s}")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError(f"EngineConfig.max_waiting must be >= 0, got {self.max_waiting}")
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"EngineConfig.num_draft_tokens must be >= 1, got "
+                             f"{self.num_draft_tokens}")
 
     @property
     def waiting_limit(self) -> int:
@@ -75,7 +83,10 @@ class Engine:
     """Continuous batching over a fixed number of lanes (see the module docstring).
 
     `runtime`: the served model bundle. `grammar`: where constraints compile. Call `start()` before
-    submitting and `stop()` at the end (unfinished requests finish as cancelled)."""
+    submitting and `stop()` at the end (unfinished requests finish as cancelled). Raises
+    Unsupported(field="speculative" | "draft_model") for a speculative backend this build does
+    not run or a draft model that does not fit, InvalidRequest(field="draft_model") for a draft
+    directory that does not load."""
 
     def __init__(self, runtime, grammar: GrammarClient, config: EngineConfig = EngineConfig(),
                  metrics: WorkerMetrics | None = None) -> None:
@@ -83,12 +94,22 @@ class Engine:
         self.grammar = grammar
         self.config = config
         self.metrics = metrics if metrics is not None else WorkerMetrics()
+        check_backend(config.speculative, config.draft_model)
+        check_model(config.speculative, runtime.model)
+        self.speculation = SpecCounters()
+        self.finish_listeners: list = []  # fn(request) on the worker thread as each one ends
+        self._draft_wait_seen = 0.0  # Program.draft_wait_seconds already in the metrics
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
+                               max_drafts=config.num_draft_tokens if config.speculative else 0,
+                               mtp=config.speculative == "mtp",
+                               draft=load_draft(config.speculative, config.draft_model, runtime),
                                cuda_graphs=config.cuda_graphs)
+        self.drafter = make_drafter(config.speculative, config.num_draft_tokens, self.program)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
                                    on_admit=self.metrics.queue_seconds.observe)
-        self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget)
+        self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget,
+                                  self.speculation)
         self.steps = 0
         self._inbox: queue.Queue = queue.Queue()
         self._live: dict[str, Request] = {}
@@ -175,7 +196,10 @@ class Engine:
                 "device": str(self.program.device), "max_batch": self.program.max_batch,
                 "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
                 "waiting": len(self.scheduler.waiting), "preparing": self._preparing,
-                "steps": self.steps}
+                "steps": self.steps,
+                **({"speculative": self.config.speculative,
+                    "speculation": self.speculation.to_dict(self.program.draft_wait_seconds)}
+                   if self.drafter else {})}
 
     def _admission(self) -> None:
         """A bounded waiting queue: beyond it the caller is told to come back (issue 12). An
@@ -199,6 +223,8 @@ class Engine:
     def _forget(self, job: Request) -> None:
         with self._lock:
             self._live.pop(job.request_id, None)
+        for listener in self.finish_listeners:  # e.g. the benchmark's oracle recording
+            listener(job)
         # Mean time in the engine of recent requests (the Retry-After estimate of a full queue).
         duration = time.monotonic() - (job.enqueued_at or job.submitted_at)
         self._mean_duration_s += 0.1 * (duration - self._mean_duration_s)
@@ -214,6 +240,8 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch is None:
             return False
+        if self.drafter is not None and batch.is_decode:
+            batch = self._draft(batch)
         self.steps += 1
         try:
             pending = self.program.step(batch)
@@ -222,9 +250,23 @@ class Engine:
             self.post.fail_batch(batch, InternalError(f"the batch step failed: {exc}"))
             return True
         self.post.commit(pending)
+        waited = self.program.draft_wait_seconds  # a draft model's waits, counted by the Program
+        if waited > self._draft_wait_seen:
+            self.metrics.spec_draft_wait_seconds.inc(waited - self._draft_wait_seen)
+            self._draft_wait_seen = waited
         self.metrics.lanes_in_use.set(len(self.scheduler.resident))
         self.metrics.queue_depth.set(len(self.scheduler.waiting))
         return True
+
+    def _draft(self, batch):
+        """Drafts on the host before the verify forward (n-gram: the host-launched route); the
+        time the rows waited for them is exposed."""
+        batch, seconds = self.drafter.attach(batch, self.program.max_len)
+        self.speculation.draft_seconds += seconds
+        self.metrics.spec_draft_wait_seconds.inc(seconds)
+        for row in batch.rows:
+            row.request.session.add_draft_wait(seconds)
+        return batch
 
     def _retire(self, now: float) -> None:
         for job in self.scheduler.live():

@@ -8,7 +8,9 @@
 Failure rules (design document, section 5):
 - a row whose request was cancelled commits nothing of the round and finishes as cancelled;
 - a row whose result is a constraint dead end or non-finite logits commits zero tokens and
-  finishes with its error, while the other rows commit;
+  finishes with its error, while the other rows commit (in a verification round too, however
+  many drafts it verified);
+- a verification row commits the model state of its anchor and accepted prefix only (`_kept`);
 - when a preview fails (the matcher refuses a token its own mask allowed), every preview of the
   batch is restored and the round aborts: nothing commits, the failing row finishes with the
   internal error, the others run the same step again;
@@ -18,6 +20,7 @@ Failure rules (design document, section 5):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Callable
@@ -27,6 +30,7 @@ from services.worker.output.session import PreviewResult
 from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request, RequestState
 from services.worker.engine.scheduler import Scheduler
+from services.worker.spec.drafter import SpecCounters
 from shared.errors import InfernixError, InternalError
 from shared.generation import Finished, FinishReason, GenerationEvent, TextDelta, Usage
 from shared.logging import get_logger
@@ -56,11 +60,13 @@ class Postprocessor:
     (the Engine forgets it there)."""
 
     def __init__(self, program: Program, scheduler: Scheduler, metrics: WorkerMetrics,
-                 on_terminal: Callable[[Request], None]) -> None:
+                 on_terminal: Callable[[Request], None],
+                 speculation: SpecCounters | None = None) -> None:
         self.program = program
         self.scheduler = scheduler
         self.metrics = metrics
         self._on_terminal = on_terminal
+        self.speculation = speculation if speculation is not None else SpecCounters()
 
     # ---------------------------------------------------------------- the commit path
 
@@ -73,7 +79,7 @@ class Postprocessor:
             i = round_.aborted_by
             self.finish(rows[i].request, FinishReason.ERROR, round_.failures[i])
             return
-        kept = {i: len(row.tokens) for i, row in enumerate(rows)
+        kept = {i: _kept(row, round_.previews.get(i)) for i, row in enumerate(rows)
                 if not row.request.cancel_requested and i not in round_.failures}
         try:
             self.program.commit(pending, kept)
@@ -83,8 +89,8 @@ class Postprocessor:
                 rows[i].request.session.discard()
             self.fail_batch(pending.batch, InternalError(f"commit failed: {exc}"))
             return
-        for i in kept:
-            self._confirm(pending, i, round_.previews.get(i))
+        for i, n in kept.items():
+            self._confirm(pending, i, round_.previews.get(i), n)
         self._publish(pending.batch, round_)
 
     def fail_batch(self, batch: StepBatch, error: InfernixError) -> None:
@@ -104,6 +110,9 @@ class Postprocessor:
             cut = next((k for k, t in enumerate(tokens) if t in job.stop_token_ids), None)
             result = job.session.preview(tokens if cut is None else tokens[:cut],
                                          limit=job.remaining, position=job.num_output_tokens)
+            if result.failure is None and row.num_drafts and job.stop is not None \
+                    and result.accepted > 1 and _stops(job, result.text):
+                result = self._shortest_stop(job, tokens if cut is None else tokens[:cut])
             if result.failure is not None:
                 round_.failures[i] = result.failure
                 round_.aborted_by = i
@@ -113,7 +122,20 @@ class Postprocessor:
                                           stop_id)
         return round_
 
-    def _confirm(self, pending: PendingBatch, i: int, preview: _Preview | None) -> None:
+    @staticmethod
+    def _shortest_stop(job: Request, tokens: list[int]) -> PreviewResult:
+        """A verify row whose round completes a stop string: the shortest prefix that does, so
+        the ledger ends where ordinary decoding's would (one token at a time)."""
+        job.session.discard()
+        for n in range(1, len(tokens) + 1):
+            result = job.session.preview(tokens[:n], limit=job.remaining,
+                                         position=job.num_output_tokens)
+            if result.failure is not None or n == len(tokens) or _stops(job, result.text):
+                return result
+            job.session.discard()
+        raise AssertionError("unreachable: the last prefix returns")
+
+    def _confirm(self, pending: PendingBatch, i: int, preview: _Preview | None, kept: int) -> None:
         row = pending.batch.rows[i]
         job = row.request
         if preview is not None:
@@ -121,7 +143,16 @@ class Postprocessor:
             nbytes = pending.results[i].mask_bytes
             if nbytes:
                 job.session.add_upload_bytes(nbytes)
-        job.commit(row.end, preview.tokens if preview is not None else [])
+            if row.num_drafts:
+                accepted = min(pending.results[i].accepted_drafts, len(preview.tokens))
+                job.session.add_verify_round(row.num_drafts, accepted)
+                spec = self.speculation
+                spec.rounds, spec.drafts = spec.rounds + 1, spec.drafts + row.num_drafts
+                spec.accepted, spec.tokens = spec.accepted + accepted, spec.tokens + len(preview.tokens)
+                self.metrics.spec_rounds.inc()
+                self.metrics.spec_drafts.labels(result="proposed").inc(row.num_drafts)
+                self.metrics.spec_drafts.labels(result="accepted").inc(accepted)
+        job.commit(row.start + kept, preview.tokens if preview is not None else [])
 
     def _publish(self, batch: StepBatch, round_: _Round) -> None:
         now = time.monotonic()
@@ -220,6 +251,24 @@ class Postprocessor:
         log.info("request_done", request_id=job.request_id, finish_reason=reason.value,
                  prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens,
                  error=error.type_name if error is not None else None, constraint=constraint)
+
+
+def _stops(job: Request, text: str) -> bool:
+    """Feeding `text` would complete one of the request's stop strings (the state is copied)."""
+    probe = copy.copy(job.stop)
+    probe.feed(text)
+    return probe.stopped
+
+
+def _kept(row, preview: _Preview | None) -> int:
+    """Fed tokens whose model state the commit keeps. An ordinary row keeps all it fed; a
+    verification row the anchor and the drafts before its last committed token: for m committed
+    tokens (accepted drafts, then the correction or bonus) the first m fed ones, so the lane stays
+    one token behind the ledger."""
+    if not row.num_drafts:
+        return len(row.tokens)
+    committed = len(preview.tokens) if preview is not None else 0
+    return max(1, min(len(row.tokens), committed))
 
 
 def _timings(job: Request) -> dict[str, float]:

@@ -160,8 +160,9 @@ class DenseDecoder(nn.Module):
         return min(per_lane, self.config.max_position_embeddings)
 
     def new_state(self, lanes: int, max_len: int, *, dtype: torch.dtype,
-                  device: torch.device | str) -> KVCache:
-        """The per-lane state of this model: its KV cache (models/state.py)."""
+                  device: torch.device | str, verify_width: int = 0) -> KVCache:
+        """The per-lane state of this model: its KV cache (models/state.py). `verify_width` (the
+        widest verification) needs nothing here: KV past the kept positions is overwritten."""
         return KVCache.allocate(self.config, lanes, max_len, dtype, device)
 
     @property
@@ -170,12 +171,15 @@ class DenseDecoder(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                      lanes: torch.Tensor, *, kv_len: int | None = None) -> torch.Tensor:
+                      lanes: torch.Tensor, *, kv_len: int | None = None,
+                      tap: tuple[int, ...] = ()) -> torch.Tensor:
         """Final normed hidden states [B, T, hidden] after writing this chunk into `cache`.
 
         tokens, positions: [B, T] int64; lanes: [B] int64, distinct; kv_len: a host-side bound with
         every position < kv_len <= cache.max_len (default cache.max_len), so attention reads only the
-        first kv_len slots of each lane.
+        first kv_len slots of each lane. tap: layer ids whose outputs (the residual stream after
+        the layer) are also returned, concatenated in that order: (final, [B, T, len(tap) * hidden])
+        (a draft model's conditioning, models/dflash.py).
         """
         B, T = tokens.shape
         L = cache.max_len if kv_len is None else kv_len
@@ -185,10 +189,15 @@ class DenseDecoder(nn.Module):
         slots = torch.arange(L, device=tokens.device)  # [L]
         visible = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, L]
         x = self.model.embed_tokens(tokens)  # [B, T, hidden]
+        taps = {}
         for i, layer in enumerate(self.model.layers):
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache.keys(i), cache.values(i),
                                     lanes, positions, visible, L)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in tap:
+                taps[i] = x
+        if tap:
+            return self.model.norm(x), torch.cat([taps[i] for i in tap], dim=-1)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -375,6 +375,13 @@ class OutputSession:
         """Count a draft-ready wait this request experienced (called by the Engine)."""
         self._counters.draft_wait_exposed_seconds += seconds
 
+    def add_verify_round(self, drafts: int, accepted: int) -> None:
+        """Count a committed verification round: `drafts` proposed, `accepted` of them committed
+        (called by the commit path)."""
+        self._counters.verify_rounds += 1
+        self._counters.draft_tokens += drafts
+        self._counters.accepted_drafts += accepted
+
     def report(self) -> ConstraintReport | None:
         """The constraint report of the committed state; None for an unconstrained request."""
         if self._matcher is None:

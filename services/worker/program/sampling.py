@@ -36,6 +36,14 @@ class Sampler:
                mask_row: torch.Tensor | None):
         """z: [m, V'] logits of the m sampled rows; mask: [B, K+1, W] int32 and mask_row: [m]
         (or None when no row is constrained). Returns the kernel's result (tokens, status)."""
+        z, params, width = self.inputs(z, requests)
+        return self._sample(z, params, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
+                            penalties=self.penalties(requests), candidate_width=width)
+
+    def inputs(self, z: torch.Tensor, requests: Sequence["Request"]):
+        """(logits readable by the kernels with never-generable ids at -inf, the rows'
+        SamplingParams at their committed output positions, the candidate width). z: [N, V']
+        with N a multiple of len(requests) (a speculative round: K+1 positions per row)."""
         if z.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             z = z.float()  # the sampling kernels read float32 / half logits
         if self._never is not None:
@@ -55,10 +63,9 @@ class Sampler:
             width = min(max(p.top_k for p in s), self.domain.size)
         else:
             width = None
-        return self._sample(z, params, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
-                            penalties=self._penalties(requests), candidate_width=width)
+        return z, params, width
 
-    def _penalties(self, requests: Sequence["Request"]) -> PenaltyHistory | None:
+    def penalties(self, requests: Sequence["Request"]) -> PenaltyHistory | None:
         if not any(r.penalized() for r in requests):
             return None
         histories = [r.penalty_history() if r.penalized() else ([], []) for r in requests]
