@@ -54,6 +54,8 @@ class EngineConfig:
     cuda_graphs: bool = True  # capture decode graphs per batch size on CUDA
     preempt_after_s: float | None = None  # pause a running request for one waiting this long
     max_waiting: int | None = None  # queued requests beyond the lanes; None: 4 x max_batch
+    prefix_cache: bool = True  # reuse cached KV blocks of equal prompt prefixes (dense models)
+    kv_blocks: int | None = None  # KV pool blocks; None: every lane's full length (+ trash)
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -65,6 +67,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.preempt_after_s must be >= 0, got {self.preempt_after_s}")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError(f"EngineConfig.max_waiting must be >= 0, got {self.max_waiting}")
+        if self.kv_blocks is not None and self.kv_blocks < 2:
+            raise ValueError(f"EngineConfig.kv_blocks must be >= 2, got {self.kv_blocks}")
 
     @property
     def waiting_limit(self) -> int:
@@ -85,7 +89,8 @@ class Engine:
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
-                               cuda_graphs=config.cuda_graphs)
+                               cuda_graphs=config.cuda_graphs, prefix_cache=config.prefix_cache,
+                               kv_blocks=config.kv_blocks)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
                                    on_admit=self.metrics.queue_seconds.observe)
         self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget)
@@ -165,10 +170,14 @@ class Engine:
         return len(self.runtime.prepare(prompt).token_ids)
 
     def health(self) -> dict:
+        stats = self.program.blocks.stats
         return {"status": "ok" if self._running else "stopped", "model": self.runtime.name,
                 "device": str(self.program.device), "max_batch": self.program.max_batch,
                 "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
-                "waiting": len(self.scheduler.waiting), "steps": self.steps}
+                "waiting": len(self.scheduler.waiting), "steps": self.steps,
+                "prefix_cache": {"enabled": self.program.prefix_cache,
+                                 "hit_rate": round(stats.hit_rate, 4),
+                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions}}
 
     def _admission(self) -> None:
         """A bounded waiting queue: beyond it the caller is told to come back (issue 12)."""
@@ -202,6 +211,9 @@ class Engine:
         preempted = self.scheduler.admit(self.program)
         if preempted:
             self.metrics.preemptions.inc(preempted)
+        blocks = self.program.blocks
+        self.metrics.prefix_cache(blocks.stats, free_blocks=blocks.free_blocks,
+                                  cached_blocks=blocks.cached_blocks)
         batch = self.scheduler.schedule()
         if batch is None:
             return False

@@ -6,9 +6,9 @@ kept)` keeps, for row b, the state after its first kept[b] fed tokens; a step wh
 called leaves the committed state as it was. Layout (G GDN layers, A attention layers plus the
 MTP layer's when the model has one):
 
-- `kv: [A, 2, lanes, max_len, Hkv, D]`: as models/kv_cache.py, token p of lane l at [l, p]; what a
-  step writes past the kept positions lies beyond the committed frontier and is overwritten
-  before anything reads it.
+- `kv`: the paged KV of the A attention layers (models/kv_cache.py: blocks and a table per lane);
+  what a step writes past the kept positions lies beyond the committed frontier and is
+  overwritten before anything reads it.
 - `ssm: [G, 2 * lanes, Hv, dk, dv]` float32 and `conv: [G, 2 * lanes, C, K-1]` (model dtype): two
   slots per lane, `slot[lane]` the committed one. A forward reads the committed slot and writes the
   other; commit makes that one committed (flips), so an uncommitted step changes nothing.
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import gdn_ref
+from services.worker.models.kv_cache import KVCache, positions_for_budget
 from services.worker.models.qwen35_config import Qwen35Config
 
 
@@ -65,7 +66,8 @@ class Qwen35State:
 
     def __init__(self, config: Qwen35Config, lanes: int, max_len: int, *, dtype: torch.dtype,
                  device: torch.device | str, verify_width: int = 0, mtp: bool = False,
-                 gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+                 gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 num_blocks: int | None = None) -> None:
         if lanes <= 0:
             raise ValueError(f"lanes must be positive, got {lanes}")
         if max_len <= 0:
@@ -80,8 +82,8 @@ class Qwen35State:
         self.verify_width = verify_width
         kw = {"device": device}
         hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-        self.kv = torch.zeros(len(c.attention_layers) + int(mtp), 2, lanes, max_len, c.num_kv_heads, c.head_dim,
-                              dtype=dtype, **kw)
+        self.kv = KVCache.create(len(c.attention_layers) + int(mtp), c.num_kv_heads, c.head_dim, lanes, max_len,
+                                 dtype=dtype, device=device, num_blocks=num_blocks)
         self.ssm = torch.zeros(G, 2 * lanes, hv, dk, dv, dtype=torch.float32, **kw)
         self.conv = torch.zeros(G, 2 * lanes, c.conv_dim, c.linear_conv_kernel_dim - 1, dtype=dtype, **kw)
         self.slot = torch.zeros(lanes, dtype=torch.int64, **kw)  # [lanes] the committed slot
@@ -111,12 +113,12 @@ class Qwen35State:
 
     @property
     def lanes(self) -> int:
-        return self.kv.shape[2]
+        return self.kv.lanes
 
     @property
     def max_len(self) -> int:
         """Positions each lane holds (a request's prompt plus output must fit)."""
-        return self.kv.shape[3]
+        return self.kv.max_len
 
     @property
     def device(self) -> torch.device:
@@ -128,9 +130,9 @@ class Qwen35State:
 
     @property
     def nbytes(self) -> int:
-        tensors = (self.kv, self.ssm, self.conv, self.slot, self.pending, self.last_len, self.last_reset, self.rx,
+        tensors = (self.ssm, self.conv, self.slot, self.pending, self.last_len, self.last_reset, self.rx,
                    self.ry, self.ra, self.rb)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return self.kv.nbytes + sum(t.numel() * t.element_size() for t in tensors)
 
     @staticmethod
     def bytes_per_token(config: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False) -> int:
@@ -162,20 +164,21 @@ class Qwen35State:
     @classmethod
     def max_len_for_budget(cls, config: Qwen35Config, lanes: int, budget_bytes: int, dtype: torch.dtype, *,
                            verify_width: int = 0, mtp: bool = False) -> int:
-        """The longest lanes (positions) that `lanes` lanes fit in `budget_bytes`; 0 if none."""
+        """The longest lanes (positions, whole KV blocks) that `lanes` lanes fit in
+        `budget_bytes`; 0 if none."""
         if lanes <= 0 or budget_bytes < 0:
             raise ValueError(f"lanes must be positive and budget_bytes >= 0, got {lanes}, {budget_bytes}")
         free = budget_bytes - lanes * cls.bytes_per_lane(config, dtype, verify_width=verify_width)
-        return max(free, 0) // (lanes * cls.bytes_per_token(config, dtype, mtp=mtp))
+        return positions_for_budget(cls.bytes_per_token(config, dtype, mtp=mtp), lanes, max(free, 0))
 
     # ---------------------------------------------------------------- views
 
     def keys(self, layer: int) -> torch.Tensor:
-        """Keys of attention layer ordinal `layer`: [lanes, max_len, Hkv, D] (a view)."""
-        return self.kv[layer, 0]
+        """Keys of attention layer ordinal `layer`: [num_blocks, block_size, Hkv, D] (a view)."""
+        return self.kv.keys(layer)
 
     def values(self, layer: int) -> torch.Tensor:
-        return self.kv[layer, 1]
+        return self.kv.values(layer)
 
     # ---------------------------------------------------------------- one forward
 

@@ -21,7 +21,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from kernels.sampling_contract import SampleStatus
+from services.worker.models.kv_cache import KVCache
 from services.worker.program.batch import BatchRow, PendingBatch, RowOutcome, RowResult, StepBatch
+from services.worker.program.blocks import BlockManager
 from services.worker.program.masks import MaskBuffers
 from services.worker.program.sampling import Sampler
 from services.worker.runtime import ModelRuntime
@@ -42,7 +44,8 @@ class Program:
 
     def __init__(self, runtime: ModelRuntime, *, max_batch: int, max_len: int | None = None,
                  kv_budget_bytes: int = 256 << 20, max_drafts: int = 0,
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, prefix_cache: bool = True,
+                 kv_blocks: int | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.runtime = runtime
@@ -58,8 +61,14 @@ class Program:
         if max_len is None:
             max_len = self.model.max_len_for_budget(lanes, kv_budget_bytes, runtime.dtype)
         self.state = self.model.new_state(lanes, min(max_len, cap), dtype=runtime.dtype,
-                                          device=self.device)
+                                          device=self.device, num_blocks=kv_blocks)
         self.max_len = self.state.max_len
+        self.prefix_cache = prefix_cache and not _recurrent(self.state)
+        if prefix_cache and not self.prefix_cache:
+            log.info("prefix_cache_disabled", model=runtime.name,
+                     reason="hybrid model: its recurrent state is not cached at block boundaries")
+        self.blocks = BlockManager(_kv(self.state), max_batch, identity=model_identity(runtime),
+                                   enabled=self.prefix_cache)
         self.masks = MaskBuffers(self.domain, max_batch, max_drafts, self.device)
         self.sampler = Sampler(self.domain, self.device)
         pin = self.cuda
@@ -90,8 +99,15 @@ class Program:
         return self._free.pop(0)
 
     def release_lane(self, lane: int) -> None:
+        """Free the lane; its committed full blocks stay in the prefix cache."""
         assert 0 <= lane < self.max_batch and lane not in self._free, lane
+        self.blocks.release(lane)
         self._free.append(lane)
+
+    def attach_prefix(self, lane: int, tokens, limit: int) -> int:
+        """At admission into an empty lane: how many leading positions of `tokens` (at most
+        `limit`, whole KV blocks) the prefix cache already holds; the lane starts with them."""
+        return self.blocks.attach(lane, tokens, limit)
 
     # ---------------------------------------------------------------- one step
 
@@ -100,6 +116,8 @@ class Program:
         """Forward, masks, sampling for every row of `batch` (at most B rows, distinct lanes)."""
         rows = batch.rows
         assert 0 < len(rows) <= self.max_batch
+        for r in rows:
+            self.blocks.reserve(r.request.lane, r.end)
         logits = self._forward(batch)  # [n, V] logits after each row's last fed token
         sampled = [i for i, r in enumerate(rows) if r.sample]
         results = [RowResult(RowOutcome.NO_OUTPUT)] * len(rows)
@@ -133,6 +151,9 @@ class Program:
                              device=self.device)
         counts = torch.tensor(list(kept.values()), dtype=torch.int64, device=self.device)
         self.state.commit(lanes, counts)
+        for i, k in kept.items():
+            row = pending.batch.rows[i]
+            self.blocks.commit(row.request.lane, row.start, row.tokens[:k])
 
     def close(self) -> None:
         """Destroy graphs before the event and buffers they reference."""
@@ -192,3 +213,18 @@ class Program:
                          kv_len=kv_len, logit_index=(fed - 1)[:, None].to(dev),
                          num_tokens=fed.to(dev))  # [n, 1, V]
         return out[:, 0]
+
+
+def model_identity(runtime: ModelRuntime) -> str:
+    """What the prefix cache's hash chain starts from: the served name, the weights' source,
+    architecture and dtype (an adapter would join here)."""
+    source = getattr(runtime.model, "source_path", None)
+    return f"{runtime.name}|{source}|{type(runtime.model).__name__}|{runtime.dtype}"
+
+
+def _kv(state) -> KVCache:
+    return state if isinstance(state, KVCache) else state.kv
+
+
+def _recurrent(state) -> bool:
+    return not isinstance(state, KVCache)

@@ -1,0 +1,175 @@
+"""Program: the paged KV block manager and the prefix cache (program/blocks.py), without a model.
+
+Design document: "ordinary prefix caches keep only model state, never mutable matchers"; issue 13:
+"full prompt blocks are identified by a hash chain of their token ids (and the model/adapter
+identity), reused by later requests with the same prefix, reference counted while in use and
+evicted LRU when the pool needs blocks".
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from services.worker.models.kv_cache import TRASH_BLOCK, KVCache
+from services.worker.program.blocks import BlockManager
+
+BS = 16
+
+
+def _cache(lanes: int, max_len: int, num_blocks: int | None = None) -> KVCache:
+    # one layer, one KV head of width 1: the "KV" of a slot is whatever a test writes there
+    return KVCache.create(1, 1, 1, lanes, max_len, num_blocks=num_blocks)
+
+
+def _fill(manager: BlockManager, lane: int, tokens, start: int = 0) -> None:
+    """What a committed forward does: reserve, write each token's "KV" (its id), commit."""
+    manager.reserve(lane, start + len(tokens))
+    table = manager.cache.block_table[lane]
+    for p, t in enumerate(tokens, start):
+        manager.cache.pool[0, 0, int(table[p // BS]), p % BS, 0, 0] = float(t)
+    manager.commit(lane, start, tokens)
+
+
+def _read(manager: BlockManager, lane: int, length: int) -> list[int]:
+    table = manager.cache.block_table[lane]
+    return [int(manager.cache.pool[0, 0, int(table[p // BS]), p % BS, 0, 0]) for p in range(length)]
+
+
+def test_equal_prefixes_share_full_blocks_only():
+    """A later lane with the same leading full blocks attaches them (refcount 2); the partial
+    block and whatever differs are its own; the table names the trash block past its blocks."""
+    m = BlockManager(_cache(3, 96), 3, identity="model-a")
+    prompt = list(range(1, 41))  # 2 full blocks + 8 tokens
+    _fill(m, 0, prompt)
+    assert m.cached_blocks == 2
+    found = m.attach(1, prompt + [99], limit=len(prompt))
+    assert found == 32
+    assert m.lane_blocks(1) == m.lane_blocks(0)[:2]
+    assert all(m.refs(b) == 2 for b in m.lane_blocks(0)[:2])
+    assert int(m.cache.block_table[1, 2]) == TRASH_BLOCK
+    _fill(m, 1, prompt[32:] + [99], start=32)
+    assert _read(m, 1, 41) == prompt + [99] and _read(m, 0, 40) == prompt
+    assert m.lane_blocks(1)[2] != m.lane_blocks(0)[2]
+    # a different first block: nothing shared, even with equal later blocks
+    assert m.attach(2, [7] + prompt[1:], limit=40) == 0
+    assert m.stats.hit_tokens == 32 and m.stats.lookup_tokens == 80
+
+
+def test_limit_and_identity():
+    """`limit` bounds what is found (a fresh request recomputes its last prompt token); another
+    model identity never matches."""
+    cache = _cache(2, 64)
+    m = BlockManager(cache, 2, identity="model-a")
+    prompt = list(range(100, 132))  # exactly 2 blocks
+    _fill(m, 0, prompt)
+    m.release(0)
+    assert m.attach(0, prompt, limit=31) == 16  # the last block is recomputed
+    m.release(0)
+    assert m.attach(0, prompt, limit=32) == 32
+    m.release(0)
+    other = BlockManager(_cache(2, 64), 2, identity="model-b")
+    _fill(other, 0, prompt)
+    other.release(0)
+    from services.worker.program.blocks import chain_hash, identity_hash
+    assert chain_hash(identity_hash("model-a"), prompt[:16]) != chain_hash(identity_hash("model-b"), prompt[:16])
+    assert other.attach(1, prompt, limit=32) == 32  # its own entries match under its identity
+
+
+def test_disabled_cache_allocates_but_never_matches():
+    m = BlockManager(_cache(2, 64), 2, identity="x", enabled=False)
+    _fill(m, 0, list(range(40)))
+    m.release(0)
+    assert m.cached_blocks == 0 and m.attach(1, list(range(40)), limit=39) == 0
+    assert m.free_blocks == m.cache.num_blocks - 1
+
+
+def test_eviction_under_a_small_pool_is_lru_and_spares_blocks_in_use():
+    """The minimum pool (every lane's full length + trash): cached blocks without references are
+    reused least recently used first, deepest block of a released lane first; blocks in use never."""
+    m = BlockManager(_cache(2, 32), 2, identity="m")  # 1 + 2 x 2 blocks
+    a, b = list(range(1, 33)), list(range(201, 233))
+    _fill(m, 0, a)
+    m.release(0)  # a's 2 blocks cached, unreferenced
+    _fill(m, 0, b)  # takes the 2 free blocks
+    m.release(0)  # b cached too: LRU order a2, a1, b2, b1 (released deepest first)
+    assert m.cached_blocks == 4 and m.free_blocks == 4
+    held = m.attach(1, b, limit=32)  # b in use again: not evictable
+    assert held == 32
+    c = list(range(401, 433))
+    _fill(m, 0, c)  # needs 2 blocks: a's two are evicted, deepest first
+    assert m.stats.evictions == 2
+    assert _read(m, 1, 32) == b  # the blocks in use kept their contents
+    m.release(0)
+    m.release(1)
+    assert m.attach(0, a, limit=32) == 0  # a is gone
+    assert m.attach(1, b, limit=32) == 32
+    m.release(0)
+    m.release(1)
+
+
+def test_replay_after_release_finds_output_blocks():
+    """A preempted lane's committed blocks (prompt and output) stay cached, so a Replay that
+    needs all of them but the newest token finds every full block."""
+    m = BlockManager(_cache(1, 64), 1, identity="m")
+    prompt, output = list(range(1, 21)), list(range(50, 70))
+    _fill(m, 0, prompt)
+    for i, t in enumerate(output[:-1]):  # decode: one committed token per step
+        _fill(m, 0, [t], start=len(prompt) + i)
+    m.release(0)
+    committed = prompt + output
+    assert m.attach(0, committed, limit=len(committed) - 1) == 32
+
+
+def test_stress_references_never_free_a_block_in_use():
+    """Many lanes join and leave with prompts that share prefixes or not, grow by decode steps and
+    abandon uncommitted writes, under a pool that must evict; after every operation each live
+    lane reads back exactly its own tokens, and every block's refcount equals the lanes naming it."""
+    rng = random.Random(7)
+    lanes, max_len = 6, 80
+    m = BlockManager(_cache(lanes, max_len, num_blocks=1 + lanes * 5 + 4), lanes, identity="m")
+    stems = [[rng.randrange(1, 500) for _ in range(48)] for _ in range(4)]
+    live: dict[int, list[int]] = {}
+    for _ in range(600):
+        lane = rng.randrange(lanes)
+        if lane not in live:
+            stem = rng.choice(stems)[:rng.choice((16, 33, 48))]
+            prompt = stem + [rng.randrange(1, 500) for _ in range(rng.randrange(0, 20))]
+            found = m.attach(lane, prompt, limit=len(prompt) - 1)
+            assert found % BS == 0 and found < len(prompt)
+            assert _read(m, lane, found) == prompt[:found]
+            _fill(m, lane, prompt[found:], start=found)
+            live[lane] = prompt
+        elif rng.random() < 0.2 or len(live[lane]) >= max_len - 4:
+            m.release(lane)
+            del live[lane]
+        else:
+            seq = live[lane]
+            if rng.random() < 0.3:  # an uncommitted write past the frontier (a rejected draft)
+                m.reserve(lane, len(seq) + 3)
+                table = m.cache.block_table[lane]
+                for p in range(len(seq), len(seq) + 3):
+                    m.cache.pool[0, 0, int(table[p // BS]), p % BS, 0, 0] = -1.0
+            t = rng.randrange(1, 500)
+            _fill(m, lane, [t], start=len(seq))
+            seq.append(t)
+        for ln, seq in live.items():
+            assert _read(m, ln, len(seq)) == seq, (ln, seq)
+        naming = [0] * m.cache.num_blocks
+        for ln in live:
+            for block in m.lane_blocks(ln):
+                naming[block] += 1
+        assert all(m.refs(b) == naming[b] for b in range(1, m.cache.num_blocks))
+        assert m.free_blocks + sum(1 for b in range(1, m.cache.num_blocks) if naming[b]) \
+            == m.cache.num_blocks - 1
+    assert m.stats.evictions > 0 and m.stats.hit_tokens > 0
+
+
+def test_pool_smaller_than_the_lanes_is_refused():
+    with pytest.raises(ValueError, match="num_blocks"):
+        KVCache.create(1, 1, 1, 2, 32, num_blocks=4)
+    assert KVCache.create(1, 1, 1, 2, 32).block_table.tolist() == [[1, 2], [3, 4]]
+    assert torch.equal(KVCache.create(1, 1, 1, 2, 17).block_table, torch.tensor([[1, 2], [3, 4]],
+                                                                                 dtype=torch.int32))
