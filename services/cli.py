@@ -5,7 +5,7 @@
     infernix grammar check|sample|serve|health
     infernix worker serve|health        the gRPC worker
     infernix gateway serve --worker ADDR [--worker ADDR ...]
-    infernix bench grammar|decode ...   benchmarks writing JSON
+    infernix bench grammar|decode|prefix  benchmarks writing JSON
 
 Every flag is also an environment variable named after it: --redis-url is INFERNIX_REDIS_URL.
 Building the parser imports nothing heavy (no torch, xgrammar or transformers): `--help` answers
@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="The gateway, a worker and the grammar service in one "
                            "process: OpenAI- and Anthropic-compatible HTTP.")
     add_settings(serve, "host", "port", "api_keys", "ignore_unknown_fields", "model", "device",
-                 "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "log_level")
+                 "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "no_prefix_cache",
+                 "log_level")
     serve.set_defaults(func=run_serve)
 
     worker_cli.add_generate_parser(sub)
@@ -199,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     wserve = wsub.add_parser("serve", help="run the gRPC WorkerService")
     add_settings(wserve, "host", "port", "grammar", "redis_url", "grammar_cache_bytes",
                  "drain_seconds", "metrics_port", "model", "device", "lanes", "max_len", "prefill_chunk",
-                 "preempt_after", "max_waiting", "log_level", port=50052)
+                 "preempt_after", "max_waiting", "no_prefix_cache", "log_level", port=50052)
     grammar_cli.add_compile_args(wserve, isolation="process")
     grammar_cli.add_client_args(wserve)
     wserve.set_defaults(func=run_worker_serve)
@@ -222,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     grammar_cli.add_bench_parser(bsub)
     grammar_cli.add_store_bench_parser(bsub)
     decode_bench_cli.add_parser(bsub)
+    decode_bench_cli.add_prefix_parser(bsub)
     return parser
 
 

@@ -28,6 +28,7 @@ class WorkerSettings:
     prefill_chunk: int = 512  # prompt tokens per prefill step (all rows together), >= 1
     preempt_after_s: float | None = None  # preemption for long-waiting requests; None: off
     max_waiting: int | None = None  # bounded waiting queue; None: 4 x lanes
+    prefix_cache: bool = True  # the automatic prefix cache (dense models)
 
     def __post_init__(self) -> None:
         for name, low in (("lanes", 1), ("max_len", 2), ("prefill_chunk", 1)):
@@ -38,7 +39,8 @@ class WorkerSettings:
     def from_args(cls, args) -> "WorkerSettings":
         return cls(model=args.model, device=args.device, lanes=args.lanes, max_len=args.max_len,
                    prefill_chunk=args.prefill_chunk, preempt_after_s=args.preempt_after,
-                   max_waiting=args.max_waiting)
+                   max_waiting=args.max_waiting,
+                   prefix_cache=not getattr(args, "no_prefix_cache", False))
 
 
 def open_grammar(model: str, *, redis_url: str | None = None, service: str | None = None,
@@ -77,5 +79,5 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
     config = EngineConfig(max_batch=settings.lanes, max_len=settings.max_len,
                           prefill_chunk=settings.prefill_chunk,
                           preempt_after_s=settings.preempt_after_s,
-                          max_waiting=settings.max_waiting)
+                          max_waiting=settings.max_waiting, prefix_cache=settings.prefix_cache)
     return open_in_process(runtime, config, grammar=grammar, registry=registry)

@@ -133,8 +133,16 @@ async def test_concurrent_shared_and_unshared_prefixes_under_a_small_pool(runtim
         requests = [text_request(f"s{i}", p, greedy(10), runtime.name) for i, p in enumerate(prompts)]
         results = await asyncio.gather(*(collect(client, r) for r in requests))
         stats = client.engine.program.blocks.stats
+        metrics = client.engine.metrics
+        health = client.engine.health()["prefix_cache"]
     finally:
         await client.aclose()
+    # the worker's metrics and health report what the block manager counted
+    assert metrics.prefix_hit_tokens._value.get() == stats.hit_tokens
+    assert metrics.prefix_lookup_tokens._value.get() == stats.lookup_tokens
+    assert metrics.prefix_evictions._value.get() == stats.evictions
+    assert health["hit_tokens"] == stats.hit_tokens and health["enabled"]
+    assert sum(fin.usage.cached_tokens for _, fin in results) == stats.hit_tokens
     for (_, fin), prompt in zip(results, prompts):
         assert fin.content == text_of(runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(prompt), 10))
     assert stats.hit_tokens > 0
