@@ -1,8 +1,10 @@
 """The Program: lanes, model state, mask buffers, graphs and sampling of one served model.
 
 Everything is allocated once at start from the model and the capacity plan: the model's per-lane
-state (`model.new_state`: a dense model's KV cache; plus one scratch lane that absorbs the writes
-of padding rows when decode graphs are used), the mask buffers (masks.py), the sampler
+state (`model.new_state`: a dense model's paged KV cache; plus one scratch lane, whose block table
+names only the trash block, for the padding rows of decode graphs), the block manager and prefix
+cache over its KV pool (blocks.py: `step` backs each row's new positions with blocks, `commit`
+adds full committed blocks to the cache, `attach_prefix` starts an admitted lane from it), the mask buffers (masks.py), the sampler
 (sampling.py), and on CUDA the decode graphs (graphs.py) and the ready event (events.py).
 
 `step(batch)` runs one forward for the batch's rows, fills the constrained rows' masks on the CPU
@@ -67,8 +69,11 @@ class Program:
         if prefix_cache and not self.prefix_cache:
             log.info("prefix_cache_disabled", model=runtime.name,
                      reason="hybrid model: its recurrent state is not cached at block boundaries")
-        self.blocks = BlockManager(_kv(self.state), max_batch, identity=model_identity(runtime),
+        kv = _kv(self.state)
+        self.blocks = BlockManager(kv, max_batch, identity=model_identity(runtime),
                                    enabled=self.prefix_cache)
+        log.info("kv_pool", blocks=kv.num_blocks, block_size=kv.block_size, max_len=self.max_len,
+                 bytes=kv.nbytes, prefix_cache=self.prefix_cache)
         self.masks = MaskBuffers(self.domain, max_batch, max_drafts, self.device)
         self.sampler = Sampler(self.domain, self.device)
         pin = self.cuda
