@@ -54,7 +54,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # capture decode graphs per batch size on CUDA
     preempt_after_s: float | None = None  # pause a running request for one waiting this long
     max_waiting: int | None = None  # queued requests beyond the lanes; None: 4 x max_batch
-    prefix_cache: bool = True  # reuse cached KV blocks of equal prompt prefixes (dense models)
+    prefix_cache: bool = True  # reuse cached KV blocks (+ hybrid state snapshots) of equal prefixes
     kv_blocks: int | None = None  # KV pool blocks; None: every lane's full length (+ trash)
 
     def __post_init__(self) -> None:
@@ -92,7 +92,8 @@ class Engine:
                                cuda_graphs=config.cuda_graphs, prefix_cache=config.prefix_cache,
                                kv_blocks=config.kv_blocks)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
-                                   on_admit=self.metrics.queue_seconds.observe)
+                                   on_admit=self.metrics.queue_seconds.observe,
+                                   split_at_block=self.program.snapshot_block)
         self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget)
         self.steps = 0
         self._inbox: queue.Queue = queue.Queue()

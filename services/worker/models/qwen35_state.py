@@ -99,6 +99,7 @@ class Qwen35State:
             self.A_log = torch.stack([a.detach().float() for a, _ in gates]).to(device)  # [G, Hv]
             self.dt_bias = torch.stack([d.detach().float() for _, d in gates]).to(device)  # [G, Hv]
         self.mtp_layer = len(c.attention_layers) if mtp else None  # kv index of the MTP layer
+        self.snap_ssm = self.snap_conv = None  # prefix-cache snapshots (allocate_snapshots)
         self._last_width = 0  # T of the last forward (host side; checked on CPU only)
 
     @classmethod
@@ -130,7 +131,8 @@ class Qwen35State:
 
     @property
     def nbytes(self) -> int:
-        tensors = (self.ssm, self.conv, self.slot, self.pending, self.last_len, self.last_reset, self.rx,
+        snaps = [t for t in (self.snap_ssm, self.snap_conv) if t is not None]
+        tensors = (*snaps, self.ssm, self.conv, self.slot, self.pending, self.last_len, self.last_reset, self.rx,
                    self.ry, self.ra, self.rb)
         return self.kv.nbytes + sum(t.numel() * t.element_size() for t in tensors)
 
@@ -179,6 +181,37 @@ class Qwen35State:
 
     def values(self, layer: int) -> torch.Tensor:
         return self.kv.values(layer)
+
+    # ---------------------------------------------------------------- prefix-cache snapshots
+
+    def allocate_snapshots(self, count: int) -> None:
+        """`count` slots, each holding one lane's committed recurrent state (GDN states and conv
+        windows) at a KV block boundary: what the prefix cache (program/blocks.py) keeps beside
+        the cached KV blocks, so that a hit resumes the recurrence at its last cached boundary."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        G = self.ssm.shape[0]
+        self.snap_ssm = torch.zeros(G, count, *self.ssm.shape[2:], dtype=self.ssm.dtype, device=self.device)
+        self.snap_conv = torch.zeros(G, count, *self.conv.shape[2:], dtype=self.conv.dtype, device=self.device)
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Bytes of one snapshot slot (GDN states and conv windows of every GDN layer)."""
+        G = self.ssm.shape[0]
+        return G * (self.ssm[0, 0].numel() * self.ssm.element_size() + self.conv[0, 0].numel() * self.conv.element_size())
+
+    def save_snapshot(self, lane: int, slot: int) -> None:
+        """Copy `lane`'s committed recurrent state into snapshot `slot` (no host sync)."""
+        row = (2 * lane + self.slot[lane]).view(1)  # [1] the committed state row
+        self.snap_ssm[:, slot] = self.ssm.index_select(1, row)[:, 0]
+        self.snap_conv[:, slot] = self.conv.index_select(1, row)[:, 0]
+
+    def load_snapshot(self, lane: int, slot: int) -> None:
+        """Make snapshot `slot` `lane`'s committed recurrent state (a lane about to resume at the
+        snapshot's boundary: its next forward starts there, not at position 0)."""
+        row = (2 * lane + self.slot[lane]).view(1)
+        self.ssm.index_copy_(1, row, self.snap_ssm[:, slot:slot + 1])
+        self.conv.index_copy_(1, row, self.snap_conv[:, slot:slot + 1])
 
     # ---------------------------------------------------------------- one forward
 

@@ -21,6 +21,12 @@ render. A cached block is never written: it is full of committed tokens, and a l
 positions at or after its committed frontier. A block is free only when no lane references it
 (`refs`), so a block in use is never evicted.
 
+Hybrid models (Qwen3.5): the recurrent GDN state cannot be rebuilt from KV, so the manager also
+keeps snapshots of a lane's committed recurrent state at block boundaries its prompt chunks end
+on (the scheduler ends one chunk at the prompt's last full block: models/qwen35_state.py
+`save_snapshot`), keyed by the boundary block's hash, LRU over a fixed number of slots. A hit
+attaches cached blocks only up to the deepest boundary with a snapshot and loads it into the lane.
+
 Capacity: the pool has at least every lane's full length plus the trash block, so a lane can always
 grow to max_len: the referenced blocks never exceed the lanes' table entries, and every other block
 is free or evictable.
@@ -77,7 +83,8 @@ class BlockManager:
     the trash block). `identity`: the model identity hashed into every chain. `enabled`: False
     turns the prefix cache off (blocks are still allocated and freed here)."""
 
-    def __init__(self, cache: KVCache, lanes: int, *, identity: str, enabled: bool = True) -> None:
+    def __init__(self, cache: KVCache, lanes: int, *, identity: str, enabled: bool = True,
+                 recurrent=None, snapshots: int = 0) -> None:
         assert lanes <= cache.lanes
         self.cache = cache
         self.block_size = cache.block_size
@@ -90,6 +97,10 @@ class BlockManager:
         self._block_of: dict[bytes, int] = {}  # hash -> cached block
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached blocks without references
         self._lanes = [_Lane() for _ in range(lanes)]
+        # A hybrid model's recurrent state at block boundaries: hash -> snapshot slot, LRU order.
+        self._recurrent = recurrent if enabled else None
+        self._snap_of: OrderedDict[bytes, int] = OrderedDict()
+        self._free_snaps: deque[int] = deque(range(snapshots))
         cache.block_table.fill_(TRASH_BLOCK)  # the manager takes the static layout over
 
     # ---------------------------------------------------------------- views
@@ -133,6 +144,8 @@ class BlockManager:
             state.hashes.append(h)
             state.tokens.extend(block_tokens)
             parent = h
+        if self._recurrent is not None:
+            self._resume_recurrent(lane)
         found = len(state.blocks) * bs
         self.stats.hit_tokens += found
         if state.blocks:
@@ -150,9 +163,10 @@ class BlockManager:
         if need > first:
             self._write_table(lane, first)
 
-    def commit(self, lane: int, start: int, tokens) -> None:
+    def commit(self, lane: int, start: int, tokens, *, snapshot: bool = False) -> None:
         """The lane's committed positions are now `start + len(tokens)`, holding `tokens` from
-        `start`; full committed blocks join the prefix cache."""
+        `start`; full committed blocks join the prefix cache. `snapshot`: a hybrid model's
+        recurrent state is kept too when the frontier is a block boundary (prompt chunks)."""
         if not self.enabled:
             return
         state = self._lanes[lane]
@@ -170,6 +184,8 @@ class BlockManager:
             if self.enabled and h not in self._block_of and block not in self._hash_of:
                 self._hash_of[block] = h
                 self._block_of[h] = block
+        if snapshot and self._recurrent is not None and state.tokens and len(state.tokens) % bs == 0:
+            self._save_recurrent(lane, state.hashes[-1])
 
     def release(self, lane: int) -> None:
         """Drop the lane's references; its table names the trash block again."""
@@ -193,6 +209,38 @@ class BlockManager:
             del self._block_of[self._hash_of.pop(block)]
             self._free.append(block)
         self._lru.clear()
+
+    # ---------------------------------------------------------------- recurrent snapshots
+
+    def _resume_recurrent(self, lane: int) -> None:
+        # Keep the attached blocks only up to the deepest boundary with a recurrent snapshot, and
+        # make that snapshot the lane's committed recurrent state.
+        state = self._lanes[lane]
+        keep = len(state.hashes)
+        while keep and state.hashes[keep - 1] not in self._snap_of:
+            keep -= 1
+        for block in reversed(state.blocks[keep:]):  # back to where they were: cached
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._lru[block] = None
+        del state.blocks[keep:], state.hashes[keep:], state.tokens[keep * self.block_size:]
+        if keep:
+            h = state.hashes[-1]
+            self._snap_of.move_to_end(h)
+            self._recurrent.load_snapshot(lane, self._snap_of[h])
+
+    def _save_recurrent(self, lane: int, h: bytes) -> None:
+        if h in self._snap_of:
+            self._snap_of.move_to_end(h)
+            return
+        if self._free_snaps:
+            slot = self._free_snaps.popleft()
+        elif self._snap_of:
+            _, slot = self._snap_of.popitem(last=False)
+        else:
+            return
+        self._recurrent.save_snapshot(lane, slot)
+        self._snap_of[h] = slot
 
     # ---------------------------------------------------------------- internals
 

@@ -47,7 +47,7 @@ class Program:
     def __init__(self, runtime: ModelRuntime, *, max_batch: int, max_len: int | None = None,
                  kv_budget_bytes: int = 256 << 20, max_drafts: int = 0,
                  cuda_graphs: bool = True, prefix_cache: bool = True,
-                 kv_blocks: int | None = None) -> None:
+                 kv_blocks: int | None = None, state_snapshots: int | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.runtime = runtime
@@ -65,15 +65,18 @@ class Program:
         self.state = self.model.new_state(lanes, min(max_len, cap), dtype=runtime.dtype,
                                           device=self.device, num_blocks=kv_blocks)
         self.max_len = self.state.max_len
-        self.prefix_cache = prefix_cache and not _recurrent(self.state)
-        if prefix_cache and not self.prefix_cache:
-            log.info("prefix_cache_disabled", model=runtime.name,
-                     reason="hybrid model: its recurrent state is not cached at block boundaries")
+        self.prefix_cache = prefix_cache
         kv = _kv(self.state)
+        recurrent, snapshots = None, 0
+        if _recurrent(self.state) and prefix_cache:
+            recurrent, snapshots = self.state, 2 * max_batch if state_snapshots is None else state_snapshots
+            self.state.allocate_snapshots(snapshots)
+        # A hybrid model's prompt chunks end once at the prompt's last full block (a snapshot).
+        self.snapshot_block = kv.block_size if recurrent is not None else None
         self.blocks = BlockManager(kv, max_batch, identity=model_identity(runtime),
-                                   enabled=self.prefix_cache)
+                                   enabled=self.prefix_cache, recurrent=recurrent, snapshots=snapshots)
         log.info("kv_pool", blocks=kv.num_blocks, block_size=kv.block_size, max_len=self.max_len,
-                 bytes=kv.nbytes, prefix_cache=self.prefix_cache)
+                 bytes=kv.nbytes, prefix_cache=self.prefix_cache, state_snapshots=snapshots)
         self.masks = MaskBuffers(self.domain, max_batch, max_drafts, self.device)
         self.sampler = Sampler(self.domain, self.device)
         pin = self.cuda
@@ -158,7 +161,8 @@ class Program:
         self.state.commit(lanes, counts)
         for i, k in kept.items():
             row = pending.batch.rows[i]
-            self.blocks.commit(row.request.lane, row.start, row.tokens[:k])
+            self.blocks.commit(row.request.lane, row.start, row.tokens[:k],
+                               snapshot=row.start + k <= row.request.num_prompt_tokens)
 
     def close(self) -> None:
         """Destroy graphs before the event and buffers they reference."""
