@@ -173,3 +173,47 @@ def test_pool_smaller_than_the_lanes_is_refused():
     assert KVCache.create(1, 1, 1, 2, 32).block_table.tolist() == [[1, 2], [3, 4]]
     assert torch.equal(KVCache.create(1, 1, 1, 2, 17).block_table, torch.tensor([[1, 2], [3, 4]],
                                                                                  dtype=torch.int32))
+
+
+class _Recurrent:
+    """Stands in for Qwen35State's snapshot calls: the 'state' of a lane is the tokens it holds."""
+
+    def __init__(self, manager_lanes: int) -> None:
+        self.lane_state: dict[int, object] = {}
+        self.slots: dict[int, object] = {}
+
+    def save_snapshot(self, lane: int, slot: int) -> None:
+        self.slots[slot] = self.lane_state[lane]
+
+    def load_snapshot(self, lane: int, slot: int) -> None:
+        self.lane_state[lane] = self.slots[slot]
+
+
+def test_hybrid_hits_resume_at_the_deepest_boundary_with_a_snapshot():
+    """Issue 13: "the recurrent GDN state is cached at block boundaries beside the KV of the
+    attention layers (a hit resumes from the state at the last cached boundary)": cached KV
+    blocks past the deepest snapshot are not attached, and the lane gets that snapshot's state;
+    snapshots are LRU over their slots."""
+    rec = _Recurrent(2)
+    m = BlockManager(_cache(2, 96), 2, identity="h", recurrent=rec, snapshots=2)
+    prompt = list(range(1, 61))  # 3 full blocks + 12
+    rec.lane_state[0] = "after-32"
+    _fill(m, 0, prompt[:32])
+    m.commit(0, 32, [], snapshot=True)  # a chunk ended on the boundary at 32: snapshot
+    rec.lane_state[0] = "after-60"
+    _fill(m, 0, prompt[32:], start=32)  # ends at 60, not a boundary: no snapshot
+    m.release(0)
+    assert m.cached_blocks == 3
+    rec.lane_state[1] = "stale"
+    assert m.attach(1, prompt, limit=59) == 32  # block 3 is cached, but no snapshot there
+    assert rec.lane_state[1] == "after-32" and len(m.lane_blocks(1)) == 2
+    m.release(1)
+    # two more snapshots evict the least recently used one (the boundary at 32)
+    for lane_tokens, tag in ((list(range(200, 216)), "a"), (list(range(300, 316)), "b")):
+        rec.lane_state[0] = tag
+        _fill(m, 0, lane_tokens)
+        m.commit(0, 16, [], snapshot=True)
+        m.release(0)
+    assert m.attach(1, prompt, limit=59) == 0
+    m.release(1)
+    assert m.attach(1, list(range(300, 320)), limit=19) == 16 and rec.lane_state[1] == "b"

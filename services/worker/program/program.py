@@ -124,8 +124,9 @@ class Program:
         """Forward, masks, sampling for every row of `batch` (at most B rows, distinct lanes)."""
         rows = batch.rows
         assert 0 < len(rows) <= self.max_batch
+        ahead = self.max_drafts + 1 if self.max_drafts else 0  # a proposer's KV past the frontier
         for r in rows:
-            self.blocks.reserve(r.request.lane, r.end)
+            self.blocks.reserve(r.request.lane, min(r.end + ahead, self.max_len))
         logits = self._forward(batch)  # [n, V] logits after each row's last fed token
         sampled = [i for i, r in enumerate(rows) if r.sample]
         results = [RowResult(RowOutcome.NO_OUTPUT)] * len(rows)
