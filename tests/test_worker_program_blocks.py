@@ -217,3 +217,28 @@ def test_hybrid_hits_resume_at_the_deepest_boundary_with_a_snapshot():
     assert m.attach(1, prompt, limit=59) == 0
     m.release(1)
     assert m.attach(1, list(range(300, 320)), limit=19) == 16 and rec.lane_state[1] == "b"
+
+
+def test_cpu_attention_through_tables_equals_the_kernel_reference():
+    """models/kv_cache.py's CPU route (whole blocks gathered through the tables + torch SDPA)
+    computes what `kernels.paged_kv_ref.paged_attention_ref` (the Triton kernels' reference)
+    defines, with rows sharing a prefix block, blocks out of order, GQA and a chunk of queries."""
+    from kernels.paged_kv_ref import paged_attention_ref
+
+    gen = torch.Generator().manual_seed(0)
+    cache = KVCache.create(1, 2, 8, 3, 64, dtype=torch.float64, num_blocks=20)
+    cache.pool.copy_(torch.randn(cache.pool.shape, generator=gen, dtype=torch.float64))
+    cache.block_table.copy_(torch.tensor([[5, 9, 2, 0], [5, 11, 3, 0], [7, 1, 0, 0]], dtype=torch.int32))
+    lanes = torch.tensor([1, 0, 2])
+    positions = torch.tensor([[30, 31, 32], [20, 21, 22], [3, 4, 5]])
+    q = torch.randn(3, 3, 4, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(3, 3, 2, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(3, 3, 2, 8, generator=gen, dtype=torch.float64)
+    before = cache.pool.clone()
+    out = cache.attend(0, q, k, v, cache.rows(lanes, positions, 33))
+    expected = paged_attention_ref(q, cache.keys(0), cache.values(0), cache.block_table[lanes], positions)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)  # the reference scores in float32
+    # the new tokens landed in their own blocks and nowhere else (block 5, shared, untouched)
+    changed = (cache.pool != before).any(-1).any(-1)[0, 0].nonzero().tolist()  # [block, offset]
+    assert sorted(map(tuple, changed)) == sorted([(11, 14), (11, 15), (3, 0), (9, 4), (9, 5), (9, 6), (7, 3),
+                                                  (7, 4), (7, 5)])

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.models.config import ModelConfig
-from services.worker.models.kv_cache import KVCache
+from services.worker.models.kv_cache import KVCache, PagedRows
 from services.worker.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 
@@ -74,9 +74,8 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
-                tables: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
-        # x: [B, T, hidden]; cos, sin: [B, T, D/2]; tables: [B, max_blocks] int32 (cache.tables)
-        # positions: [B, T]; kv_len: host bound on positions + 1
+                rows: PagedRows) -> torch.Tensor:
+        # x: [B, T, hidden]; cos, sin: [B, T, D/2]; rows: the forward's view of its KV (cache.rows)
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [B, T, H, D]
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, D]
@@ -84,7 +83,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = cache.attend(layer, q, k, v, tables, positions, max_seq_len=kv_len)  # [B, T, H, D]
+        out = cache.attend(layer, q, k, v, rows)  # [B, T, H, D]
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
 
 
@@ -176,10 +175,10 @@ class DenseDecoder(nn.Module):
         assert positions.shape == (B, T) and lanes.shape == (B,), (positions.shape, lanes.shape)
         assert 0 < L <= cache.max_len and cache.num_layers == self.config.num_layers
         cos, sin = rope_cos_sin(self.rope_w, positions, self.rope_scaling)  # [B, T, D/2] each
-        tables = cache.tables(lanes)  # [B, max_blocks] int32
+        rows = cache.rows(lanes, positions, L)
         x = self.model.embed_tokens(tokens)  # [B, T, hidden]
         for i, layer in enumerate(self.model.layers):
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, tables, positions, L)
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, rows)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 

@@ -13,9 +13,10 @@ blocks of equal prompt prefixes between lanes (the prefix cache) and frees them.
 
 A forward writes each new token's keys and values into its slot, then attends each query at
 position p to positions 0..p of its row through the table (`attend`): the Triton kernels
-`kernels.paged_kv.write_kv` + `kernels.paged_attention.paged_attention` on CUDA, their plain-torch
-references (`kernels.paged_kv_ref`) elsewhere; one kernel/reference pair for prefill chunks,
-decode and verification alike. Slots past a lane's committed frontier are overwritten before being
+`kernels.paged_kv.write_kv` + `kernels.paged_attention.paged_attention` on CUDA (one kernel pair,
+whose plain-torch reference is `kernels.paged_kv_ref`, for prefill chunks, decode and verification
+alike); on the CPU the rows' blocks are gathered whole through the same tables and attended with
+torch's scaled_dot_product_attention (`attend`). Slots past a lane's committed frontier are overwritten before being
 read (models/state.py), so a lane is reused without clearing anything and `commit` has nothing to
 do. A shared (cached) block is never written: a lane only writes positions after its cached prefix.
 """
@@ -25,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from kernels import paged_kv_ref
 from services.worker.models.config import ModelConfig
 
 BLOCK_SIZE = 16  # positions per block (the default)
@@ -49,6 +50,18 @@ def positions_for_budget(bytes_per_token: int, lanes: int, budget_bytes: int,
         raise ValueError(f"lanes must be positive and budget_bytes >= 0, got {lanes}, {budget_bytes}")
     block = block_size * bytes_per_token
     return max(0, (budget_bytes - block) // (lanes * (block + 4))) * block_size
+
+
+@dataclass(frozen=True, eq=False)
+class PagedRows:
+    """One forward's view of its rows' KV (`KVCache.rows`), shared by all its layers."""
+
+    tables: torch.Tensor  # [B, max_blocks] int32
+    positions: torch.Tensor  # [B, T]
+    kv_len: int  # host-side bound on positions + 1
+    slots: torch.Tensor | None = None  # [B, T] int64 flat slots (CPU path; None on CUDA)
+    blocks: torch.Tensor | None = None  # [B, ceil(kv_len / block_size)] int64 (CPU path)
+    visible: torch.Tensor | None = None  # [B, 1, T, kv_len] bool (CPU path)
 
 
 @dataclass(eq=False)
@@ -101,30 +114,53 @@ class KVCache:
         """Values of one layer: [num_blocks, block_size, Hkv, D] (a view)."""
         return self.pool[layer, 1]
 
-    def tables(self, lanes: torch.Tensor) -> torch.Tensor:
-        """The block tables of a forward's rows: lanes [B] int64 -> [B, max_blocks] int32 (a
-        gather on the device: inside a CUDA graph it reads the tables as they are at replay)."""
-        return self.block_table.index_select(0, lanes)
+    def rows(self, lanes: torch.Tensor, positions: torch.Tensor, kv_len: int) -> "PagedRows":
+        """What every layer of one forward needs to reach its rows' KV: lanes [B] int64,
+        positions [B, T] (each < kv_len, a host-side bound <= max_len). The block tables are a
+        gather on the device (inside a CUDA graph it reads the tables as they are at replay)."""
+        tables = self.block_table.index_select(0, lanes)  # [B, max_blocks] int32
+        if self.device.type == "cuda":
+            return PagedRows(tables, positions, kv_len)
+        bs = self.block_size
+        pos = positions.long()
+        blk = tables.long().gather(1, pos.clamp(min=0) // bs)  # [B, T]
+        slots = torch.where(pos >= 0, blk * bs + pos % bs, TRASH_BLOCK * bs)  # padding -> trash
+        blocks = tables[:, :blocks_per_lane(kv_len, bs)].long()  # [B, nblk]
+        visible = (torch.arange(kv_len, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
+        return PagedRows(tables, positions, kv_len, slots=slots, blocks=blocks, visible=visible)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               tables: torch.Tensor, positions: torch.Tensor, *, max_seq_len: int | None = None) -> torch.Tensor:
+               rows: "PagedRows") -> torch.Tensor:
         """Write this forward's keys and values of `layer`, then attend: q [B, T, H, D], k, v
-        [B, T, Hkv, D], tables [B, max_blocks] (`tables(lanes)`), positions [B, T] -> [B, T, H, D]
-        in q's dtype; query (b, t) sees positions 0..positions[b, t] of row b. max_seq_len: a
-        host-side bound on positions + 1 (the CUDA kernel's split choice only)."""
+        [B, T, Hkv, D], rows from `rows(lanes, positions, kv_len)` -> [B, T, H, D] in q's dtype;
+        query (b, t) sees positions 0..positions[b, t] of row b.
+
+        CUDA: `kernels.paged_kv.write_kv` + `kernels.paged_attention.paged_attention` (the kernel
+        pair whose reference is `kernels.paged_kv_ref`). Elsewhere: the same slots written with
+        one index_put, the rows' blocks gathered whole through their tables (positions < kv_len)
+        and torch's scaled_dot_product_attention under the causal mask: the numerical route the
+        CPU engine had before paging, several times faster there than the per-token reference."""
         kc, vc = self.keys(layer), self.values(layer)
         dtype = q.dtype
         q, k, v = q.to(kc.dtype), k.to(kc.dtype), v.to(kc.dtype)
-        if kc.device.type == "cuda":
+        if rows.slots is None:
             from kernels.paged_attention import paged_attention
             from kernels.paged_kv import write_kv
 
-            write_kv(kc, vc, k, v, tables, positions)
-            out = paged_attention(q, kc, vc, tables, positions, max_seq_len=max_seq_len)
-        else:
-            paged_kv_ref.write_kv_ref(kc, vc, k, v, tables, positions)
-            out = paged_kv_ref.paged_attention_ref(q, kc, vc, tables, positions)
-        return out.to(dtype)
+            write_kv(kc, vc, k, v, rows.tables, rows.positions)
+            out = paged_attention(q, kc, vc, rows.tables, rows.positions, max_seq_len=rows.kv_len)
+            return out.to(dtype)
+        nb, bs, hkv, d = kc.shape
+        B, T, H, _ = q.shape
+        flat = rows.slots.reshape(-1)  # [B*T]
+        kc.view(nb * bs, hkv, d).index_copy_(0, flat, k.reshape(B * T, hkv, d))
+        vc.view(nb * bs, hkv, d).index_copy_(0, flat, v.reshape(B * T, hkv, d))
+        L, blocks = rows.kv_len, rows.blocks.reshape(-1)
+        keys = kc.index_select(0, blocks).view(B, -1, hkv, d)[:, :L].transpose(1, 2)  # [B, Hkv, L, D]
+        values = vc.index_select(0, blocks).view(B, -1, hkv, d)[:, :L].transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=rows.visible,
+                                             enable_gqa=H != hkv)  # [B, H, T, D]
+        return out.transpose(1, 2).to(dtype)
 
     def commit(self, lanes: torch.Tensor, kept: torch.Tensor) -> None:
         """Nothing to do: keys and values past the kept positions lie beyond the committed

@@ -125,9 +125,10 @@ class Qwen35Model(nn.Module):
         return [(layer.linear_attn.A_log, layer.linear_attn.dt_bias) for layer in self.model.layers
                 if layer.kind == "linear_attention"]
 
-    def _attention_inputs(self, positions: torch.Tensor, state: Qwen35State, lanes: torch.Tensor) -> tuple:
+    def _attention_inputs(self, positions: torch.Tensor, state: Qwen35State, lanes: torch.Tensor,
+                          kv_len: int) -> tuple:
         cos, sin = rope_cos_sin(self.rope_w, positions, self.rope_scaling)  # [B, T, rotary_dim/2] each
-        return (cos, sin), state.kv.tables(lanes)  # tables: [B, max_blocks] int32
+        return (cos, sin), state.kv.rows(lanes, positions, kv_len)
 
     def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor, state: Qwen35State,
                       lanes: torch.Tensor, *, kv_len: int | None = None,
@@ -141,11 +142,11 @@ class Qwen35Model(nn.Module):
         L = state.max_len if kv_len is None else kv_len
         assert positions.shape == (B, T) and lanes.shape == (B,), (positions.shape, lanes.shape)
         assert 0 < L <= state.max_len and state.ssm.shape[0] == len(self.config.gdn_layers)
-        rope, tables = self._attention_inputs(positions, state, lanes)
+        rope, rows = self._attention_inputs(positions, state, lanes, L)
         step = state.begin(lanes, positions, num_tokens)
         x = self.model.embed_tokens(tokens)  # [B, T, hidden]
         for layer, index in zip(self.model.layers, self._index):
-            x = layer(x, state, index, lanes, step=step, rope=rope, positions=positions, tables=tables, kv_len=L)
+            x = layer(x, state, index, lanes, step=step, rope=rope, rows=rows)
         state.end(step)
         return self.model.norm(x)
 
@@ -175,10 +176,9 @@ class Qwen35Model(nn.Module):
         B, T = next_tokens.shape
         L = state.max_len if kv_len is None else kv_len
         assert hidden.shape[:2] == (B, T) and positions.shape == (B, T) and 0 < L <= state.max_len
-        rope, tables = self._attention_inputs(positions, state, lanes)
+        rope, rows = self._attention_inputs(positions, state, lanes, L)
         u = self.mtp.fuse(self.model.embed_tokens(next_tokens), hidden)
-        u = self.mtp.layers[0](u, state, state.mtp_layer, lanes, rope=rope, positions=positions, tables=tables,
-                               kv_len=L)
+        u = self.mtp.layers[0](u, state, state.mtp_layer, lanes, rope=rope, rows=rows)
         out = _gather(self.mtp.norm(u), logit_index)
         return self.logits(out), out
 

@@ -23,7 +23,7 @@ from services.worker.models.qwen35_config import Qwen35Config
 from services.worker.models.rope import apply_rope
 
 if TYPE_CHECKING:
-    from services.worker.models.kv_cache import KVCache
+    from services.worker.models.kv_cache import KVCache, PagedRows
     from services.worker.models.qwen35_state import Qwen35State, StepIndex
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")  # one GEMM once fused (fused_linear.py)
@@ -68,9 +68,9 @@ class GatedAttention(nn.Module):
         return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache", layer: int,
-                tables: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+                rows: "PagedRows") -> torch.Tensor:
         # x: [B, T, hidden]; cache: the paged KV of the attention layers, `layer` one of them;
-        # tables: [B, max_blocks] int32 (cache.tables); kv_len: host bound on positions + 1
+        # rows: the forward's view of its KV (cache.rows)
         B, T, _ = x.shape
         H, D = self.num_heads, self.head_dim
         qg, k, v = project(self, x, ATTENTION_PROJECTIONS)
@@ -78,7 +78,7 @@ class GatedAttention(nn.Module):
         q, gate = qg[..., :D], qg[..., D:].reshape(B, T, H * D)  # [B, T, H, D], [B, T, H*D]
         k, v = k.view(B, T, self.num_kv_heads, D), v.view(B, T, self.num_kv_heads, D)
         q, k = self._rope(self.q_norm(q), cos, sin), self._rope(self.k_norm(k), cos, sin)
-        out = cache.attend(layer, q, k, v, tables, positions, max_seq_len=kv_len)  # [B, T, H, D]
+        out = cache.attend(layer, q, k, v, rows)  # [B, T, H, D]
         out = out.reshape(B, T, H * D) * torch.sigmoid(gate)
         return self.o_proj(out)
 
@@ -113,16 +113,15 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, state: "Qwen35State", index: int, lanes: torch.Tensor, *,
                 step: "StepIndex | None" = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None, tables: torch.Tensor | None = None,
-                kv_len: int = 0) -> torch.Tensor:
+                rows: "PagedRows | None" = None) -> torch.Tensor:
         """x: [B, T, hidden]; index: the layer's ordinal among the state's GDN layers (which need
-        `step`) or among its KV layers (which need rope, positions, tables = the rows' block
-        tables, kv_len); lanes: [B]."""
+        `step`) or among its KV layers (which need rope and rows = the forward's view of its KV,
+        `state.kv.rows`); lanes: [B]."""
         n = self.input_layernorm(x)
         if self.kind == "linear_attention":
             mixed = self.linear_attn(n, state, index, step)
         else:
             cos, sin = rope
-            mixed = self.self_attn(n, cos, sin, state.kv, index, tables, positions, kv_len)
+            mixed = self.self_attn(n, cos, sin, state.kv, index, rows)
         h = x + mixed
         return h + self.mlp(self.post_attention_layernorm(h))
