@@ -32,6 +32,7 @@ from services.worker.models.config import ModelConfig
 
 BLOCK_SIZE = 16  # positions per block (the default)
 TRASH_BLOCK = 0
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the Triton kernels take
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -119,7 +120,7 @@ class KVCache:
         positions [B, T] (each < kv_len, a host-side bound <= max_len). The block tables are a
         gather on the device (inside a CUDA graph it reads the tables as they are at replay)."""
         tables = self.block_table.index_select(0, lanes)  # [B, max_blocks] int32
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.dtype in _KERNEL_DTYPES:
             return PagedRows(tables, positions, kv_len)
         bs = self.block_size
         pos = positions.long()
@@ -135,8 +136,9 @@ class KVCache:
         [B, T, Hkv, D], rows from `rows(lanes, positions, kv_len)` -> [B, T, H, D] in q's dtype;
         query (b, t) sees positions 0..positions[b, t] of row b.
 
-        CUDA: `kernels.paged_kv.write_kv` + `kernels.paged_attention.paged_attention` (the kernel
-        pair whose reference is `kernels.paged_kv_ref`). Elsewhere: the same slots written with
+        CUDA (bf16 / fp16 / fp32 caches): `kernels.paged_kv.write_kv` +
+        `kernels.paged_attention.paged_attention` (the kernel pair whose reference is
+        `kernels.paged_kv_ref`). Elsewhere (the CPU; float64 test models): the same slots written with
         one index_put, the rows' blocks gathered whole through their tables (positions < kv_len)
         and torch's scaled_dot_product_attention under the causal mask: the numerical route the
         CPU engine had before paging, several times faster there than the per-token reference."""
