@@ -242,3 +242,16 @@ def test_cpu_attention_through_tables_equals_the_kernel_reference():
     changed = (cache.pool != before).any(-1).any(-1)[0, 0].nonzero().tolist()  # [block, offset]
     assert sorted(map(tuple, changed)) == sorted([(11, 14), (11, 15), (3, 0), (9, 4), (9, 5), (9, 6), (7, 3),
                                                   (7, 4), (7, 5)])
+
+
+def test_program_pool_grows_to_kv_cache_tokens_never_below_the_lanes():
+    """`kv_cache_tokens` sizes the pool beyond the lanes (room for the prefix cache); smaller
+    values keep every lane's full length."""
+    from services.worker.program import Program
+    from tests.worker_support import tiny_runtime
+
+    runtime = tiny_runtime()
+    assert Program(runtime, max_batch=2, max_len=64).blocks.cache.num_blocks == 1 + 2 * 4
+    assert Program(runtime, max_batch=2, max_len=64, kv_cache_tokens=10).blocks.cache.num_blocks == 9
+    big = Program(runtime, max_batch=2, max_len=64, kv_cache_tokens=1000)
+    assert big.blocks.cache.num_blocks == 1 + 63 and big.blocks.free_blocks == 63

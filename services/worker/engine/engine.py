@@ -55,7 +55,7 @@ class EngineConfig:
     preempt_after_s: float | None = None  # pause a running request for one waiting this long
     max_waiting: int | None = None  # queued requests beyond the lanes; None: 4 x max_batch
     prefix_cache: bool = True  # reuse cached KV blocks (+ hybrid state snapshots) of equal prefixes
-    kv_blocks: int | None = None  # KV pool blocks; None: every lane's full length (+ trash)
+    kv_cache_tokens: int | None = None  # KV pool positions, at least every lane's full length
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -67,8 +67,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.preempt_after_s must be >= 0, got {self.preempt_after_s}")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError(f"EngineConfig.max_waiting must be >= 0, got {self.max_waiting}")
-        if self.kv_blocks is not None and self.kv_blocks < 2:
-            raise ValueError(f"EngineConfig.kv_blocks must be >= 2, got {self.kv_blocks}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
+            raise ValueError(f"EngineConfig.kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}")
 
     @property
     def waiting_limit(self) -> int:
@@ -90,7 +90,7 @@ class Engine:
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
                                cuda_graphs=config.cuda_graphs, prefix_cache=config.prefix_cache,
-                               kv_blocks=config.kv_blocks)
+                               kv_cache_tokens=config.kv_cache_tokens)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
                                    on_admit=self.metrics.queue_seconds.observe,
                                    split_at_block=self.program.snapshot_block)

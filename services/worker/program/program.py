@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from kernels.sampling_contract import SampleStatus
-from services.worker.models.kv_cache import KVCache
+from services.worker.models.kv_cache import BLOCK_SIZE, KVCache, blocks_per_lane
 from services.worker.program.batch import BatchRow, PendingBatch, RowOutcome, RowResult, StepBatch
 from services.worker.program.blocks import BlockManager
 from services.worker.program.masks import MaskBuffers
@@ -42,12 +42,14 @@ class Program:
     longest lanes that `kv_budget_bytes` allows, capped at the model's context. `max_drafts`: K,
     the mask buffer's draft dimension (0 for ordinary decoding). `cuda_graphs`: capture decode
     graphs on CUDA (default True; ignored on CPU). Raises ValueError for a capacity that does not
-    fit."""
+    fit. `prefix_cache`: the automatic prefix cache (blocks.py; default on).
+    `kv_cache_tokens`: KV pool positions, at least (and by default) every lane's full length.
+    `state_snapshots`: a hybrid model's recurrent-state snapshot slots (default 2 x max_batch)."""
 
     def __init__(self, runtime: ModelRuntime, *, max_batch: int, max_len: int | None = None,
                  kv_budget_bytes: int = 256 << 20, max_drafts: int = 0,
                  cuda_graphs: bool = True, prefix_cache: bool = True,
-                 kv_blocks: int | None = None, state_snapshots: int | None = None) -> None:
+                 kv_cache_tokens: int | None = None, state_snapshots: int | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.runtime = runtime
@@ -62,8 +64,13 @@ class Program:
         cap = runtime.config.max_position_embeddings
         if max_len is None:
             max_len = self.model.max_len_for_budget(lanes, kv_budget_bytes, runtime.dtype)
-        self.state = self.model.new_state(lanes, min(max_len, cap), dtype=runtime.dtype,
-                                          device=self.device, num_blocks=kv_blocks)
+        max_len = min(max_len, cap)
+        num_blocks = None
+        if kv_cache_tokens is not None:  # room beyond the lanes for the prefix cache
+            num_blocks = 1 + max(lanes * blocks_per_lane(max_len, BLOCK_SIZE),
+                                 blocks_per_lane(kv_cache_tokens, BLOCK_SIZE))
+        self.state = self.model.new_state(lanes, max_len, dtype=runtime.dtype,
+                                          device=self.device, num_blocks=num_blocks)
         self.max_len = self.state.max_len
         self.prefix_cache = prefix_cache
         kv = _kv(self.state)
