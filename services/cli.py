@@ -5,7 +5,7 @@
     infernix grammar check|sample|serve|health
     infernix worker serve|health        the gRPC worker
     infernix gateway serve --worker ADDR [--worker ADDR ...]
-    infernix bench grammar|decode|spec  benchmarks writing JSON
+    infernix bench grammar|decode|spec|prefix  benchmarks writing JSON
 
 Every flag is also an environment variable named after it: --redis-url is INFERNIX_REDIS_URL.
 Building the parser imports nothing heavy (no torch, xgrammar or transformers): `--help` answers
@@ -200,8 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="The gateway, a worker and the grammar service in one "
                            "process: OpenAI- and Anthropic-compatible HTTP.")
     add_settings(serve, "host", "port", "api_keys", "ignore_unknown_fields", "model", "device",
-                 "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "log_level",
-                 "speculative", "draft_model", "num_draft_tokens")
+                 "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "kv_cache_tokens",
+                 "no_prefix_cache", "log_level", "speculative", "draft_model", "num_draft_tokens")
     serve.set_defaults(func=run_serve)
 
     worker_cli.add_generate_parser(sub)
@@ -212,8 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     wserve = wsub.add_parser("serve", help="run the gRPC WorkerService")
     add_settings(wserve, "host", "port", "grammar", "redis_url", "grammar_cache_bytes",
                  "drain_seconds", "metrics_port", "model", "device", "lanes", "max_len", "prefill_chunk",
-                 "preempt_after", "max_waiting", "log_level", "speculative", "draft_model",
-                 "num_draft_tokens", port=50052)
+                 "preempt_after", "max_waiting", "kv_cache_tokens", "no_prefix_cache", "log_level",
+                 "speculative", "draft_model", "num_draft_tokens", port=50052)
     grammar_cli.add_compile_args(wserve, isolation="process")
     grammar_cli.add_client_args(wserve)
     wserve.set_defaults(func=run_worker_serve)
@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     grammar_cli.add_store_bench_parser(bsub)
     decode_bench_cli.add_parser(bsub)
     decode_bench_cli.add_spec_parser(bsub)
+    decode_bench_cli.add_prefix_parser(bsub)
     return parser
 
 

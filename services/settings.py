@@ -81,6 +81,10 @@ _TABLE = (
             "their prompts (bounds how long a long prompt delays decoding rows)", "N"),
     Setting("preempt_after", float, None, "pause a running request (resumed later by Replay) when "
             "another has waited this many seconds for a lane; omitted: never", "SECONDS"),
+    Setting("kv_cache_tokens", int, None, "KV pool size in positions (blocks of 16); omitted: "
+            "lanes x max_len; more leaves the prefix cache room beyond the lanes", "N"),
+    Setting("no_prefix_cache", None, False, "turn the automatic prefix cache off (KV blocks of "
+            "equal prompt prefixes are then never reused; hybrid models run without it anyway)"),
     Setting("host", str, "127.0.0.1", "address to listen on"),
     Setting("port", int, 8000, "port to listen on"),
     Setting("api_keys", str, "", "comma-separated API keys; when set, requests must carry one",

@@ -114,6 +114,7 @@ class FinishReason(str, Enum):
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (<= prompt_tokens)
 
 
 @dataclass(frozen=True)

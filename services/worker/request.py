@@ -61,6 +61,7 @@ class Request:
     lane: int | None = None
     output_ids: list[int] = field(default_factory=list)
     num_cached: int = 0
+    num_cached_prompt: int = 0  # prompt tokens the prefix cache held at first admission (usage)
     cancel_requested: bool = False
     published: list[str] = field(default_factory=list)
     # The tool-call decoder when tools are active (content and calls split out of the text).
@@ -129,7 +130,8 @@ class Request:
         return [self.output_ids[-1]]
 
     def pause(self) -> None:
-        """Leave the lane at a commit boundary (preemption): nothing of the lane is kept."""
+        """Leave the lane at a commit boundary (preemption): the lane's state is dropped (its
+        committed full KV blocks may stay in the prefix cache for the Replay)."""
         self.state = RequestState.PAUSED
         self.lane = None
         self.num_cached = 0

@@ -59,6 +59,8 @@ class EngineConfig:
     speculative: str | None = None  # None, or a backend of services/worker/spec (ngram, ...)
     num_draft_tokens: int = 4  # K: drafts per row and round when speculative, >= 1
     draft_model: str | None = None  # checkpoint directory of a DFlash / DFlash2 draft model
+    prefix_cache: bool = True  # reuse cached KV blocks (+ hybrid state snapshots) of equal prefixes
+    kv_cache_tokens: int | None = None  # KV pool positions, at least every lane's full length
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -73,6 +75,8 @@ class EngineConfig:
         if self.num_draft_tokens < 1:
             raise ValueError(f"EngineConfig.num_draft_tokens must be >= 1, got "
                              f"{self.num_draft_tokens}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
+            raise ValueError(f"EngineConfig.kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}")
 
     @property
     def waiting_limit(self) -> int:
@@ -104,10 +108,12 @@ class Engine:
                                max_drafts=config.num_draft_tokens if config.speculative else 0,
                                mtp=config.speculative == "mtp",
                                draft=load_draft(config.speculative, config.draft_model, runtime),
-                               cuda_graphs=config.cuda_graphs)
+                               cuda_graphs=config.cuda_graphs, prefix_cache=config.prefix_cache,
+                               kv_cache_tokens=config.kv_cache_tokens)
         self.drafter = make_drafter(config.speculative, config.num_draft_tokens, self.program)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
-                                   on_admit=self.metrics.queue_seconds.observe)
+                                   on_admit=self.metrics.queue_seconds.observe,
+                                   split_at_block=self.program.snapshot_block)
         self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget,
                                   self.speculation)
         self.steps = 0
@@ -192,11 +198,15 @@ class Engine:
         return len(self.runtime.prepare(prompt).token_ids)
 
     def health(self) -> dict:
+        stats = self.program.blocks.stats
         return {"status": "ok" if self._running else "stopped", "model": self.runtime.name,
                 "device": str(self.program.device), "max_batch": self.program.max_batch,
                 "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
                 "waiting": len(self.scheduler.waiting), "preparing": self._preparing,
                 "steps": self.steps,
+                "prefix_cache": {"enabled": self.program.prefix_cache,
+                                 "hit_rate": round(stats.hit_rate, 4),
+                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions},
                 **({"speculative": self.config.speculative,
                     "speculation": self.speculation.to_dict(self.program.draft_wait_seconds)}
                    if self.drafter else {})}
@@ -237,6 +247,9 @@ class Engine:
         preempted = self.scheduler.admit(self.program)
         if preempted:
             self.metrics.preemptions.inc(preempted)
+        blocks = self.program.blocks
+        self.metrics.prefix_cache(blocks.stats, free_blocks=blocks.free_blocks,
+                                  cached_blocks=blocks.cached_blocks)
         batch = self.scheduler.schedule()
         if batch is None:
             return False

@@ -238,7 +238,8 @@ class Postprocessor:
         constraint = report.to_dict() if report is not None else None
         timings = _timings(job)
         stop_sequence = job.stop.matched if job.stop is not None else None
-        self._send(job, Finished(reason, Usage(job.num_prompt_tokens, job.num_output_tokens),
+        self._send(job, Finished(reason, Usage(job.num_prompt_tokens, job.num_output_tokens,
+                                                 job.num_cached_prompt),
                                  content=job.content(), tool_calls=calls, constraint=constraint,
                                  error=error.to_dict() if error is not None else None,
                                  timings=timings, stop_sequence=stop_sequence))
@@ -249,7 +250,8 @@ class Postprocessor:
             mask_seconds=report.mask_seconds + report.rollback_seconds if report is not None else 0.0,
             prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens)
         log.info("request_done", request_id=job.request_id, finish_reason=reason.value,
-                 prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens,
+                 prompt_tokens=job.num_prompt_tokens, cached_tokens=job.num_cached_prompt,
+                 completion_tokens=job.num_output_tokens,
                  error=error.type_name if error is not None else None, constraint=constraint)
 
 

@@ -1,8 +1,10 @@
 """The Program: lanes, model state, mask buffers, graphs and sampling of one served model.
 
 Everything is allocated once at start from the model and the capacity plan: the model's per-lane
-state (`model.new_state`: a dense model's KV cache; plus one scratch lane that absorbs the writes
-of padding rows when decode graphs are used), the mask buffers (masks.py), the sampler
+state (`model.new_state`: a dense model's paged KV cache; plus one scratch lane, whose block table
+names only the trash block, for the padding rows of decode graphs), the block manager and prefix
+cache over its KV pool (blocks.py: `step` backs each row's new positions with blocks, `commit`
+adds full committed blocks to the cache, `attach_prefix` starts an admitted lane from it), the mask buffers (masks.py), the sampler
 (sampling.py), and on CUDA the decode graphs (graphs.py) and the ready event (events.py).
 
 `step(batch)` runs one forward for the batch's rows (a verification round when rows carry drafts:
@@ -24,7 +26,9 @@ from dataclasses import replace
 import torch
 
 from kernels.sampling_contract import SampleStatus
+from services.worker.models.kv_cache import BLOCK_SIZE, KVCache, blocks_per_lane
 from services.worker.program.batch import BatchRow, PendingBatch, RowOutcome, RowResult, StepBatch
+from services.worker.program.blocks import BlockManager
 from services.worker.program.masks import MaskBuffers
 from services.worker.program.sampling import Sampler
 from services.worker.program.verify import Verifier
@@ -42,11 +46,14 @@ class Program:
     longest lanes that `kv_budget_bytes` allows, capped at the model's context. `max_drafts`: K,
     the mask buffer's draft dimension (0 for ordinary decoding). `cuda_graphs`: capture decode
     graphs on CUDA (default True; ignored on CPU). Raises ValueError for a capacity that does not
-    fit."""
+    fit. `prefix_cache`: the automatic prefix cache (blocks.py; default on).
+    `kv_cache_tokens`: KV pool positions, at least (and by default) every lane's full length.
+    `state_snapshots`: a hybrid model's recurrent-state snapshot slots (default 2 x max_batch)."""
 
     def __init__(self, runtime: ModelRuntime, *, max_batch: int, max_len: int | None = None,
                  kv_budget_bytes: int = 256 << 20, max_drafts: int = 0, mtp: bool = False,
-                 draft=None, cuda_graphs: bool = True) -> None:
+                 draft=None, cuda_graphs: bool = True, prefix_cache: bool = True,
+                 kv_cache_tokens: int | None = None, state_snapshots: int | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.runtime = runtime
@@ -63,10 +70,27 @@ class Program:
         cap = runtime.config.max_position_embeddings
         if max_len is None:
             max_len = self.model.max_len_for_budget(lanes, kv_budget_bytes, runtime.dtype)
+        max_len = min(max_len, cap)
+        num_blocks = None
+        if kv_cache_tokens is not None:  # room beyond the lanes for the prefix cache
+            num_blocks = 1 + max(lanes * blocks_per_lane(max_len, BLOCK_SIZE),
+                                 blocks_per_lane(kv_cache_tokens, BLOCK_SIZE))
         extra = {"verify_width": max_drafts + 1} if max_drafts else {}
-        self.state = self.model.new_state(lanes, min(max_len, cap), dtype=runtime.dtype,
-                                          device=self.device, **extra)
+        self.state = self.model.new_state(lanes, max_len, dtype=runtime.dtype,
+                                          device=self.device, num_blocks=num_blocks, **extra)
         self.max_len = self.state.max_len
+        self.prefix_cache = prefix_cache
+        kv = _kv(self.state)
+        recurrent, snapshots = None, 0
+        if _recurrent(self.state) and prefix_cache:
+            recurrent, snapshots = self.state, 2 * max_batch if state_snapshots is None else state_snapshots
+            self.state.allocate_snapshots(snapshots)
+        # A hybrid model's prompt chunks end once at the prompt's last full block (a snapshot).
+        self.snapshot_block = kv.block_size if recurrent is not None else None
+        self.blocks = BlockManager(kv, max_batch, identity=model_identity(runtime),
+                                   enabled=self.prefix_cache, recurrent=recurrent, snapshots=snapshots)
+        log.info("kv_pool", blocks=kv.num_blocks, block_size=kv.block_size, max_len=self.max_len,
+                 bytes=kv.nbytes, prefix_cache=self.prefix_cache, state_snapshots=snapshots)
         self.masks = MaskBuffers(self.domain, max_batch, max_drafts, self.device)
         self.sampler = Sampler(self.domain, self.device)
         self.verifier = Verifier(self.domain, self.device, self.masks, self.sampler,
@@ -130,8 +154,15 @@ class Program:
         return self._free.pop(0)
 
     def release_lane(self, lane: int) -> None:
+        """Free the lane; its committed full blocks stay in the prefix cache."""
         assert 0 <= lane < self.max_batch and lane not in self._free, lane
+        self.blocks.release(lane)
         self._free.append(lane)
+
+    def attach_prefix(self, lane: int, tokens, limit: int) -> int:
+        """At admission into an empty lane: how many leading positions of `tokens` (at most
+        `limit`, whole KV blocks) the prefix cache already holds; the lane starts with them."""
+        return self.blocks.attach(lane, tokens, limit)
 
     # ---------------------------------------------------------------- one step
 
@@ -140,6 +171,9 @@ class Program:
         """Forward, masks, sampling for every row of `batch` (at most B rows, distinct lanes)."""
         rows = batch.rows
         assert 0 < len(rows) <= self.max_batch
+        ahead = self.max_drafts + 1 if self.max_drafts else 0  # a proposer's KV past the frontier
+        for r in rows:
+            self.blocks.reserve(r.request.lane, min(r.end + ahead, self.max_len))
         self._hidden = []
         if any(r.draft_limit for r in rows):
             return self._after(self._device_verify(batch))
@@ -178,6 +212,13 @@ class Program:
                              device=self.device)
         counts = torch.tensor(list(kept.values()), dtype=torch.int64, device=self.device)
         self.state.commit(lanes, counts)
+        for i, k in kept.items():
+            row = pending.batch.rows[i]
+            fed = tuple(row.tokens)
+            if k > len(fed):  # drafts made on the device (DFlash): the accepted ones are the result's
+                fed += tuple(pending.results[i].tokens[:k - len(fed)])
+            self.blocks.commit(row.request.lane, row.start, fed[:k],
+                               snapshot=row.start + k <= row.request.num_prompt_tokens)
 
     def close(self) -> None:
         """Destroy graphs before the event and buffers they reference."""
@@ -392,3 +433,18 @@ class Program:
         out = self._run_model(tokens.to(dev), positions.to(dev), lanes.to(dev), kv_len=kv_len,
                               logit_index=index, num_tokens=fed.to(dev))  # [n, 1|T, V]
         return out if every else out[:, 0]
+
+
+def model_identity(runtime: ModelRuntime) -> str:
+    """What the prefix cache's hash chain starts from: the served name, the weights' source,
+    architecture and dtype (an adapter would join here)."""
+    source = getattr(runtime.model, "source_path", None)
+    return f"{runtime.name}|{source}|{type(runtime.model).__name__}|{runtime.dtype}"
+
+
+def _kv(state) -> KVCache:
+    return state if isinstance(state, KVCache) else state.kv
+
+
+def _recurrent(state) -> bool:
+    return not isinstance(state, KVCache)
