@@ -130,6 +130,10 @@ class WorkerMetrics:
             "infernix_worker_preemptions_total",
             "Running requests paused for a long-waiting one (resumed later by Replay)",
             registry=self.registry)
+        self.forced_closes = Counter(
+            "infernix_worker_thinking_forced_closes_total",
+            "Reasoning phases closed by the thinking budget (the close sequence forced)",
+            registry=self.registry)
 
     def finished(self, constraint: str, outcome: str, *, ttft: float | None, tpot: float | None,
                  mask_seconds: float, prompt_tokens: int, completion_tokens: int) -> None:

@@ -12,7 +12,8 @@ Two sides, one boundary:
 
 One step:
 
-    retire cancelled / expired -> admit waiting into free lanes -> batch = schedule()
+    retire cancelled / expired -> admit waiting into free lanes (a thinking budget already spent
+    forces its close) -> batch = schedule()
     -> pending = program.step(batch) -> postprocess.commit(pending)
 
 where the commit path (postprocess.py) previews every row, commits the Program's device state,
@@ -130,10 +131,10 @@ class Engine:
         job = Request(
             request_id=request.request_id, prompt_ids=ready.prompt_ids, sampling=ready.sampling,
             seed=ready.seed, session=ready.session, sink=stream.push,
-            max_new_tokens=ready.max_new_tokens, stop=ready.stop,
+            max_new_tokens=ready.max_new_tokens, output=ready.output,
             stop_token_ids=frozenset(request.options.stop_token_ids), deadline=ready.deadline,
             timeout_s=request.options.timeout_s, submitted_at=submitted,
-            tool_stream=ready.tool_stream, constraint_kind=ready.constraint_kind)
+            thinking_budget=ready.thinking_budget, constraint_kind=ready.constraint_kind)
         self._check_running()  # compilation may have outlived the engine
         with self._lock:
             if request.request_id in self._live:
@@ -202,6 +203,9 @@ class Engine:
         preempted = self.scheduler.admit(self.program)
         if preempted:
             self.metrics.preemptions.inc(preempted)
+        for job in list(self.scheduler.resident):  # a thinking budget of 0: closed before any sample
+            if job.thinking_due:
+                self.post.force_close(job)
         batch = self.scheduler.schedule()
         if batch is None:
             return False
