@@ -120,6 +120,7 @@ class FinishReason(str, Enum):
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens: reasoning, its close token included
 
 
 @dataclass(frozen=True)

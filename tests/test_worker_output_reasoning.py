@@ -117,11 +117,15 @@ async def test_unconstrained_reasoning_and_budget_forced_close_equal_transformer
                                         greedy(14, thinking_budget=5), runtime.name)))
     finally:
         await client.aclose()
+    close = runtime.frontend.thinking.close_id
     for (reasoning, text, fin), budget, n in ((free, None, 10), (forced, 5, 14)):
-        want_reasoning, want_content = split(runtime, oracle(hf, runtime, n, budget=budget))
+        want = oracle(hf, runtime, n, budget=budget)
+        want_reasoning, want_content = split(runtime, want)
         assert "".join(reasoning) == fin.reasoning == want_reasoning
         assert "".join(text) == fin.content == want_content
         assert fin.usage.completion_tokens == n
+        # Reasoning tokens: up to and including the close token.
+        assert fin.usage.reasoning_tokens == (want.index(close) + 1 if close in want else n)
     assert free[2].content == "" and free[2].reasoning
     assert forced[2].content and forced[2].reasoning
     assert client.engine.metrics.forced_closes._value.get() == 1

@@ -127,7 +127,7 @@ async def test_generate_request_round_trips_every_field(remote, make):
            constraint={"branch": "content", "complete": True, "terminated": False,
                        "cache": {"hit": "l1", "built": False}, "mask_positions": 3,
                        "mask_upload_bytes": 12345678901, "cpu_ms": 0.125}),
-    Script(reasoning=("Let me ", "think ✓\n"), text=("\n", "answer")),
+    Script(reasoning=("Let me ", "think ✓\n"), text=("\n", "answer"), usage=Usage(5, 9, 4)),
     Script(text=("thinking",), calls=(ScriptedCall("call_a", "get_weather", ('{"ci', 'ty":"P"}')),
                                       ScriptedCall("call_b", "search.web", ("{}",)))),
     Script(text=("partial",), error={"type": "ConstraintDeadEnd", "message": "dead end",

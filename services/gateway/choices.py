@@ -61,12 +61,16 @@ class Results:
         return sum(f.usage.completion_tokens for f in self.finished)
 
     @property
+    def reasoning_tokens(self) -> int:
+        return sum(f.usage.reasoning_tokens for f in self.finished)
+
+    @property
     def cached_tokens(self) -> int:
         return sum(c.cached_tokens for c in self.counts[::self.per_prompt] if c is not None)
 
     @property
     def usage(self) -> Usage:
-        return Usage(self.prompt_tokens, self.completion_tokens)
+        return Usage(self.prompt_tokens, self.completion_tokens, self.reasoning_tokens)
 
     def summary(self) -> Finished:
         """The first choice's Finished with the summed usage (for the request_done record)."""

@@ -209,7 +209,8 @@ def finished_to_proto(f: Finished) -> pb.Finished:
     return pb.Finished(
         finish_reason=f.finish_reason.value,
         usage=pb.Usage(prompt_tokens=f.usage.prompt_tokens,
-                       completion_tokens=f.usage.completion_tokens),
+                       completion_tokens=f.usage.completion_tokens,
+                       reasoning_tokens=f.usage.reasoning_tokens),
         content=f.content, tool_calls=[tool_call_to_proto(c) for c in f.tool_calls],
         constraint_json=_json_or_none(f.constraint), error_json=_json_or_none(f.error),
         timings=dict(f.timings), stop_sequence=f.stop_sequence, reasoning=f.reasoning)
@@ -219,7 +220,7 @@ def finished_from_proto(msg: pb.Finished) -> Finished:
     constraint, error = _opt(msg, "constraint_json"), _opt(msg, "error_json")
     return Finished(
         _enum(FinishReason, msg.finish_reason, "finish_reason"),
-        Usage(msg.usage.prompt_tokens, msg.usage.completion_tokens),
+        Usage(msg.usage.prompt_tokens, msg.usage.completion_tokens, msg.usage.reasoning_tokens),
         content=msg.content, tool_calls=tuple(tool_call_from_proto(c) for c in msg.tool_calls),
         constraint=None if constraint is None else json.loads(constraint),
         error=None if error is None else json.loads(error),

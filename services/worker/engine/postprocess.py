@@ -209,7 +209,8 @@ class Postprocessor:
         constraint = report.to_dict() if report is not None else None
         timings = _timings(job)
         stop_sequence = output.stop.matched if output.stop is not None else None
-        self._send(job, Finished(reason, Usage(job.num_prompt_tokens, job.num_output_tokens),
+        usage = Usage(job.num_prompt_tokens, job.num_output_tokens, output.reasoning_tokens)
+        self._send(job, Finished(reason, usage,
                                  content=output.content(), reasoning=output.reasoning(),
                                  tool_calls=calls, constraint=constraint,
                                  error=error.to_dict() if error is not None else None,

@@ -43,6 +43,7 @@ class Publication:
         self.tools = tools
         self._content: list[str] = []  # published content (without a tool stream)
         self._reasoning: list[str] = []
+        self.reasoning_tokens = 0  # committed tokens read in reasoning (the close token included)
 
     # ---------------------------------------------------------------- state
 
@@ -69,8 +70,11 @@ class Publication:
     def feed(self, tokens: Sequence[int]) -> list[GenerationEvent]:
         """Events of newly committed output tokens (EOS ids publish nothing)."""
         events: list[GenerationEvent] = []
-        for piece in self.phases.feed(tokens):
-            self._piece(piece, events)
+        for t in tokens:
+            if self.phases.in_reasoning:
+                self.reasoning_tokens += 1
+            for piece in self.phases.feed((t,)):
+                self._piece(piece, events)
         return events
 
     def finish(self, *, complete: bool) -> list[GenerationEvent]:
