@@ -32,7 +32,8 @@ from services.grammar.schema import reduce_tool_arguments, schema_to_ebnf
 from services.grammar.schema.context import Context, child
 from services.grammar.schema.emit import Emitter
 from services.grammar.schema.nodes import NoValue, ObjectType, ReducedSchema
-from services.grammar.schema.patterns import PatternSupport
+from services.grammar.schema.patterns import PatternSupport, _tree_only
+from services.grammar.schema.regex_json import lower
 from services.grammar.tools import ToolSpec, embed
 from services.grammar.xml_values import JSON, MIXED, NEVER, RAW, RawStrings, parameter_kind, \
     resolve
@@ -79,12 +80,17 @@ def _strict_parameters(tool: ToolDefinition, index: int, prefix: str,
                                   "format")
         params.append((name, kind, node, name in required))
     json_props = tuple((n, node) for n, kind, node, _ in params if kind == JSON)
+    def pattern_tree(node):  # as the content emission reads a one-pattern string
+        patterns.check(node, ctx)
+        return lower(patterns.tree(node.patterns[0]))
+
     emitter = Emitter(ReducedSchema(ObjectType(json_props, (), NoValue()), reduced.defs),
-                      patterns.ebnf)
+                      pattern_tree, pattern_ebnf=patterns.ebnf, one_pattern=_tree_only,
+                      context=ctx)
     text = emitter.grammar()
     out = []
     for name, kind, node, req in params:
-        expr = prefix + emitter.rule(node) if kind == JSON else \
+        expr = prefix + emitter.rule(node, 0) if kind == JSON else \
             raw.expression(node, reduced, child("/properties", name))
         out.append((name, kind, expr, req))
     body, _ = embed(text, prefix)
