@@ -210,3 +210,36 @@ async def test_json_schema_with_thinking_budget_forced_and_natural_close(served)
             assert fin.constraint["complete"] and fin.constraint["terminated"]
         else:
             assert fin.finish_reason.value == "length" and not fin.constraint["terminated"]
+
+
+def test_cli_thinking_budget_and_no_thinking(served, tmp_path):
+    """`infernix generate --model DIR --thinking-budget N`: the JSON result carries the
+    reasoning and the content apart, and the budget's forced close shows in reasoning_tokens;
+    `--no-thinking` gives no reasoning. Plain output: content on stdout, reasoning on stderr."""
+    import argparse
+    import io
+
+    from services.worker.cli import add_generate_parser, run_generate
+
+    _, runtime = served
+
+    def generate(*flags: str) -> tuple[int, str, str]:
+        parser = argparse.ArgumentParser()
+        add_generate_parser(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["generate", "--model", runtime.name, "--prompt",
+                                  "Is the sky blue?", "--temperature", "0", "--max-tokens", "9",
+                                  "--max-len", "256", *flags])
+        out, err = io.StringIO(), io.StringIO()
+        status = run_generate(args, out, err, runtime=runtime)
+        return status, out.getvalue(), err.getvalue()
+
+    status, out, _ = generate("--thinking-budget", "3", "--json")
+    result = json.loads(out)
+    assert status == 0 and result["reasoning"] and result["content"]
+    assert result["usage"]["reasoning_tokens"] in (4, 5)  # 3, a "\n"?, </think>
+    status, out, _ = generate("--no-thinking", "--json")
+    assert status == 0 and json.loads(out)["reasoning"] == ""
+    status, out, err = generate("--thinking-budget", "3")
+    assert status == 0 and out == result["content"] + "\n" and err == result["reasoning"] + "\n"
+    status, _, err = generate("--thinking-budget", "-1")
+    assert status == 2 and json.loads(err)["error"]["field"] == "thinking_budget"
