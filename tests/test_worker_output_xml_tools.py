@@ -262,3 +262,47 @@ def test_the_companion_clears_a_repeated_name_in_the_session_masks(served):
         assert any(legal(without, t) for t in repeat)
         assert not any(legal(with_names, t) for t in repeat)
         assert legal(with_names, ord("x"))  # a longer name stays legal
+
+
+@pytest.mark.asyncio
+async def test_continued_assistant_message_completes_its_unfinished_call(served):
+    """ContinueFinalAssistant with a tool grammar: the matcher takes the prefix as tokens (the
+    spelled `<tool_call>` as its token), the decoder reads the unfinished call from it, and only
+    the suffix is new: no content is published again, the call's start and its fragments so far
+    go out first, and the fragments concatenate to arguments that validate with the prefix's
+    "Pa" kept. A prefix holding a completed call is refused (history calls are never published
+    again)."""
+    from shared.errors import InvalidRequest
+
+    runtime, _ = served
+    prefix = "Sure.\n\n<tool_call>\n<function=weather>\n<parameter=city>\nPa"
+    seen = 0
+    client = open_client(runtime, max_batch=1, max_len=4096)
+    try:
+        for seed in range(4):
+            prompt = PromptInput(messages=(ChatMessage("user", "go"),
+                                           ChatMessage("assistant", prefix)),
+                                 tools=TOOLS, continue_final_assistant=True)
+            options = RequestOptions(max_tokens=60, sampling=SamplingParams(seed=seed))
+            events = await _run(client, GenerateRequest(f"c{seed}", prompt, options,
+                                                        runtime.name))
+            fin = events[-1]
+            assert fin.error is None and fin.reasoning == "" and fin.content == ""
+            if fin.finish_reason.value != "tool_calls":
+                continue
+            _check_stream(events, fin)
+            assert isinstance(events[1], ToolCallStart) and events[1].name == "weather"  # after Started
+            args = json.loads(fin.tool_calls[0].arguments_json)
+            jsonschema.validate(args, WEATHER)
+            assert args["city"].startswith("Pa")
+            seen += 1
+        done = prefix + "\n</parameter>\n<parameter=days>\n1\n</parameter>\n</function>\n" \
+            "</tool_call>"
+        with pytest.raises(InvalidRequest):
+            await _run(client, GenerateRequest("done", PromptInput(
+                messages=(ChatMessage("user", "go"), ChatMessage("assistant", done)),
+                tools=TOOLS, continue_final_assistant=True), RequestOptions(max_tokens=4),
+                runtime.name))
+    finally:
+        await client.aclose()
+    assert seen >= 1

@@ -78,6 +78,8 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
     output = Publication(runtime.frontend.phase_decoder(prompt.phase),
                          stop=StopStrings(options.stop) if options.stop else None,
                          tools=_tool_stream(request, tool_spec, runtime))
+    if prompt.prefix and output.tools is not None:  # the decoder reads the continued call too
+        output.continue_from(runtime.frontend.continuation_tokens(prompt.prefix))
     return PreparedRequest(
         request=request, prompt_ids=prompt.token_ids, session=session, max_new_tokens=budget,
         sampling=resolve_sampling(options.sampling, runtime.defaults, constrained),
@@ -174,8 +176,14 @@ async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
     compiled = result.grammar
     stats = result.stats
 
+    # A tool grammar is token-level in its free text and call openers: it continues the prefix
+    # as tokens (a spelled opener as its token; completed calls are refused there).
+    prefix_tokens = frontend.continuation_tokens(prompt.prefix) \
+        if tool_spec is not None and prompt.prefix else ()
+
     def make() -> OutputSession:
         session = OutputSession(domain, compiled, prefix=prompt.prefix, cache=stats.hit,
+                                prefix_tokens=prefix_tokens,
                                 built=stats.built, waited=stats.waited,
                                 compile_ms=stats.compile_ms,
                                 branch="undecided" if tool_spec is not None else "content",

@@ -12,7 +12,10 @@ where the format makes it a control token: ConstrainedToolStream for a tool gram
 reader otherwise); content bytes after the thinking separator publish as generated.
 
 Only committed tokens are fed (after the Program commit and the session's confirm), so nothing
-here is ever rolled back. `feed` and `finish` return the protocol events in order; afterwards
+here is ever rolled back. A continued final assistant message (`continue_from`) is read first and
+not published ("Only the new suffix is published"), except the head of a call the prefix leaves
+unfinished: its start and argument fragments so far go out with the first events, so that the
+streamed fragments still concatenate to the call's arguments. `feed` and `finish` return the protocol events in order; afterwards
 `content()`, `reasoning()` and `tool_calls()` hold the aggregate result, which the streamed
 events concatenate to by construction.
 """
@@ -24,7 +27,9 @@ from typing import TYPE_CHECKING, Sequence
 from services.worker.output.stop_strings import StopStrings
 from shared.frontends.pieces import Control
 from shared.frontends.thinking import PhaseDecoder
-from shared.generation import GenerationEvent, ReasoningDelta, TextDelta, ToolCall
+from shared.generation import (
+    GenerationEvent, ReasoningDelta, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallStart,
+)
 
 if TYPE_CHECKING:
     from shared.frontends.formats.hermes import ToolStream
@@ -44,6 +49,7 @@ class Publication:
         self._content: list[str] = []  # published content (without a tool stream)
         self._reasoning: list[str] = []
         self.reasoning_tokens = 0  # committed tokens read in reasoning (the close token included)
+        self._pending: list[GenerationEvent] = []  # an unfinished continued call's head
 
     # ---------------------------------------------------------------- state
 
@@ -67,9 +73,21 @@ class Publication:
 
     # ---------------------------------------------------------------- input
 
+    def continue_from(self, tokens: Sequence[int]) -> None:
+        """Read the continued content `tokens` (the Frontend's continuation tokens) without
+        publishing it. Only a tool stream keeps state from it; its content stays unpublished."""
+        if self.tools is None:
+            return
+        events: list[GenerationEvent] = []
+        for piece in self.phases.feed(tokens):
+            if not isinstance(piece, ReasoningDelta):
+                events += self.tools.feed(piece)
+        self.tools.forget_content()
+        self._pending = [e for e in events if isinstance(e, (ToolCallStart, ToolCallArgumentsDelta))]
+
     def feed(self, tokens: Sequence[int]) -> list[GenerationEvent]:
         """Events of newly committed output tokens (EOS ids publish nothing)."""
-        events: list[GenerationEvent] = []
+        events, self._pending = self._pending, []
         for t in tokens:
             if self.phases.in_reasoning:
                 self.reasoning_tokens += 1
@@ -82,7 +100,7 @@ class Publication:
         stop-string look-behind, the tool stream's last events. `complete`: the output ended
         normally (EOS). Raises InternalError when the tool stream finds a constrained call it
         cannot read (an implementation inconsistency, never content)."""
-        events: list[GenerationEvent] = []
+        events, self._pending = self._pending, []
         for piece in self.phases.finish():
             self._piece(piece, events)
         if self.stop is not None:

@@ -83,7 +83,8 @@ class OutputSession:
     `waited`, `compile_ms`: the compile-cache outcome for the report. `names`: the XML tool
     grammar's ParameterNameConstraint companion (non-strict tools), which shares every matcher
     transaction: it clears the masks' tokens that would repeat an argument name and follows
-    every accept and rollback.
+    every accept and rollback. `prefix_tokens`: the continued content as tokens, for a tool
+    grammar (the Frontend's `continuation_tokens`), accepted instead of `prefix` bytes.
 
     Raises InvalidRequest(field="prefix") when the prefix is not UTF-8 or the grammar refuses it,
     InternalError when the grammar
@@ -102,6 +103,7 @@ class OutputSession:
         waited: bool = False,
         compile_ms: float = 0.0,
         names: ParameterNameConstraint | None = None,
+        prefix_tokens: Sequence[int] = (),
     ) -> None:
         start = time.perf_counter()
         if branch not in BRANCHES or cache not in CACHE_HITS:
@@ -129,7 +131,14 @@ class OutputSession:
         if vocab != domain.size:
             raise InternalError(f"grammar compiled for {vocab} token ids, domain has {domain.size}")
         self._matcher = compiled.matcher()
-        if prefix and not self._matcher.accept_bytes(prefix):
+        if prefix_tokens:
+            for t in prefix_tokens:
+                if not self._matcher.accept_token(int(t)):
+                    raise InvalidRequest("the continued content prefix is not a prefix of the "
+                                         "constrained output language", field="prefix")
+                if self._names is not None:
+                    self._names.accept(int(t))
+        elif prefix and not self._matcher.accept_bytes(prefix):
             raise InvalidRequest("the continued content prefix is not a prefix of the constrained "
                                  "output language", field="prefix")
         self._counters.prepare_seconds += time.perf_counter() - start
