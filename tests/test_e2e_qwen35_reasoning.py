@@ -157,3 +157,64 @@ async def test_history_reasoning_reaches_the_template(served):
     counts = [(await an.messages.count_tokens(model=model, messages=m)).input_tokens
               for m in (plain, thought)]
     assert counts[1] > counts[0]
+
+
+async def test_continued_final_message_publishes_only_the_suffix(served):
+    """Chat `continue_final_message` and Anthropic's prefilled last assistant turn with a JSON
+    Schema: the matcher starts from the prefix `{"ok":`, only the suffix is published, and
+    prefix + suffix is the schema-valid whole (the constraint report judges the whole). The
+    continuation starts in content: no reasoning."""
+    model, oa, an, _ = served
+    prefix = '{"ok":'
+    chat = await oa.chat.completions.create(
+        model=model, max_tokens=40, temperature=0,
+        messages=ASK + [{"role": "assistant", "content": prefix}],
+        response_format={"type": "json_schema", "json_schema": {"name": "ok", "schema": SCHEMA}},
+        extra_body={"continue_final_message": True})
+    message = await an.messages.create(
+        model=model, max_tokens=40, messages=ASK + [{"role": "assistant", "content": prefix}],
+        output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
+        extra_body={"top_k": 1})
+    texts = [(chat.choices[0].message.content, chat.choices[0].finish_reason)]
+    texts.append(("".join(b.text for b in message.content if b.type == "text"),
+                  "stop" if message.stop_reason == "end_turn" else message.stop_reason))
+    assert getattr(chat.choices[0].message, "reasoning_content", None) is None
+    assert [b.type for b in message.content] == ["text"]
+    assert any(finish == "stop" for _, finish in texts), texts
+    for suffix, finish in texts:
+        assert not suffix.startswith(prefix)
+        if finish == "stop":
+            jsonschema.validate(json.loads(prefix + suffix), SCHEMA)
+    with pytest.raises(openai.BadRequestError) as info:
+        await oa.chat.completions.create(model=model, messages=ASK, max_tokens=4,
+                                         extra_body={"continue_final_message": True})
+    assert info.value.param == "continue_final_message"
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
+                                            "days": {"type": "integer", "minimum": 1,
+                                                     "maximum": 3}},
+           "required": ["city", "days"], "additionalProperties": False}
+
+
+async def test_chat_strict_xml_tool_call_streams_its_arguments(served):
+    """A strict tool named by tool_choice, with thinking on: the reasoning comes first, then one
+    call whose streamed `arguments` deltas concatenate to the aggregate's arguments, valid
+    against the tool's schema (jsonschema)."""
+    model, oa, _, _ = served
+    ask = dict(model=model, messages=[{"role": "user", "content": "Weather in Paris?"}],
+               max_tokens=60, temperature=0, extra_body={"thinking_budget": 2},
+               tools=[{"type": "function", "function": {"name": "weather", "parameters": WEATHER,
+                                                        "strict": True}}],
+               tool_choice={"type": "function", "function": {"name": "weather"}})
+    whole = await oa.chat.completions.create(**ask)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.reasoning_content
+    (call,) = choice.message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    arguments, names = "", []
+    async for chunk in await oa.chat.completions.create(stream=True, **ask):
+        for delta in chunk.choices[0].delta.tool_calls or () if chunk.choices else ():
+            names += [delta.function.name] if delta.function.name else []
+            arguments += delta.function.arguments or ""
+    assert (names, arguments) == (["weather"], call.function.arguments)
