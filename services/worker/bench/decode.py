@@ -113,12 +113,9 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
                           prefill_chunk=max(512, opts.prompt_tokens + 32),
                           cuda_graphs=opts.cuda_graphs)
     client = open_in_process(runtime, config)
-    compiled = []
     try:
-        for schema in schemas:  # compile outside every timed round; keep them for the reference
-            result = await client.engine.grammar.compile(OutputConstraint.json_schema(schema),
-                                                         model=runtime.name)
-            compiled.append(result.grammar)
+        for schema in schemas:  # compile outside every timed round
+            await client.engine.grammar.compile(OutputConstraint.json_schema(schema), model=runtime.name)
         rows = {}
         for b in opts.batch_sizes:
             prompts = prompt_texts(runtime, b, opts.prompt_tokens)
@@ -134,7 +131,7 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
                                          entry["unconstrained"]["tpot_p50_ms"])
             rows[b] = entry
             partial({"engine": rows})
-        return rows, compiled
+        return rows
     finally:
         await client.aclose()
 
@@ -152,13 +149,13 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     """Run the whole benchmark on `runtime`; returns the report's `results` and `targets`.
     `log(line)` gets progress lines; `partial(results)` the raw results measured so far after
     each batch size (so an interrupted run still leaves numbers)."""
-    engine, compiled = asyncio.run(_bench_engine(runtime, opts, log, partial))
+    engine = asyncio.run(_bench_engine(runtime, opts, log, partial))
     done = {"engine": engine}
     reference = None
     if opts.reference:
         from services.worker.bench.reference import bench_reference
 
-        reference = bench_reference(runtime, opts, compiled, log,
+        reference = bench_reference(runtime, opts, log,
                                      lambda rows: partial({**done, **rows}))
     rows = []
     for b in opts.batch_sizes:

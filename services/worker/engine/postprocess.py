@@ -194,6 +194,10 @@ class Postprocessor:
                 self._send(job, event)
         except InternalError as exc:  # the grammar confirmed a call the decoder cannot read
             reason, error = FinishReason.ERROR, exc
+        except Exception as exc:  # a decoder bug fails this request, never the engine thread
+            log.exception("tool_stream_finish_failed", request_id=job.request_id)
+            reason, error = FinishReason.ERROR, InternalError(
+                f"reading the tool calls failed: {type(exc).__name__}: {exc}")
         calls = output.tool_calls()
         if calls and reason is FinishReason.STOP:
             reason = FinishReason.TOOL_CALLS
