@@ -311,8 +311,10 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
     finished = results.first
     status = _status(finished)
     output = []
-    if finished.reasoning:
-        output.append(_reasoning_item(_item_id("rs"), finished.reasoning, "completed"))
+    if finished.reasoning:  # incomplete when the output was cut while still reasoning
+        cut = status == "incomplete" and not finished.content and not finished.tool_calls
+        output.append(_reasoning_item(_item_id("rs"), finished.reasoning,
+                                      "incomplete" if cut else "completed"))
     if finished.content or not finished.tool_calls:
         output.append(_message_item(_item_id("msg"), finished.content, status))
     output += [_call_item(_item_id("fc"), c.id, c.name, c.arguments_json, "completed")
@@ -347,7 +349,7 @@ class Streamer:
             return []
         index = len(self.output)
         if item["type"] == "reasoning":
-            done = _reasoning_item(item["id"], self.text, "completed")
+            done = _reasoning_item(item["id"], self.text, status)
             events = [
                 self._ev("response.reasoning_text.done", item_id=item["id"], output_index=index,
                          content_index=0, text=self.text),
@@ -424,7 +426,8 @@ class Streamer:
 
     def finish(self, results: Results) -> list[SSE]:
         status = _status(results.first)
-        out = self._close(status if self.open and self.open["type"] == "message" else "completed")
+        out = self._close(status if self.open and self.open["type"] in ("message", "reasoning")
+                          else "completed")
         obj = response_object(self.tr, self.created, status, self.output, results)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + [self._ev(kind, response=obj)]
