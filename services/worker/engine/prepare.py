@@ -72,14 +72,21 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
             f"tokens and the context holds {max_len}: at most {room} output tokens fit",
             field="max_tokens")
     budget = options.max_tokens or room
-    session = await _output_session(request, prompt, tool_spec, runtime=runtime, grammar=grammar)
+    # Off the loop: a strict XML tool's value coding reduces its schema, as its grammar does.
+    tools = await asyncio.to_thread(_tool_stream, request, tool_spec, runtime)
+    # With tools active a continued assistant message is read as tokens: a tool grammar is
+    # token-level in its free text and call openers (a spelled opener is its token; a completed
+    # call in the prefix is refused there), and the decoder reads the call it leaves open.
+    prefix_tokens = runtime.frontend.continuation_tokens(prompt.prefix) \
+        if prompt.prefix and tools is not None else ()
+    session = await _output_session(request, prompt, tool_spec, prefix_tokens, runtime=runtime,
+                                    grammar=grammar)
     constrained = session.constrained
     seed = options.sampling.seed
     output = Publication(runtime.frontend.phase_decoder(prompt.phase),
-                         stop=StopStrings(options.stop) if options.stop else None,
-                         tools=_tool_stream(request, tool_spec, runtime))
-    if prompt.prefix and output.tools is not None:  # the decoder reads the continued call too
-        output.continue_from(runtime.frontend.continuation_tokens(prompt.prefix))
+                         stop=StopStrings(options.stop) if options.stop else None, tools=tools)
+    if prefix_tokens:
+        output.continue_from(prefix_tokens)
     return PreparedRequest(
         request=request, prompt_ids=prompt.token_ids, session=session, max_new_tokens=budget,
         sampling=resolve_sampling(options.sampling, runtime.defaults, constrained),
@@ -163,8 +170,8 @@ def _constraint_kind(request: GenerateRequest, tool_spec: ToolSpec | None) -> st
 
 
 async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
-                          tool_spec: ToolSpec | None, *, runtime: ModelRuntime,
-                          grammar: GrammarClient) -> OutputSession:
+                          tool_spec: ToolSpec | None, prefix_tokens: tuple[int, ...], *,
+                          runtime: ModelRuntime, grammar: GrammarClient) -> OutputSession:
     """A tool grammar (tools active), else the content constraint, else none. Raises the
     GrammarClient's typed errors, and ConstraintDeadEnd when nothing is legal at position 0."""
     domain, frontend = runtime.domain, runtime.frontend
@@ -176,14 +183,9 @@ async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
     compiled = result.grammar
     stats = result.stats
 
-    # A tool grammar is token-level in its free text and call openers: it continues the prefix
-    # as tokens (a spelled opener as its token; completed calls are refused there).
-    prefix_tokens = frontend.continuation_tokens(prompt.prefix) \
-        if tool_spec is not None and prompt.prefix else ()
-
     def make() -> OutputSession:
         session = OutputSession(domain, compiled, prefix=prompt.prefix, cache=stats.hit,
-                                prefix_tokens=prefix_tokens,
+                                prefix_tokens=prefix_tokens if tool_spec is not None else (),
                                 built=stats.built, waited=stats.waited,
                                 compile_ms=stats.compile_ms,
                                 branch="undecided" if tool_spec is not None else "content",
