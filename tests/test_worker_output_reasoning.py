@@ -106,9 +106,10 @@ async def test_unconstrained_reasoning_and_budget_forced_close_equal_transformer
     whole output is reasoning; with `thinking_budget` N the close is forced after N reasoning
     tokens, content follows, and both streams equal transformers' greedy output split by the
     framing rule. Deltas concatenate to Finished's reasoning and content; the forced tokens count
-    toward completion_tokens."""
+    toward completion_tokens. One lane and preemption at every chance: the two requests pause
+    each other, so the forced close is also replayed (prefilled again) after a pause."""
     hf, runtime = served
-    client = open_client(runtime, max_batch=2, max_len=256)
+    client = open_client(runtime, max_batch=1, max_len=256, preempt_after_s=0.0)
     try:
         free, forced = await asyncio.gather(
             run(client, GenerateRequest("free", PromptInput(messages=QUESTION), greedy(10),
@@ -129,6 +130,7 @@ async def test_unconstrained_reasoning_and_budget_forced_close_equal_transformer
     assert free[2].content == "" and free[2].reasoning
     assert forced[2].content and forced[2].reasoning
     assert client.engine.metrics.forced_closes._value.get() == 1
+    assert client.engine.metrics.preemptions._value.get() >= 2
 
 
 @pytest.mark.asyncio
