@@ -175,6 +175,10 @@ class WorkerMetrics:
         self.prefix_hit_rate.set(stats.hit_rate)
         self.kv_blocks.labels(state="available").set(free_blocks)
         self.kv_blocks.labels(state="cached").set(cached_blocks)
+        self.forced_closes = Counter(
+            "infernix_worker_thinking_forced_closes_total",
+            "Reasoning phases closed by the thinking budget (the close sequence forced)",
+            registry=self.registry)
 
     def finished(self, constraint: str, outcome: str, *, ttft: float | None, tpot: float | None,
                  mask_seconds: float, prompt_tokens: int, completion_tokens: int) -> None:

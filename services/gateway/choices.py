@@ -61,6 +61,10 @@ class Results:
         return sum(f.usage.completion_tokens for f in self.finished)
 
     @property
+    def reasoning_tokens(self) -> int:
+        return sum(f.usage.reasoning_tokens for f in self.finished)
+
+    @property
     def cached_tokens(self) -> int:
         """Prompt tokens the worker's prefix cache held: known at admission, so reported in
         Finished's usage (a Started event may carry it too)."""
@@ -69,7 +73,8 @@ class Results:
 
     @property
     def usage(self) -> Usage:
-        return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+        return Usage(self.prompt_tokens, self.completion_tokens, cached_tokens=self.cached_tokens,
+                     reasoning_tokens=self.reasoning_tokens)
 
     def summary(self) -> Finished:
         """The first choice's Finished with the summed usage (for the request_done record)."""

@@ -12,7 +12,8 @@ Two sides, one boundary:
 
 One step:
 
-    retire cancelled / expired -> admit waiting into free lanes -> batch = schedule()
+    retire cancelled / expired -> admit waiting into free lanes (a thinking budget already spent
+    forces its close) -> batch = schedule()
     -> [speculative: drafts for the decode rows (services/worker/spec)]
     -> pending = program.step(batch) -> postprocess.commit(pending)
 
@@ -159,10 +160,10 @@ class Engine:
             job = Request(
                 request_id=request.request_id, prompt_ids=ready.prompt_ids,
                 sampling=ready.sampling, seed=ready.seed, session=ready.session,
-                sink=stream.push, max_new_tokens=ready.max_new_tokens, stop=ready.stop,
+                sink=stream.push, max_new_tokens=ready.max_new_tokens, output=ready.output,
                 stop_token_ids=frozenset(request.options.stop_token_ids),
                 deadline=ready.deadline, timeout_s=request.options.timeout_s,
-                submitted_at=submitted, tool_stream=ready.tool_stream,
+                submitted_at=submitted, thinking_budget=ready.thinking_budget,
                 constraint_kind=ready.constraint_kind)
             self._check_running()  # compilation may have outlived the engine
             with self._lock:
@@ -250,6 +251,9 @@ class Engine:
         blocks = self.program.blocks
         self.metrics.prefix_cache(blocks.stats, free_blocks=blocks.free_blocks,
                                   cached_blocks=blocks.cached_blocks)
+        for job in list(self.scheduler.resident):  # a thinking budget of 0: closed before any sample
+            if job.thinking_due:
+                self.post.force_close(job)
         batch = self.scheduler.schedule()
         if batch is None:
             return False

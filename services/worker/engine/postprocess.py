@@ -32,7 +32,7 @@ from services.worker.request import Request, RequestState
 from services.worker.engine.scheduler import Scheduler
 from services.worker.spec.drafter import SpecCounters
 from shared.errors import InfernixError, InternalError
-from shared.generation import Finished, FinishReason, GenerationEvent, TextDelta, Usage
+from shared.generation import Finished, FinishReason, GenerationEvent, Usage
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
 
@@ -166,30 +166,41 @@ class Postprocessor:
                 preview = round_.previews[i]
                 if job.first_token_at is None:
                     job.first_token_at = now
-                self._emit_text(job, preview.result.text)
-                if preview.result.terminated or preview.stop_id or \
-                        (job.stop is not None and job.stop.stopped):
+                self._emit(job, preview.tokens[:preview.result.accepted])
+                if preview.result.terminated or preview.stop_id or job.output.stopped:
                     self.finish(job, FinishReason.STOP)
                 elif preview.result.length_cut:
                     self.finish(job, FinishReason.LENGTH)
+                elif job.thinking_due:
+                    self.force_close(job)
+
+    def force_close(self, job: Request) -> None:
+        """The thinking budget ran out: force the close sequence (design document: "the control
+        string is injected after a committed round"; "Control strings call no sampler and consume
+        no sampling RNG; they count toward the output budget as before"). The matcher's
+        forced-control preview checks the whole sequence first; the tokens join the committed
+        ledger (the lane's model state reads them with the next step's prefill), and only then
+        are matcher and decoder confirmed and the close published (framing: nothing to see)."""
+        forced = list(job.output.forced_close())
+        if len(forced) > job.remaining:  # the output budget cannot hold the close
+            self.finish(job, FinishReason.LENGTH)
+            return
+        result = job.session.preview_forced(forced, limit=job.remaining,
+                                            position=job.num_output_tokens)
+        if result.failure is not None:
+            self.finish(job, FinishReason.ERROR, result.failure)
+            return
+        job.append_forced(forced)
+        job.session.confirm()
+        self.metrics.forced_closes.inc()
+        self._emit(job, forced)
+        if result.length_cut:
+            self.finish(job, FinishReason.LENGTH)
 
     # ---------------------------------------------------------------- publication
 
-    def _emit_text(self, job: Request, text: str) -> None:
-        if job.stop is not None:
-            text = job.stop.feed(text)
-        if not text:
-            return
-        if job.tool_stream is None:
-            job.published.append(text)
-            self._send(job, TextDelta(text))
-            return
-        self._send_tool_events(job, job.tool_stream.feed(text))
-
-    def _send_tool_events(self, job: Request, events: list) -> None:
-        for event in events:
-            if isinstance(event, TextDelta):
-                job.published.append(event.text)
+    def _emit(self, job: Request, tokens: list[int]) -> None:
+        for event in job.output.feed(tokens):
             self._send(job, event)
 
     def _send(self, job: Request, event: GenerationEvent) -> None:
@@ -207,25 +218,20 @@ class Postprocessor:
             return
         session = job.session
         if not session.finished:
-            self._emit_text(job, session.finish_incomplete())
-        if job.stop is not None:
-            tail = job.stop.flush()
-            if tail:
-                job.published.append(tail)
-                self._send(job, TextDelta(tail))
-        calls: tuple = ()
-        if job.tool_stream is not None:
-            try:
-                self._send_tool_events(job, job.tool_stream.finish(complete=session.ended_normally))
-            except InternalError as exc:  # the grammar confirmed a call the decoder cannot read
-                reason, error = FinishReason.ERROR, exc
-            except Exception as exc:  # a decoder bug fails this request, never the engine thread
-                log.exception("tool_stream_finish_failed", request_id=job.request_id)
-                reason, error = FinishReason.ERROR, InternalError(
-                    f"reading the tool calls failed: {type(exc).__name__}: {exc}")
-            calls = job.tool_stream.tool_calls()
-            if calls and reason is FinishReason.STOP:
-                reason = FinishReason.TOOL_CALLS
+            session.finish_incomplete()  # the publication decoder flushes the held text
+        output = job.output
+        try:
+            for event in output.finish(complete=session.ended_normally):
+                self._send(job, event)
+        except InternalError as exc:  # the grammar confirmed a call the decoder cannot read
+            reason, error = FinishReason.ERROR, exc
+        except Exception as exc:  # a decoder bug fails this request, never the engine thread
+            log.exception("tool_stream_finish_failed", request_id=job.request_id)
+            reason, error = FinishReason.ERROR, InternalError(
+                f"reading the tool calls failed: {type(exc).__name__}: {exc}")
+        calls = output.tool_calls()
+        if calls and reason is FinishReason.STOP:
+            reason = FinishReason.TOOL_CALLS
         if job.lane is not None:
             self.program.release_lane(job.lane)
             job.lane = None
@@ -233,14 +239,16 @@ class Postprocessor:
         job.state = RequestState.TERMINAL
         self._on_terminal(job)
         report = session.report()
-        if report is not None and job.tool_stream is not None:
-            report = dataclasses.replace(report, branch=job.tool_stream.branch)
+        if report is not None and output.branch is not None:
+            report = dataclasses.replace(report, branch=output.branch)
         constraint = report.to_dict() if report is not None else None
         timings = _timings(job)
-        stop_sequence = job.stop.matched if job.stop is not None else None
-        self._send(job, Finished(reason, Usage(job.num_prompt_tokens, job.num_output_tokens,
-                                                 job.num_cached_prompt),
-                                 content=job.content(), tool_calls=calls, constraint=constraint,
+        stop_sequence = output.stop.matched if output.stop is not None else None
+        usage = Usage(job.num_prompt_tokens, job.num_output_tokens,
+                      cached_tokens=job.num_cached_prompt, reasoning_tokens=output.reasoning_tokens)
+        self._send(job, Finished(reason, usage,
+                                 content=output.content(), reasoning=output.reasoning(),
+                                 tool_calls=calls, constraint=constraint,
                                  error=error.to_dict() if error is not None else None,
                                  timings=timings, stop_sequence=stop_sequence))
         decode_tokens = job.num_output_tokens - 1
