@@ -122,6 +122,9 @@ class WorkerPool(WorkerClient):
     async def _check(self, member: PoolMember, *, suspect: bool = False) -> None:
         try:
             health = await asyncio.wait_for(member.client.health(), self.health_timeout_s)
+            if isinstance(health, dict) and health.get("status", "ok") != "ok":
+                # It answers, but cannot serve (e.g. its engine stopped): out of rotation.
+                raise RuntimeError(f"the worker reports status {health['status']!r}")
             if isinstance(health, dict):
                 member.reported_load = sum(int(health.get(key, 0) or 0)
                                            for key in ("resident", "waiting", "preparing"))
