@@ -245,3 +245,27 @@ def _chat_request():
     from shared.generation import ChatMessage, GenerateRequest, PromptInput
 
     return GenerateRequest("r", PromptInput(messages=(ChatMessage("user", "hi"),)), model=MODEL)
+
+
+@pytest.mark.asyncio
+async def test_a_worker_refusing_because_it_cannot_serve_passes_the_request_on():
+    """A worker that refuses a request because it cannot serve at all (ServiceUnavailable naming
+    the worker, e.g. its engine stopped) is taken out and the request runs on another worker; a
+    refusal naming another service (the grammar service) is the request's answer."""
+    from services.gateway.pool import WorkerPool
+    from shared.errors import GrammarServiceUnavailable, ServiceUnavailable
+
+    down = FakeWorker(Script(raise_before=ServiceUnavailable("the engine is not running",
+                                                             service="worker")))
+    fine = FakeWorker(Script(text=("ok",)))
+    pool = WorkerPool([down, fine], health_interval_s=60)
+    try:
+        events = [e async for e in pool.generate(_chat_request())]
+        assert events[-1].content == "ok" and len(down.requests) == 1
+        assert [m.healthy for m in pool.members] == [False, True]
+        fine.reset(Script(raise_before=GrammarServiceUnavailable("down", service="grammar")))
+        with pytest.raises(GrammarServiceUnavailable):
+            await anext(pool.generate(_chat_request()))
+        assert pool.members[1].healthy
+    finally:
+        await pool.aclose()

@@ -227,6 +227,12 @@ class WorkerPool(WorkerClient):
                     overloaded = exc
                     log.info("worker_full", request_id=request.request_id, worker=member.name)
                     continue
+                except ServiceUnavailable as exc:
+                    if exc.service != "worker":  # a dependency of the request, not the worker
+                        raise
+                    self._take_out(member, f"it cannot serve: {exc.message}")
+                    log.info("worker_retry", request_id=request.request_id, worker=member.name)
+                    continue
                 except StopAsyncIteration:
                     raise InternalError("the worker ended the stream without a Finished "
                                         "event") from None
