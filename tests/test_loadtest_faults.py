@@ -13,7 +13,9 @@ The workers are `infernix worker serve` with small random weights over the SmolL
 own command line. The same stack (one per module) first shows, with real processes, that a
 non-streaming request whose client left is cancelled at its worker (§4), that a full worker queue
 answers 429 with a Retry-After (§5), and then, under the faults, that a stream on the SIGKILLed
-worker ends with a typed terminal event and is logged with what it had streamed (§6, §8).
+worker ends with a typed terminal event and is logged with what it had streamed (§6, §8). A
+smaller stack first (a worker without fallback whose grammar service is unreachable, and the
+gateway) shows the typed 503 `grammar_service_unavailable` and the readiness it reports (§1, §8).
 """
 
 from __future__ import annotations
@@ -195,6 +197,40 @@ def _chat(max_tokens: int, **extra) -> dict:
 
 
 @pytest.mark.asyncio
+async def test_without_fallback_a_grammar_service_outage_is_a_typed_503_and_not_ready():
+    """§1/§8 through the gateway, with real processes: a worker that may not compile by itself
+    (`--grammar-fallback off`) whose grammar service cannot be reached answers a new grammar with
+    a 503 `grammar_service_unavailable` and a Retry-After (not '500 internal_error ... see
+    logs'), still serves plain requests, and the gateway's /readyz is 503 naming the grammar
+    service while /healthz stays 200 and says degraded."""
+    nowhere = f"127.0.0.1:{free_port()}"  # nothing listens there
+    worker = WorkerProcess("--grammar", nowhere, "--grammar-fallback", "off", "--lanes", "2",
+                           "--max-len", "1024", "--grammar-retry-s", "0.5", name="strict")
+    gateway = GatewayProcess(worker.address)
+    try:
+        worker.start()
+        gateway.start()
+        await worker.wait_healthy()
+        await gateway.until_workers_healthy(1)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(gateway.url + "/v1/chat/completions", json=_chat(
+                    8, structured_outputs={"regex": "no-service-[0-9]"})) as reply:
+                status, body, retry = reply.status, await reply.json(), reply.headers
+            plain = await one_request(session, gateway.url, Scenario(
+                "plain", 1, "/v1/chat/completions", _chat(4)), 60)
+        await _until(lambda: gateway.get("/readyz")[0] == 503)
+        ready, live = gateway.get("/readyz"), gateway.get("/healthz")
+    finally:
+        gateway.kill()
+        worker.kill()
+    assert status == 503 and body["error"]["code"] == "grammar_service_unavailable", body
+    assert int(retry["Retry-After"]) >= 1
+    assert plain.outcome == "ok", plain
+    assert ready[1]["status"] == "not_ready" and "grammar_service" in ready[1]["missing"], ready
+    assert live[0] == 200 and live[1]["degraded"] is True, live
+
+
+@pytest.mark.asyncio
 async def test_a_client_leaving_a_non_streaming_request_cancels_it_at_its_worker(stack):
     """§4: 'Non-streaming requests whose client disconnected run to their token limit. Cancel
     them as streaming ones are.' A request for 1,900 tokens of an endless language is cancelled
@@ -311,3 +347,4 @@ async def test_a_mixed_load_loses_nothing_while_redis_grammar_and_a_worker_are_k
     assert fallbacks >= 1, fallbacks
     assert live[0] == 200 and live[1]["degraded"] is True, live
     assert ready[0] == 200 and ready[1]["status"] == "ready", ready  # degraded, but it serves
+
