@@ -13,9 +13,10 @@ The workers are `infernix worker serve` with small random weights over the SmolL
 own command line. The same stack (one per module) first shows, with real processes, that a
 non-streaming request whose client left is cancelled at its worker (§4), that a full worker queue
 answers 429 with a Retry-After (§5), and then, under the faults, that a stream on the SIGKILLed
-worker ends with a typed terminal event and is logged with what it had streamed (§6, §8). A
-smaller stack first (a worker without fallback whose grammar service is unreachable, and the
-gateway) shows the typed 503 `grammar_service_unavailable` and the readiness it reports (§1, §8).
+worker ends with a typed terminal event and is logged with what it had streamed (§6, §8). Two
+smaller stacks first show, through the gateway, the typed 503 `grammar_service_unavailable` and
+the readiness of a worker without fallback whose grammar service is unreachable (§1, §8), and the
+typed 429 and 400 of the cold-compile limits (§2).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import RedisServer, free_port
-from tests.grammar_process import GrammarProcess
+from tests.grammar_process import UNBOUNDED_GRAMMARS, GrammarProcess, optional_properties
 from tests.tiny_worker import WorkerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "loadtest"))
@@ -229,6 +230,50 @@ async def test_without_fallback_a_grammar_service_outage_is_a_typed_503_and_not_
     assert ready[1]["status"] == "not_ready" and "grammar_service" in ready[1]["missing"], ready
     assert live[0] == 200 and live[1]["degraded"] is True, live
 
+
+@pytest.mark.asyncio
+async def test_cold_compile_limits_reach_the_client_typed():
+    """§2 through the gateway, with real processes: the issue's slow schema (2,000 optional
+    properties, ~100 KB) holds the only cold slot; a new schema sent meanwhile waits 1 s for a
+    slot and gets a 429 `overloaded` with a Retry-After; the slow one is stopped at the 4 s
+    compile deadline and answered 400 `constraint_too_complex` naming the limit and the field
+    (before, both were 500s after up to 60 s)."""
+    grammar = GrammarProcess(None, "--compile-deadline-s", "4", "--cold-slot-wait-s", "1",
+                             "--max-cold-compiles", "1")
+    worker = WorkerProcess("--grammar", grammar.address, "--lanes", "2", "--max-len", "1024",
+                           name="limits", env=UNBOUNDED_GRAMMARS)
+    gateway = GatewayProcess(worker.address)
+
+    def schema_body(schema: dict) -> dict:
+        return _chat(8, response_format={"type": "json_schema", "json_schema": {
+            "name": "s", "schema": schema}})
+
+    async def post(session: aiohttp.ClientSession, body: dict) -> tuple[int, dict, str | None]:
+        async with session.post(gateway.url + "/v1/chat/completions", json=body) as reply:
+            return reply.status, await reply.json(), reply.headers.get("Retry-After")
+
+    try:
+        for process in (grammar, worker, gateway):
+            process.start()
+        await grammar.wait_healthy()
+        await worker.wait_healthy()
+        await gateway.until_workers_healthy(1)
+        async with aiohttp.ClientSession() as session:
+            slow = asyncio.ensure_future(post(session, schema_body(optional_properties(2000))))
+            await grammar.until(lambda h: h["cold_compiles"] == 1)
+            busy = await post(session, schema_body({"type": "array",
+                                                    "items": {"type": "boolean"}}))
+            stopped = await slow
+    finally:
+        for process in (gateway, worker, grammar):
+            process.kill()
+    status, body, retry = busy
+    assert (status, body["error"]["code"]) == (429, "overloaded"), busy
+    assert int(retry) >= 1
+    status, body, _ = stopped
+    assert (status, body["error"]["code"]) == (400, "constraint_too_complex"), stopped
+    assert body["error"]["param"] == "response_format", body
+    assert "compile_deadline_s" in body["error"]["message"], body
 
 @pytest.mark.asyncio
 async def test_a_client_leaving_a_non_streaming_request_cancels_it_at_its_worker(stack):
