@@ -16,7 +16,8 @@ answers 429 with a Retry-After (§5), and then, under the faults, that a stream 
 worker ends with a typed terminal event and is logged with what it had streamed (§6, §8). Two
 smaller stacks first show, through the gateway, the typed 503 `grammar_service_unavailable` and
 the readiness of a worker without fallback whose grammar service is unreachable (§1, §8), and the
-typed 429 and 400 of the cold-compile limits (§2).
+typed 429 and 400 of the cold-compile limits (§2); a one-lane worker shows preemption by Replay
+keeping greedy outputs unchanged (§9).
 """
 
 from __future__ import annotations
@@ -276,6 +277,51 @@ async def test_cold_compile_limits_reach_the_client_typed():
     assert "compile_deadline_s" in body["error"]["message"], body
 
 @pytest.mark.asyncio
+async def test_preempted_requests_resume_with_the_same_output_in_a_worker_process():
+    """§9 with a real worker process over gRPC: 'a constrained request preempted and resumed
+    produces the same greedy output as one that never was.' One lane and preemption at once
+    (`--lanes 1 --preempt-after 0`): two constrained greedy requests sent together take the lane
+    from each other; each output equals the same request sent alone."""
+    from services.worker.remote import GrpcWorkerClient
+    from shared.contract import OutputConstraint
+    from shared.generation import (
+        ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions, SamplingParams,
+    )
+
+    worker = WorkerProcess("--lanes", "1", "--preempt-after", "0", "--max-len", "1024",
+                           name="preempt")
+
+    def request(rid: str, text: str) -> GenerateRequest:
+        return GenerateRequest(rid, PromptInput(messages=(ChatMessage("user", text),)),
+                               RequestOptions(max_tokens=16, sampling=SamplingParams(temperature=0),
+                                              constraint=OutputConstraint.regex("[a-z ]{8,40}")),
+                               model="smollm2")
+
+    async def run(client: GrpcWorkerClient, rid: str, text: str) -> Finished:
+        return [e async for e in client.generate(request(rid, text))][-1]
+
+    prompts = ("first prompt", "the second one")
+    try:
+        worker.start()
+        await worker.wait_healthy()
+        client = GrpcWorkerClient("127.0.0.1", worker.port)
+        try:
+            alone = [await run(client, f"alone{i}", p) for i, p in enumerate(prompts)]
+            assert _metric(worker.metrics_port, "infernix_worker_preemptions_total") == 0
+            together = await asyncio.gather(*(run(client, f"both{i}", p)
+                                              for i, p in enumerate(prompts)))
+        finally:
+            await client.aclose()
+        preemptions = _metric(worker.metrics_port, "infernix_worker_preemptions_total")
+    finally:
+        worker.kill()
+    assert preemptions >= 1
+    for want, got in zip(alone, together):
+        assert got.error is None and got.finish_reason == want.finish_reason, got
+        assert got.content == want.content and got.usage == want.usage
+
+
+@pytest.mark.asyncio
 async def test_a_client_leaving_a_non_streaming_request_cancels_it_at_its_worker(stack):
     """§4: 'Non-streaming requests whose client disconnected run to their token limit. Cancel
     them as streaming ones are.' A request for 1,900 tokens of an endless language is cancelled
@@ -392,4 +438,5 @@ async def test_a_mixed_load_loses_nothing_while_redis_grammar_and_a_worker_are_k
     assert fallbacks >= 1, fallbacks
     assert live[0] == 200 and live[1]["degraded"] is True, live
     assert ready[0] == 200 and ready[1]["status"] == "ready", ready  # degraded, but it serves
+
 
