@@ -37,7 +37,8 @@ from services.worker.engine.stream import RequestStream
 from services.worker.program import Program
 from services.worker.request import Request
 from services.worker.spec import SpecCounters, check_backend, check_model, load_draft, make_drafter
-from shared.errors import DeadlineExceeded, InternalError, InvalidRequest, Overloaded
+from shared.errors import (DeadlineExceeded, InternalError, InvalidRequest, Overloaded,
+                           ServiceUnavailable)
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
@@ -149,7 +150,8 @@ class Engine:
 
         Raises (before any event) what `prepare` raises, InvalidRequest(field="request_id") for
         an id already running, Overloaded(resource="waiting_queue") when `max_waiting` requests
-        already wait for a lane, InternalError when the engine is not running."""
+        already wait for a lane, ServiceUnavailable(service="worker") when the engine is not
+        running."""
         submitted = time.monotonic()
         self._check_running()
         self._admission()  # from here it counts as live: a burst cannot all pass at once
@@ -228,8 +230,9 @@ class Engine:
                          f"{retry:.0f} s", resource="waiting_queue", retry_after_s=round(retry, 1))
 
     def _check_running(self) -> None:
-        if not self._running:
-            raise InternalError("the engine is not running")
+        if not self._running:  # stopped (or its thread failed): another worker may serve it
+            raise ServiceUnavailable("the engine is not running", service="worker",
+                                     retry_after_s=1.0)
 
     def _forget(self, job: Request) -> None:
         with self._lock:

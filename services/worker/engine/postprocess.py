@@ -20,7 +20,6 @@ Failure rules (design document, section 5):
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Callable
@@ -110,8 +109,8 @@ class Postprocessor:
             cut = next((k for k, t in enumerate(tokens) if t in job.stop_token_ids), None)
             result = job.session.preview(tokens if cut is None else tokens[:cut],
                                          limit=job.remaining, position=job.num_output_tokens)
-            if result.failure is None and row.num_drafts and job.stop is not None \
-                    and result.accepted > 1 and _stops(job, result.text):
+            if result.failure is None and row.num_drafts and job.output.stop is not None \
+                    and result.accepted > 1 and job.output.would_stop(tokens[:result.accepted]):
                 result = self._shortest_stop(job, tokens if cut is None else tokens[:cut])
             if result.failure is not None:
                 round_.failures[i] = result.failure
@@ -130,7 +129,7 @@ class Postprocessor:
         for n in range(1, len(tokens) + 1):
             result = job.session.preview(tokens[:n], limit=job.remaining,
                                          position=job.num_output_tokens)
-            if result.failure is not None or n == len(tokens) or _stops(job, result.text):
+            if result.failure is not None or n == len(tokens) or job.output.would_stop(tokens[:n]):
                 return result
             job.session.discard()
         raise AssertionError("unreachable: the last prefix returns")
@@ -261,13 +260,6 @@ class Postprocessor:
                  prompt_tokens=job.num_prompt_tokens, cached_tokens=job.num_cached_prompt,
                  completion_tokens=job.num_output_tokens,
                  error=error.type_name if error is not None else None, constraint=constraint)
-
-
-def _stops(job: Request, text: str) -> bool:
-    """Feeding `text` would complete one of the request's stop strings (the state is copied)."""
-    probe = copy.copy(job.stop)
-    probe.feed(text)
-    return probe.stopped
 
 
 def _kept(row, preview: _Preview | None) -> int:

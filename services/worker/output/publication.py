@@ -22,6 +22,7 @@ events concatenate to by construction.
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Sequence
 
 from services.worker.output.stop_strings import StopStrings
@@ -66,6 +67,28 @@ class Publication:
     def branch(self) -> str | None:
         """The tool stream's publication branch ("undecided" | "content" | "tools"), if any."""
         return self.tools.branch if self.tools is not None else None
+
+    def would_stop(self, tokens: Sequence[int]) -> bool:
+        """Feeding `tokens` would complete a stop string (nothing here changes): a verification
+        round keeps only the shortest prefix that does, as one-token decoding would."""
+        if self.stop is None or self.stopped:
+            return False
+        shared = {id(self.phases.domain): self.phases.domain,
+                  id(self.phases.thinking): self.phases.thinking}
+        phases, stop = copy.deepcopy(self.phases, shared), copy.deepcopy(self.stop)
+        for t in tokens:
+            for piece in phases.feed((t,)):
+                if isinstance(piece, ReasoningDelta):
+                    continue
+                if isinstance(piece, Control):
+                    if self.tools is not None:  # the tool stream takes it; held text flushes
+                        stop.flush()
+                        continue
+                    piece = piece.spelling
+                stop.feed(piece)
+                if stop.stopped:
+                    return True
+        return False
 
     def forced_close(self) -> tuple[int, ...]:
         """The close sequence a thinking budget forces now; () outside reasoning."""
