@@ -162,6 +162,10 @@ class WorkerMetrics:
             "infernix_worker_kv_blocks", "KV pool blocks by state (available: free or evictable; "
             "cached: in the prefix cache, referenced or not)", ["state"], registry=self.registry)
         self._prefix_seen = (0, 0, 0)
+        self.forced_closes = Counter(
+            "infernix_worker_thinking_forced_closes_total",
+            "Reasoning phases closed by the thinking budget (the close sequence forced)",
+            registry=self.registry)
 
     def prefix_cache(self, stats, *, free_blocks: int, cached_blocks: int) -> None:
         """Bring the prefix-cache metrics up to `stats` (a program/blocks.PrefixCacheStats with
@@ -175,10 +179,6 @@ class WorkerMetrics:
         self.prefix_hit_rate.set(stats.hit_rate)
         self.kv_blocks.labels(state="available").set(free_blocks)
         self.kv_blocks.labels(state="cached").set(cached_blocks)
-        self.forced_closes = Counter(
-            "infernix_worker_thinking_forced_closes_total",
-            "Reasoning phases closed by the thinking budget (the close sequence forced)",
-            registry=self.registry)
 
     def finished(self, constraint: str, outcome: str, *, ttft: float | None, tpot: float | None,
                  mask_seconds: float, prompt_tokens: int, completion_tokens: int) -> None:
