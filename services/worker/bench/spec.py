@@ -184,13 +184,16 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
     client = open_in_process(runtime, config)
     engine = client.engine
     try:
-        # Warm-up (compiles the schema, first kernels) outside the timed round, unspeculated.
+        # Warm-up (compiles the schema, first kernels, decode graphs) outside the timed round.
         drafter, engine.drafter = engine.drafter, None
         await asyncio.gather(*(_finished(client, r) for r in
                                _requests(runtime, prompts, schema, 4, f"w{tag}")))
         if backend == "oracle":
             drafter = HostDrafter.from_context(oracle, k)
         engine.drafter = drafter
+        if drafter is not None:  # a speculated warm-up too: verify graphs are captured lazily
+            await asyncio.gather(*(_finished(client, r) for r in
+                                   _requests(runtime, prompts, schema, 2 * k + 4, f"v{tag}")))
         if record is not None:
             engine.finish_listeners.append(
                 lambda job: record.__setitem__(job.request_id, job.prompt_ids + tuple(job.output_ids)))
