@@ -97,7 +97,7 @@ def dialect_of(uri: str) -> Dialect | None:
     return None
 
 
-def _one_edit(a: str, b: str) -> bool:
+def one_edit(a: str, b: str) -> bool:
     """True when a and b differ by exactly one insertion, deletion, substitution or transposition
     of two adjacent characters."""
     if a == b or abs(len(a) - len(b)) > 1:
@@ -125,7 +125,7 @@ def near_miss(name: str, dialect: Dialect) -> str | None:
     if _vendor(name):
         return None
     for kw in sorted(dialect.assertions):
-        if name.lower() == kw.lower() or (len(kw) >= 4 and _one_edit(name, kw)):
+        if name.lower() == kw.lower() or (len(kw) >= 4 and one_edit(name, kw)):
             return kw
     return None
 
