@@ -16,7 +16,7 @@ from typing import Any
 from services.grammar.schema import applicators
 from services.grammar.schema.algebra import Graph
 from services.grammar.schema.context import MAX_DEPTH, Context, child
-from services.grammar.schema.exclusive import prove_exclusive
+from services.grammar.schema.exclusive import exclusive_by_type, prove_exclusive
 from services.grammar.schema.dialects import (
     ALL_ASSERTIONS, DRAFT_2020, Dialect, dialect_of, foreign_dialects, near_miss,
 )
@@ -163,6 +163,9 @@ class Reader:
             prove_exclusive(self.graph, branches, at)
             return make_union(branches)
         except UnsupportedSchema as unproved:
+            sliced = exclusive_by_type(self.graph, branches, at)
+            if sliced is not None:
+                return sliced
             if len(branches) > MAX_ONE_OF_COMPLEMENTS:
                 raise unproved
             others = [applicators.complement(self, x, at) for x in raw]
