@@ -38,7 +38,7 @@ def _reduce(schema: Any, ctx: Context, patterns: PatternSupport) -> ReducedSchem
 
 
 def _reduce_graph(schema: Any, ctx: Context, patterns: PatternSupport) -> tuple[ReducedSchema, Graph]:
-    graph = Graph(ctx, patterns.matches)
+    graph = Graph(ctx, patterns.matches, patterns.empty)
     reader = Reader(schema, ctx, graph)
     root = reader.read(schema)
     reduced = ReducedSchema(root, graph.defs, tuple(sorted(reader.annotations)))

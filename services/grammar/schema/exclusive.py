@@ -46,9 +46,17 @@ def _disjoint(graph: Graph, a: Node, b: Node, pointer: str, depth: int = 0) -> b
         return all(_disjoint(graph, br, other, pointer, depth) for br in u.branches)
     if isinstance(a, (IntegerType, NumberType)) and isinstance(b, (IntegerType, NumberType)):
         return _ranges_disjoint(a, b)
-    if isinstance(a, StringType) and isinstance(b, StringType) and not (a.patterns or b.patterns):
-        return (a.max_length is not None and a.max_length < b.min_length) or \
-            (b.max_length is not None and b.max_length < a.min_length)
+    if isinstance(a, StringType) and isinstance(b, StringType):
+        if (a.max_length is not None and a.max_length < b.min_length) or \
+                (b.max_length is not None and b.max_length < a.min_length):
+            return True
+        if (a.patterns or b.patterns) and graph.string_empty is not None:
+            # patterns/formats of both on one string: an empty intersection proves disjointness
+            hi = a.max_length if b.max_length is None else \
+                b.max_length if a.max_length is None else min(a.max_length, b.max_length)
+            both = StringType(max(a.min_length, b.min_length), hi, a.patterns + b.patterns)
+            return graph.string_empty(both) is True
+        return False
     if isinstance(a, ObjectType) and isinstance(b, ObjectType) and depth < MAX_MEMBER_DEPTH:
         return _objects_disjoint(graph, a, b, pointer, depth) or \
             _objects_disjoint(graph, b, a, pointer, depth)
@@ -120,8 +128,8 @@ def _parts(graph: Graph, node: Node, pointer: str, depth: int = 0) -> list[tuple
 def exclusive_by_type(graph: Graph, branches: list[Node], pointer: str) -> Node | None:
     """oneOf read one JSON type at a time, exactly: a value of type T is valid when exactly one
     branch accepts it. Where two branches accept every value of T (their T parts are the whole
-    type: e.g. object keywords without `type` leave null, strings, ... unconstrained), no value of
-    T is valid; where one branch does and no other has a T part, all of T is; otherwise the T parts
+    type: e.g. object keywords without `type` leave null, strings, ... unconstrained), or the same
+    T part (equal nodes) in every branch that has one, no value of T is valid; where one branch does and no other has a T part, all of T is; otherwise the T parts
     of different branches must be provably disjoint (`_disjoint`) and their union is the result.
     None where a type cannot be decided so (the caller refuses or tries complements)."""
     try:
@@ -137,6 +145,8 @@ def exclusive_by_type(graph: Graph, branches: list[Node], pointer: str) -> Node 
         fulls = [i for i in having if full in owners[i]]
         if len(fulls) >= 2:
             continue  # every value of t is in two branches
+        if len(having) >= 2 and all(set(owners[i]) == set(owners[having[0]]) for i in having):
+            continue  # the same t part in every branch that has one: each such value is in two
         if fulls:
             if len(having) > 1:
                 return None  # all of t but what the others accept: no complement read here

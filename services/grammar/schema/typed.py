@@ -173,7 +173,7 @@ def _string(r: "Reader", s: dict, pointer: str, fmt: str | None) -> Node:
     elif fmt is not None and fmt not in formats.STRING_NO_CONSTRAINT and "type" in s and \
             s["type"] == "string":
         raise r.ctx.unsupported(child(pointer, "format"), f"format {fmt!r} does not apply to strings")
-    return string_type(lo, hi, patterns)
+    return r.graph.satisfiable(string_type(lo, hi, patterns))
 
 
 def _array(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
