@@ -7,6 +7,8 @@
     infernix grammar check --batch corpus/schemas.jsonl > corpus/result.jsonl
     # 3. the figures (compile rate, invalid accepted, valid accepted, typed rejections):
     python scripts/schema_corpus.py summarize corpus/schemas.jsonl corpus/result.jsonl
+    # only some schemas (those a change can affect), as a corpus of their own:
+    python scripts/schema_corpus.py subset corpus/schemas.jsonl --ids IDS --out corpus/part.jsonl
 
 Each corpus line is a `grammar check --batch` line: {"json_schema": ..., "values": [...]} plus
 "id", "source", "split" ("dev" or "held": a hash of the id decides), and "valid" (one boolean per
@@ -184,13 +186,15 @@ def summarize(args: argparse.Namespace) -> int:
         valid_total = valid_ok = invalid_total = invalid_accepted = 0
         bad = []
         for c, r in compiled:
-            for value, ok, acc in zip(c["values"], c["valid"], r.get("values_accepted", [])):
+            layout = r.get("values_accepted", [])
+            raw = r.get("values_accepted_raw", [False] * len(layout))
+            for value, ok, acc, acc_raw in zip(c["values"], c["valid"], layout, raw):
                 if ok:
                     valid_total += 1
                     valid_ok += bool(acc)
                 else:
                     invalid_total += 1
-                    if acc:
+                    if acc or acc_raw:  # wrongly accepted in either text
                         invalid_accepted += 1
                         bad.append(c["id"])
         rejected = [r for _, r in rows if not r.get("ok")]
@@ -211,6 +215,18 @@ def summarize(args: argparse.Namespace) -> int:
         }
     json.dump(out, sys.stdout, indent=1)
     print()
+    return 0
+
+
+def subset(args: argparse.Namespace) -> int:
+    """The corpus lines whose ids are listed (one per line, or comma-separated) in `--ids`, in
+    corpus order: for re-running only the schemas a change can affect."""
+    with open(args.ids, encoding="utf-8") as f:
+        wanted = {i.strip() for i in f.read().replace(",", "\n").split("\n") if i.strip()}
+    with open(args.corpus, encoding="utf-8") as f, open(args.out, "w", encoding="utf-8") as out:
+        for line in f:
+            if line.strip() and json.loads(line)["id"] in wanted:
+                out.write(line)
     return 0
 
 
@@ -236,6 +252,11 @@ def main() -> int:
     s.add_argument("corpus")
     s.add_argument("result")
     s.set_defaults(func=summarize)
+    u = sub.add_parser("subset")
+    u.add_argument("corpus")
+    u.add_argument("--ids", required=True, help="a file of corpus ids (lines or commas)")
+    u.add_argument("--out", required=True)
+    u.set_defaults(func=subset)
     args = p.parse_args()
     return args.func(args)
 

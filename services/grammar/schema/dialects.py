@@ -1,7 +1,10 @@
 """JSON Schema dialects (draft-04, -06, -07, 2019-09, 2020-12): their keywords and differences.
 
 A dialect is chosen by the root `$schema` (http or https, with or without the empty fragment `#`);
-no `$schema` means 2020-12. What differs between them and what the reader does with it:
+no `$schema` means 2020-12. A subschema's own `$schema` switches the dialect for its subtree and
+for the references followed from there, as `jsonschema` reads it (`Reader._nested_dialect`; a
+definition reached in two dialects, or identifiers inside a subtree of another dialect than the
+document's, are refused). What differs between them and what the reader does with it:
 
 - draft-04: `id` (not `$id`) names a resource; `exclusiveMinimum`/`exclusiveMaximum` are booleans
   that make `minimum`/`maximum` exclusive; no `const`, `contains`, `propertyNames`, `if`.
