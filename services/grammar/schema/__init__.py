@@ -44,7 +44,9 @@ def _reduce_graph(schema: Any, ctx: Context, patterns: PatternSupport) -> tuple[
     reduced = ReducedSchema(root, graph.defs, tuple(sorted(reader.annotations)))
     _finalize(reduced, ctx, patterns)
     if isinstance(graph.resolve(root, ""), NoValue):
-        raise ctx.unsupported("", "the schema accepts no JSON value (unsatisfiable)")
+        why = "" if graph.first_empty is None else \
+            f"; the first string found to match nothing: {graph.first_empty!r}"
+        raise ctx.unsupported("", f"the schema accepts no JSON value (unsatisfiable{why})")
     return reduced, graph
 
 

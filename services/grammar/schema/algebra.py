@@ -120,6 +120,7 @@ class Graph:
         # string_empty(node: StringType) -> bool | None: whether no string satisfies the node's
         # patterns and lengths together (None: not decided within the automaton limits)
         self.string_empty = string_empty
+        self.first_empty: str | None = None  # the pointer of the first string found empty
 
     # -- references -------------------------------------------------------------------------
     def resolve(self, node: Node, pointer: str) -> Node:
@@ -205,6 +206,8 @@ class Graph:
         if isinstance(node, StringType) and self.string_empty is not None and node.patterns and \
                 (len(node.patterns) > 1 or node.min_length > 0 or node.max_length is not None) and \
                 self.string_empty(node) is True:
+            if self.first_empty is None:
+                self.first_empty = node.patterns[-1].pointer
             return NEVER
         return node
 

@@ -12,8 +12,8 @@ from fractions import Fraction
 
 from services.grammar.schema.algebra import Graph, type_domain
 from services.grammar.schema.nodes import (
-    AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType, NumberType,
-    ObjectType, StringType, Union, make_union,
+    FULL_TYPES, AnyValue, IntegerType, Literals, Node, NoValue, NumberType, ObjectType, StringType,
+    Union, make_union,
 )
 from shared.errors import UnsupportedSchema
 
@@ -95,8 +95,7 @@ def _ranges_disjoint(a: IntegerType | NumberType, b: IntegerType | NumberType) -
 
 
 # The parts of a node that cover every value of their type (see `_parts`).
-_FULL = {"null": NullType(), "boolean": BooleanType(), "number": NumberType(), "string": StringType(),
-         "array": ArrayType(), "object": ObjectType()}
+_FULL = FULL_TYPES
 
 
 def _parts(graph: Graph, node: Node, pointer: str, depth: int = 0) -> list[tuple[str, Node]] | None:
