@@ -245,3 +245,31 @@ def test_cli_thinking_budget_and_no_thinking(served, tmp_path):
     assert status == 0 and out == result["content"] + "\n" and err == result["reasoning"] + "\n"
     status, _, err = generate("--thinking-budget", "-1")
     assert status == 2 and json.loads(err)["error"]["field"] == "thinking_budget"
+
+
+@pytest.mark.asyncio
+async def test_speculative_rounds_stop_at_the_thinking_budget(served):
+    """Design: the thinking budget's close "is injected after a committed round"; a verification
+    round emits drafts + 1 tokens, so its drafts stop where the budget ends and the output equals
+    one-token decoding's. The proposer drafts transformers' greedy continuation *without* a budget,
+    so uncapped drafts would all be accepted past the budget."""
+    from services.worker.spec import HostDrafter
+    from services.worker.spec.oracle import OracleProposer
+
+    hf, runtime = served
+    prompt = list(runtime.prepare(PromptInput(messages=QUESTION)).token_ids)
+    proposer = OracleProposer()
+    proposer.record(prompt + oracle(hf, runtime, 14, budget=None))
+    client = open_client(runtime, max_batch=1, max_len=256, speculative="ngram", num_draft_tokens=4)
+    client.engine.drafter = HostDrafter.from_context(proposer, 4)
+    try:
+        reasoning, text, fin = await run(client, GenerateRequest(
+            "spec", PromptInput(messages=QUESTION), greedy(14, thinking_budget=5), runtime.name))
+    finally:
+        await client.aclose()
+    want = oracle(hf, runtime, 14, budget=5)
+    want_reasoning, want_content = split(runtime, want)
+    assert client.engine.speculation.accepted > 0  # the rounds did verify drafts
+    assert "".join(reasoning) == fin.reasoning == want_reasoning
+    assert "".join(text) == fin.content == want_content
+    assert client.engine.metrics.forced_closes._value.get() == 1

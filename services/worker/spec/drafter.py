@@ -65,14 +65,19 @@ class HostDrafter:
         """The batch with each row's drafts after its anchor (or, for a device drafter, how
         many the Program may draft), and the seconds spent proposing.
 
-        A row proposes at most k drafts, fewer where its output budget (the round emits drafts
-        + 1 tokens) or its lane (the last draft sits at position start + n < max_len) ends; a
+        A row proposes at most k drafts, fewer where its output budget or its thinking budget
+        (the round emits drafts + 1 tokens) or its lane (the last draft sits at position
+        start + n < max_len) ends; a
         batch where no row has a draft stays an ordinary decode step."""
         start = time.perf_counter()
         rows = []
         for row in batch.rows:
             job = row.request
             limit = min(self.k, job.remaining - 1, max_len - 1 - row.start)
+            if job.thinking_budget is not None and job.output.in_reasoning:
+                # The round must not pass the thinking budget: its close is forced there, as in
+                # ordinary decoding, which samples one token a step.
+                limit = min(limit, job.thinking_budget - job.num_output_tokens - 1)
             if self.device:
                 rows.append(replace(row, draft_limit=max(0, limit)))
                 continue
