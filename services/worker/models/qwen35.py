@@ -78,6 +78,7 @@ class Qwen35Model(nn.Module):
                 fuse_linears(layer.linear_attn, GDN_PROJECTIONS)
             else:
                 fuse_linears(layer.self_attn, ATTENTION_PROJECTIONS)
+                layer.self_attn.fused = True
             fuse_linears(layer.mlp, MLP_PROJECTIONS)
         for module in self.modules():
             if isinstance(module, Qwen35RMSNorm):
