@@ -1,17 +1,23 @@
 """The sample stage of a step: the rows' sampling parameters and penalty history on the device,
 then the masked sampling kernel (the mask applied before candidate selection).
 
-Triton kernels on CUDA, their plain-torch reference on the CPU (kernels/sampling*.py).
+A batch whose rows are all greedy takes the masked argmax (kernels/sampling_greedy.py: no sort,
+no top-k, no parameters unless penalized) on every device. Otherwise the Triton kernels on CUDA,
+their plain-torch reference on the CPU (kernels/sampling*.py). The parameters are built and
+uploaded once per batch membership (the same requests in the same order); a step of an unchanged
+batch only uploads the output positions (the RNG key), from a pinned buffer without blocking.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from kernels.sampling_contract import PenaltyHistory, SamplingParams
+from kernels.sampling_greedy import sample_greedy
 from shared.frontends.token_domain import TokenDomain
 
 if TYPE_CHECKING:
@@ -31,6 +37,9 @@ class Sampler:
         else:
             from kernels.sampling_ref import sample_reference as sample
         self._sample = sample
+        self._members: list = []  # the requests whose parameters `_static` holds, in order
+        self._static: SamplingParams | None = None
+        self._host_position = torch.zeros(0, dtype=torch.int64)
 
     def sample(self, z: torch.Tensor, requests: Sequence["Request"], mask: torch.Tensor | None,
                mask_row: torch.Tensor | None):
@@ -41,22 +50,43 @@ class Sampler:
         if self._never is not None:
             z = z.index_fill(1, self._never, float("-inf"))  # never-generable ids
         s = [r.sampling for r in requests]
-        params = SamplingParams.from_rows(
-            len(requests), temperature=[p.temperature for p in s], top_k=[p.top_k for p in s],
-            top_p=[p.top_p for p in s], min_p=[p.min_p for p in s],
-            repetition_penalty=[p.repetition_penalty for p in s],
-            presence_penalty=[p.presence_penalty for p in s],
-            frequency_penalty=[p.frequency_penalty for p in s],
-            seed=[r.seed for r in requests], position=[r.num_output_tokens for r in requests],
-            device=self.device)
+        penalties = self._penalties(requests)
         if all(p.temperature == 0 for p in s):
-            width = 1
-        elif all(p.top_k > 0 for p in s):
+            return sample_greedy(z, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
+                                 penalties=penalties,
+                                 params=None if penalties is None else self.params(requests))
+        params = self.params(requests)
+        if all(p.top_k > 0 for p in s):
             width = min(max(p.top_k for p in s), self.domain.size)
         else:
             width = None
         return self._sample(z, params, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
-                            penalties=self._penalties(requests), candidate_width=width)
+                            penalties=penalties, candidate_width=width)
+
+    def params(self, requests: Sequence["Request"]) -> SamplingParams:
+        """The rows' parameters on the device: rebuilt when the membership changed, else only
+        the positions are uploaded (non-blocking from pinned memory on CUDA)."""
+        n = len(requests)
+        if self._static is None or len(self._members) != n or \
+                any(a is not b for a, b in zip(self._members, requests)):
+            s = [r.sampling for r in requests]
+            self._static = SamplingParams.from_rows(
+                n, temperature=[p.temperature for p in s], top_k=[p.top_k for p in s],
+                top_p=[p.top_p for p in s], min_p=[p.min_p for p in s],
+                repetition_penalty=[p.repetition_penalty for p in s],
+                presence_penalty=[p.presence_penalty for p in s],
+                frequency_penalty=[p.frequency_penalty for p in s],
+                seed=[r.seed for r in requests], position=0, device=self.device)
+            self._members = list(requests)
+        if self._host_position.shape[0] < n:
+            self._host_position = torch.zeros(max(n, 2 * self._host_position.shape[0]),
+                                              dtype=torch.int64,
+                                              pin_memory=self.device.type == "cuda")
+        host = self._host_position[:n]
+        host.copy_(torch.tensor([r.num_output_tokens for r in requests], dtype=torch.int64))
+        position = host.to(self.device, non_blocking=True) if self.device.type == "cuda" \
+            else host.clone()
+        return dataclasses.replace(self._static, position=position)
 
     def _penalties(self, requests: Sequence["Request"]) -> PenaltyHistory | None:
         if not any(r.penalized() for r in requests):
