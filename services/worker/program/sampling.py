@@ -37,6 +37,7 @@ class Sampler:
         else:
             from kernels.sampling_ref import sample_reference as sample
         self._sample = sample
+        self.fast_greedy = True  # False: greedy rows through the general kernel (benchmarks' "before")
         self._members: list = []  # the requests whose parameters `_static` holds, in order
         self._static: SamplingParams | None = None
         self._host_position = torch.zeros(0, dtype=torch.int64)
@@ -51,12 +52,14 @@ class Sampler:
             z = z.index_fill(1, self._never, float("-inf"))  # never-generable ids
         s = [r.sampling for r in requests]
         penalties = self._penalties(requests)
-        if all(p.temperature == 0 for p in s):
+        if self.fast_greedy and all(p.temperature == 0 for p in s):
             return sample_greedy(z, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
                                  penalties=penalties,
                                  params=None if penalties is None else self.params(requests))
         params = self.params(requests)
-        if all(p.top_k > 0 for p in s):
+        if all(p.temperature == 0 for p in s):
+            width = 1
+        elif all(p.top_k > 0 for p in s):
             width = min(max(p.top_k for p in s), self.domain.size)
         else:
             width = None
