@@ -2,7 +2,7 @@
 RMSNorm (plain, fused with the residual add, zero-centred), RoPE on q and k, SwiGLU on a fused
 gate|up output.
 
-On CUDA each op is one Triton kernel (kernels/norms.py, rope.py, swiglu.py); elsewhere it is the
+On CUDA each op is one Triton kernel (float32 / float16 / bfloat16) (kernels/norms.py, rope.py, swiglu.py); elsewhere it is the
 cheapest torch form that keeps the kernels' rounding rule (kernels/*_ref.py state it). The
 rounding steps are the models' own: h = x + residual rounded once to the dtype; the Llama
 convention rounds x / rms(x) to the dtype before the weight product, the zero-centred one rounds
@@ -26,11 +26,20 @@ ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 MLP_PROJECTIONS = ("gate_proj", "up_proj")  # swiglu reads gate first, then up
 
 
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def uses_kernels(x: torch.Tensor) -> bool:
+    """Whether the Triton kernels take x: a CUDA tensor of a dtype they read (float64 runs the
+    torch forms, e.g. the float64 test models on CUDA)."""
+    return x.is_cuda and x.dtype in _KERNEL_DTYPES
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
              zero_centered: bool = False) -> torch.Tensor:
     """RMSNorm over the last dimension of x [..., D] (a strided head view is fine); returns a
     tensor of x's shape and dtype."""
-    if x.is_cuda:
+    if uses_kernels(x):
         from kernels.norms import rms_norm as kernel
 
         return kernel(x, weight, eps, zero_centered=zero_centered)
@@ -44,7 +53,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
                  zero_centered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h), h) with h = x + residual rounded to x's dtype, in one kernel on CUDA."""
-    if x.is_cuda:
+    if uses_kernels(x):
         from kernels.norms import add_rms_norm as kernel
 
         return kernel(x, residual, weight, eps, zero_centered=zero_centered)
@@ -57,7 +66,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     """q [B, T, H, D] and k [B, T, Hkv, D] rotated on their first R dims by cos, sin [B, T, R/2]
     (float32). On CUDA in place (q and k may be views of a fused projection output, which they
     then overwrite); elsewhere new tensors. Returns (q, k)."""
-    if q.is_cuda:
+    if uses_kernels(q):
         from kernels.rope import apply_rope_
 
         apply_rope_(q, k, cos, sin)
@@ -80,7 +89,7 @@ def _rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of a fused gate|up output [..., 2I] -> [..., I]."""
-    if gate_up.is_cuda:
+    if uses_kernels(gate_up):
         from kernels.swiglu import swiglu as kernel
 
         return kernel(gate_up)

@@ -38,7 +38,7 @@ class Qwen35RMSNorm(nn.Module):
         self.register_buffer("scale", None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and self.scale is not None:  # frozen: the fused path (one Triton kernel)
+        if self.scale is not None and ops.uses_kernels(x):  # frozen: the fused path (one Triton kernel)
             return ops.rms_norm(x, self.weight, self.eps, zero_centered=True)
         scale = self.scale if self.scale is not None else 1.0 + self.weight.float()  # [dim] f32
         return F.rms_norm(x.float(), (x.shape[-1],), scale, self.eps).to(x.dtype)
@@ -103,7 +103,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = getattr(self, f"fused_{MLP_PROJECTIONS[0]}", None)
-        if weight is not None and x.is_cuda:  # one GEMM, one SwiGLU kernel (layers.py)
+        if weight is not None and ops.uses_kernels(x):  # one GEMM, one SwiGLU kernel (layers.py)
             return self.down_proj(ops.swiglu(F.linear(x, weight)))
         gate, up = project(self, x, MLP_PROJECTIONS)
         return self.down_proj(F.silu(gate) * up)
@@ -138,7 +138,7 @@ class DecoderLayer(nn.Module):
             mixed = self.self_attn(n, cos, sin, state.keys(index), state.values(index), lanes, positions,
                                    visible, kv_len)
         norm = self.post_attention_layernorm
-        if x.is_cuda and norm.scale is not None:  # the residual add fused with the norm
+        if norm.scale is not None and ops.uses_kernels(x):  # the residual add fused with the norm
             m, h = ops.add_rms_norm(mixed, x, norm.weight, norm.eps, zero_centered=True)
             return h + self.mlp(m)
         h = x + mixed
