@@ -5,6 +5,9 @@
     preview every row  ->  Program commit (device state)  ->  confirm (matcher, decoder, ledgers)
     ->  publish  ->  finish the rows that ended
 
+Publishing holds the round's events in an Outbox (stream.py) and hands them over after the last
+row, one event-loop wake-up per step instead of one per event; each stream's order is kept.
+
 Failure rules (design document, section 5):
 - a row whose request was cancelled commits nothing of the round and finishes as cancelled;
 - a row whose result is a constraint dead end or non-finite logits commits zero tokens and
@@ -27,6 +30,7 @@ from services.worker.output.session import PreviewResult
 from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request, RequestState
 from services.worker.engine.scheduler import Scheduler
+from services.worker.engine.stream import Outbox
 from shared.errors import InfernixError, InternalError
 from shared.generation import Finished, FinishReason, GenerationEvent, TextDelta, Usage
 from shared.logging import get_logger
@@ -61,6 +65,7 @@ class Postprocessor:
         self.scheduler = scheduler
         self.metrics = metrics
         self._on_terminal = on_terminal
+        self._outbox: Outbox | None = None  # set while a commit publishes: events batched
 
     # ---------------------------------------------------------------- the commit path
 
@@ -85,7 +90,15 @@ class Postprocessor:
             return
         for i in kept:
             self._confirm(pending, i, round_.previews.get(i))
-        self._publish(pending.batch, round_)
+        self._outbox = Outbox()
+        try:
+            self._publish(pending.batch, round_)
+        finally:
+            outbox, self._outbox = self._outbox, None
+            gone = {id(sink) for sink in outbox.flush()}  # the same bound method the job holds
+            for row in rows if gone else ():  # consumers whose loop closed: stop generating for them
+                if id(row.request.sink) in gone:
+                    row.request.cancel_requested = True
 
     def fail_batch(self, batch: StepBatch, error: InfernixError) -> None:
         for row in batch.rows:
@@ -163,6 +176,9 @@ class Postprocessor:
 
     def _send(self, job: Request, event: GenerationEvent) -> None:
         try:
+            if self._outbox is not None:
+                self._outbox.add(job.sink, event)
+                return
             job.sink(event)
         except Exception:  # the consumer is gone (closed loop): stop generating for it
             job.cancel_requested = True

@@ -119,8 +119,9 @@ class Program:
         if self._ready is not None:
             self._ready.record(torch.cuda.current_stream())
             self._ready.wait()
+        tokens, status = self.host_tokens[:m].tolist(), self.host_status[:m].tolist()  # one read each
         for j, i in enumerate(sampled):
-            results[i] = self._row_result(j, rows[i], fill)
+            results[i] = self._row_result(j, rows[i], fill, tokens[j], status[j])
         return PendingBatch(batch, tuple(results))
 
     def commit(self, pending: PendingBatch, kept: Mapping[int, int]) -> None:
@@ -144,13 +145,11 @@ class Program:
 
     # ---------------------------------------------------------------- internals
 
-    def _row_result(self, j: int, row: BatchRow, fill) -> RowResult:
+    def _row_result(self, j: int, row: BatchRow, fill, token: int, status: int) -> RowResult:
         if j in fill.dead_ends:
             return RowResult(RowOutcome.DEAD_END, error=fill.dead_ends[j])
-        status = int(self.host_status[j])
         if status == SampleStatus.OK:
-            return RowResult(RowOutcome.TOKENS, (int(self.host_tokens[j]),),
-                             mask_bytes=fill.upload_bytes.get(j, 0))
+            return RowResult(RowOutcome.TOKENS, (token,), mask_bytes=fill.upload_bytes.get(j, 0))
         what = "non-finite logits" if status == SampleStatus.NONFINITE else \
             "an empty legal set on the device after the CPU mask said Ready"
         return RowResult(RowOutcome.NONFINITE, error=InternalError(
