@@ -114,3 +114,29 @@ def test_loaders_fuse():
     from tests.worker_support import tiny_runtime
 
     assert tiny_runtime().model.fused
+
+
+# ----------------------------------------------------------------------------- Triton, interpreted
+
+from tests.kernel_backends import INTERPRETED, run_interpreted  # noqa: E402
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="runs inside the interpreted child pytest")
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_interpreter_kernels_serve_the_fused_model(qk_norm, monkeypatch):
+    """The Triton kernels (interpreted on the CPU) on the fused model's real call sites: strided
+    q/k head views of the q|k|v output, in-place RoPE, the residual-fused norms, SwiGLU on the
+    gate|up output; the same greedy tokens and logits within rounding as the op-by-op path."""
+    model = _model(qk_norm, torch.float32, seed=2)
+    prompt = [5, 17, 3, 88, 41, 9]
+    want_tokens, want_logits = _greedy(model, prompt, 4)
+    model.fuse_projections()
+    monkeypatch.setattr(ops, "uses_kernels", lambda x: x.dtype in (torch.float32, torch.bfloat16))
+    got_tokens, got_logits = _greedy(model, prompt, 4)
+    assert got_tokens == want_tokens
+    torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this process is the interpreter run itself")
+def test_fused_model_under_interpreter():
+    run_interpreted(__file__, timeout=600)
