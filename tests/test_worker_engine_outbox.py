@@ -28,7 +28,12 @@ def test_one_wakeup_per_loop_and_order_kept():
     for k in range(3):
         outbox.add(a.push, TextDelta(f"a{k}"))
         outbox.add(b.push, TextDelta(f"b{k}"))
-    outbox.add(others.append, TextDelta("direct"))  # not a stream: delivered at once
+    assert outbox.add(others.append, TextDelta("direct")) == []  # not a stream: delivered at once
+
+    def broken(event):
+        raise RuntimeError("consumer gone")
+
+    assert outbox.add(broken, TextDelta("lost"), "gone") == ["gone"]
     assert others == [TextDelta("direct")] and not calls
     outbox.add(a.push, Finished(FinishReason.STOP, Usage(1, 3)))
     worker = threading.Thread(target=outbox.flush)
@@ -51,6 +56,6 @@ def test_closed_loop_is_reported():
     stream = RequestStream(loop, "gone")
     loop.close()
     outbox = Outbox()
-    outbox.add(stream.push, TextDelta("x"))
-    assert outbox.flush() == [stream.push]
+    assert outbox.add(stream.push, TextDelta("x"), "owner") == []
+    assert outbox.flush() == ["owner"]
     assert outbox.flush() == []  # flushed once

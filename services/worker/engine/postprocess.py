@@ -5,8 +5,10 @@
     preview every row  ->  Program commit (device state)  ->  confirm (matcher, decoder, ledgers)
     ->  publish  ->  finish the rows that ended
 
-Publishing holds the round's events in an Outbox (stream.py) and hands them over after the last
-row, one event-loop wake-up per step instead of one per event; each stream's order is kept.
+Published events are held in an Outbox (stream.py) and delivered by `flush()`, one event-loop
+wake-up for all of them: the Engine flushes right after the next step's forward is launched, so
+the event loop's work on them overlaps the device instead of the host tail, and before the worker
+idles. Each stream's order is kept; the events are published (confirmed) before they are held.
 
 Failure rules (design document, section 5):
 - a row whose request was cancelled commits nothing of the round and finishes as cancelled;
@@ -65,7 +67,7 @@ class Postprocessor:
         self.scheduler = scheduler
         self.metrics = metrics
         self._on_terminal = on_terminal
-        self._outbox: Outbox | None = None  # set while a commit publishes: events batched
+        self._outbox = Outbox()  # published events until the next flush()
 
     # ---------------------------------------------------------------- the commit path
 
@@ -90,15 +92,12 @@ class Postprocessor:
             return
         for i in kept:
             self._confirm(pending, i, round_.previews.get(i))
-        self._outbox = Outbox()
-        try:
-            self._publish(pending.batch, round_)
-        finally:
-            outbox, self._outbox = self._outbox, None
-            gone = {id(sink) for sink in outbox.flush()}  # the same bound method the job holds
-            for row in rows if gone else ():  # consumers whose loop closed: stop generating for them
-                if id(row.request.sink) in gone:
-                    row.request.cancel_requested = True
+        self._publish(pending.batch, round_)
+
+    def flush(self) -> None:
+        """Deliver every held event; a request whose consumer is gone stops generating."""
+        for job in self._outbox.flush():
+            job.cancel_requested = True
 
     def fail_batch(self, batch: StepBatch, error: InfernixError) -> None:
         for row in batch.rows:
@@ -175,13 +174,8 @@ class Postprocessor:
             self._send(job, event)
 
     def _send(self, job: Request, event: GenerationEvent) -> None:
-        try:
-            if self._outbox is not None:
-                self._outbox.add(job.sink, event)
-                return
-            job.sink(event)
-        except Exception:  # the consumer is gone (closed loop): stop generating for it
-            job.cancel_requested = True
+        for gone in self._outbox.add(job.sink, event, job):  # held until flush()
+            gone.cancel_requested = True  # the consumer is gone: stop generating for it
 
     # ---------------------------------------------------------------- finishing
 

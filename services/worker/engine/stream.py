@@ -40,31 +40,35 @@ def _deliver(items: list[tuple["asyncio.Queue[GenerationEvent]", GenerationEvent
 
 
 class Outbox:
-    """One step's events: `add(sink, event)` holds an event for a `RequestStream.push` sink,
-    `flush()` hands them to each event loop with one `call_soon_threadsafe` (one wake-up of the
-    loop per step instead of one per event), in the order they were added. Any other sink is
-    called at once. `flush` returns the sinks whose loop is closed (their consumers are gone)."""
+    """Held events: `add(sink, event, owner)` holds an event for a `RequestStream.push` sink,
+    `flush()` hands everything held to each event loop with one `call_soon_threadsafe` (one
+    wake-up of the loop instead of one per event), in the order added. Any other sink is called
+    at once. Both return the owners whose consumer is gone (a closed loop, a failing sink)."""
 
     def __init__(self) -> None:
         self._held: dict[int, tuple[asyncio.AbstractEventLoop, list, list]] = {}
 
-    def add(self, sink, event: GenerationEvent) -> None:
+    def add(self, sink, event: GenerationEvent, owner=None) -> list:
         stream = getattr(sink, "__self__", None)
         if not isinstance(stream, RequestStream) or getattr(sink, "__func__", None) is not RequestStream.push:
-            sink(event)
-            return
+            try:
+                sink(event)
+            except Exception:  # the consumer is gone
+                return [owner]
+            return []
         entry = self._held.get(id(stream._loop))
         if entry is None:
             entry = self._held[id(stream._loop)] = (stream._loop, [], [])
         entry[1].append((stream._queue, event))
-        entry[2].append(sink)
+        entry[2].append(owner)
+        return []
 
     def flush(self) -> list:
         held, self._held = self._held, {}
         failed = []
-        for loop, items, sinks in held.values():
+        for loop, items, owners in held.values():
             try:
                 loop.call_soon_threadsafe(_deliver, items)
             except RuntimeError:  # the loop is closed
-                failed.extend(sinks)
+                failed.extend(owners)
         return failed

@@ -96,11 +96,15 @@ class Program:
     # ---------------------------------------------------------------- one step
 
     @torch.inference_mode()
-    def step(self, batch: StepBatch) -> PendingBatch:
-        """Forward, masks, sampling for every row of `batch` (at most B rows, distinct lanes)."""
+    def step(self, batch: StepBatch, on_launch=None) -> PendingBatch:
+        """Forward, masks, sampling for every row of `batch` (at most B rows, distinct lanes).
+        `on_launch()`, when given, runs once the forward is launched (on CUDA the device is busy
+        then: host work placed there overlaps it)."""
         rows = batch.rows
         assert 0 < len(rows) <= self.max_batch
         logits = self._forward(batch)  # [n, V] logits after each row's last fed token
+        if on_launch is not None:
+            on_launch()
         sampled = [i for i, r in enumerate(rows) if r.sample]
         results = [RowResult(RowOutcome.NO_OUTPUT)] * len(rows)
         if not sampled:
