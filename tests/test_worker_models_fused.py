@@ -140,3 +140,36 @@ def test_interpreter_kernels_serve_the_fused_model(qk_norm, monkeypatch):
 @pytest.mark.skipif(INTERPRETED, reason="this process is the interpreter run itself")
 def test_fused_model_under_interpreter():
     run_interpreted(__file__, timeout=600)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="runs inside the interpreted child pytest")
+def test_interpreter_kernels_serve_qwen35(monkeypatch):
+    """Issue 14: "the same kernels serve the Qwen3.5 model's attention layers and MLPs": the
+    zero-centred Triton norms (per head on q of the q|gate projection, the residual-fused
+    post-attention norm), partial-rotary RoPE in place and SwiGLU give the op-by-op path's logits."""
+    from services.worker.models.qwen35_runtime import random_qwen35
+
+    model = random_qwen35(dtype=torch.float32, device="cpu", seed=4, vocab_size=64, hidden_size=32,
+                          intermediate_size=48, layer_types=("linear_attention", "full_attention"),
+                          num_heads=2, num_kv_heads=1, head_dim=16, rotary_dim=4,
+                          linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=8,
+                          linear_value_head_dim=8)
+    with torch.no_grad():  # norms away from their identity, so the weights matter
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name.endswith("q_norm.weight") \
+                    or name.endswith("k_norm.weight") or name.endswith("model.norm.weight"):
+                p.normal_(0.0, 0.3)
+        for module in model.modules():
+            if hasattr(module, "freeze"):
+                module.freeze()
+    monkeypatch.setattr(ops, "uses_kernels", lambda x: x.dtype == torch.float32)
+    tokens = torch.tensor([[5, 9, 33, 2, 17, 40, 8]])
+    positions = torch.arange(7)[None]
+    out = {}
+    with torch.inference_mode():
+        for fused in (False, True):
+            model.fused = fused
+            state = model.new_state(2, 16, dtype=torch.float32, device="cpu")
+            out[fused] = model(tokens, positions, state, torch.tensor([1]))
+    assert model.fused
+    torch.testing.assert_close(out[True], out[False], atol=1e-4, rtol=1e-4)

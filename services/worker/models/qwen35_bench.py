@@ -3,7 +3,8 @@ through a CUDA graph and eagerly, beside the memory floor (weight bytes read per
 device copy bandwidth). Writes JSON; no assertion about speed.
 
     python -m services.worker.models.qwen35_bench --out qwen35_bench.json \
-        [--batches 1,8,32,64] [--prompt 512] [--steps 64] [--verify 16] [--layers 32]
+        [--batches 1,8,32,64] [--prompt 512] [--steps 64] [--verify 16] [--layers 32] \
+        [--compare-unfused]
 
 The model is `random_qwen35` (the 9B text shape, bf16; --layers shortens it for a smoke run).
 """
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", type=int, default=16, help="verification width K+1 (0: none)")
     parser.add_argument("--layers", type=int, default=32, help="fewer layers for a smoke run")
     parser.add_argument("--no-graphs", action="store_true")
+    parser.add_argument("--compare-unfused", action="store_true",
+                        help="also time the op-by-op layer path (model.fused = False) per batch")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("qwen35_bench needs CUDA", file=sys.stderr)
@@ -144,8 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     report = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "fla_core": fla_version,
               "layers": args.layers, "copy_bandwidth_GBps": bandwidth / 1e9, "rows": []}
     for batch in (int(b) for b in args.batches.split(",")):
+        unfused = None
+        if args.compare_unfused:
+            model.fused = False
+            unfused = bench_batch(model, batch, prompt=args.prompt, steps=args.steps,
+                                  verify=args.verify, graphs=not args.no_graphs)
+            model.fused = True
         row = bench_batch(model, batch, prompt=args.prompt, steps=args.steps, verify=args.verify,
                           graphs=not args.no_graphs)
+        if unfused is not None:
+            row["unfused"] = unfused
+            before = unfused["decode_ms_graph"] or unfused["decode_ms_eager"]
+            row["decode_speedup_fused_over_unfused"] = before / (row["decode_ms_graph"] or row["decode_ms_eager"])
         weights = weight_bytes_per_step(model, batch)
         gdn_state = 2 * batch * len(model.config.gdn_layers) * model.config.linear_num_value_heads * \
             model.config.linear_key_head_dim * model.config.linear_value_head_dim * 4  # read + write, f32

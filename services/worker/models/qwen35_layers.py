@@ -36,9 +36,10 @@ class Qwen35RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim, dtype=dtype, device=device))
         self.register_buffer("scale", None, persistent=False)
+        self.fused = False  # Qwen35Model.fused: one Triton kernel on CUDA (models/layers.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.scale is not None and ops.uses_kernels(x):  # frozen: the fused path (one Triton kernel)
+        if self.fused and ops.uses_kernels(x):
             return ops.rms_norm(x, self.weight, self.eps, zero_centered=True)
         scale = self.scale if self.scale is not None else 1.0 + self.weight.float()  # [dim] f32
         return F.rms_norm(x.float(), (x.shape[-1],), scale, self.eps).to(x.dtype)
@@ -61,7 +62,7 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=bias, **kw)
         self.q_norm = Qwen35RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
         self.k_norm = Qwen35RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
-        self.fused = False  # Qwen35Model.fuse_projections sets it
+        self.fused = False  # Qwen35Model.fused: RoPE in place on the normed q and k
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [B, T, H, D]; cos, sin: [B, T, rotary_dim/2]: rotate the leading rotary_dim dims only
@@ -100,10 +101,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False, **kw)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False, **kw)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False, **kw)
+        self.fused = False  # Qwen35Model.fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = getattr(self, f"fused_{MLP_PROJECTIONS[0]}", None)
-        if weight is not None and ops.uses_kernels(x):  # one GEMM, one SwiGLU kernel (layers.py)
+        if self.fused and weight is not None and ops.uses_kernels(x):  # one GEMM, one SwiGLU kernel
             return self.down_proj(ops.swiglu(F.linear(x, weight)))
         gate, up = project(self, x, MLP_PROJECTIONS)
         return self.down_proj(F.silu(gate) * up)
@@ -123,6 +125,7 @@ class DecoderLayer(nn.Module):
             self.self_attn = GatedAttention(config, **kw)
         self.post_attention_layernorm = Qwen35RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         self.mlp = MLP(config, **kw)
+        self.fused = False  # Qwen35Model.fused
 
     def forward(self, x: torch.Tensor, state: "Qwen35State", index: int, lanes: torch.Tensor, *,
                 step: "StepIndex | None" = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -138,7 +141,7 @@ class DecoderLayer(nn.Module):
             mixed = self.self_attn(n, cos, sin, state.keys(index), state.values(index), lanes, positions,
                                    visible, kv_len)
         norm = self.post_attention_layernorm
-        if norm.scale is not None and ops.uses_kernels(x):  # the residual add fused with the norm
+        if self.fused and ops.uses_kernels(x):  # the residual add fused with the norm
             m, h = ops.add_rms_norm(mixed, x, norm.weight, norm.eps, zero_centered=True)
             return h + self.mlp(m)
         h = x + mixed
