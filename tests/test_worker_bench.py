@@ -97,7 +97,7 @@ def test_bench_decode_compares_the_unfused_path():
     try:
         report = bench_decode(runtime, DecodeBenchOptions(
             batch_sizes=(2,), max_tokens=4, prompt_tokens=8, reference=False, warmup_tokens=2,
-            compare_unfused=True, breakdown=True))  # no breakdown off CUDA
+            compare_unfused=True, breakdown=True))
     finally:
         torch.set_num_threads(threads)
     assert runtime.model.fused  # left on the serving path
@@ -106,4 +106,10 @@ def test_bench_decode_compares_the_unfused_path():
         assert row["engine_unfused"][mode]["texts"] == row["engine"][mode]["texts"]
         assert row["speedup_fused_over_unfused"][mode] == round(
             row["engine_unfused"][mode]["tpot_p50_ms"] / row["engine"][mode]["tpot_p50_ms"], 4)
-    assert "breakdown" not in row and report["breakdown"] is None
+    assert report["breakdown"]["copy_bandwidth_GBps"] > 0
+    for path in ("fused", "unfused"):
+        step = row["breakdown"][path]
+        assert step["forward_ms"] > 0 and step["sample_ms"] > 0 and step["floor_ms"] > 0
+        assert step["tpot_ms"] == row[{"fused": "engine", "unfused": "engine_unfused"}[path]][
+            "unconstrained"]["tpot_p50_ms"]
+        assert step["host_ms"] == round(step["tpot_ms"] - step["forward_ms"] - step["sample_ms"], 4)

@@ -1,15 +1,17 @@
-"""The device side of one decode step, timed with CUDA events, beside the memory floor.
+"""The device side of one decode step, timed with CUDA events (on the CPU: the wall clock, median
+of the repeats), beside the memory floor.
 
 Per batch size B and per model path (`fused`: the fused layer path of models/layers.py;
 `unfused`: the op-by-op path on the same weights), outside any engine:
 
 - `forward_ms`: one replay of the Program's decode graph (services/worker/program/graphs.py, the
-  whole lane attended, as the engine runs it), mean over `steps` replays;
+  whole lane attended, as the engine runs it), mean over `steps` replays; on the CPU one eager
+  forward attending `context + 1` positions, as the CPU Program runs it (median);
 - `sample_ms`: the greedy sample stage on that graph's logits, eagerly: the masked argmax
   (kernels/sampling_greedy.py) for `fused`, the general sampling kernel at candidate width 1 for
   `unfused` (what greedy rows ran before);
 - `floor_ms`: every weight byte read once (the embedding's B rows) at the measured device copy
-  bandwidth (models/qwen35_bench.py's measures, one home).
+  bandwidth (models/qwen35_bench.py's measures, one home; on the CPU a 512 MiB tensor copy).
 
 The engine's TPOT from the same run minus forward and sample is the host's share of a step (the
 GPU idles then unless the host overlaps it): `decode.py` reports it as `host_ms` and the GPU idle
@@ -17,6 +19,9 @@ fraction as host_ms / TPOT.
 """
 
 from __future__ import annotations
+
+import statistics
+import time
 
 import torch
 
@@ -36,13 +41,34 @@ def _event_ms(fn, repeats: int) -> float:
     return start.elapsed_time(end) / repeats
 
 
+def _wall_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def cpu_copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
+    """Host memory copy bandwidth in bytes/s (read + write counted), best of `repeats`."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = min(_wall_ms(lambda: dst.copy_(src), 1) for _ in range(repeats)) / 1e3
+    return 2 * nbytes / best
+
+
 @torch.inference_mode()
 def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: int = 20) -> dict:
-    """{"copy_bandwidth_GBps", "rows": {B: {path: {forward_ms, sample_ms, floor_ms, ...}}}};
-    CUDA only. `context`: each row's position (the lanes hold context + 1 positions)."""
+    """{"copy_bandwidth_GBps", "rows": {B: {path: {forward_ms, sample_ms, floor_ms, ...}}}}.
+    `context`: each row's position (the lanes hold context + 1 positions)."""
     model = runtime.model
     device = runtime.device
-    bandwidth = copy_bandwidth(device)
+    cuda = device.type == "cuda"
+    bandwidth = copy_bandwidth(device) if cuda else cpu_copy_bandwidth()
+    timed = _event_ms if cuda else _wall_ms
+    steps = steps if cuda else max(3, steps // 4)
     vocab = runtime.domain.size
     was = model.fused
     rows: dict[int, dict] = {}
@@ -56,28 +82,38 @@ def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: in
             entry = {}
             for path in paths:
                 model.fused = path == "fused"
-                graph = DecodeGraph(model, state, b, scratch_lane=b, pool=None)
-                forward = _event_ms(lambda: graph.run(tokens, positions, lanes), steps)
-                z = graph.logits
+                if cuda:
+                    graph = DecodeGraph(model, state, b, scratch_lane=b, pool=None)
+                    forward = _event_ms(lambda: graph.run(tokens, positions, lanes), steps)
+                    z = graph.logits
+                else:
+                    graph = None
+                    forward = _wall_ms(lambda: model(tokens, positions, state, lanes,
+                                                     kv_len=context + 1), steps)
+                    z = model(tokens, positions, state, lanes, kv_len=context + 1)[:, -1]
                 if path == "fused":
                     from kernels.sampling_greedy import sample_greedy
 
-                    sample = _event_ms(lambda: sample_greedy(z, vocab_size=vocab), steps)
+                    sample = timed(lambda: sample_greedy(z, vocab_size=vocab), steps)
                 else:
-                    from kernels.sampling import sample as kernel
+                    if cuda:
+                        from kernels.sampling import sample as kernel
+                    else:
+                        from kernels.sampling_ref import sample_reference as kernel
 
                     def general():
                         params = SamplingParams.from_rows(b, temperature=0.0, device=device)
                         kernel(z, params, vocab_size=vocab, candidate_width=1)
 
-                    sample = _event_ms(general, steps)
+                    sample = timed(general, steps)
                 entry[path] = {"forward_ms": round(forward, 4), "sample_ms": round(sample, 4),
                                "floor_ms": round(floor, 4),
                                "forward_over_floor": round(forward / floor, 3)}
-                del graph
+                del graph, z
             rows[b] = entry
             del state
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
     finally:
         model.fused = was
     return {"copy_bandwidth_GBps": round(bandwidth / 1e9, 1),

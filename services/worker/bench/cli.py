@@ -33,8 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="first run the engine on the op-by-op model path with the general greedy "
                    "sampler (the before), then the fused path, in one run")
     p.add_argument("--breakdown", action="store_true",
-                   help="CUDA: time forward and sample per batch size with CUDA events beside "
-                   "the memory floor; host share and GPU idle from the engine's TPOT")
+                   help="time forward and sample per batch size (CUDA events; the wall clock on "
+                   "the CPU) beside the memory floor; host share and idle device from the TPOT")
     p.add_argument("--no-cuda-graphs", action="store_true", help="our engine without decode graphs")
     p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")

@@ -51,7 +51,7 @@ class DecodeBenchOptions:
     cuda_graphs: bool = True  # our engine's decode graphs (CUDA only)
     warmup_tokens: int = 4  # output tokens of the warm-up rounds, >= 2
     compare_unfused: bool = False  # also run the op-by-op model path + general greedy sampling
-    breakdown: bool = False  # the device step breakdown and memory floor (bench/breakdown.py; CUDA)
+    breakdown: bool = False  # the device step breakdown and memory floor (bench/breakdown.py)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -172,7 +172,7 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     if hasattr(runtime.model, "fused"):
         runtime.model.fused = True
     breakdown = None
-    if opts.breakdown and runtime.device.type == "cuda":
+    if opts.breakdown:
         from services.worker.bench.breakdown import step_breakdown
 
         breakdown = step_breakdown(runtime, opts.batch_sizes, opts.paths)
@@ -229,7 +229,7 @@ def _breakdown_row(device_rows: dict, paths: dict, b: int) -> dict:
         tpot = paths[path][b]["unconstrained"]["tpot_p50_ms"]
         host = tpot - dev["forward_ms"] - dev["sample_ms"]
         out[path] = {**dev, "tpot_ms": tpot, "host_ms": round(host, 4),
-                     "gpu_idle_fraction": round(max(host, 0.0) / tpot, 4),
+                     "device_idle_fraction": round(max(host, 0.0) / tpot, 4),
                      "tpot_over_floor": round(tpot / dev["floor_ms"], 3)}
     return out
 
@@ -244,7 +244,7 @@ def _issue14_targets(rows: list[dict], first: dict | None) -> dict:
         out["tpot_b1_le_1_3x_floor"] = first["breakdown"]["fused"]["tpot_over_floor"] <= 1.3
     for b, r in by_b.items():
         if "breakdown" in r:
-            out["gpu_idle_lt_5pct"][b] = r["breakdown"]["fused"]["gpu_idle_fraction"] < 0.05
+            out["gpu_idle_lt_5pct"][b] = r["breakdown"]["fused"]["device_idle_fraction"] < 0.05
         ratio = r["engine"]["tpot_ratio"]
         out["constrained_tpot_within_2pct"][b] = ratio is not None and ratio <= 1.02
         if r.get("reference") is not None:
