@@ -15,7 +15,8 @@ from kernels.sampling_contract import PenaltyHistory, SampleStatus, SamplingPara
 from kernels.sampling_greedy import sample_greedy
 from kernels.sampling_ref import sample_reference
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])]
 
 
 def _case(device, dtype):

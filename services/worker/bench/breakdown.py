@@ -10,6 +10,8 @@ Per batch size B and per model path (`fused`: the fused layer path of models/lay
 - `sample_ms`: the greedy sample stage on that graph's logits, eagerly: the masked argmax
   (kernels/sampling_greedy.py) for `fused`, the general sampling kernel at candidate width 1 for
   `unfused` (what greedy rows ran before);
+  `forward_cpu_ms` (CPU only): the process's CPU time per forward, all threads, which contention
+  from other processes inflates less than the wall clock (OpenMP spin-waits count in it);
 - `floor_ms`: every weight byte read once (the embedding's B rows) at the measured device copy
   bandwidth (models/qwen35_bench.py's measures, one home; on the CPU a 512 MiB tensor copy).
 
@@ -88,8 +90,10 @@ def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: in
                     z = graph.logits
                 else:
                     graph = None
+                    cpu_start = time.process_time()
                     forward = _wall_ms(lambda: model(tokens, positions, state, lanes,
                                                      kv_len=context + 1), steps)
+                    cpu_ms = (time.process_time() - cpu_start) / (steps + 1) * 1e3
                     z = model(tokens, positions, state, lanes, kv_len=context + 1)[:, -1]
                 if path == "fused":
                     from kernels.sampling_greedy import sample_greedy
@@ -109,6 +113,8 @@ def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: in
                 entry[path] = {"forward_ms": round(forward, 4), "sample_ms": round(sample, 4),
                                "floor_ms": round(floor, 4),
                                "forward_over_floor": round(forward / floor, 3)}
+                if not cuda:  # CPU seconds of all the process's threads per forward (spin included)
+                    entry[path]["forward_cpu_ms"] = round(cpu_ms, 3)
                 del graph, z
             rows[b] = entry
             del state
