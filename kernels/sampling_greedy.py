@@ -44,24 +44,20 @@ def sample_greedy(logits: torch.Tensor, *, vocab_size: int, mask: torch.Tensor |
         z = penalized_logits(logits, vocab_size, params, penalties)  # [N, V] float32
     else:
         z = logits[:, :vocab_size]
-    if mask is None:
-        legal = None
-        bad = (torch.isnan(z) | (z == float("inf"))).any(dim=1)  # [N]
-        token = z.argmax(dim=1)
-        dead = torch.zeros(n, dtype=torch.bool, device=z.device)
-    else:
+    if mask is not None:
         if mask_row is None or mask_row.shape != (n,):
             raise ValueError(f"mask_row: expected int32 [{n}] with a mask")
         legal = legal_bits(mask.view(-1, mask.shape[-1]), mask_row, vocab_size)  # [N, V]
-        bad = (legal & (torch.isnan(z) | (z == float("inf")))).any(dim=1)
-        z = torch.where(legal, z, float("-inf"))
-        token = z.argmax(dim=1)
+        z = torch.where(legal, z, float("-inf"))  # illegal values are never inspected
         dead = ~legal.any(dim=1)
-    # argmax returns the first index of the maximum (documented): ties go to the smaller id
-    best = z.gather(1, token[:, None])[:, 0]
-    status = torch.where(bad | (best == float("-inf")), int(SampleStatus.NONFINITE),
-                         int(SampleStatus.OK))
-    status = torch.where(dead, int(SampleStatus.DEAD_END), status).to(torch.int32)
+    # amax propagates NaN and +inf and is -inf when nothing is finite: one pass finds every
+    # NONFINITE row; argmax returns the first index of the maximum (ties to the smaller id)
+    best = z.amax(dim=1)  # [N]
+    token = z.argmax(dim=1)  # [N]
+    status = torch.where(torch.isfinite(best), int(SampleStatus.OK), int(SampleStatus.NONFINITE))
+    if mask is not None:
+        status = torch.where(dead, int(SampleStatus.DEAD_END), status)
+    status = status.to(torch.int32)
     ok = status == SampleStatus.OK
     return SampleResult(tokens=torch.where(ok, token, 0), status=status, prob=ok.float(),
                         uniform=torch.zeros(n, dtype=torch.float32, device=z.device))
