@@ -2,8 +2,9 @@
 tests/test_loadtest_scenarios.py sends once each against a real gateway.
 
 Each scenario is (name, weight, path, JSON body, streams?). The mix: plain chat, JSON Schema
-responses, strict tool calls, streaming chat, Anthropic messages with a tool, and the Infernix
-`structured_outputs` extension.
+responses, strict tool calls, streaming chat, Anthropic messages with a tool (also streamed), the
+Responses API (a JSON Schema text format, streamed), completions with a regex, and the Infernix
+`structured_outputs` extension (choice, regex).
 """
 
 from __future__ import annotations
@@ -70,4 +71,22 @@ def scenarios(rng: random.Random, *, max_tokens: int = 64) -> list[Scenario]:
         Scenario("choice", 1, "/v1/chat/completions", {
             "model": MODEL, "max_tokens": 8, "messages": _user(f"Is {city} a capital city?"),
             "structured_outputs": {"choice": ["yes", "no"]}}),
+        # A new grammar almost every time (a literal drawn from 10^6): a cold compile per request.
+        Scenario("chat_regex", 1, "/v1/chat/completions", {
+            "model": MODEL, "max_tokens": max_tokens, "messages": _user(f"A postcode for {city}."),
+            "structured_outputs": {
+                "regex": f"{city[:2].upper()}{rng.randrange(10 ** 6)}-[0-9]{{3}}"}}),
+        Scenario("anthropic_stream", 1, "/v1/messages", {
+            "model": MODEL, "max_tokens": max_tokens, "stream": True,
+            "messages": _user(f"Name a street in {city}.")}, stream=True),
+        Scenario("responses_json_stream", 1, "/v1/responses", {
+            "model": MODEL, "max_output_tokens": max_tokens, "stream": True,
+            "input": f"The weather in {city} as JSON.",
+            "text": {"format": {"type": "json_schema", "name": "weather", "schema": WEATHER,
+                                "strict": True}}}, stream=True),
+        Scenario("responses", 1, "/v1/responses", {
+            "model": MODEL, "max_output_tokens": max_tokens, "input": f"Say hi to {city}."}),
+        Scenario("completions_regex", 1, "/v1/completions", {
+            "model": MODEL, "max_tokens": max_tokens, "prompt": f"The year {city} was founded:",
+            "structured_outputs": {"regex": "[0-9]{3,4}"}}),
     ]

@@ -12,7 +12,7 @@ import pytest
 from services.gateway.pool import WorkerPool
 from services.worker.remote import GrpcWorkerClient
 from services.worker.service import create_server
-from shared.errors import InternalError, InvalidSchema, SchemaSource
+from shared.errors import InvalidSchema, SchemaSource, ServiceUnavailable
 from shared.generation import (
     ChatMessage,
     Finished,
@@ -106,11 +106,11 @@ async def test_unhealthy_worker_is_skipped_and_readded():
         b.healthy = False
         await pool.check_health()
         await pool.check_health()
-        with pytest.raises(InternalError, match="no healthy worker"):
+        with pytest.raises(ServiceUnavailable, match="no healthy worker"):
             await pool.health()
-        with pytest.raises(InternalError, match="no healthy worker"):
+        with pytest.raises(ServiceUnavailable, match="no healthy worker"):
             await anext(pool.generate(request("none")))
-        with pytest.raises(InternalError, match="no healthy worker"):
+        with pytest.raises(ServiceUnavailable, match="no healthy worker"):
             await pool.models()
         a.healthy = b.healthy = True
         await pool.check_health()
@@ -180,7 +180,7 @@ async def test_connection_error_before_first_event_retries_once():
         await pool.check_health()
         assert pool.members[0].healthy
         b.reset(Script(die_after=0))
-        with pytest.raises(InternalError, match="could not be reached"):
+        with pytest.raises(ServiceUnavailable, match="could not be reached"):
             await anext(pool.generate(request("both")))
         assert [r.request_id for r in a.requests] == ["retry", "both"]
         assert [r.request_id for r in b.requests] == ["both"]
@@ -190,9 +190,9 @@ async def test_connection_error_before_first_event_retries_once():
 
 @pytest.mark.asyncio
 async def test_worker_dying_mid_stream_and_cancel_routing():
-    """A worker dying mid-stream gives its client Finished(ERROR, InternalError) and is taken
-    out, while the request on the other worker continues to its normal end; cancel routes to
-    the worker holding the request."""
+    """A worker dying mid-stream gives its client Finished(ERROR, ServiceUnavailable naming
+    the worker: a dependency failure, issue 12 §8) and is taken out, while the request on the
+    other worker continues to its normal end; cancel routes to the worker holding the request."""
     a = FakeWorker(script=Script(text=tuple("abcdef"), die_after=3, delay_s=0.01))
     b = FakeWorker(script=Script(text=tuple("uvwxyz"), delay_s=0.01))
     pool = WorkerPool([a, b], health_interval_s=60)
@@ -207,7 +207,8 @@ async def test_worker_dying_mid_stream_and_cancel_routing():
         assert b.cancelled == [on_b] and a.cancelled == []
         dead = [e async for e in streams[on_a]]
         assert isinstance(dead[-1], Finished) and dead[-1].finish_reason is FinishReason.ERROR
-        assert dead[-1].error["type"] == "InternalError"
+        assert dead[-1].error["type"] == "ServiceUnavailable"
+        assert dead[-1].error["service"] == "worker" and dead[-1].error["retry_after_s"] >= 1
         assert "connection lost" in dead[-1].error["message"]
         assert not pool.members[0].healthy
         alive = [e async for e in streams[on_b]]
@@ -257,6 +258,7 @@ async def test_gateway_over_grpc_pool_survives_a_worker_stopping_mid_stream():
                         victim = owner(fakes, rid)
                         servers[victim].close()
             assert info.value.body["type"] == "server_error"
+            assert info.value.body["code"] == "service_unavailable"  # typed, not internal_error
             text = "".join(c.choices[0].delta.content or "" for c in seen)
             assert text and "abcdefghijklmnopqrst".startswith(text)
             assert text != "abcdefghijklmnopqrst"

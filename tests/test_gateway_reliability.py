@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from shared.errors import InfernixError, RequestError, error_from_dict
+from shared.generation import FinishReason
 from tests.fake_worker import FakeWorker, Script, running_gateway
 
 MODEL = "smollm2"
@@ -141,3 +142,70 @@ async def test_a_client_leaving_a_stream_of_several_choices_cancels_them_all():
         await _wait_for(lambda: len(worker.cancelled) == 3)
     assert sorted(worker.cancelled) == sorted(r.request_id for r in worker.requests)
     assert worker.finished == []
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_generation_cut_by_a_draining_worker_is_a_typed_503(stream):
+    """Issue 12 §6/§8: a worker's drain cancels what outlives its grace period with a terminal
+    event (Finished CANCELLED); the client gets a typed 503 `service_unavailable` with a
+    Retry-After (a terminal error event with that code when streaming), not `500 internal_error`."""
+    worker = FakeWorker(Script(text=("par", "tial"), finish_reason=FinishReason.CANCELLED))
+    body = {**BODIES["/v1/chat/completions"], "stream": stream}
+    async with running_gateway(worker) as url, aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/chat/completions", json=body) as r:
+            if not stream:
+                assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
+                error = (await r.json())["error"]
+            else:
+                assert r.status == 200
+                chunks = [json.loads(line[6:]) for line in (await r.text()).splitlines()
+                          if line.startswith("data: {")]
+                error = chunks[-1]["error"]
+    assert error["code"] == "service_unavailable", error
+
+
+@pytest.mark.asyncio
+async def test_health_and_readiness_behind_a_pool_report_the_workers_dependencies():
+    """Issue 12 §1: "health reports the degraded state (`/healthz` stays 200 with a `degraded`
+    field; a readiness endpoint says what is missing)", also in the compose deployment, where the
+    gateway's worker is a pool (before, the pool's health said nothing of the workers' grammar
+    service or Redis, so /healthz was never degraded by them and /readyz always ready)."""
+    from services.gateway.pool import WorkerPool
+
+    class Reporting(FakeWorker):
+        state: dict = {}
+
+        async def health(self):
+            return {**await super().health(), **self.state}
+
+    a, b = Reporting(), Reporting()
+    a.state = {"degraded": True, "missing": ["grammar_service"], "ready": True}
+    pool = WorkerPool([a, b], health_interval_s=60)
+    try:
+        async with running_gateway(pool) as url, aiohttp.ClientSession() as http:
+            await pool.check_health()
+
+            async def get(path):
+                async with http.get(url + path) as r:
+                    return r.status, await r.json()
+
+            status, body = await get("/healthz")
+            assert (status, body["degraded"]) == (200, True)
+            assert await get("/readyz") == (200, {"status": "ready", "degraded": True,
+                                                  "missing": ["grammar_service"]})
+            b.healthy = False  # out of the pool after two failed checks
+            await pool.check_health()
+            await pool.check_health()
+            a.state = {"degraded": True, "missing": ["grammar_service", "redis"], "ready": False}
+            await pool.check_health()
+            assert await get("/readyz") == (503, {"status": "not_ready", "degraded": True,
+                                                  "missing": ["grammar_service", "redis",
+                                                              "worker"]})
+            assert (await get("/healthz"))[0] == 200  # still serving (L1 grammars, plain text)
+            a.state, b.healthy = {"degraded": False, "missing": [], "ready": True}, True
+            await pool.check_health()
+            assert await get("/readyz") == (200, {"status": "ready", "degraded": False,
+                                                  "missing": []})
+    finally:
+        await pool.aclose()

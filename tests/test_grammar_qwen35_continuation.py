@@ -16,6 +16,7 @@ import json
 
 import xgrammar as xgr
 
+from services.grammar.engine_xgrammar import XgrammarConstraint
 from services.grammar.framing import build_framed_grammar
 from services.grammar.tools import ToolSpec
 from services.grammar.xml_tools import argument_codings
@@ -48,7 +49,8 @@ def test_content_prefix_as_bytes() -> None:
     framing = frontend.output_framing(prepared.phase, tools=False)
     compiled = qwen_compiler().compile_grammar(build_framed_grammar(
         OutputConstraint.json_schema(schema), framing, frontend.domain))
-    session = OutputSession(frontend.domain, compiled, prefix=prepared.prefix)
+    session = OutputSession(frontend.domain, XgrammarConstraint(compiled, frontend.domain),
+                            prefix=prepared.prefix)
     suffix = ordinary_ids(' "Shanghai"}')
     result = session.preview(suffix + [min(frontend.domain.eos_ids)])
     session.confirm()

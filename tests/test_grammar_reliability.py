@@ -109,6 +109,14 @@ async def test_grammar_service_outage_degrades_instead_of_failing(service, share
         assert (await client.health())["degraded"] is False
         service.kill()
 
+        # Found unreachable (here by the health probe), the client starts the worker's compile
+        # children at once: fallback builds do not pay their start-up (the load test under faults
+        # saw a first fallback compile wait 40 s for it on a loaded machine).
+        assert (await client.health())["grammar_service"] == "unreachable"
+        await asyncio.gather(*client._warming)
+        children = client.caches["smollm2"].builder.pool._children
+        assert len(children) == 2 and all(c.ready and c.alive for c in children)
+
         again = await client.compile(OutputConstraint.choice(["beta", "alpha"]), model="smollm2")
         assert again.stats.hit == "l1" and again.grammar is held.grammar
         new = await client.compile(OutputConstraint.regex("[0-9]{3}-[a-z]{2}"), model="smollm2")
@@ -134,6 +142,7 @@ async def test_grammar_service_outage_degrades_instead_of_failing(service, share
         assert unavailable.value.retry_after_s >= 1
         strict_health = await strict.health()
         assert strict_health["fallback"] == "none" and strict_health["ready"] is False
+        assert strict._warming == []  # it never builds by itself: no children
 
         service.start()
         await service.wait_healthy()

@@ -24,6 +24,7 @@ import xgrammar as xgr
 
 from services.grammar.framing import build_framed_grammar
 from services.grammar.matching import legal_ids
+from services.grammar.engine_xgrammar import XgrammarConstraint
 from services.worker.output.session import OutputSession
 from shared.contract import OutputConstraint
 from shared.frontends import get_frontend
@@ -120,8 +121,8 @@ def test_forced_close_reaches_the_natural_close_state(reasoning, frontend, json_
     domain = frontend.domain
     ids = _ordinary(reasoning)
     natural_ids = ids + [frontend.thinking.close_id] + _ordinary("\n\n")
-    forced = OutputSession(domain, json_grammar)
-    natural = OutputSession(domain, json_grammar)
+    forced = OutputSession(domain, XgrammarConstraint(json_grammar, domain))
+    natural = OutputSession(domain, XgrammarConstraint(json_grammar, domain))
     dec_f, dec_n = frontend.phase_decoder(REASONING), frontend.phase_decoder(REASONING)
     for session, dec, tokens in ((forced, dec_f, ids), (natural, dec_n, natural_ids)):
         assert session.preview(tokens).accepted == len(tokens)

@@ -143,6 +143,19 @@ def test_truncated_call_is_dropped_and_completed_calls_kept() -> None:
     assert [c.arguments_json for c in stream.tool_calls()] == ['{"x": 1}']
 
 
+@pytest.mark.parametrize("cut", [3, len("<tool_call>\n{\"na")], ids=["opener", "head"])
+def test_output_cut_inside_a_call_opener_keeps_the_calls_before_it(cut: int) -> None:
+    """Issue 12 load test: a tool-call output truncated (max_tokens) inside the next call's
+    opener, before its name, ended with IndexError (no entry for the unfinished call to drop),
+    which then took the worker's engine thread down; the completed calls stay, none is invented."""
+    call = '<tool_call>\n{"name": "ping", "arguments": {"x": 1}}\n</tool_call>'
+    for before in ("", call + "\n"):
+        stream = ToolStream(constrained=True)
+        stream.feed(before + call[:cut])
+        stream.finish(complete=False)
+        assert [c.arguments_json for c in stream.tool_calls()] == (['{"x": 1}'] if before else [])
+
+
 def test_free_route_reads_calls_at_the_end_and_keeps_bad_text_as_content() -> None:
     stream = ToolStream(constrained=False)
     events = stream.feed("Sure. ")

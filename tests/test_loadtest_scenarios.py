@@ -1,18 +1,18 @@
-"""Every load-test scenario (loadtest/scenarios.py, what locustfile.py sends) is a request the real
-gateway serves successfully, so the load test cannot silently measure errors."""
+"""Every load-test scenario (loadtest/scenarios.py, what locustfile.py and run.py send) is a request
+the real gateway serves successfully, so the load test cannot silently measure errors; and run.py's
+accounting tells a typed failure from an untyped or lost one."""
 
 from __future__ import annotations
 
-import json
 import random
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "loadtest"))
-from scenarios import scenarios  # noqa: E402
+from run import Outcome, _stream_outcome, one_request  # noqa: E402
+from scenarios import Scenario, scenarios  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +58,43 @@ def gateway():
 
 
 def test_every_scenario_succeeds(gateway: str) -> None:
+    """Each scenario once, through run.py's accounting (a stream must end with its protocol's
+    terminal event: [DONE], message_stop, response.completed/incomplete)."""
+    import asyncio
+
+    import aiohttp
+
     mix = scenarios(random.Random(0), max_tokens=24)
     assert {s.name for s in mix} >= {"chat", "chat_stream", "json_schema", "tool_call"}
-    for scenario in mix:
-        request = urllib.request.Request(gateway + scenario.path, data=json.dumps(scenario.body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=120) as reply:
-            body = reply.read()
-        assert reply.status == 200, scenario.name
-        if scenario.stream:
-            assert b'"error"' not in body and b"data: [DONE]" in body, scenario.name
-        else:
-            assert "error" not in json.loads(body), scenario.name
+    assert {s.path for s in mix} == {"/v1/chat/completions", "/v1/messages", "/v1/responses",
+                                     "/v1/completions"}
+
+    async def send_all() -> list[Outcome]:
+        async with aiohttp.ClientSession() as session:
+            return [await one_request(session, gateway, s, 120) for s in mix]
+
+    for scenario, outcome in zip(mix, asyncio.run(send_all())):
+        assert outcome.outcome == "ok", (scenario.name, outcome)
+
+
+def test_stream_accounting_tells_typed_untyped_and_lost_apart() -> None:
+    """A stream's end decides its outcome: an error event with a code is typed, one saying only
+    internal_error (Anthropic: api_error) is untyped, a stream without its terminal event is
+    lost."""
+    chat = Scenario("s", 1, "/v1/chat/completions", {}, stream=True)
+    messages = Scenario("m", 1, "/v1/messages", {}, stream=True)
+    chunk = 'data: {"choices": []}\n\n'
+    assert _stream_outcome(chat, chunk + "data: [DONE]\n\n", 0).outcome == "ok"
+    assert _stream_outcome(chat, chunk, 0).outcome == "lost"
+    typed = _stream_outcome(chat, chunk + 'data: {"error": {"code": "service_unavailable", '
+                            '"message": "m"}}\n\ndata: [DONE]\n\n', 0)
+    assert (typed.outcome, typed.code) == ("typed", "service_unavailable")
+    untyped = _stream_outcome(chat, 'data: {"error": {"code": "internal_error", "message": "m"}}'
+                              '\n\ndata: [DONE]\n\n', 0)
+    assert untyped.outcome == "untyped"
+    assert _stream_outcome(messages, 'event: error\ndata: {"type": "error", "error": {"type": '
+                           '"api_error", "message": "m"}}\n\n', 0).outcome == "untyped"
+    assert _stream_outcome(messages, 'event: error\ndata: {"type": "error", "error": {"type": '
+                           '"overloaded_error", "message": "m"}}\n\n', 0).outcome == "typed"
+    assert _stream_outcome(messages, 'event: message_stop\ndata: {"type": "message_stop"}\n\n',
+                           0).outcome == "ok"

@@ -106,3 +106,24 @@ async def test_the_pool_answers_overloaded_when_every_worker_is_full(runtime):
         for _, _, release in clients:
             release.set()
         await pool.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_burst_is_bounded_while_its_requests_are_still_being_prepared(runtime):
+    """Found by the load test with real processes: admission counted only the requests already
+    queued, not those admitted and still in prepare (tokenizing, compiling), so a burst of
+    concurrent requests all passed it (the issue's '64 concurrent requests against 8 lanes are
+    all admitted'). One lane and one waiting place: of five sent at once, two are admitted."""
+    client = open_client(runtime, max_batch=1, max_len=96, max_waiting=1)
+    try:
+        results = await asyncio.gather(
+            *(collect(client, text_request(f"b{i}", "burst", greedy(3), runtime.name))
+              for i in range(5)), return_exceptions=True)
+        refused = [r for r in results if isinstance(r, Overloaded)]
+        served = [r for r in results if not isinstance(r, BaseException)]
+        assert len(refused) == 3 and len(served) == 2, results
+        assert all(r.resource == "waiting_queue" and r.retry_after_s >= 1 for r in refused)
+        assert client.engine.metrics.rejected.labels(reason="queue_full")._value.get() == 3
+        assert client.engine.health()["preparing"] == 0
+    finally:
+        await client.aclose()

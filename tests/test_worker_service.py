@@ -247,8 +247,8 @@ async def test_health_models_and_count_tokens(remote):
 
 @pytest.mark.asyncio
 async def test_server_close_mid_stream_and_unreachable_worker(remote):
-    """A worker going away mid-stream ends the stream with Finished(ERROR, InternalError
-    'worker connection lost') and cancels on the worker; before the first event an unreachable
+    """A worker going away mid-stream ends the stream with Finished(ERROR, ServiceUnavailable
+    'worker connection lost': a dependency failure, not a bug) and cancels on the worker; before the first event an unreachable
     or closing worker raises WorkerUnavailable (a ConnectionError a pool may retry)."""
     fake, client, server = remote
     fake.reset(Script(text=tuple("abcdefghij"), delay_s=0.05))
@@ -258,7 +258,7 @@ async def test_server_close_mid_stream_and_unreachable_worker(remote):
     server.close()
     rest = [e async for e in stream]
     assert isinstance(rest[-1], Finished) and rest[-1].finish_reason is FinishReason.ERROR
-    assert rest[-1].error["type"] == "InternalError"
+    assert rest[-1].error["type"] == "ServiceUnavailable" and rest[-1].error["service"] == "worker"
     assert "worker connection lost" in rest[-1].error["message"]
     assert rest[-1].content.startswith("a")
     await _eventually(lambda: fake.cancelled == ["r-close"])

@@ -160,9 +160,7 @@ async def _worker_health(request: web.Request) -> dict[str, Any] | web.Response:
 
 
 def _degraded(health: dict[str, Any]) -> bool:
-    """A worker's own `degraded`, or, behind a pool, any worker out of service."""
-    if "workers" in health:
-        return health["healthy"] < len(health["workers"])
+    """The worker's (or the pool's) own `degraded`: a dependency missing, a pool's worker out."""
     return bool(health.get("degraded"))
 
 

@@ -29,7 +29,7 @@ from services.gateway.limits import GatewayLimits
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.sse import open_stream, send
 from services.gateway.translate import Translated
-from shared.errors import InfernixError, InternalError, error_from_dict
+from shared.errors import InfernixError, InternalError, ServiceUnavailable, error_from_dict
 from shared.generation import Finished, FinishReason, WorkerClient
 from shared.logging import get_logger
 
@@ -171,7 +171,10 @@ def is_typed(err: InfernixError) -> bool:
 
 def _terminal_error(finished: Finished) -> InfernixError:
     if finished.finish_reason is FinishReason.CANCELLED:
-        return InternalError("the generation was cancelled before it finished")
+        # A client that cancels is gone; one that sees this was cut by the worker stopping (its
+        # drain's grace period ended): a dependency failure it may retry, not an internal error.
+        return ServiceUnavailable("the worker stopped before the generation finished (it was "
+                                  "shutting down)", service="worker", retry_after_s=1.0)
     if finished.error:
         return error_from_dict(finished.error)
     return InternalError("the worker reported an error without details")

@@ -6,7 +6,10 @@ requests (ties rotate). A background task checks every worker's health each `hea
 whose `generate` fails with a connection error (`ConnectionError`) before the first event is taken
 out at once and the request is retried once on another worker. A worker that fails mid-stream
 ends that request with `Finished(ERROR)` (the gateway sends the protocol's terminal error event),
-is taken out when the failure is a connection error, and is probed at once otherwise.
+is taken out when the failure is a connection error, and is probed at once otherwise. A worker that
+cannot be reached (no healthy worker, both tries refused, a connection lost mid-stream) is a
+dependency failure: `ServiceUnavailable(service="worker")`, a 503 with a Retry-After, never a 500;
+a stream cut that way is logged (`worker_stream_cut`) with what it had streamed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.errors import InfernixError, InternalError, Overloaded
+from shared.errors import InfernixError, InternalError, Overloaded, ServiceUnavailable
 from shared.generation import (
     Finished,
     FinishReason,
@@ -33,6 +36,18 @@ from shared.logging import get_logger
 
 log = get_logger(__name__)
 
+RETRY_AFTER_S = 1.0  # the retry hint when no worker can be reached: health checks run every 2 s
+# Terminal errors that say the worker (not the request) failed: the worker is probed at once.
+_WORKER_FAULTS = frozenset({InternalError.__name__, ServiceUnavailable.__name__})
+
+
+def _log_cut(member: "PoolMember", request: GenerateRequest, content: list[str],
+             error: dict[str, Any] | None) -> None:
+    """A stream cut by a lost worker, with what it had streamed (counts, never the text)."""
+    log.warning("worker_stream_cut", worker=member.name, request_id=request.request_id,
+                streamed_deltas=len(content), streamed_chars=sum(map(len, content)),
+                error=(error or {}).get("message"))
+
 
 @dataclass(eq=False)
 class PoolMember:
@@ -43,8 +58,12 @@ class PoolMember:
     healthy: bool = True
     failures: int = 0  # consecutive failed health checks
     outstanding: int = 0  # requests started here and not yet finished or closed
-    reported_load: int = 0  # resident + waiting requests the worker itself reported (all callers)
+    reported_load: int = 0  # resident, waiting, preparing requests the worker reports (all callers)
     models: tuple[str, ...] | None = None  # None: not asked yet
+    # From the worker's last health: its dependencies that are down ("grammar_service",
+    # "redis"), and whether it can serve constrained requests now.
+    missing: tuple[str, ...] = ()
+    ready: bool = True
 
     @property
     def load(self) -> int:
@@ -55,7 +74,8 @@ class PoolMember:
     def snapshot(self) -> dict[str, Any]:
         return {"name": self.name, "healthy": self.healthy, "outstanding": self.outstanding,
                 "reported_load": self.reported_load, "failures": self.failures,
-                "models": list(self.models or ())}
+                "models": list(self.models or ()), "missing": list(self.missing),
+                "ready": self.ready}
 
 
 class WorkerPool(WorkerClient):
@@ -103,8 +123,10 @@ class WorkerPool(WorkerClient):
         try:
             health = await asyncio.wait_for(member.client.health(), self.health_timeout_s)
             if isinstance(health, dict):
-                member.reported_load = int(health.get("resident", 0) or 0) + \
-                    int(health.get("waiting", 0) or 0)
+                member.reported_load = sum(int(health.get(key, 0) or 0)
+                                           for key in ("resident", "waiting", "preparing"))
+                member.missing = tuple(str(m) for m in health.get("missing", ()) or ())
+                member.ready = bool(health.get("ready", True))
             if member.models is None or not member.healthy:
                 member.models = tuple(await asyncio.wait_for(member.client.models(),
                                                              self.health_timeout_s))
@@ -141,14 +163,15 @@ class WorkerPool(WorkerClient):
         self._turn = (i + 1) % n
         return member
 
-    def _no_worker(self, model: str, why: str) -> InternalError:
-        return InternalError(f"no worker can take a request for model {model!r}: {why}")
+    def _no_worker(self, model: str, why: str) -> ServiceUnavailable:
+        return ServiceUnavailable(f"no worker can take a request for model {model!r}: {why}",
+                                  service="worker", retry_after_s=RETRY_AFTER_S)
 
     # ---- WorkerClient ------------------------------------------------------------------------
 
     async def models(self) -> list[str]:
-        """The union of the healthy workers' models, in worker order. Raises InternalError when
-        no worker is healthy (rather than claiming that no model is served)."""
+        """The union of the healthy workers' models, in worker order. Raises ServiceUnavailable
+        when no worker is healthy (rather than claiming that no model is served)."""
         self._start()
         await asyncio.gather(*(self._check(m) for m in self.members
                                if m.healthy and m.models is None))
@@ -157,12 +180,14 @@ class WorkerPool(WorkerClient):
             if member.healthy:
                 out.update(dict.fromkeys(member.models or ()))
         if not any(m.healthy for m in self.members):
-            raise InternalError("no healthy worker")
+            raise ServiceUnavailable("no healthy worker", service="worker",
+                                     retry_after_s=RETRY_AFTER_S)
         return list(out)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationEvent]:
         """Events from the chosen worker. Raises before the first event what the worker raises,
-        or InternalError when no healthy worker is left (after one retry on a connection error).
+        or ServiceUnavailable when no healthy worker is left (after one retry on a connection
+        error).
         A worker whose queue is full (Overloaded) passes the request to the next one; when every
         worker tried is full, its Overloaded (with Retry-After) is what the caller gets."""
         self._start()
@@ -225,9 +250,11 @@ class WorkerPool(WorkerClient):
             if isinstance(event, TextDelta):
                 content.append(event.text)
             if isinstance(event, Finished):
-                if event.finish_reason is FinishReason.ERROR and \
-                        (event.error or {}).get("type") == InternalError.__name__:
-                    self._probe(member)  # e.g. a remote worker's connection lost
+                kind = (event.error or {}).get("type")
+                if event.finish_reason is FinishReason.ERROR and kind in _WORKER_FAULTS:
+                    if (event.error or {}).get("service") == "worker":  # its connection lost
+                        _log_cut(member, request, content, event.error)
+                    self._probe(member)
                 yield event
                 return
             yield event
@@ -238,8 +265,11 @@ class WorkerPool(WorkerClient):
                                       "event")
             except ConnectionError as exc:
                 self._take_out(member, f"connection lost mid-stream: {exc}")
-                error = InternalError(f"worker connection lost mid-stream ({member.name}, request "
-                                      f"{request.request_id}): {type(exc).__name__}: {exc}")
+                error = ServiceUnavailable(
+                    f"worker connection lost mid-stream ({member.name}, request "
+                    f"{request.request_id}): {type(exc).__name__}: {exc}", service="worker",
+                    retry_after_s=RETRY_AFTER_S)
+                _log_cut(member, request, content, error.to_dict())
             except InfernixError as exc:
                 error = exc
             except Exception as exc:  # a worker bug: logged with its traceback, probed
@@ -279,13 +309,20 @@ class WorkerPool(WorkerClient):
                                           f"(last {member.name}: {exc})") from None
 
     async def health(self) -> dict[str, Any]:
-        """Every worker's state; raises InternalError when no worker is healthy."""
+        """Every worker's state, and the pool's: `degraded` (a worker out, or a dependency of a
+        healthy worker down), `missing` (those dependencies, and "worker" while one is out),
+        `ready` (some healthy worker can serve constrained requests now). Raises
+        ServiceUnavailable when no worker is healthy."""
         self._start()
         workers = [m.snapshot() for m in self.members]
-        healthy = sum(m.healthy for m in self.members)
-        if not healthy:
-            raise InternalError("no healthy worker")
-        return {"healthy": healthy, "workers": workers}
+        serving = [m for m in self.members if m.healthy]
+        if not serving:
+            raise ServiceUnavailable("no healthy worker", service="worker",
+                                     retry_after_s=RETRY_AFTER_S)
+        missing = sorted({name for m in serving for name in m.missing} |
+                         ({"worker"} if len(serving) < len(self.members) else set()))
+        return {"healthy": len(serving), "workers": workers, "degraded": bool(missing),
+                "missing": missing, "ready": any(m.ready for m in serving)}
 
     async def aclose(self) -> None:
         """Stop the health checks and close the clients."""

@@ -9,8 +9,10 @@ at all for a grammar it holds); otherwise one Compile call returns the key's bui
 when the store policy keeps the grammar, its blob (one cold compile is paid once; a grammar that
 compiles faster than it loads is compiled here instead, within the limits the service proved).
 When the service cannot be reached the client serves without it (`degraded`): from Redis, else
-an in-process build under the worker's own cold slots and limits. It retries the service every
-`retry_s` seconds; grpclib reconnects by itself.
+an in-process build under the worker's own cold slots and limits; the first time the service is
+found unreachable, the worker's compile children start in the background, so that fallback builds
+do not pay their start-up. It retries the service every `retry_s` seconds; grpclib reconnects by
+itself.
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ class GrpcGrammarClient(GrammarClient):
         self._retry_at = 0.0
         self._last_ok = 0.0
         self._last_error: str | None = None
+        self._warming: list[asyncio.Task] = []  # compile children started for the fallback
         registry = caches.values()[0].metrics.registry if caches.values() else None
         self._metrics = GrammarClientMetrics(registry)  # beside the caches' own metrics
 
@@ -204,6 +207,10 @@ class GrpcGrammarClient(GrammarClient):
             log.warning("grammar_service_unreachable", address=self.address, error=reason,
                         fallback="redis, then in-process builds")
             self._down_since = now
+            if self.fallback and not self._warming:
+                loop = asyncio.get_running_loop()
+                self._warming = [loop.create_task(cache.builder.warm())
+                                 for cache in self.caches.values()]
         self._up, self._retry_at, self._last_error = False, now + self.retry_s, reason
         self._metrics.service_up.set(0)
         self._metrics.service_failures.inc()
@@ -247,6 +254,9 @@ class GrpcGrammarClient(GrammarClient):
 
     async def close(self) -> None:
         self._channel.close()
+        for task in self._warming:
+            task.cancel()
+        await asyncio.gather(*self._warming, return_exceptions=True)
         await self.caches.aclose()
 
 

@@ -28,16 +28,13 @@ from __future__ import annotations
 
 from services.grammar.regex.charset import ANY, CharSet, ebnf_class
 from services.grammar.regex.tree import ebnf_literal
-from services.grammar.schema import reduce_tool_arguments, schema_to_ebnf
-from services.grammar.schema.context import Context, child
-from services.grammar.schema.emit import Emitter
+from services.grammar.schema import make_emitter, schema_to_ebnf, tool_argument_parts
+from services.grammar.schema.context import child
 from services.grammar.schema.nodes import NoValue, ObjectType, ReducedSchema
-from services.grammar.schema.patterns import PatternSupport
 from services.grammar.tools import ToolSpec, embed
 from services.grammar.xml_values import JSON, MIXED, NEVER, RAW, RawStrings, parameter_kind, \
     resolve
 from shared.contract import ConstraintKind, ToolDefinition, ToolMode
-from shared.errors import SchemaSource
 from shared.frontends.formats.qwen_xml import (
     CALL_CLOSE, CALL_HEAD, CALL_OPEN, CALL_SEPARATOR, CALL_TAIL, PARAM_OPEN, VALUE_END,
     ArgumentCoding, hint_coding, representable_name,
@@ -54,11 +51,10 @@ def _strict_parameters(tool: ToolDefinition, index: int, prefix: str,
     Raises InvalidSchema / UnsupportedSchema (source tool_arguments, the tool's index and name)
     for a root that is not a closed object, a parameter mixing string with other types, a name
     the framing cannot carry, or a raw value set that cannot be represented."""
-    reduced = reduce_tool_arguments(tool.parameters, tool_index=index, tool_name=tool.name)
+    reduced, graph, patterns, ctx = tool_argument_parts(tool.parameters, tool_index=index,
+                                                        tool_name=tool.name)
     root = resolve(reduced.root, reduced)
     assert isinstance(root, ObjectType)
-    ctx = Context(SchemaSource.TOOL_ARGUMENTS, index, tool.name)
-    patterns = PatternSupport(ctx)
     shared = raw is not None
     raw = raw.bind(ctx, patterns) if raw is not None else RawStrings(prefix, ctx, patterns)
     required = root.required_names
@@ -79,12 +75,12 @@ def _strict_parameters(tool: ToolDefinition, index: int, prefix: str,
                                   "format")
         params.append((name, kind, node, name in required))
     json_props = tuple((n, node) for n, kind, node, _ in params if kind == JSON)
-    emitter = Emitter(ReducedSchema(ObjectType(json_props, (), NoValue()), reduced.defs),
-                      patterns.ebnf)
+    emitter = make_emitter(ReducedSchema(ObjectType(json_props, (), NoValue()), reduced.defs),
+                           graph, patterns, ctx)
     text = emitter.grammar()
     out = []
     for name, kind, node, req in params:
-        expr = prefix + emitter.rule(node) if kind == JSON else \
+        expr = prefix + emitter.rule(node, 0) if kind == JSON else \
             raw.expression(node, reduced, child("/properties", name))
         out.append((name, kind, expr, req))
     body, _ = embed(text, prefix)

@@ -4,8 +4,8 @@
 event, a typed error comes back as the same exception type, and a worker that cannot be reached
 (refused connection, connection lost, UNAVAILABLE while it shuts down) raises `WorkerUnavailable`,
 a `ConnectionError`, which a pool may retry elsewhere. After the first event, a lost connection
-ends the stream with `Finished(ERROR)` carrying an InternalError, so the gateway still sends the
-protocol's terminal error event.
+ends the stream with `Finished(ERROR)` carrying `ServiceUnavailable(service="worker")` (a
+dependency failure, not a bug), so the gateway still sends the protocol's terminal error event.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
-from shared.errors import InfernixError, InternalError
+from shared.errors import InfernixError, InternalError, ServiceUnavailable
 from shared.generation import (
     Finished,
     FinishReason,
@@ -151,8 +151,9 @@ class GrpcWorkerClient(WorkerClient):
         yield final
 
     def _lost(self, request: GenerateRequest, content: list[str], why: str) -> Finished:
-        error = InternalError(f"worker connection lost mid-stream ({self.address}, request "
-                              f"{request.request_id}): {why}")
+        error = ServiceUnavailable(f"worker connection lost mid-stream ({self.address}, request "
+                                   f"{request.request_id}): {why}", service="worker",
+                                   retry_after_s=1.0)
         return Finished(FinishReason.ERROR, Usage(), content="".join(content), error=error.to_dict())
 
     async def aclose(self) -> None:

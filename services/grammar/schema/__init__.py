@@ -87,6 +87,24 @@ def max_grammar_bytes() -> int:
     return int(os.environ.get("INFERNIX_MAX_GRAMMAR_BYTES", MAX_GRAMMAR_BYTES))
 
 
+def make_emitter(reduced: ReducedSchema, graph: Graph, patterns: PatternSupport, ctx: Context, *,
+                 syntax: str = "xgrammar", whitespace: str = "any",
+                 explicit_layout: bool = False) -> Emitter:
+    """The one way to build an Emitter over a reduction (`_reduce_graph`'s schema and graph): the
+    content schema path and the XML tool format's JSON parameter values both use it."""
+
+    def pattern_tree(node: StringType) -> Any:
+        patterns.check(node, ctx)
+        body = lower(patterns.tree(node.patterns[0]))
+        assert body is not None  # check() refused empty languages
+        return body
+
+    return Emitter(reduced, pattern_tree, syntax=syntax, whitespace=whitespace,
+                   pattern_ebnf=patterns.ebnf, one_pattern=_tree_only,
+                   extended=lambda em, node: extended(em, node, graph, patterns.regions),
+                   explicit_layout=explicit_layout, context=ctx)
+
+
 def _emit(schema: Any, source: SchemaSource, tool_index: int | None, tool_name: str | None,
           syntax: str, whitespace: str, explicit_layout: bool) -> str:
     """The grammar text in `syntax` ("xgrammar" EBNF or "llguidance" Lark). Raises the schema's
@@ -95,17 +113,8 @@ def _emit(schema: Any, source: SchemaSource, tool_index: int | None, tool_name: 
     ctx = _context(source, tool_index, tool_name)
     patterns = PatternSupport(ctx)
     reduced, graph = _reduce_graph(schema, ctx, patterns)
-
-    def pattern_tree(node: StringType) -> Any:
-        patterns.check(node, ctx)
-        body = lower(patterns.tree(node.patterns[0]))
-        assert body is not None  # check() refused empty languages
-        return body
-
-    text = Emitter(reduced, pattern_tree, syntax=syntax, whitespace=whitespace,
-                   pattern_ebnf=patterns.ebnf, one_pattern=_tree_only,
-                   extended=lambda em, node: extended(em, node, graph, patterns.regions),
-                   explicit_layout=explicit_layout, context=ctx).grammar()
+    text = make_emitter(reduced, graph, patterns, ctx, syntax=syntax, whitespace=whitespace,
+                        explicit_layout=explicit_layout).grammar()
     limit = max_grammar_bytes()
     if len(text) > limit:
         raise ConstraintTooComplex(f"the schema's grammar would be {len(text):,} bytes (limit "
@@ -128,9 +137,16 @@ def reduce_tool_arguments(schema: Any, *, tool_index: int, tool_name: str) -> Re
     (type=object, additionalProperties=false), possibly through $ref or allOf.
 
     Raises InvalidSchema / UnsupportedSchema with source=TOOL_ARGUMENTS."""
+    return tool_argument_parts(schema, tool_index=tool_index, tool_name=tool_name)[0]
+
+
+def tool_argument_parts(schema: Any, *, tool_index: int, tool_name: str
+                        ) -> tuple[ReducedSchema, Graph, PatternSupport, Context]:
+    """`reduce_tool_arguments` with what `make_emitter` needs to write its values' grammar."""
     src = SchemaSource.TOOL_ARGUMENTS
-    reduced = check_schema(schema, source=src, tool_index=tool_index, tool_name=tool_name)
     ctx = _context(src, tool_index, tool_name)
+    patterns = PatternSupport(ctx)
+    reduced, graph = _reduce_graph(schema, ctx, patterns)
     root = reduced.root
     while isinstance(root, Ref):
         root = reduced.defs[root.name]
@@ -147,7 +163,7 @@ def reduce_tool_arguments(schema: Any, *, tool_index: int, tool_name: str) -> Re
             "additionalProperties" in schema else ""
         raise ctx.unsupported(where, "a strict tool's argument object needs "
                                      "additionalProperties=false")
-    return ReducedSchema(root, reduced.defs, reduced.annotations)
+    return ReducedSchema(root, reduced.defs, reduced.annotations), graph, patterns, ctx
 
 
 def schema_to_grammar(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
@@ -208,4 +224,4 @@ def json_object_grammar(whitespace: str = "any") -> xgr.Grammar:
 
 
 __all__ = ["ReducedSchema", "check_schema", "json_object_grammar", "layout_values",
-           "reduce_tool_arguments", "schema_to_ebnf", "schema_to_grammar", "schema_to_lark"]
+           "make_emitter", "reduce_tool_arguments", "schema_to_ebnf", "schema_to_grammar", "schema_to_lark", "tool_argument_parts"]

@@ -113,7 +113,7 @@ async def _engine_round(client, runtime: ModelRuntime, prompts: list[str], max_t
 
 
 async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
-                        partial, path: str = "fused") -> tuple[dict, list]:
+                        partial, path: str = "fused") -> dict:
     schemas = _schemas()
     max_len = opts.prompt_tokens + max(opts.max_tokens, opts.warmup_tokens) + 32
     config = EngineConfig(max_batch=max(opts.batch_sizes), max_len=max_len,
@@ -124,12 +124,9 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
         model.fused = path == "fused"  # before the engine captures its graphs
     client = open_in_process(runtime, config)
     client.engine.program.sampler.fast_greedy = path == "fused"
-    compiled = []
     try:
-        for schema in schemas:  # compile outside every timed round; keep them for the reference
-            result = await client.engine.grammar.compile(OutputConstraint.json_schema(schema),
-                                                         model=runtime.name)
-            compiled.append(result.grammar)
+        for schema in schemas:  # compile outside every timed round
+            await client.engine.grammar.compile(OutputConstraint.json_schema(schema), model=runtime.name)
         rows = {}
         for b in opts.batch_sizes:
             prompts = prompt_texts(runtime, b, opts.prompt_tokens)
@@ -145,7 +142,7 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
                                          entry["unconstrained"]["tpot_p50_ms"])
             rows[b] = entry
             partial({"engine": rows})
-        return rows, compiled
+        return rows
     finally:
         await client.aclose()
 
@@ -165,7 +162,7 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     each batch size (so an interrupted run still leaves numbers)."""
     paths = {}
     for path in opts.paths:
-        paths[path], compiled = asyncio.run(_bench_engine(
+        paths[path] = asyncio.run(_bench_engine(
             runtime, opts, log, lambda r, p=path: partial({f"engine_{p}": r["engine"], **{
                 f"engine_{q}": v for q, v in paths.items()}}), path))
     engine = paths["fused"]
@@ -182,7 +179,7 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     if opts.reference:
         from services.worker.bench.reference import bench_reference
 
-        reference = bench_reference(runtime, opts, compiled, log,
+        reference = bench_reference(runtime, opts, log,
                                      lambda rows: partial({**done, **rows}))
     rows = []
     for b in opts.batch_sizes:

@@ -114,10 +114,21 @@ def _reference_round(model, runtime: ModelRuntime, prompts: list[str], max_token
     return result
 
 
-def bench_reference(runtime: ModelRuntime, opts: DecodeBenchOptions, compiled: list, log,
-                     partial) -> dict:
+def _xgrammar_compiled(runtime: ModelRuntime, schemas: list[dict]) -> list:
+    """The reference's own grammars: xgrammar's JSON Schema compiler over the model's vocabulary,
+    as a Hugging Face user would build them (our engine may run another engine for JSON)."""
+    import json
+
+    import xgrammar as xgr
+
+    compiler = xgr.GrammarCompiler(runtime.domain.tokenizer_info(), max_threads=1)
+    return [compiler.compile_json_schema(json.dumps(s)) for s in schemas]
+
+
+def bench_reference(runtime: ModelRuntime, opts: DecodeBenchOptions, log, partial) -> dict:
     model = hf_reference_model(runtime)
     schemas = _schemas()
+    compiled = _xgrammar_compiled(runtime, schemas)
     n = opts.reference_max_tokens or opts.max_tokens
     rows = {"max_tokens": n, "logits_check": _logits_check(model, runtime, opts.prompt_tokens)}
     for b in opts.reference_batch_sizes:

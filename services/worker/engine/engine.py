@@ -94,7 +94,8 @@ class Engine:
         self.steps = 0
         self._inbox: queue.Queue = queue.Queue()
         self._live: dict[str, Request] = {}
-        self._lock = threading.Lock()  # guards _live across threads
+        self._lock = threading.Lock()  # guards _live and _preparing across threads
+        self._preparing = 0  # admitted requests still in prepare (tokenizing, compiling)
         self._thread: threading.Thread | None = None
         self._running = False
         self._mean_duration_s = 1.0
@@ -125,23 +126,28 @@ class Engine:
         already wait for a lane, InternalError when the engine is not running."""
         submitted = time.monotonic()
         self._check_running()
-        self._admission()
-        ready = await prepare(request, runtime=self.runtime, grammar=self.grammar,
-                              max_len=self.program.max_len, submitted=submitted)
-        stream = RequestStream(asyncio.get_running_loop(), request.request_id)
-        job = Request(
-            request_id=request.request_id, prompt_ids=ready.prompt_ids, sampling=ready.sampling,
-            seed=ready.seed, session=ready.session, sink=stream.push,
-            max_new_tokens=ready.max_new_tokens, stop=ready.stop,
-            stop_token_ids=frozenset(request.options.stop_token_ids), deadline=ready.deadline,
-            timeout_s=request.options.timeout_s, submitted_at=submitted,
-            tool_stream=ready.tool_stream, constraint_kind=ready.constraint_kind)
-        self._check_running()  # compilation may have outlived the engine
-        with self._lock:
-            if request.request_id in self._live:
-                raise InvalidRequest(f"request id {request.request_id!r} is already running",
-                                     field="request_id")
-            self._live[request.request_id] = job
+        self._admission()  # from here it counts as live: a burst cannot all pass at once
+        try:
+            ready = await prepare(request, runtime=self.runtime, grammar=self.grammar,
+                                  max_len=self.program.max_len, submitted=submitted)
+            stream = RequestStream(asyncio.get_running_loop(), request.request_id)
+            job = Request(
+                request_id=request.request_id, prompt_ids=ready.prompt_ids,
+                sampling=ready.sampling, seed=ready.seed, session=ready.session,
+                sink=stream.push, max_new_tokens=ready.max_new_tokens, stop=ready.stop,
+                stop_token_ids=frozenset(request.options.stop_token_ids),
+                deadline=ready.deadline, timeout_s=request.options.timeout_s,
+                submitted_at=submitted, tool_stream=ready.tool_stream,
+                constraint_kind=ready.constraint_kind)
+            self._check_running()  # compilation may have outlived the engine
+            with self._lock:
+                if request.request_id in self._live:
+                    raise InvalidRequest(f"request id {request.request_id!r} is already running",
+                                         field="request_id")
+                self._live[request.request_id] = job
+        finally:
+            with self._lock:
+                self._preparing -= 1
         job.enqueued_at = time.monotonic()  # an expired deadline is retired by the next step
         stream.push(Started(len(ready.prompt_ids)))
         self._inbox.put(job)
@@ -170,16 +176,19 @@ class Engine:
         return {"status": "ok" if self._running else "stopped", "model": self.runtime.name,
                 "device": str(self.program.device), "max_batch": self.program.max_batch,
                 "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
-                "waiting": len(self.scheduler.waiting), "steps": self.steps}
+                "waiting": len(self.scheduler.waiting), "preparing": self._preparing,
+                "steps": self.steps}
 
     def _admission(self) -> None:
-        """A bounded waiting queue: beyond it the caller is told to come back (issue 12)."""
-        with self._lock:
-            live = len(self._live)  # queued and running
+        """A bounded waiting queue: beyond it the caller is told to come back (issue 12). An
+        admitted request counts as live from here on (`_preparing` until it is queued)."""
         lanes = self.program.max_batch
+        with self._lock:
+            live = len(self._live) + self._preparing  # queued, running and being prepared
+            if live < lanes + self.config.waiting_limit:
+                self._preparing += 1
+                return
         waiting = max(0, live - lanes)
-        if live < lanes + self.config.waiting_limit:
-            return
         self.metrics.rejected.labels(reason="queue_full").inc()
         retry = min(60.0, max(1.0, self._mean_duration_s * (waiting + 1) / lanes))
         raise Overloaded(f"{waiting} requests already wait for one of {lanes} lanes; retry in "

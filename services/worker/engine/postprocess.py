@@ -198,6 +198,10 @@ class Postprocessor:
                 self._send_tool_events(job, job.tool_stream.finish(complete=session.ended_normally))
             except InternalError as exc:  # the grammar confirmed a call the decoder cannot read
                 reason, error = FinishReason.ERROR, exc
+            except Exception as exc:  # a decoder bug fails this request, never the engine thread
+                log.exception("tool_stream_finish_failed", request_id=job.request_id)
+                reason, error = FinishReason.ERROR, InternalError(
+                    f"reading the tool calls failed: {type(exc).__name__}: {exc}")
             calls = job.tool_stream.tool_calls()
             if calls and reason is FinishReason.STOP:
                 reason = FinishReason.TOOL_CALLS

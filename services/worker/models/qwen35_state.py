@@ -203,7 +203,9 @@ class Qwen35State:
 
     def end(self, step: StepIndex) -> None:
         """The forward's writes await `commit` (nothing committed changes)."""
-        self.pending[step.lanes] = 1
+        # index_fill_ with a Python scalar: `pending[lanes] = 1` would copy a CPU scalar tensor,
+        # which a CUDA graph capture refuses.
+        self.pending.index_fill_(0, step.lanes, 1)
         self.last_len[step.lanes] = step.counts
         self.last_reset[step.lanes] = step.reset
 
@@ -235,7 +237,7 @@ class Qwen35State:
             self._replay(lanes, src, dst, self.last_reset[lanes], kept, skip)
         self.slot[lanes] = torch.where(pending != 0, 1 - live, live)
         self.last_len[lanes] = torch.where(pending != 0, kept, last)
-        self.pending[lanes] = 0
+        self.pending.index_fill_(0, lanes, 0)
 
     def _replay(self, lanes, src, dst, reset, kept, skip) -> None:
         # The pending slot of a row that keeps fewer tokens than it fed: the recurrence over its

@@ -241,7 +241,8 @@ class ToolStream:
         elif self.state != "between":
             if complete:
                 raise InternalError(f"output ended normally inside a tool call ({self.state})")
-            self.calls.pop()  # unfinished: no arguments_json is published for it
+            if self.state != "head":  # in "head" the unfinished call has no entry yet
+                self.calls.pop()  # unfinished: no arguments_json is published for it
         return events
 
     def _parse_free(self, tail: str) -> list:

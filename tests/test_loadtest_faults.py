@@ -1,0 +1,313 @@
+"""Issue 12, the load test under faults: the compose stack as real processes (redis-server, the
+grammar service, two workers, the gateway; gRPC and HTTP on loopback) serves the load-test mix
+(loadtest/scenarios.py through loadtest/run.py: plain, JSON Schema, regex, choice and tool
+constraints, streaming and not, chat, Responses, Anthropic messages and completions) while Redis,
+the grammar service and one worker are SIGKILLed and started again.
+
+"Done when: ... a load test in the suite (bounded in time) runs a mixed workload while Redis, the
+grammar service and one worker are killed and restarted, and counts 0 lost requests (every request
+ends with a response or a terminal event, and every failure is typed)."
+
+The workers are `infernix worker serve` with small random weights over the SmolLM2 vocabulary
+(tests/tiny_worker.py), so a step costs milliseconds on a CPU; everything else is the product's
+own command line. The same stack (one per module) first shows, with real processes, that a
+non-streaming request whose client left is cancelled at its worker (§4), that a full worker queue
+answers 429 with a Retry-After (§5), and then, under the faults, that a stream on the SIGKILLed
+worker ends with a typed terminal event and is logged with what it had streamed (§6, §8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.conftest import RedisServer, free_port
+from tests.grammar_process import GrammarProcess
+from tests.tiny_worker import WorkerProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "loadtest"))
+from run import one_request, run_mix, summarize  # noqa: E402
+from scenarios import Scenario  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class GatewayProcess:
+    """`infernix gateway serve` over the given workers on a free loopback port."""
+
+    def __init__(self, *workers: str) -> None:
+        self.port = free_port()
+        self.workers = workers
+        self.log = Path(tempfile.mkdtemp(prefix="infernix-gateway-")) / "gateway.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "services.cli", "gateway", "serve", "--host", "127.0.0.1",
+                   "--port", str(self.port)]
+        for worker in self.workers:
+            command += ["--worker", worker]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
+                                         env={**os.environ, "INFERNIX_LOG_LEVEL": "INFO"})
+
+    def healthz(self) -> dict | None:
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as reply:
+                return json.loads(reply.read())
+        except OSError:
+            return None
+
+    def get(self, path: str) -> tuple[int, dict]:
+        """(status, JSON body) of a GET, error statuses included."""
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    async def until_workers_healthy(self, n: int, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
+            health = await asyncio.to_thread(self.healthz)
+            if health is not None and (health.get("worker") or {}).get("healthy") == n:
+                return
+            assert time.monotonic() < deadline, f"the gateway never saw {n} workers: {health}"
+            await asyncio.sleep(0.2)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def _metric(port: int, name: str, **labels: str) -> float:
+    """The sum of a metric's samples (with `labels`) on a service's /metrics (0 when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+async def _until(predicate, timeout: float = 120.0) -> None:
+    """Wait for a condition of the processes (not a timing assertion: the bound only ends a
+    test that would otherwise hang)."""
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(predicate):
+        assert time.monotonic() < deadline, "the condition was not reached"
+        await asyncio.sleep(0.2)
+
+
+async def _until_async(read, predicate, timeout: float = 120.0):
+    """`await read()` until `predicate` holds of it; its last value."""
+    deadline = time.monotonic() + timeout
+    while not predicate(value := await read()):
+        assert time.monotonic() < deadline, f"the condition was not reached: {value}"
+        await asyncio.sleep(0.1)
+    return value
+
+
+# A language without an end: a request runs until its token limit unless something stops it.
+ENDLESS = {"grammar": "root ::= [a-z ] root"}
+LONG = 1900  # output tokens of a long request (a lane holds 2,048 positions)
+
+
+@dataclass
+class Stack:
+    redis: RedisServer
+    grammar: GrammarProcess
+    workers: list[WorkerProcess]
+    gateway: GatewayProcess
+
+    @property
+    def processes(self) -> list:
+        return [self.grammar, *self.workers, self.gateway]
+
+    async def resident(self) -> list[int]:
+        """Requests resident or waiting on each worker, by its own Health."""
+        counts = []
+        for worker in self.workers:
+            health = await worker.wait_healthy()
+            counts.append(int(health["resident"]) + int(health["waiting"]))
+        return counts
+
+    def metric(self, name: str, **labels: str) -> float:
+        return sum(_metric(w.metrics_port, name, **labels) for w in self.workers)
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """Redis, the grammar service, two workers (4 lanes, at most 2 waiting each) and the gateway,
+    started side by side. Compiles run in threads: the children of process isolation (tested in
+    tests/test_grammar_reliability.py) would triple the processes starting on two cores, and what
+    is tested here is what clients see while processes die and come back."""
+    redis = RedisServer(free_port(), None, tempfile.mkdtemp(prefix="infernix-redis-"))
+    redis.start()
+    isolation = ("--compile-isolation", "thread")
+    grammar = GrammarProcess(redis.url, *isolation)
+    flags = ("--grammar", grammar.address, "--redis-url", redis.url, "--lanes", "4",
+             "--max-waiting", "2", "--max-len", "2048", "--grammar-retry-s", "0.5", *isolation)
+    workers = [WorkerProcess(*flags, name=f"worker{i}") for i in (1, 2)]
+    gateway = GatewayProcess(*(w.address for w in workers))
+    built = Stack(redis, grammar, workers, gateway)
+    try:
+        for process in built.processes:  # side by side: their imports and loads overlap
+            process.start()
+
+        async def ready() -> None:
+            await grammar.wait_healthy()
+            await asyncio.gather(*(w.wait_healthy() for w in workers))
+            await gateway.until_workers_healthy(2)
+
+        asyncio.run(ready())
+        yield built
+    finally:
+        for process in reversed(built.processes):  # their graceful stops are tested elsewhere
+            process.kill()
+        redis.stop()
+        shutil.rmtree(redis.workdir, ignore_errors=True)
+
+
+def _chat(max_tokens: int, **extra) -> dict:
+    return {"model": "smollm2", "max_tokens": max_tokens, "temperature": 0.8,
+            "messages": [{"role": "user", "content": "Write on."}], **extra}
+
+
+@pytest.mark.asyncio
+async def test_a_client_leaving_a_non_streaming_request_cancels_it_at_its_worker(stack):
+    """§4: 'Non-streaming requests whose client disconnected run to their token limit. Cancel
+    them as streaming ones are.' A request for 1,900 tokens of an endless language is cancelled
+    at its worker once its client closed the connection."""
+    await _until_async(lambda: stack.resident(), lambda counts: sum(counts) == 0)
+    cancelled = stack.metric("infernix_worker_requests_total", outcome="cancelled")
+    length = stack.metric("infernix_worker_requests_total", outcome="length")
+    body = json.dumps(_chat(LONG, structured_outputs=ENDLESS)).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", stack.gateway.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    await writer.drain()
+    await _until_async(lambda: stack.resident(), lambda counts: sum(counts) == 1)
+    writer.close()
+    await writer.wait_closed()
+    await _until_async(lambda: stack.resident(), lambda counts: sum(counts) == 0)
+    assert stack.metric("infernix_worker_requests_total", outcome="cancelled") == cancelled + 1
+    assert stack.metric("infernix_worker_requests_total", outcome="length") == length
+
+
+@pytest.mark.asyncio
+async def test_full_worker_queues_answer_429_with_retry_after(stack):
+    """§5: 'A bounded waiting queue per worker (configurable), 429 with Retry-After beyond it,
+    queue time and rejections in metrics; the gateway's balancer uses the workers' queue depth.'
+    Two workers of 4 lanes and 2 waiting places hold 12 requests; of 16 sent at once, the ones
+    beyond get 429 `overloaded` with a Retry-After, every other one is served."""
+    rejected = stack.metric("infernix_worker_rejected_total", reason="queue_full")
+
+    async def one(session: aiohttp.ClientSession) -> tuple[int, dict, str | None]:
+        async with session.post(stack.gateway.url + "/v1/chat/completions",
+                                json=_chat(160, structured_outputs=ENDLESS)) as reply:
+            return reply.status, await reply.json(), reply.headers.get("Retry-After")
+
+    async with aiohttp.ClientSession() as session:
+        replies = await asyncio.gather(*(one(session) for _ in range(16)))
+    refused = [r for r in replies if r[0] == 429]
+    assert len(refused) >= 4, [r[0] for r in replies]
+    for status, body, retry in refused:
+        assert body["error"]["code"] == "overloaded" and int(retry) >= 1, body
+    assert all(r[0] == 200 for r in replies if r[0] != 429), replies
+    assert stack.metric("infernix_worker_rejected_total", reason="queue_full") > rejected
+    assert stack.metric("infernix_worker_queue_seconds_count") >= 12
+
+
+@pytest.mark.asyncio
+async def test_a_mixed_load_loses_nothing_while_redis_grammar_and_a_worker_are_killed(stack):
+    redis, grammar, gateway = stack.redis, stack.grammar, stack.gateway
+    began = time.perf_counter()
+    phases: dict[str, float] = {}
+
+    def mark(phase: str) -> None:
+        phases[phase] = round(time.perf_counter() - began, 1)
+
+    await _until_async(lambda: stack.resident(), lambda counts: sum(counts) == 0)
+    async with aiohttp.ClientSession() as session:
+        # A long stream first, on a quiet stack: the worker that holds it is the one killed.
+        cut = Scenario("cut_stream", 1, "/v1/chat/completions",
+                       _chat(LONG, stream=True, structured_outputs=ENDLESS), stream=True)
+        long_stream = asyncio.ensure_future(one_request(session, gateway.url, cut, 120))
+        counts = await _until_async(lambda: stack.resident(), lambda c: sum(c) == 1)
+        killed, survivor = sorted(stack.workers, key=lambda w: -counts[stack.workers.index(w)])
+        mark("started")
+        stop = asyncio.Event()
+        load = asyncio.ensure_future(run_mix(gateway.url, stop=stop, concurrency=4, seed=12,
+                                             max_tokens=12, timeout_s=45))
+        await asyncio.sleep(2.0)  # the mix warms the caches
+        killed.kill()  # SIGKILL, the long stream on it
+        await asyncio.sleep(1.5)
+        redis.stop()  # SIGKILL
+        await asyncio.sleep(1.5)
+        grammar.kill()
+        await asyncio.sleep(1.5)
+        # The survivor saw the outage (its probe, or a compile, marked the service down).
+        await _until(lambda: _metric(survivor.metrics_port, "infernix_grammar_service_up") == 0)
+        # A grammar nobody compiled before, while Redis, the grammar service and the other
+        # worker are down: the survivor builds it in process and answers.
+        fresh = Scenario("fresh_regex", 1, "/v1/chat/completions", {
+            "model": "smollm2", "max_tokens": 8, "messages": [{"role": "user", "content": "Go."}],
+            "structured_outputs": {"regex": "outage-[0-9]{2}"}})
+        during = await one_request(session, gateway.url, fresh, 120)
+        # Liveness stays 200 and says degraded; readiness names what is missing.
+        await _until(lambda: set(gateway.get("/readyz")[1].get("missing", ())) >=
+                     {"grammar_service", "redis", "worker"})
+        live, ready = gateway.get("/healthz"), gateway.get("/readyz")
+        redis.start()
+        grammar.start()
+        killed.start()
+        mark("restarting")
+        await asyncio.gather(grammar.wait_healthy(), killed.wait_healthy())
+        await gateway.until_workers_healthy(2)
+        await _until(lambda: _metric(survivor.metrics_port, "infernix_grammar_service_up") == 1)
+        mark("back")
+        await asyncio.sleep(2.0)  # the mix runs on the recovered stack
+        stop.set()
+        outcomes = await asyncio.wait_for(load, 60)
+        cut_outcome = await long_stream
+        mark("done")
+    fallbacks = _metric(survivor.metrics_port, "infernix_grammar_service_fallbacks_total")
+    summary = summarize(outcomes)
+    print(json.dumps({"phases_s": phases, **summary}, indent=2))
+    assert summary["lost"] == 0 and summary["untyped"] == 0, summary["bad"]
+    assert summary["ok"] >= 20, summary
+    assert set(summary["by_scenario"]) >= {"chat", "chat_stream", "json_schema", "chat_regex",
+                                           "responses_json_stream", "anthropic_tool"}, summary
+    # §6/§8: the stream on the killed worker ended with a typed terminal event, and the gateway
+    # logged the cut with what it had streamed.
+    assert (cut_outcome.outcome, cut_outcome.code) == ("typed", "service_unavailable"), cut_outcome
+    cuts = [json.loads(line) for line in gateway.log.read_text().splitlines()
+            if '"worker_stream_cut"' in line]
+    assert any(c["streamed_deltas"] > 0 and c["worker"] == killed.address for c in cuts), cuts
+    # New grammars of the outage (a fresh regex almost every chat_regex request, and the one sent
+    # above) were compiled in process by the survivor.
+    assert during.outcome == "ok", during
+    assert fallbacks >= 1, fallbacks
+    assert live[0] == 200 and live[1]["degraded"] is True, live
+    assert ready[0] == 200 and ready[1]["status"] == "ready", ready  # degraded, but it serves
