@@ -76,3 +76,27 @@ def test_greedy_with_penalties_matches_the_reference(device):
     assert got.tokens.tolist() == want.tokens.tolist() and got.status.tolist() == want.status.tolist()
     with pytest.raises(ValueError, match="params"):
         sample_greedy(z, vocab_size=64, penalties=history)
+
+
+def test_in_graph_sample_stage_equals_the_sampler():
+    """program/sampling.py: the sample stage the decode graph captures (never-generable ids
+    excluded, masked argmax) picks what `Sampler.sample` picks for unconstrained greedy rows,
+    including a never-generable id holding the largest logit."""
+    from types import SimpleNamespace
+
+    from services.worker.program.sampling import Sampler
+    from tests.worker_support import no_z_domain
+
+    domain = no_z_domain()
+    sampler = Sampler(domain, torch.device("cpu"))
+    z = torch.randn(4, domain.size + 3, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    z[1, ord("z")] = 100.0  # never generable: must not win
+    rows = [SimpleNamespace(sampling=SimpleNamespace(temperature=0.0), penalized=lambda: False)
+            for _ in range(4)]
+    tokens, status = sampler.greedy_in_graph(z)
+    want = sampler.sample(z, rows, None, None)
+    assert tokens.tolist() == want.tokens.tolist() and status.tolist() == want.status.tolist()
+    assert int(tokens[1]) != ord("z")
+    assert sampler.graph_ready(rows)
+    sampler.fast_greedy = False
+    assert not sampler.graph_ready(rows)

@@ -1,7 +1,9 @@
 """CUDA graphs of the Program: one captured decode forward per batch size.
 
 Sizes 1, 2, 4, ... up to B are captured lazily; a batch is padded to the next size with rows that
-write the scratch lane. Speculative backends will add a Forward and a Finish graph per size here.
+write the scratch lane. Each graph also captures the greedy sample stage of an unconstrained,
+unpenalized batch (program/sampling.py `greedy_in_graph`), so such a step is one graph replay and
+two small copies to the host. Speculative backends will add a Forward and a Finish graph per size here.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ def graph_sizes(max_batch: int) -> tuple[int, ...]:
 class DecodeGraph:
     """One captured decode forward for a fixed batch size: static tokens/positions/lanes in,
     static last-position logits out. Attention reads the whole lane (kv_len = max_len), so the
-    graph does not depend on the context length."""
+    graph does not depend on the context length. With `sample` (logits [S, V] -> (tokens [S]
+    int64, status [S] int32), no host synchronisation) the graph also runs that sample stage
+    after the forward: `sampled` holds its outputs, for the batches that may use them (an
+    unconstrained all-greedy batch); the logits stay available to every other batch."""
 
-    def __init__(self, model, state, size: int, scratch_lane: int, pool) -> None:
+    def __init__(self, model, state, size: int, scratch_lane: int, pool, sample=None) -> None:
         device = next(model.parameters()).device
         self.size = size
         self.scratch_lane = scratch_lane
@@ -34,12 +39,17 @@ class DecodeGraph:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up outside capture (allocator, lazy inits)
-                model(self.tokens, self.positions, state, self.lanes, kv_len=state.max_len)
+                out = model(self.tokens, self.positions, state, self.lanes, kv_len=state.max_len)
+                if sample is not None:
+                    sample(out[:, -1])
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
+        self.sampled = None
         with torch.cuda.graph(self.graph, pool=pool):
             out = model(self.tokens, self.positions, state, self.lanes, kv_len=state.max_len)
             self.logits = out[:, -1]  # [S, V]
+            if sample is not None:
+                self.sampled = sample(self.logits)  # ([S] int64, [S] int32)
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
         """tokens, positions: [n, 1]; lanes: [n] (n <= size); returns logits [n, V] (a view)."""
@@ -57,8 +67,10 @@ class DecodeGraph:
 class DecodeGraphs:
     """The decode graphs of one Program, captured on first use per padded size."""
 
-    def __init__(self, model, state, max_batch: int, scratch_lane: int) -> None:
+    def __init__(self, model, state, max_batch: int, scratch_lane: int,
+                 sample_stage=lambda: None) -> None:
         self._model, self._state, self._scratch = model, state, scratch_lane
+        self._sample_stage = sample_stage  # at each capture: the in-graph sample stage or None
         self._sizes = graph_sizes(max_batch)
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict[int, DecodeGraph] = {}
@@ -69,7 +81,8 @@ class DecodeGraphs:
         graph = self._graphs.get(size)
         if graph is not None:
             return graph, False
-        graph = DecodeGraph(self._model, self._state, size, self._scratch, self._pool)
+        graph = DecodeGraph(self._model, self._state, size, self._scratch, self._pool,
+                            sample=self._sample_stage())
         self._graphs[size] = graph
         return graph, True
 

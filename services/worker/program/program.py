@@ -68,11 +68,14 @@ class Program:
         # a decode step's tokens, positions and lanes, uploaded with one non-blocking copy
         self.host_inputs = torch.zeros(max_batch, 3, dtype=torch.int64, pin_memory=pin)  # [B, 3]
         self._free = list(range(max_batch))
-        self._graphs = self._ready = None
+        self._graphs = self._ready = self._last_graph = None
         if use_graphs:
             from services.worker.program.graphs import DecodeGraphs
 
-            self._graphs = DecodeGraphs(self.model, self.state, max_batch, scratch_lane=max_batch)
+            self._graphs = DecodeGraphs(
+                self.model, self.state, max_batch, scratch_lane=max_batch,
+                sample_stage=lambda: self.sampler.greedy_in_graph if self.sampler.fast_greedy
+                else None)
         if self.cuda:
             from services.worker.program.events import ReadyEvent
 
@@ -115,19 +118,25 @@ class Program:
         # The CPU fills masks while the forward runs on CUDA: nothing above waits for the device.
         fill = self.masks.fill_ordinary([r.session for r in requests],
                                         [r.num_output_tokens for r in requests])
-        z = logits if len(sampled) == len(rows) else logits.index_select(
-            0, torch.tensor(sampled, dtype=torch.int64, device=self.device))  # [m, V]
-        mask, mask_row = self.masks.upload(len(sampled)) if fill.constrained else (None, None)
-        sample = self.sampler.sample(z, requests, mask, mask_row)
         m = len(sampled)
-        self.host_tokens[:m].copy_(sample.tokens, non_blocking=self.cuda)
-        self.host_status[:m].copy_(sample.status, non_blocking=self.cuda)
+        graph = self._last_graph
+        if graph is not None and graph.sampled is not None and not fill.constrained \
+                and self.sampler.graph_ready(requests):
+            tokens, status = (t[:m] for t in graph.sampled)  # sampled inside the decode graph
+        else:
+            z = logits if len(sampled) == len(rows) else logits.index_select(
+                0, torch.tensor(sampled, dtype=torch.int64, device=self.device))  # [m, V]
+            mask, mask_row = self.masks.upload(m) if fill.constrained else (None, None)
+            sample = self.sampler.sample(z, requests, mask, mask_row)
+            tokens, status = sample.tokens, sample.status
+        self.host_tokens[:m].copy_(tokens, non_blocking=self.cuda)
+        self.host_status[:m].copy_(status, non_blocking=self.cuda)
         if self._ready is not None:
             self._ready.record(torch.cuda.current_stream())
             self._ready.wait()
-        tokens, status = self.host_tokens[:m].tolist(), self.host_status[:m].tolist()  # one read each
+        host_tokens, host_status = self.host_tokens[:m].tolist(), self.host_status[:m].tolist()
         for j, i in enumerate(sampled):
-            results[i] = self._row_result(j, rows[i], fill, tokens[j], status[j])
+            results[i] = self._row_result(j, rows[i], fill, host_tokens[j], host_status[j])
         return PendingBatch(batch, tuple(results))
 
     def commit(self, pending: PendingBatch, kept: Mapping[int, int]) -> None:
@@ -162,6 +171,7 @@ class Program:
             f"sampling found {what} at output position {row.request.num_output_tokens}"))
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
+        self._last_graph = None  # the decode graph this step replays, if any
         rows, dev = batch.rows, self.device
         lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)  # [n]
         if batch.is_decode:
@@ -177,6 +187,7 @@ class Program:
                 staged[:, 1:2].copy_(positions)
                 staged[:, 2].copy_(lanes)
                 inputs = staged.to(dev, non_blocking=True)  # [n, 3]
+                self._last_graph = graph
                 return graph.run(inputs[:, 0:1], inputs[:, 1:2], inputs[:, 2])
             kv_len = max(r.start for r in rows) + 1
             return self.model(tokens.to(dev), positions.to(dev), self.state, lanes.to(dev),

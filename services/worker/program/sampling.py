@@ -66,6 +66,23 @@ class Sampler:
         return self._sample(z, params, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
                             penalties=penalties, candidate_width=width)
 
+    def graph_ready(self, requests: Sequence["Request"]) -> bool:
+        """Whether the decode graph's own sample stage (`greedy_in_graph`) serves these rows:
+        every row greedy and unpenalized (the caller checks that no row is constrained)."""
+        return self.fast_greedy and all(r.sampling.temperature == 0 and not r.penalized()
+                                        for r in requests)
+
+    def greedy_in_graph(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy sample stage of an unconstrained, unpenalized batch, capturable in a CUDA
+        graph: logits [S, V'] -> (tokens [S] int64, status [S] int32)."""
+        z = logits
+        if z.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            z = z.float()
+        if self._never is not None:
+            z = z.index_fill(1, self._never, float("-inf"))  # never-generable ids
+        result = sample_greedy(z, vocab_size=self.domain.size)
+        return result.tokens, result.status
+
     def params(self, requests: Sequence["Request"]) -> SamplingParams:
         """The rows' parameters on the device: rebuilt when the membership changed, else only
         the positions are uploaded (non-blocking from pinned memory on CUDA)."""
