@@ -13,17 +13,7 @@ from __future__ import annotations
 import torch
 
 from kernels.sampling_contract import PenaltyHistory, SampleResult, SampleStatus, SamplingParams
-
-
-def legal_bits(mask: torch.Tensor, mask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[N, V] bool legal set from packed words mask [M, W] int32 and descriptors mask_row [N]
-    (-1 = unconstrained: every id legal), without boolean indexing (no host sync)."""
-    constrained = mask_row >= 0  # [N]
-    words = mask.index_select(0, torch.where(constrained, mask_row, 0).long())  # [N, W]
-    shifts = torch.arange(32, dtype=torch.int32, device=mask.device)
-    bits = (words.unsqueeze(-1) >> shifts) & 1  # [N, W, 32], lowest bit = smaller id
-    legal = bits.view(bits.shape[0], -1)[:, :vocab_size].bool()  # [N, V]
-    return legal | ~constrained[:, None]
+from kernels.sampling_ref import legal_set, penalized_logits
 
 
 def sample_greedy(logits: torch.Tensor, *, vocab_size: int, mask: torch.Tensor | None = None,
@@ -39,15 +29,13 @@ def sample_greedy(logits: torch.Tensor, *, vocab_size: int, mask: torch.Tensor |
     if penalties is not None:
         if params is None:
             raise ValueError("penalties need params (their penalty fields)")
-        from kernels.sampling_ref import penalized_logits
-
         z = penalized_logits(logits, vocab_size, params, penalties)  # [N, V] float32
     else:
         z = logits[:, :vocab_size]
     if mask is not None:
         if mask_row is None or mask_row.shape != (n,):
             raise ValueError(f"mask_row: expected int32 [{n}] with a mask")
-        legal = legal_bits(mask.view(-1, mask.shape[-1]), mask_row, vocab_size)  # [N, V]
+        legal = legal_set(mask.view(-1, mask.shape[-1]), mask_row, n, vocab_size, z.device)  # [N, V]
         z = torch.where(legal, z, float("-inf"))  # illegal values are never inspected
         dead = ~legal.any(dim=1)
     # amax propagates NaN and +inf and is -inf when nothing is finite: one pass finds every

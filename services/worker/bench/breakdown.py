@@ -28,19 +28,13 @@ import time
 import torch
 
 from kernels.sampling_contract import SamplingParams
-from services.worker.models.qwen35_bench import copy_bandwidth, weight_bytes_per_step
+from services.worker.models.qwen35_bench import copy_bandwidth, cuda_ms, weight_bytes_per_step
 from services.worker.program.graphs import DecodeGraph
 
 
-def _event_ms(fn, repeats: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats
+def _warm_cuda_ms(fn, repeats: int) -> float:
+    fn()  # compile / lazy initialisation outside the timed calls
+    return cuda_ms(fn, repeats)
 
 
 def _wall_ms(fn, repeats: int) -> float:
@@ -69,7 +63,7 @@ def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: in
     device = runtime.device
     cuda = device.type == "cuda"
     bandwidth = copy_bandwidth(device) if cuda else cpu_copy_bandwidth()
-    timed = _event_ms if cuda else _wall_ms
+    timed = _warm_cuda_ms if cuda else _wall_ms
     steps = steps if cuda else max(3, steps // 4)
     vocab = runtime.domain.size
     was = model.fused
@@ -86,7 +80,7 @@ def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: in
                 model.fused = path == "fused"
                 if cuda:
                     graph = DecodeGraph(model, state, b, scratch_lane=b, pool=None)
-                    forward = _event_ms(lambda: graph.run(tokens, positions, lanes), steps)
+                    forward = _warm_cuda_ms(lambda: graph.run(tokens, positions, lanes), steps)
                     z = graph.logits
                 else:
                     graph = None

@@ -160,11 +160,12 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     """Run the whole benchmark on `runtime`; returns the report's `results` and `targets`.
     `log(line)` gets progress lines; `partial(results)` the raw results measured so far after
     each batch size (so an interrupted run still leaves numbers)."""
-    paths = {}
+    paths: dict[str, dict] = {}  # model path -> the engine's rows
     for path in opts.paths:
-        paths[path] = asyncio.run(_bench_engine(
-            runtime, opts, log, lambda r, p=path: partial({f"engine_{p}": r["engine"], **{
-                f"engine_{q}": v for q, v in paths.items()}}), path))
+        def partial_path(rows: dict, path: str = path) -> None:
+            partial({**{f"engine_{p}": r for p, r in paths.items()}, f"engine_{path}": rows["engine"]})
+
+        paths[path] = asyncio.run(_bench_engine(runtime, opts, log, partial_path, path))
     engine = paths["fused"]
     if hasattr(runtime.model, "fused"):
         runtime.model.fused = True

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.norms_ref import rms_norm_ref
+from kernels.rope_ref import rope_ref
 from kernels.swiglu_ref import swiglu_ref
 
 # The projections computed by one GEMM once fused (models/fused_linear.py), in output order.
@@ -71,20 +72,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
         apply_rope_(q, k, cos, sin)
         return q, k
-    return _rope_torch(q, cos, sin), _rope_torch(k, cos, sin)
-
-
-def _rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # rotate_half on the first R = 2 * cos.shape[-1] dims, float32 math, one rounding
-    half = cos.shape[-1]
-    c, s = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, R/2]
-    x1, x2 = x[..., :half].float(), x[..., half:2 * half].float()
-    parts = [x1 * c - x2 * s, x2 * c + x1 * s]
-    if x.dtype != torch.float32:
-        parts = [p.to(x.dtype) for p in parts]
-    if 2 * half < x.shape[-1]:
-        parts.append(x[..., 2 * half:])
-    return torch.cat(parts, dim=-1)
+    return rope_ref(q, cos, sin), rope_ref(k, cos, sin)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,8 @@ def weight_bytes_per_step(model, batch: int) -> int:
     return total
 
 
-def _ms(fn, repeats: int) -> float:
+def cuda_ms(fn, repeats: int) -> float:
+    """Mean milliseconds of fn() over `repeats` calls, timed with CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
@@ -88,7 +89,7 @@ def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, grap
         state.commit(lanes, ones)
         pos.add_(1)
 
-    eager_ms = _ms(step, max(steps // 4, 4))
+    eager_ms = cuda_ms(step, max(steps // 4, 4))
     graph_ms = None
     if graphs:
         side = torch.cuda.Stream()
@@ -100,7 +101,7 @@ def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, grap
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        graph_ms = _ms(graph.replay, steps)
+        graph_ms = cuda_ms(graph.replay, steps)
     verify_ms = None
     if verify:
         drafts = torch.randint(0, vocab, (batch, verify), device=device)
@@ -112,7 +113,7 @@ def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, grap
             state.commit(lanes, accepted)
 
         verify_step()  # compile
-        verify_ms = _ms(verify_step, 4)
+        verify_ms = cuda_ms(verify_step, 4)
     best = graph_ms if graph_ms is not None else eager_ms
     return {"batch": batch, "prompt_tokens": prompt, "prefill_ms": prefill_ms,
             "prefill_tokens_per_s": batch * prompt / prefill_ms * 1e3, "decode_ms_eager": eager_ms,

@@ -46,10 +46,7 @@ class Sampler:
                mask_row: torch.Tensor | None):
         """z: [m, V'] logits of the m sampled rows; mask: [B, K+1, W] int32 and mask_row: [m]
         (or None when no row is constrained). Returns the kernel's result (tokens, status)."""
-        if z.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            z = z.float()  # the sampling kernels read float32 / half logits
-        if self._never is not None:
-            z = z.index_fill(1, self._never, float("-inf"))  # never-generable ids
+        z = self._generable(z)
         s = [r.sampling for r in requests]
         penalties = self._penalties(requests)
         if self.fast_greedy and all(p.temperature == 0 for p in s):
@@ -75,13 +72,16 @@ class Sampler:
     def greedy_in_graph(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The greedy sample stage of an unconstrained, unpenalized batch, capturable in a CUDA
         graph: logits [S, V'] -> (tokens [S] int64, status [S] int32)."""
-        z = logits
+        result = sample_greedy(self._generable(logits), vocab_size=self.domain.size)
+        return result.tokens, result.status
+
+    def _generable(self, z: torch.Tensor) -> torch.Tensor:
+        """Logits as the sampling kernels read them (float32 / half), never-generable ids at -inf."""
         if z.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             z = z.float()
         if self._never is not None:
-            z = z.index_fill(1, self._never, float("-inf"))  # never-generable ids
-        result = sample_greedy(z, vocab_size=self.domain.size)
-        return result.tokens, result.status
+            z = z.index_fill(1, self._never, float("-inf"))
+        return z
 
     def params(self, requests: Sequence["Request"]) -> SamplingParams:
         """The rows' parameters on the device: rebuilt when the membership changed, else only
