@@ -17,8 +17,8 @@ One step:
 
 where the commit path (postprocess.py) previews every row, commits the Program's device state,
 confirms the sessions and ledgers, and only then publishes. Published events are delivered to the
-event loop in one batch once the next step's forward is launched (or before the worker idles), so
-the loop's share of the host tail overlaps the device.
+event loop in one batch: on CUDA once the next step's forward is launched (or before the worker
+idles), so the loop's share of the host tail overlaps the device; on the CPU at the end of the step.
 """
 
 from __future__ import annotations
@@ -227,6 +227,8 @@ class Engine:
             self.post.flush()
             return True
         self.post.commit(pending)
+        if not self.program.cuda:  # a CPU forward is synchronous: holding the events gains nothing
+            self.post.flush()
         self.metrics.lanes_in_use.set(len(self.scheduler.resident))
         self.metrics.queue_depth.set(len(self.scheduler.waiting))
         return True
