@@ -100,3 +100,30 @@ def test_in_graph_sample_stage_equals_the_sampler():
     assert sampler.graph_ready(rows)
     sampler.fast_greedy = False
     assert not sampler.graph_ready(rows)
+
+
+def test_sampler_parameters_follow_batch_membership():
+    """Issue 14: "per-batch parameters kept on the device and updated only when the batch's
+    membership changes": the same requests in the same order reuse the uploaded parameters
+    (only the positions are new); another membership or order rebuilds them."""
+    from types import SimpleNamespace
+
+    from services.worker.program.sampling import Sampler
+    from tests.worker_support import byte_domain
+
+    def request(t, seed):
+        return SimpleNamespace(sampling=SimpleNamespace(
+            temperature=t, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+            presence_penalty=0.0, frequency_penalty=0.0), seed=seed, num_output_tokens=0)
+
+    sampler = Sampler(byte_domain(), torch.device("cpu"))
+    a, b = request(0.7, 11), request(1.2, 22)
+    first = sampler.params([a, b])
+    a.num_output_tokens, b.num_output_tokens = 3, 5
+    second = sampler.params([a, b])
+    assert second.temperature is first.temperature and second.seed is first.seed  # reused
+    assert second.position.tolist() == [3, 5] and first.position.tolist() == [0, 0]
+    swapped = sampler.params([b, a])
+    assert swapped.temperature is not first.temperature
+    assert swapped.seed.tolist() == [22, 11] and swapped.position.tolist() == [5, 3]
+    assert swapped.temperature.tolist() == pytest.approx([1.2, 0.7])
