@@ -40,6 +40,7 @@ class Purpose(IntEnum):
     SAMPLE = 0  # ordinary sampling of the next token
     ACCEPT = 1  # speculative acceptance test
     RESIDUAL = 2  # speculative residual resampling after a rejection
+    DRAFT = 3  # a drafter's own sampling (DFlash2's candidate walk at T > 0)
 
 
 def fmix32_int(x: int) -> int:

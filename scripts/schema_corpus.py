@@ -7,13 +7,20 @@
     infernix grammar check --batch corpus/schemas.jsonl > corpus/result.jsonl
     # 3. the figures (compile rate, invalid accepted, valid accepted, typed rejections):
     python scripts/schema_corpus.py summarize corpus/schemas.jsonl corpus/result.jsonl
+    # only some schemas (those a change can affect), as a corpus of their own:
+    python scripts/schema_corpus.py subset corpus/schemas.jsonl --ids IDS --out corpus/part.jsonl
 
 Each corpus line is a `grammar check --batch` line: {"json_schema": ..., "values": [...]} plus
 "id", "source", "split" ("dev" or "held": a hash of the id decides), and "valid" (one boolean per
 value: what `jsonschema` says, with format checking, for the schema's declared dialect).
 Values are the source's own test instances (valid and invalid) and mutations of the valid ones that
 `jsonschema` rejects; the product checks each value in the generation layout (declared property
-order), see services/grammar/schema/layout.py. Nothing here imports the product's schema code.
+order), see services/grammar/schema/layout.py. Labelling never imports the product's schema code
+(only `reduce` does, to tell which schemas a change can affect).
+
+    # after a change: reduce with the old and the new code, check only what differs
+    python scripts/schema_corpus.py reduce corpus/schemas.jsonl --out corpus/reduce-new.jsonl
+    python scripts/schema_corpus.py changed corpus/reduce-old.jsonl corpus/reduce-new.jsonl > ids
 """
 
 from __future__ import annotations
@@ -184,13 +191,15 @@ def summarize(args: argparse.Namespace) -> int:
         valid_total = valid_ok = invalid_total = invalid_accepted = 0
         bad = []
         for c, r in compiled:
-            for value, ok, acc in zip(c["values"], c["valid"], r.get("values_accepted", [])):
+            layout = r.get("values_accepted", [])
+            raw = r.get("values_accepted_raw", [False] * len(layout))
+            for value, ok, acc, acc_raw in zip(c["values"], c["valid"], layout, raw):
                 if ok:
                     valid_total += 1
                     valid_ok += bool(acc)
                 else:
                     invalid_total += 1
-                    if acc:
+                    if acc or acc_raw:  # wrongly accepted in either text
                         invalid_accepted += 1
                         bad.append(c["id"])
         rejected = [r for _, r in rows if not r.get("ok")]
@@ -211,6 +220,69 @@ def summarize(args: argparse.Namespace) -> int:
         }
     json.dump(out, sys.stdout, indent=1)
     print()
+    return 0
+
+
+def subset(args: argparse.Namespace) -> int:
+    """The corpus lines whose ids are listed (one per line, or comma-separated) in `--ids`, in
+    corpus order: for re-running only the schemas a change can affect."""
+    with open(args.ids, encoding="utf-8") as f:
+        wanted = {i.strip() for i in f.read().replace(",", "\n").split("\n") if i.strip()}
+    with open(args.corpus, encoding="utf-8") as f, open(args.out, "w", encoding="utf-8") as out:
+        for line in f:
+            if line.strip() and json.loads(line)["id"] in wanted:
+                out.write(line)
+    return 0
+
+
+def reduce(args: argparse.Namespace) -> int:
+    """Reduce and emit every schema with the product's code (no vocabulary, no xgrammar compile):
+    one line per schema with the typed error or the SHA-256 of its grammar text. Minutes where
+    the full check takes most of an hour; two such files (`changed`) tell which schemas a code
+    change can affect. This is the only command that imports the product."""
+    import signal
+
+    from services.grammar.schema import schema_to_ebnf
+    from shared.errors import InfernixError
+
+    def alarm(*_: Any) -> None:
+        raise TimeoutError
+
+    signal.signal(signal.SIGALRM, alarm)
+    with open(args.corpus, encoding="utf-8") as f, open(args.out, "w", encoding="utf-8") as out:
+        for line in f:
+            if not line.strip():
+                continue
+            c = json.loads(line)
+            row: dict[str, Any] = {"id": c["id"]}
+            signal.alarm(args.timeout)
+            try:
+                text = schema_to_ebnf(c["json_schema"])
+                row.update(ok=True, grammar_sha=hashlib.sha256(text.encode()).hexdigest())
+            except InfernixError as exc:
+                row.update(ok=False, type=type(exc).__name__, pointer=getattr(exc, "pointer", None),
+                           message=exc.message)
+            except TimeoutError:
+                row.update(ok=None, message=f"no result within {args.timeout} s")
+            finally:
+                signal.alarm(0)
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+            out.flush()
+    return 0
+
+
+def changed(args: argparse.Namespace) -> int:
+    """Ids (one per line) whose `reduce` result differs between OLD and NEW, or that NEW rejects:
+    the schemas to check again after a change (the others keep their grammar byte for byte)."""
+    def rows(path: str) -> dict[str, dict]:
+        with open(path, encoding="utf-8") as f:
+            return {r["id"]: r for r in map(json.loads, filter(str.strip, f))}
+
+    old, new = rows(args.old), rows(args.new)
+    for i, r in new.items():
+        o = old.get(i, {})
+        if not r.get("ok") or not o.get("ok") or o.get("grammar_sha") != r.get("grammar_sha"):
+            print(i)
     return 0
 
 
@@ -236,6 +308,20 @@ def main() -> int:
     s.add_argument("corpus")
     s.add_argument("result")
     s.set_defaults(func=summarize)
+    r = sub.add_parser("reduce")
+    r.add_argument("corpus")
+    r.add_argument("--out", required=True)
+    r.add_argument("--timeout", type=int, default=120, help="seconds per schema")
+    r.set_defaults(func=reduce)
+    c = sub.add_parser("changed")
+    c.add_argument("old")
+    c.add_argument("new")
+    c.set_defaults(func=changed)
+    u = sub.add_parser("subset")
+    u.add_argument("corpus")
+    u.add_argument("--ids", required=True, help="a file of corpus ids (lines or commas)")
+    u.add_argument("--out", required=True)
+    u.set_defaults(func=subset)
     args = p.parse_args()
     return args.func(args)
 

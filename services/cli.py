@@ -5,7 +5,7 @@
     infernix grammar check|sample|serve|health
     infernix worker serve|health        the gRPC worker
     infernix gateway serve --worker ADDR [--worker ADDR ...]
-    infernix bench grammar|decode ...   benchmarks writing JSON
+    infernix bench grammar|decode|spec|prefix  benchmarks writing JSON
 
 Every flag is also an environment variable named after it: --redis-url is INFERNIX_REDIS_URL.
 Building the parser imports nothing heavy (no torch, xgrammar or transformers): `--help` answers
@@ -41,6 +41,18 @@ def _say(line: str) -> None:
     print(f"infernix: {line}", file=sys.stderr, flush=True)
 
 
+def _worker_settings(cls, args: argparse.Namespace):
+    """WorkerSettings from the flags; a feature this build refuses (Unsupported, e.g.
+    --speculative mtp) is a one-line usage error naming the flag, before the model loads."""
+    from shared.errors import Unsupported
+
+    try:
+        return cls.from_args(args)
+    except Unsupported as exc:
+        flag = "--" + (exc.field or "speculative").replace("_", "-")
+        raise UsageError(f"{flag}: unsupported: {exc.message}") from None
+
+
 # ---------------------------------------------------------------- commands
 
 
@@ -53,7 +65,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from shared.logging import configure_logging
 
     configure_logging(args.log_level)
-    settings = WorkerSettings.from_args(args)
+    settings = _worker_settings(WorkerSettings, args)
 
     async def main() -> None:
         registry = CollectorRegistry()  # one /metrics for the gateway, engine and grammar cache
@@ -82,7 +94,7 @@ def run_worker_serve(args: argparse.Namespace) -> int:
     from shared.metrics import serve_metrics
 
     configure_logging(args.log_level)
-    settings = WorkerSettings.from_args(args)
+    settings = _worker_settings(WorkerSettings, args)
     registry = CollectorRegistry()
     serve_metrics(args.metrics_port, registry, args.host)
 
@@ -188,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="The gateway, a worker and the grammar service in one "
                            "process: OpenAI- and Anthropic-compatible HTTP.")
     add_settings(serve, "host", "port", "api_keys", "ignore_unknown_fields", "model", "device",
-                 "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "log_level")
+                 "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "kv_cache_tokens",
+                 "no_prefix_cache", "log_level", "speculative", "draft_model", "num_draft_tokens")
     serve.set_defaults(func=run_serve)
 
     worker_cli.add_generate_parser(sub)
@@ -199,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     wserve = wsub.add_parser("serve", help="run the gRPC WorkerService")
     add_settings(wserve, "host", "port", "grammar", "redis_url", "grammar_cache_bytes",
                  "drain_seconds", "metrics_port", "model", "device", "lanes", "max_len", "prefill_chunk",
-                 "preempt_after", "max_waiting", "log_level", port=50052)
+                 "preempt_after", "max_waiting", "kv_cache_tokens", "no_prefix_cache", "log_level",
+                 "speculative", "draft_model", "num_draft_tokens", port=50052)
     grammar_cli.add_compile_args(wserve, isolation="process")
     grammar_cli.add_client_args(wserve)
     wserve.set_defaults(func=run_worker_serve)
@@ -222,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     grammar_cli.add_bench_parser(bsub)
     grammar_cli.add_store_bench_parser(bsub)
     decode_bench_cli.add_parser(bsub)
+    decode_bench_cli.add_spec_parser(bsub)
+    decode_bench_cli.add_prefix_parser(bsub)
     return parser
 
 

@@ -28,17 +28,31 @@ class WorkerSettings:
     prefill_chunk: int = 512  # prompt tokens per prefill step (all rows together), >= 1
     preempt_after_s: float | None = None  # preemption for long-waiting requests; None: off
     max_waiting: int | None = None  # bounded waiting queue; None: 4 x lanes
+    speculative: str | None = None  # speculative backend (services/worker/spec); None: off
+    draft_model: str | None = None  # draft checkpoint directory (dflash, dflash2)
+    num_draft_tokens: int = 4  # K, >= 1
+    prefix_cache: bool = True  # the automatic prefix cache
+    kv_cache_tokens: int | None = None  # KV pool positions; None: lanes x max_len
 
     def __post_init__(self) -> None:
-        for name, low in (("lanes", 1), ("max_len", 2), ("prefill_chunk", 1)):
+        for name, low in (("lanes", 1), ("max_len", 2), ("prefill_chunk", 1),
+                          ("num_draft_tokens", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
+            raise ValueError(f"kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}")
+        from services.worker.spec import check_backend
+
+        check_backend(self.speculative, self.draft_model)  # Unsupported before the model loads
 
     @classmethod
     def from_args(cls, args) -> "WorkerSettings":
         return cls(model=args.model, device=args.device, lanes=args.lanes, max_len=args.max_len,
                    prefill_chunk=args.prefill_chunk, preempt_after_s=args.preempt_after,
-                   max_waiting=args.max_waiting)
+                   max_waiting=args.max_waiting, speculative=args.speculative,
+                   draft_model=args.draft_model, num_draft_tokens=args.num_draft_tokens,
+                   prefix_cache=not getattr(args, "no_prefix_cache", False),
+                   kv_cache_tokens=getattr(args, "kv_cache_tokens", None))
 
 
 def open_grammar(model: str, *, redis_url: str | None = None, service: str | None = None,
@@ -77,5 +91,9 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
     config = EngineConfig(max_batch=settings.lanes, max_len=settings.max_len,
                           prefill_chunk=settings.prefill_chunk,
                           preempt_after_s=settings.preempt_after_s,
-                          max_waiting=settings.max_waiting)
+                          max_waiting=settings.max_waiting,
+                          speculative=settings.speculative,
+                          num_draft_tokens=settings.num_draft_tokens,
+                          draft_model=settings.draft_model, prefix_cache=settings.prefix_cache,
+                          kv_cache_tokens=settings.kv_cache_tokens)
     return open_in_process(runtime, config, grammar=grammar, registry=registry)

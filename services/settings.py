@@ -57,6 +57,20 @@ def _address(text: str) -> str:
     return text
 
 
+def _speculative(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("ngram", "mtp", "dflash", "dflash2"):
+        raise ValueError(f"expected ngram, mtp, dflash or dflash2, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 _TABLE = (
     Setting("model", str, "smollm2", "the model: the built-in name smollm2 or a Hugging Face "
             "checkpoint directory", "NAME|DIR"),
@@ -67,6 +81,10 @@ _TABLE = (
             "their prompts (bounds how long a long prompt delays decoding rows)", "N"),
     Setting("preempt_after", float, None, "pause a running request (resumed later by Replay) when "
             "another has waited this many seconds for a lane; omitted: never", "SECONDS"),
+    Setting("kv_cache_tokens", int, None, "KV pool size in positions (blocks of 16); omitted: "
+            "lanes x max_len; more leaves the prefix cache room beyond the lanes", "N"),
+    Setting("no_prefix_cache", None, False, "turn the automatic prefix cache off (KV blocks of "
+            "equal prompt prefixes are then never reused; hybrid models run without it anyway)"),
     Setting("host", str, "127.0.0.1", "address to listen on"),
     Setting("port", int, 8000, "port to listen on"),
     Setting("api_keys", str, "", "comma-separated API keys; when set, requests must carry one",
@@ -85,6 +103,13 @@ _TABLE = (
             "run before the rest are cancelled", "SECONDS"),
     Setting("metrics_port", int, 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
     Setting("log_level", _log_level, "INFO", "log level: DEBUG, INFO, WARNING or ERROR"),
+    Setting("speculative", _speculative, None, "speculative decoding backend: ngram (n-gram copy "
+            "from the request's own context), mtp (a Qwen3.5 model's MTP module), dflash or "
+            "dflash2 (a draft model, --draft-model, on a dense target); omitted: off", "BACKEND"),
+    Setting("draft_model", str, None, "checkpoint directory of the draft model (dflash, dflash2)",
+            "DIR"),
+    Setting("num_draft_tokens", _positive, 4, "drafts per request and round with --speculative",
+            "K"),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in _TABLE}
 

@@ -52,10 +52,16 @@ class RequestOptions:
     stop: tuple[str, ...] = ()  # stop strings (rejected for constrained requests)
     stop_token_ids: tuple[int, ...] = ()  # extra stop ids (rejected for constrained requests)
     timeout_s: float | None = None  # deadline from submission
+    # Output tokens the reasoning (thinking) phase may take before the worker forces its close;
+    # None: no budget (the output budget alone). Only meaningful while thinking is on.
+    thinking_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}", field="max_tokens")
+        if self.thinking_budget is not None and self.thinking_budget < 0:
+            raise InvalidRequest(f"thinking_budget must be >= 0, got {self.thinking_budget}",
+                                 field="thinking_budget")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise InvalidRequest("timeout must be positive", field="timeout")
 
@@ -114,6 +120,8 @@ class FinishReason(str, Enum):
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (<= prompt_tokens)
+    reasoning_tokens: int = 0  # of completion_tokens: reasoning, its close token included
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,7 @@ class Finished:
     finish_reason: FinishReason
     usage: Usage
     content: str = ""  # the whole published content
+    reasoning: str = ""  # the whole published reasoning (thinking) text; "" without thinking
     tool_calls: tuple[ToolCall, ...] = ()
     constraint: dict[str, Any] | None = None  # the constraint report, when a matcher was enabled
     error: dict[str, Any] | None = None  # InfernixError.to_dict() when finish_reason is ERROR

@@ -130,6 +130,55 @@ class WorkerMetrics:
             "infernix_worker_preemptions_total",
             "Running requests paused for a long-waiting one (resumed later by Replay)",
             registry=self.registry)
+        self.spec_drafts = Counter(
+            "infernix_worker_spec_draft_tokens_total",
+            "Speculative drafts verified in committed rounds, and of them accepted",
+            ["result"], registry=self.registry)  # result: proposed | accepted
+        self.spec_rounds = Counter(
+            "infernix_worker_spec_rounds_total",
+            "Committed verification rounds of one request that carried drafts",
+            registry=self.registry)
+        self.spec_draft_wait_seconds = Counter(
+            "infernix_worker_spec_draft_wait_seconds_total",
+            "Host seconds waiting for drafts (proposing on the host, or a draft model's ready "
+            "event)", registry=self.registry)
+
+        self.prefix_lookup_tokens = Counter(
+            "infernix_worker_prefix_cache_lookup_tokens_total",
+            "Prompt tokens looked up in the prefix cache at admission (what could have hit)",
+            registry=self.registry)
+        self.prefix_hit_tokens = Counter(
+            "infernix_worker_prefix_cache_hit_tokens_total",
+            "Prompt tokens whose KV came from the prefix cache (prefill skipped)",
+            registry=self.registry)
+        self.prefix_evictions = Counter(
+            "infernix_worker_prefix_cache_evictions_total",
+            "Cached KV blocks reused for new data (least recently used first)",
+            registry=self.registry)
+        self.prefix_hit_rate = Gauge(
+            "infernix_worker_prefix_cache_hit_rate",
+            "Hit tokens / lookup tokens since start", registry=self.registry)
+        self.kv_blocks = Gauge(
+            "infernix_worker_kv_blocks", "KV pool blocks by state (available: free or evictable; "
+            "cached: in the prefix cache, referenced or not)", ["state"], registry=self.registry)
+        self._prefix_seen = (0, 0, 0)
+        self.forced_closes = Counter(
+            "infernix_worker_thinking_forced_closes_total",
+            "Reasoning phases closed by the thinking budget (the close sequence forced)",
+            registry=self.registry)
+
+    def prefix_cache(self, stats, *, free_blocks: int, cached_blocks: int) -> None:
+        """Bring the prefix-cache metrics up to `stats` (a program/blocks.PrefixCacheStats with
+        cumulative counts)."""
+        seen = (stats.lookup_tokens, stats.hit_tokens, stats.evictions)
+        for counter, now, before in zip((self.prefix_lookup_tokens, self.prefix_hit_tokens,
+                                         self.prefix_evictions), seen, self._prefix_seen):
+            if now > before:
+                counter.inc(now - before)
+        self._prefix_seen = seen
+        self.prefix_hit_rate.set(stats.hit_rate)
+        self.kv_blocks.labels(state="available").set(free_blocks)
+        self.kv_blocks.labels(state="cached").set(cached_blocks)
 
     def finished(self, constraint: str, outcome: str, *, ttft: float | None, tpot: float | None,
                  mask_seconds: float, prompt_tokens: int, completion_tokens: int) -> None:

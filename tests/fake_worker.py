@@ -23,6 +23,7 @@ from shared.generation import (
     GenerateRequest,
     GenerationEvent,
     PromptInput,
+    ReasoningDelta,
     TextDelta,
     ToolCall,
     ToolCallArgumentsDelta,
@@ -55,6 +56,7 @@ class ScriptedCall:
 @dataclass
 class Script:
     text: tuple[str, ...] = ()
+    reasoning: tuple[str, ...] = ()  # reasoning deltas, streamed before the text
     calls: tuple[ScriptedCall, ...] = ()
     finish_reason: FinishReason | None = None  # default: TOOL_CALLS with calls, else STOP
     usage: Usage = Usage(prompt_tokens=7, completion_tokens=5)
@@ -102,7 +104,8 @@ class FakeWorker(WorkerClient):
     def _events(self, number: int) -> list[GenerationEvent]:
         s = self.script
         text = s.texts[number % len(s.texts)] if s.texts else s.text
-        events: list[GenerationEvent] = [TextDelta(t) for t in text]
+        events: list[GenerationEvent] = [ReasoningDelta(t) for t in s.reasoning]
+        events += [TextDelta(t) for t in text]
         for i, call in enumerate(s.calls):
             events.append(ToolCallStart(i, call.id, call.name))
             events += [ToolCallArgumentsDelta(i, frag) for frag in call.fragments]
@@ -111,7 +114,7 @@ class FakeWorker(WorkerClient):
         else:
             reason = s.finish_reason or (FinishReason.TOOL_CALLS if s.calls else FinishReason.STOP)
         events.append(Finished(
-            reason, s.usage, content="".join(text),
+            reason, s.usage, content="".join(text), reasoning="".join(s.reasoning),
             tool_calls=tuple(ToolCall(c.id, c.name, "".join(c.fragments)) for c in s.calls),
             constraint=s.constraint, error=s.error, timings={"prepare": 0.001, "ttft": 0.002},
             stop_sequence=s.stop_sequence))

@@ -32,7 +32,7 @@ def blocks(page: str) -> list[tuple[dict, str]]:
 
 
 def script(spec: dict) -> Script:
-    return Script(text=tuple(spec.get("text", ())),
+    return Script(text=tuple(spec.get("text", ())), reasoning=tuple(spec.get("reasoning", ())),
                   texts=tuple(tuple(t) for t in spec.get("texts", ())),
                   calls=tuple(ScriptedCall(i, n, (a,)) for i, n, a in spec.get("calls", ())),
                   stop_sequence=spec.get("stop_sequence"))

@@ -209,3 +209,63 @@ async def test_health_and_readiness_behind_a_pool_report_the_workers_dependencie
                                                   "missing": []})
     finally:
         await pool.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_worker_that_answers_health_but_cannot_serve_leaves_the_rotation():
+    """A worker whose engine stopped still answers Health (status "stopped") and refused every
+    request with 500 "the engine is not running"; the pool kept routing to it. Now its status
+    takes it out like a failed check, and it comes back once it reports "ok"."""
+    from services.gateway.pool import WorkerPool
+
+    class Stopped(FakeWorker):
+        status: str = "stopped"
+
+        async def health(self):
+            return {**await super().health(), "status": self.status}
+
+    broken, fine = Stopped(), FakeWorker()
+    pool = WorkerPool([broken, fine], health_interval_s=60)
+    try:
+        await pool.check_health()
+        await pool.check_health()
+        assert [m.healthy for m in pool.members] == [False, True]
+        for i in range(3):
+            _ = [e async for e in pool.generate(dataclasses.replace(
+                _chat_request(), request_id=f"r{i}"))]
+        assert broken.requests == [] and len(fine.requests) == 3
+        broken.status = "ok"
+        await pool.check_health()
+        assert pool.members[0].healthy
+    finally:
+        await pool.aclose()
+
+
+def _chat_request():
+    from shared.generation import ChatMessage, GenerateRequest, PromptInput
+
+    return GenerateRequest("r", PromptInput(messages=(ChatMessage("user", "hi"),)), model=MODEL)
+
+
+@pytest.mark.asyncio
+async def test_a_worker_refusing_because_it_cannot_serve_passes_the_request_on():
+    """A worker that refuses a request because it cannot serve at all (ServiceUnavailable naming
+    the worker, e.g. its engine stopped) is taken out and the request runs on another worker; a
+    refusal naming another service (the grammar service) is the request's answer."""
+    from services.gateway.pool import WorkerPool
+    from shared.errors import GrammarServiceUnavailable, ServiceUnavailable
+
+    down = FakeWorker(Script(raise_before=ServiceUnavailable("the engine is not running",
+                                                             service="worker")))
+    fine = FakeWorker(Script(text=("ok",)))
+    pool = WorkerPool([down, fine], health_interval_s=60)
+    try:
+        events = [e async for e in pool.generate(_chat_request())]
+        assert events[-1].content == "ok" and len(down.requests) == 1
+        assert [m.healthy for m in pool.members] == [False, True]
+        fine.reset(Script(raise_before=GrammarServiceUnavailable("down", service="grammar")))
+        with pytest.raises(GrammarServiceUnavailable):
+            await anext(pool.generate(_chat_request()))
+        assert pool.members[1].healthy
+    finally:
+        await pool.aclose()

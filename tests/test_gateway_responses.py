@@ -129,7 +129,9 @@ async def test_errors_name_the_field(gw):
     worker.reset()
     cases = [({"tools": [{"type": "web_search"}]}, "tools[0].type"),
              ({"previous_response_id": "resp_1"}, "previous_response_id"),
-             ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+             ({"input": [{"type": "reasoning", "summary": [], "content": [
+                 {"type": "summary_text", "text": "x"}]}]}, "input[0].content[0].type"),
+             ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
              ({"tool_choice": "sometimes"}, "tool_choice"),
              ({"text": {"format": {"type": "json_schema", "name": "r"}}}, "text.format.schema")]
     for extra, param in cases:

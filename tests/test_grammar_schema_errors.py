@@ -127,7 +127,7 @@ def test_tool_arguments_errors_carry_the_tool():
                             ({"anyOf": [{"type": "object", "additionalProperties": False},
                                         {"type": "null"}]}, ""),
                             ({"enum": [{}]}, ""),
-                            ({"type": "object", "format": "x", "additionalProperties": False}, "/format")]:
+                            ({"type": "object", "format": "color", "additionalProperties": False}, "/format")]:
         with pytest.raises(UnsupportedSchema) as info:
             reduce_tool_arguments(schema, tool_index=2, tool_name="f")
         err = info.value

@@ -13,7 +13,11 @@ The workers are `infernix worker serve` with small random weights over the SmolL
 own command line. The same stack (one per module) first shows, with real processes, that a
 non-streaming request whose client left is cancelled at its worker (§4), that a full worker queue
 answers 429 with a Retry-After (§5), and then, under the faults, that a stream on the SIGKILLed
-worker ends with a typed terminal event and is logged with what it had streamed (§6, §8).
+worker ends with a typed terminal event and is logged with what it had streamed (§6, §8). Two
+smaller stacks first show, through the gateway, the typed 503 `grammar_service_unavailable` and
+the readiness of a worker without fallback whose grammar service is unreachable (§1, §8), and the
+typed 429 and 400 of the cold-compile limits (§2); a one-lane worker shows preemption by Replay
+keeping greedy outputs unchanged (§9).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import RedisServer, free_port
-from tests.grammar_process import GrammarProcess
+from tests.grammar_process import UNBOUNDED_GRAMMARS, GrammarProcess, optional_properties
 from tests.tiny_worker import WorkerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "loadtest"))
@@ -195,6 +199,129 @@ def _chat(max_tokens: int, **extra) -> dict:
 
 
 @pytest.mark.asyncio
+async def test_without_fallback_a_grammar_service_outage_is_a_typed_503_and_not_ready():
+    """§1/§8 through the gateway, with real processes: a worker that may not compile by itself
+    (`--grammar-fallback off`) whose grammar service cannot be reached answers a new grammar with
+    a 503 `grammar_service_unavailable` and a Retry-After (not '500 internal_error ... see
+    logs'), still serves plain requests, and the gateway's /readyz is 503 naming the grammar
+    service while /healthz stays 200 and says degraded."""
+    nowhere = f"127.0.0.1:{free_port()}"  # nothing listens there
+    worker = WorkerProcess("--grammar", nowhere, "--grammar-fallback", "off", "--lanes", "2",
+                           "--max-len", "1024", "--grammar-retry-s", "0.5", name="strict")
+    gateway = GatewayProcess(worker.address)
+    try:
+        worker.start()
+        gateway.start()
+        await worker.wait_healthy()
+        await gateway.until_workers_healthy(1)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(gateway.url + "/v1/chat/completions", json=_chat(
+                    8, structured_outputs={"regex": "no-service-[0-9]"})) as reply:
+                status, body, retry = reply.status, await reply.json(), reply.headers
+            plain = await one_request(session, gateway.url, Scenario(
+                "plain", 1, "/v1/chat/completions", _chat(4)), 60)
+        await _until(lambda: gateway.get("/readyz")[0] == 503)
+        ready, live = gateway.get("/readyz"), gateway.get("/healthz")
+    finally:
+        gateway.kill()
+        worker.kill()
+    assert status == 503 and body["error"]["code"] == "grammar_service_unavailable", body
+    assert int(retry["Retry-After"]) >= 1
+    assert plain.outcome == "ok", plain
+    assert ready[1]["status"] == "not_ready" and "grammar_service" in ready[1]["missing"], ready
+    assert live[0] == 200 and live[1]["degraded"] is True, live
+
+
+@pytest.mark.asyncio
+async def test_cold_compile_limits_reach_the_client_typed():
+    """§2 through the gateway, with real processes: the issue's slow schema (2,000 optional
+    properties, ~100 KB) holds the only cold slot; a new schema sent meanwhile waits 1 s for a
+    slot and gets a 429 `overloaded` with a Retry-After; the slow one is stopped at the 4 s
+    compile deadline and answered 400 `constraint_too_complex` naming the limit and the field
+    (before, both were 500s after up to 60 s)."""
+    grammar = GrammarProcess(None, "--compile-deadline-s", "4", "--cold-slot-wait-s", "1",
+                             "--max-cold-compiles", "1")
+    worker = WorkerProcess("--grammar", grammar.address, "--lanes", "2", "--max-len", "1024",
+                           name="limits", env=UNBOUNDED_GRAMMARS)
+    gateway = GatewayProcess(worker.address)
+
+    def schema_body(schema: dict) -> dict:
+        return _chat(8, response_format={"type": "json_schema", "json_schema": {
+            "name": "s", "schema": schema}})
+
+    async def post(session: aiohttp.ClientSession, body: dict) -> tuple[int, dict, str | None]:
+        async with session.post(gateway.url + "/v1/chat/completions", json=body) as reply:
+            return reply.status, await reply.json(), reply.headers.get("Retry-After")
+
+    try:
+        for process in (grammar, worker, gateway):
+            process.start()
+        await grammar.wait_healthy()
+        await worker.wait_healthy()
+        await gateway.until_workers_healthy(1)
+        async with aiohttp.ClientSession() as session:
+            slow = asyncio.ensure_future(post(session, schema_body(optional_properties(2000))))
+            await grammar.until(lambda h: h["cold_compiles"] == 1)
+            busy = await post(session, schema_body({"type": "array",
+                                                    "items": {"type": "boolean"}}))
+            stopped = await slow
+    finally:
+        for process in (gateway, worker, grammar):
+            process.kill()
+    status, body, retry = busy
+    assert (status, body["error"]["code"]) == (429, "overloaded"), busy
+    assert int(retry) >= 1
+    status, body, _ = stopped
+    assert (status, body["error"]["code"]) == (400, "constraint_too_complex"), stopped
+    assert body["error"]["param"] == "response_format", body
+    assert "compile_deadline_s" in body["error"]["message"], body
+
+@pytest.mark.asyncio
+async def test_preempted_requests_resume_with_the_same_output_in_a_worker_process():
+    """§9 with a real worker process over gRPC: 'a constrained request preempted and resumed
+    produces the same greedy output as one that never was.' One lane and preemption at once
+    (`--lanes 1 --preempt-after 0`): two constrained greedy requests sent together take the lane
+    from each other; each output equals the same request sent alone."""
+    from services.worker.remote import GrpcWorkerClient
+    from shared.contract import OutputConstraint
+    from shared.generation import (
+        ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions, SamplingParams,
+    )
+
+    worker = WorkerProcess("--lanes", "1", "--preempt-after", "0", "--max-len", "1024",
+                           name="preempt")
+
+    def request(rid: str, text: str) -> GenerateRequest:
+        return GenerateRequest(rid, PromptInput(messages=(ChatMessage("user", text),)),
+                               RequestOptions(max_tokens=16, sampling=SamplingParams(temperature=0),
+                                              constraint=OutputConstraint.regex("[a-z ]{8,40}")),
+                               model="smollm2")
+
+    async def run(client: GrpcWorkerClient, rid: str, text: str) -> Finished:
+        return [e async for e in client.generate(request(rid, text))][-1]
+
+    prompts = ("first prompt", "the second one")
+    try:
+        worker.start()
+        await worker.wait_healthy()
+        client = GrpcWorkerClient("127.0.0.1", worker.port)
+        try:
+            alone = [await run(client, f"alone{i}", p) for i, p in enumerate(prompts)]
+            assert _metric(worker.metrics_port, "infernix_worker_preemptions_total") == 0
+            together = await asyncio.gather(*(run(client, f"both{i}", p)
+                                              for i, p in enumerate(prompts)))
+        finally:
+            await client.aclose()
+        preemptions = _metric(worker.metrics_port, "infernix_worker_preemptions_total")
+    finally:
+        worker.kill()
+    assert preemptions >= 1
+    for want, got in zip(alone, together):
+        assert got.error is None and got.finish_reason == want.finish_reason, got
+        assert got.content == want.content and got.usage == want.usage
+
+
+@pytest.mark.asyncio
 async def test_a_client_leaving_a_non_streaming_request_cancels_it_at_its_worker(stack):
     """§4: 'Non-streaming requests whose client disconnected run to their token limit. Cancel
     them as streaming ones are.' A request for 1,900 tokens of an endless language is cancelled
@@ -311,3 +438,5 @@ async def test_a_mixed_load_loses_nothing_while_redis_grammar_and_a_worker_are_k
     assert fallbacks >= 1, fallbacks
     assert live[0] == 200 and live[1]["degraded"] is True, live
     assert ready[0] == 200 and ready[1]["status"] == "ready", ready  # degraded, but it serves
+
+

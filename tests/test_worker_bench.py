@@ -113,3 +113,27 @@ def test_bench_decode_compares_the_unfused_path():
         assert step["tpot_ms"] == row[{"fused": "engine", "unfused": "engine_unfused"}[path]][
             "unconstrained"]["tpot_p50_ms"]
         assert step["host_ms"] == round(step["tpot_ms"] - step["forward_ms"] - step["sample_ms"], 4)
+
+
+def test_bench_prefix_reports_cold_hit_and_cache_off():
+    """`infernix bench prefix` on a tiny model: hits report the shared document's full blocks as
+    cached tokens, cold and cache-off requests none, hits and cold answer alike when they ask the
+    same question (greedy), and the command line parses."""
+    import argparse
+    import asyncio
+
+    from services.worker.bench.prefix import _rounds, documents
+    from tests.worker_support import tiny_runtime
+
+    runtime = tiny_runtime()
+    args = argparse.Namespace(prefix_tokens=64, repeats=2, hits=2, max_tokens=3, prefill_chunk=32)
+    report = asyncio.run(_rounds(runtime, args, lambda line: None))
+    docs = documents(runtime, 3, 64)
+    assert len({d[:1] for d in docs}) == 3  # no two documents share a block
+    assert [c["cached_tokens"] for c in report["cold"]] == [0, 0]
+    assert all(h["cached_tokens"] >= 64 // 16 * 16 for h in report["hits"]) and len(report["hits"]) == 4
+    assert [o["cached_tokens"] for o in report["cache_off"]] == [0, 0]
+    assert report["prefix_cache"]["hit_tokens"] == sum(h["cached_tokens"] for h in report["hits"])
+    assert report["hit_over_cold"] is not None and report["ttft_cold_p50_ms"] > 0
+    parsed = build_parser().parse_args(["bench", "prefix", "--prefix-tokens", "100", "--hits", "3"])
+    assert (parsed.prefix_tokens, parsed.hits, parsed.repeats) == (100, 3, 2)

@@ -89,3 +89,31 @@ async def test_json_schema_output_is_valid(served):
             jsonschema.validate(json.loads(fin.content), schema)
         else:  # cut by the limit: an incomplete prefix, never an invalid completion
             assert fin.finish_reason.value == "length" and not fin.constraint["complete"]
+
+
+@pytest.mark.asyncio
+async def test_prefix_cache_resumes_the_recurrent_state_at_a_cached_boundary(served):
+    """Issue 13: "the recurrent GDN state is cached at block boundaries beside the KV of the
+    attention layers (a hit resumes from the state at the last cached boundary)". The same long
+    prompt twice, and a second prompt sharing its first part, with the cache on: the repeats find
+    cached blocks (their usage says so) and every output equals transformers' greedy output; the
+    cache off gives the same outputs and no cached tokens."""
+    hf, runtime = served
+    base = "<|im_start|>system\nYou answer briefly and exactly, one line only.<|im_end|>\n"
+    prompts = (base + "<|im_start|>user\ncount to five<|im_end|>\n",
+               base + "<|im_start|>user\ncount to five<|im_end|>\n",
+               base + "<|im_start|>user\nname a colour<|im_end|>\n")
+    outs = {}
+    for enabled in (True, False):
+        client = open_client(runtime, max_batch=1, max_len=160, prefill_chunk=7, prefix_cache=enabled)
+        try:
+            outs[enabled] = [await collect(client, text_request(f"p{i}", p, greedy(6), runtime.name))
+                             for i, p in enumerate(prompts)]
+        finally:
+            await client.aclose()
+    cached = [fin.usage.cached_tokens for _, fin in outs[True]]
+    n = len(runtime.prepare(text_request("x", prompts[0], greedy(1), runtime.name).prompt).token_ids)
+    assert cached[0] == 0 and cached[1] == (n - 1) // 16 * 16 > 0
+    assert [fin.usage.cached_tokens for _, fin in outs[False]] == [0, 0, 0]
+    for (_, on), (_, off), prompt in zip(outs[True], outs[False], prompts):
+        assert on.content == off.content == _oracle(hf, runtime, prompt, 6), prompt

@@ -64,5 +64,8 @@ async def test_choice_and_greedy_determinism(runtime):
         await client.aclose()
     (_, chosen), (_, first), (_, second) = results
     assert chosen.content in choices and chosen.finish_reason.value == "stop"
-    assert first.content == second.content and first.usage == second.usage
+    assert first.content == second.content
+    # equal counts; how much of the prompt the prefix cache held depends on admission order
+    assert (first.usage.prompt_tokens, first.usage.completion_tokens) == \
+        (second.usage.prompt_tokens, second.usage.completion_tokens)
     assert first.usage.completion_tokens >= 1

@@ -196,14 +196,19 @@ def test_load_rejects_mismatched_weights(tmp_path):
 
 def test_kv_cache_budget():
     """Worker: "a fixed number of resident lanes (max batch B), each with its KV cache region";
-    the budget helper counts 2 (k, v) x layers x kv heads x head_dim x element size per token."""
+    the budget helper counts 2 (k, v) x layers x kv heads x head_dim x element size per token, and
+    the paged pool (models/kv_cache.py) takes whole blocks of 16 positions per lane, plus the trash
+    block and 4 table bytes per lane block."""
     cfg = ModelConfig.from_hf({"model_type": "llama", **SMALL})
     per_token = 2 * 2 * 2 * 16 * 2  # k/v, layers, kv heads, head_dim, bf16 bytes
     assert KVCache.bytes_per_token(cfg, torch.bfloat16) == per_token
-    assert KVCache.tokens_for_budget(cfg, 10 * per_token + per_token - 1, torch.bfloat16) == 10
-    cache = KVCache.from_budget(cfg, lanes=3, budget_bytes=100 * per_token, dtype=torch.bfloat16)
-    assert (cache.lanes, cache.max_len) == (3, 33) and cache.nbytes <= 100 * per_token
-    assert cache.keys(1).shape == (3, 33, 2, 16)
+    two_blocks = (1 + 2) * 16 * per_token + 2 * 4  # trash + 2 blocks + 2 table entries, one lane
+    assert KVCache.positions_for_budget(cfg, 1, two_blocks, torch.bfloat16) == 32
+    assert KVCache.positions_for_budget(cfg, 1, two_blocks - 1, torch.bfloat16) == 16
+    cache = KVCache.from_budget(cfg, lanes=3, budget_bytes=200 * per_token, dtype=torch.bfloat16)
+    assert (cache.lanes, cache.max_len, cache.num_blocks) == (3, 48, 1 + 3 * 3)
+    assert cache.nbytes <= 200 * per_token
+    assert cache.keys(1).shape == (10, 16, 2, 16) and cache.block_table.shape == (3, 3)
     assert KVCache.from_budget(cfg, lanes=1, budget_bytes=10**9, dtype=torch.bfloat16).max_len == 64
     with pytest.raises(ValueError):
         KVCache.from_budget(cfg, lanes=4, budget_bytes=3 * per_token, dtype=torch.bfloat16)

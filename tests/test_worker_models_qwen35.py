@@ -273,12 +273,15 @@ def test_state_sizes_and_budget(checkpoint):
         state = model.new_state(3, 20, dtype=torch.float32, device="cpu", verify_width=width)
         per_token = state.bytes_per_token(config, torch.float32)
         per_lane = state.bytes_per_lane(config, torch.float32, verify_width=width)
-        assert state.nbytes == 3 * (20 * per_token + per_lane)
+        # paged KV (models/kv_cache.py): 2 blocks of 16 per lane, the trash block, the tables
+        kv_bytes = (1 + 3 * 2) * 16 * per_token + 3 * 2 * 4
+        assert state.nbytes == kv_bytes + 3 * per_lane
         assert (state.lanes, state.max_len) == (3, 20)
     assert model.state_sizes(torch.float32, verify_width=6) == (per_token, per_lane)
-    budget = 3 * (37 * per_token + per_lane) + per_token  # room for 37 positions per lane, not 38
+    # room for 3 blocks (48 positions) per lane, one byte short of 4
+    budget = 3 * per_lane + (1 + 3 * 4) * 16 * per_token + 3 * 4 * 4 - 1
     n = model.max_len_for_budget(3, budget, torch.float32, verify_width=6)
     state = model.new_state(3, n, dtype=torch.float32, device="cpu", verify_width=6)
-    assert n == 37 and state.nbytes <= budget
+    assert n == 48 and state.nbytes <= budget
     with pytest.raises(ValueError):
         model.max_len_for_budget(3, 3 * per_lane, torch.float32, verify_width=6)

@@ -74,7 +74,7 @@ def rich_request() -> GenerateRequest:
         ChatMessage("user", "Weather in Paris?", name="alice"),
         ChatMessage("assistant", None, tool_calls=(
             ToolCall("call_1", "get_weather", '{"city":"Paris"}'),
-            ToolCall("call_2", "search.web", "{}"))),
+            ToolCall("call_2", "search.web", "{}")), reasoning="Paris first.\n"),
         ChatMessage("tool", '{"temp":21}', tool_call_id="call_1"),
         ChatMessage("assistant", ""),
     )
@@ -87,9 +87,10 @@ def rich_request() -> GenerateRequest:
             "b": {"type": "integer"}, "a": {"enum": ["x", "y"]}}}),
         tool_choice=ToolChoice(ToolMode.REQUIRED, ("get_weather",), False,
                                ToolConstraints.AUTOMATIC),
-        stop=("\n\n", "END"), stop_token_ids=(2, 2**40), timeout_s=12.5)
+        stop=("\n\n", "END"), stop_token_ids=(2, 2**40), timeout_s=12.5, thinking_budget=0)
     return GenerateRequest("req-rich", PromptInput(messages, tools=(weather, search),
-                                                   continue_final_assistant=True),
+                                                   continue_final_assistant=True,
+                                                   enable_thinking=False),
                            options, model="qwen3.5")
 
 
@@ -126,6 +127,7 @@ async def test_generate_request_round_trips_every_field(remote, make):
            constraint={"branch": "content", "complete": True, "terminated": False,
                        "cache": {"hit": "l1", "built": False}, "mask_positions": 3,
                        "mask_upload_bytes": 12345678901, "cpu_ms": 0.125}),
+    Script(reasoning=("Let me ", "think ✓\n"), text=("\n", "answer"), usage=Usage(5, 9, reasoning_tokens=4)),
     Script(text=("thinking",), calls=(ScriptedCall("call_a", "get_weather", ('{"ci', 'ty":"P"}')),
                                       ScriptedCall("call_b", "search.web", ("{}",)))),
     Script(text=("partial",), error={"type": "ConstraintDeadEnd", "message": "dead end",

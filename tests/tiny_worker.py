@@ -44,13 +44,14 @@ class WorkerProcess:
     """A tiny worker (this module as `python -m tests.tiny_worker`) on a fixed loopback port, with
     its metrics port; it can be SIGKILLed and started again on the same ports."""
 
-    def __init__(self, *flags: str, name: str = "worker") -> None:
+    def __init__(self, *flags: str, name: str = "worker", env: dict | None = None) -> None:
         import tempfile
         from pathlib import Path
 
         from tests.conftest import free_port
 
         self.flags = flags
+        self.env = env or {}
         self.port = free_port()
         self.metrics_port = free_port()
         self.proc = None
@@ -70,7 +71,8 @@ class WorkerProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(command, cwd=Path(__file__).resolve().parent.parent,
                                          stdout=subprocess.DEVNULL, stderr=log,
-                                         env={**os.environ, "INFERNIX_LOG_LEVEL": "WARNING"})
+                                         env={**os.environ, "INFERNIX_LOG_LEVEL": "WARNING",
+                                              **self.env})
 
     async def wait_healthy(self, timeout: float = 180.0) -> dict:
         """Its Health once it answers (raises AssertionError with the log if it exits)."""

@@ -31,6 +31,7 @@ from shared.generation import (
     FinishReason,
     GenerateRequest,
     PromptInput,
+    ReasoningDelta,
     RequestOptions,
     SamplingParams,
     TextDelta,
@@ -39,7 +40,9 @@ from shared.generation import (
     ToolCallStart,
 )
 
-_DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier turns' reasoning: not re-rendered
+# Encrypted reasoning of an earlier turn: nothing this server can render. A `thinking` block is
+# the turn's reasoning (ChatMessage.reasoning); the chat template decides whether it is shown.
+_DROPPED_BLOCKS = ("redacted_thinking",)
 
 
 def error_paths(body: dict) -> ErrorPaths:
@@ -60,14 +63,36 @@ def error_paths(body: dict) -> ErrorPaths:
 
 def prompt_input(body: dict, limits: GatewayLimits,
                  policy: FieldPolicy = FieldPolicy()) -> tuple[PromptInput, ToolChoice]:
-    """The prompt (system, messages, tools) and the call policy of a Messages body."""
+    """The prompt (system, messages, tools, thinking on/off) and the call policy of a Messages
+    body. A final assistant message is continued (prefill): only the new suffix is generated."""
     policy.check(body, "", known.MESSAGES)
     messages = _messages(body, limits, policy)
     tools = _tools(body, limits, policy)
     choice = tool_policy(tools, _tool_choice(body, policy))
     last = messages[-1]
     prefill = last.role == "assistant" and not last.tool_calls
-    return PromptInput(messages=messages, tools=tools, continue_final_assistant=prefill), choice
+    enable, _ = _thinking(body, policy)
+    return PromptInput(messages=messages, tools=tools, continue_final_assistant=prefill,
+                       enable_thinking=enable), choice
+
+
+def _thinking(body: dict, policy: FieldPolicy) -> tuple[bool | None, int | None]:
+    """`thinking`: {type: enabled, budget_tokens} turns thinking on with that budget, {type:
+    disabled} off; absent: the model template's default (Qwen3.5 thinks)."""
+    thinking = f.get_dict(body, "thinking", "")
+    if thinking is None:
+        return None, None
+    policy.check(thinking, "thinking", known.MESSAGES_THINKING_CONFIG)
+    kind = f.get_str(thinking, "type", "thinking", required=True)
+    if kind == "disabled":
+        return False, None
+    f.reject_unless(kind == "enabled", "thinking.type",
+                    f"thinking.type {kind!r} is not supported (enabled, disabled)")
+    budget = f.get_int(thinking, "budget_tokens", "thinking", required=True)
+    if budget < 0:
+        raise InvalidRequest(f"thinking.budget_tokens must be >= 0, got {budget}",
+                             field="thinking.budget_tokens")
+    return True, budget
 
 
 def translate(body: dict, request_id: str, limits: GatewayLimits,
@@ -75,12 +100,8 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
     """Messages body -> GenerateRequest. Raises typed RequestErrors naming the original field."""
     model = f.get_str(body, "model", "", required=True)
     max_tokens = f.get_int(body, "max_tokens", "", required=True)
-    thinking = f.get_dict(body, "thinking", "")
-    if thinking is not None:
-        policy.check(thinking, "thinking", known.MESSAGES_THINKING_CONFIG)
-    f.reject_unless(thinking is None or thinking.get("type") == "disabled", "thinking",
-                    "extended thinking is not supported by this server")
     prompt, choice = prompt_input(body, limits, policy)
+    _, budget = _thinking(body, policy)
     # Anthropic's documented ranges: temperature and top_p 0..1.
     sampling = SamplingParams(temperature=f.get_ranged(body, "temperature", "", 0.0, 1.0,
                                                        default=1.0),
@@ -93,7 +114,7 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
     constraint = merge_content_constraint(_output_format(body, limits, policy),
                                           structured_outputs(body, limits), "output_config.format")
     options = RequestOptions(max_tokens=max_tokens, sampling=sampling, constraint=constraint,
-                             tool_choice=choice, stop=tuple(stops))
+                             tool_choice=choice, stop=tuple(stops), thinking_budget=budget)
     return Translated((GenerateRequest(request_id, prompt, options, model),), error_paths(body),
                       stream=f.get_bool(body, "stream", "", default=False))
 
@@ -135,7 +156,8 @@ def _messages(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple[C
         if not isinstance(content, list):
             raise f.wrong_type(f"{path}.content", "a string or an array of content blocks", content)
         blocks = [_block(b, f"{path}.content[{j}]", policy,
-                         ("text", "tool_use") if role == "assistant" else ("text", "tool_result"))
+                         ("text", "tool_use", "thinking") if role == "assistant"
+                         else ("text", "tool_result"))
                   for j, b in enumerate(content)]
         out += _assistant(blocks, path) if role == "assistant" else _user(blocks, path)
     return tuple(out)
@@ -181,17 +203,21 @@ def _user(blocks: list[dict], path: str) -> list[ChatMessage]:
 def _assistant(blocks: list[dict], path: str) -> list[ChatMessage]:
     texts: list[str] = []
     calls: list[ToolCall] = []
+    thoughts: list[str] = []
     for j, block in enumerate(blocks):
         bpath = f"{path}.content[{j}]"
         kind = block["type"]
         if kind == "text":
             texts.append(f.get_str(block, "text", bpath, required=True))
+        elif kind == "thinking":
+            thoughts.append(f.get_str(block, "thinking", bpath, required=True))
         elif kind == "tool_use":
             arguments = f.get_dict(block, "input", bpath, required=True)
             calls.append(ToolCall(f.get_str(block, "id", bpath, required=True),
                                   f.get_str(block, "name", bpath, required=True),
                                   canonical_json(arguments)))
-    return [ChatMessage("assistant", "".join(texts) if texts or not calls else None, tuple(calls))]
+    return [ChatMessage("assistant", "".join(texts) if texts or not calls else None, tuple(calls),
+                        reasoning="".join(thoughts) if thoughts else None)]
 
 
 def _tools(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple:
@@ -285,6 +311,8 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
     """The message object of a finished generation."""
     finished = results.first
     content: list[dict] = []
+    if finished.reasoning:
+        content.append(_thinking_block(finished.reasoning))
     if finished.content:
         content.append({"type": "text", "text": finished.content})
     content += [{"type": "tool_use", "id": tool_use_id(c.id), "name": c.name,
@@ -297,6 +325,11 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
             "infernix": {"constraint": finished.constraint}}
 
 
+def _thinking_block(text: str) -> dict[str, Any]:
+    # No signature: this server's reasoning is plain text, sent back as it was published.
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 def _arguments(text: str) -> Any:
     try:
         return json.loads(text)
@@ -305,7 +338,7 @@ def _arguments(text: str) -> Any:
 
 
 class Streamer:
-    """message_start, content blocks (text_delta / input_json_delta), message_delta with the
+    """message_start, content blocks (thinking_delta / text_delta / input_json_delta), message_delta with the
     stop reason, usage and constraint report, message_stop; failures as `event: error`."""
 
     def __init__(self, tr: Translated) -> None:
@@ -342,7 +375,12 @@ class Streamer:
 
     def event(self, event: Any, choice: int = 0) -> list[SSE]:
         out: list[SSE] = []
-        if isinstance(event, TextDelta) and event.text:
+        if isinstance(event, ReasoningDelta) and event.text:
+            if self.open != "thinking":
+                out += self._start("thinking", _thinking_block(""))
+            out.append(self._ev("content_block_delta", index=self.blocks - 1,
+                                delta={"type": "thinking_delta", "thinking": event.text}))
+        elif isinstance(event, TextDelta) and event.text:
             if self.open != "text":
                 out += self._start("text", {"type": "text", "text": ""})
             out.append(self._ev("content_block_delta", index=self.blocks - 1,

@@ -61,12 +61,20 @@ class Results:
         return sum(f.usage.completion_tokens for f in self.finished)
 
     @property
+    def reasoning_tokens(self) -> int:
+        return sum(f.usage.reasoning_tokens for f in self.finished)
+
+    @property
     def cached_tokens(self) -> int:
-        return sum(c.cached_tokens for c in self.counts[::self.per_prompt] if c is not None)
+        """Prompt tokens the worker's prefix cache held: known at admission, so reported in
+        Finished's usage (a Started event may carry it too)."""
+        pairs = zip(self.finished[::self.per_prompt], self.counts[::self.per_prompt])
+        return sum(max(f.usage.cached_tokens, c.cached_tokens if c is not None else 0) for f, c in pairs)
 
     @property
     def usage(self) -> Usage:
-        return Usage(self.prompt_tokens, self.completion_tokens)
+        return Usage(self.prompt_tokens, self.completion_tokens, cached_tokens=self.cached_tokens,
+                     reasoning_tokens=self.reasoning_tokens)
 
     def summary(self) -> Finished:
         """The first choice's Finished with the summed usage (for the request_done record)."""

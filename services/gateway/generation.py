@@ -14,6 +14,7 @@ from shared.generation import (
     Finished,
     GenerateRequest,
     GenerationEvent,
+    ReasoningDelta,
     TextDelta,
     ToolCallArgumentsDelta,
     ToolCallStart,
@@ -81,7 +82,8 @@ class Generation:
                 self.counts = counts
                 event = await self._next()
                 continue
-            if isinstance(event, (TextDelta, ToolCallStart, ToolCallArgumentsDelta)):
+            if isinstance(event, (TextDelta, ReasoningDelta, ToolCallStart,
+                                  ToolCallArgumentsDelta)):
                 if self.first_output_at is None:
                     self.first_output_at = time.perf_counter()
             yield event

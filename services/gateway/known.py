@@ -111,18 +111,20 @@ CHAT = shape(
     "an OpenAI Chat Completions request",
     "messages model frequency_penalty presence_penalty max_completion_tokens max_tokens n "
     "parallel_tool_calls response_format seed stop stream stream_options temperature tool_choice "
-    "tools top_p structured_outputs",
+    "tools top_p structured_outputs reasoning_effort chat_template_kwargs thinking_budget "
+    "continue_final_message",
     "metadata store user safety_identifier service_tier prompt_cache_key prompt_cache_options "
     "prompt_cache_retention prediction",
     why={"logprobs": _LOGPROBS, "top_logprobs": _LOGPROBS},
     audio=absent, modalities=equals(["text"]), logit_bias=empty, logprobs=falsy,
-    top_logprobs=equals(0), reasoning_effort=absent, verbosity=absent,
+    top_logprobs=equals(0), verbosity=absent,
     web_search_options=absent, functions=empty, function_call=absent, moderation=absent)
 CHAT_MESSAGE = {
     "system": shape("a system message", "role content name"),
     "developer": shape("a developer message", "role content name"),
     "user": shape("a user message", "role content name"),
-    "assistant": shape("an assistant message", "role content name tool_calls", "annotations",
+    "assistant": shape("an assistant message",
+                       "role content name tool_calls reasoning_content reasoning", "annotations",
                        refusal=absent, audio=absent, function_call=absent),
     "tool": shape("a tool message", "role content tool_call_id"),
 }
@@ -135,6 +137,7 @@ CHAT_RESPONSE_FORMAT = shape("a response_format", "type json_schema")
 CHAT_JSON_SCHEMA = shape("a json_schema response format", "name description schema strict")
 CHAT_TOOL_CHOICE = shape("a tool_choice", "type function allowed_tools")
 CHAT_STREAM_OPTIONS = shape("stream_options", "include_usage", "include_obfuscation")
+CHAT_TEMPLATE_KWARGS = shape("chat_template_kwargs", "enable_thinking")
 
 # ---- OpenAI Completions (legacy) ----------------------------------------------------------------
 
@@ -154,14 +157,14 @@ _STATELESS = "this server stores no responses; send the whole conversation as in
 RESPONSES = shape(
     "an OpenAI Responses request",
     "model input instructions max_output_tokens parallel_tool_calls stream temperature text "
-    "tool_choice tools top_p structured_outputs include truncation",
+    "tool_choice tools top_p structured_outputs include truncation reasoning thinking_budget",
     "metadata store user safety_identifier service_tier prompt_cache_key prompt_cache_options "
     "prompt_cache_retention stream_options",
     why={"previous_response_id": _STATELESS, "conversation": _STATELESS,
          "background": "responses run in the foreground only"},
     background=falsy, background_options=absent, conversation=absent,
     previous_response_id=absent, prompt=absent, context_management=absent, image=absent,
-    max_tool_calls=absent, moderation=absent, reasoning=absent, top_logprobs=equals(0),
+    max_tool_calls=absent, moderation=absent, top_logprobs=equals(0),
     access_programs=absent)
 RESPONSES_MESSAGE = shape("a message input item", "type role content", "id status phase")
 # `async_` is how the SDK's model_dump() spells `async` (a reply item sent back as a dict).
@@ -169,6 +172,13 @@ RESPONSES_CALL = shape("a function_call input item", "type call_id name argument
                        caller=absent, namespace=absent, **{"async": falsy, "async_": falsy})
 RESPONSES_CALL_OUTPUT = shape("a function_call_output input item", "type call_id output",
                               "id status")
+RESPONSES_REASONING_ITEM = shape("a reasoning input item", "type content summary",
+                                 "id status encrypted_content")
+RESPONSES_REASONING_PART = shape("a reasoning content part", "type text")
+_SUMMARY = "reasoning summaries are not produced; the reasoning text itself is published"
+RESPONSES_REASONING = shape("a reasoning configuration", "effort",
+                            why={"summary": _SUMMARY, "generate_summary": _SUMMARY},
+                            summary=absent, generate_summary=absent)
 RESPONSES_TEXT_PART = shape("a text content part", "type text", "annotations logprobs")
 RESPONSES_TOOL = shape("a function tool", "type name description parameters strict")
 RESPONSES_TEXT = shape("a text configuration", "format", verbosity=absent)
@@ -204,4 +214,4 @@ MESSAGES_TOOL = shape("a tool", "type name description input_schema strict",
 MESSAGES_TOOL_CHOICE = shape("a tool_choice", "type name disable_parallel_tool_use")
 MESSAGES_OUTPUT_CONFIG = shape("output_config", "format", effort=absent)
 MESSAGES_FORMAT = shape("an output format", "type schema")
-MESSAGES_THINKING_CONFIG = shape("a thinking configuration", "type", "budget_tokens display")
+MESSAGES_THINKING_CONFIG = shape("a thinking configuration", "type budget_tokens", "display")

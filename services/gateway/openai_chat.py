@@ -13,13 +13,17 @@ from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
 from services.gateway.sse import DONE, SSE
 from services.gateway.translate import (
+    Thinking,
     Translated,
     allowed_names,
     choice_count,
+    effort_thinking,
     json_schema_constraint,
     merge_content_constraint,
+    merge_thinking,
     structured_outputs,
     structured_outputs_key,
+    thinking_budget,
     tool_definition,
     tool_policy,
     with_json_whitespace,
@@ -32,6 +36,7 @@ from shared.generation import (
     FinishReason,
     GenerateRequest,
     PromptInput,
+    ReasoningDelta,
     RequestOptions,
     SamplingParams,
     TextDelta,
@@ -80,14 +85,21 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
     if max_tokens is None:
         max_tokens = f.get_int(body, "max_tokens", "")
     sampling = openai_sampling(body)
+    thinking = chat_thinking(body)
     options = RequestOptions(max_tokens=max_tokens, sampling=sampling, constraint=constraint,
-                             tool_choice=choice, stop=f.stop_strings(body, "stop", ""))
+                             tool_choice=choice, stop=f.stop_strings(body, "stop", ""),
+                             thinking_budget=thinking.budget)
     stream = f.get_bool(body, "stream", "", default=False)
     stream_options = f.get_dict(body, "stream_options", "") or {}
     policy.check(stream_options, "stream_options", known.CHAT_STREAM_OPTIONS)
     include_usage = f.get_bool(stream_options, "include_usage", "stream_options", default=False)
-    request = GenerateRequest(request_id, PromptInput(messages=messages, tools=tools), options,
-                              model)
+    continued = f.get_bool(body, "continue_final_message", "", default=False)
+    if continued and messages[-1].role != "assistant":
+        raise InvalidRequest("continue_final_message needs an assistant message last",
+                             field="continue_final_message")
+    prompt = PromptInput(messages=messages, tools=tools, continue_final_assistant=continued,
+                         enable_thinking=thinking.enable)
+    request = GenerateRequest(request_id, prompt, options, model)
     return Translated(choice_requests(request, n), error_paths(body), stream=stream,
                       include_usage=include_usage, per_prompt=n)
 
@@ -102,6 +114,25 @@ def openai_sampling(body: dict) -> SamplingParams:
         presence_penalty=f.get_ranged(body, "presence_penalty", "", -2.0, 2.0, default=0.0),
         frequency_penalty=f.get_ranged(body, "frequency_penalty", "", -2.0, 2.0, default=0.0),
     )
+
+
+def chat_thinking(body: dict) -> Thinking:
+    """Thinking on/off (`chat_template_kwargs.enable_thinking`, as vLLM and SGLang clients send
+    it; `reasoning_effort` "none") and the budget (`thinking_budget`, the Infernix extension, or
+    the budget of a `reasoning_effort`). Any other template argument is refused: the template
+    would read it and the output would change."""
+    kwargs = f.get_dict(body, "chat_template_kwargs", "") or {}
+    for key in kwargs:
+        if key not in known.CHAT_TEMPLATE_KWARGS.handled:
+            raise Unsupported(f"chat_template_kwargs.{key} is not supported (enable_thinking)",
+                              field=f"chat_template_kwargs.{key}")
+    enable = f.get_bool(kwargs, "enable_thinking", "chat_template_kwargs")
+    effort = effort_thinking(body.get("reasoning_effort"), "reasoning_effort")
+    thinking = merge_thinking(effort, thinking_budget(body), "reasoning_effort")
+    if enable is not None and thinking.enable is not None and enable != thinking.enable:
+        raise InvalidRequest("chat_template_kwargs.enable_thinking contradicts reasoning_effort",
+                             field="chat_template_kwargs.enable_thinking")
+    return Thinking(enable if enable is not None else thinking.enable, thinking.budget)
 
 
 def _messages(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple[ChatMessage, ...]:
@@ -131,11 +162,23 @@ def _messages(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple[C
             calls = _assistant_calls(message, path, policy)
             if text is None and not calls:
                 raise InvalidRequest(f"{path} needs content or tool_calls", field=f"{path}.content")
-            out.append(ChatMessage("assistant", text, calls, name=name))
+            out.append(ChatMessage("assistant", text, calls, name=name,
+                                   reasoning=_reasoning(message, path)))
         else:
             call_id = f.get_str(message, "tool_call_id", path, required=True)
             out.append(ChatMessage("tool", text or "", tool_call_id=call_id))
     return tuple(out)
+
+
+def _reasoning(message: dict, path: str) -> str | None:
+    """An assistant turn's reasoning: `reasoning_content` (vLLM, SGLang) or `reasoning`; the
+    chat template decides whether history shows it."""
+    values = {k: f.get_str(message, k, path) for k in ("reasoning_content", "reasoning")}
+    given = {k: v for k, v in values.items() if v is not None}
+    if len(set(given.values())) > 1:
+        raise InvalidRequest(f"{path}.reasoning and {path}.reasoning_content differ; give one",
+                             field=f"{path}.reasoning")
+    return next(iter(given.values()), None)
 
 
 def _text(content: Any, path: str, policy: FieldPolicy) -> str:
@@ -247,11 +290,13 @@ def _report(finished: Finished) -> dict[str, Any]:
 
 
 def usage(results: Results) -> dict[str, Any]:
-    """OpenAI usage: the prompt counted once per distinct prompt, completions summed."""
+    """OpenAI usage: the prompt counted once per distinct prompt, completions summed (of them
+    the reasoning tokens, in completion_tokens_details)."""
     return {"prompt_tokens": results.prompt_tokens,
             "completion_tokens": results.completion_tokens,
             "total_tokens": results.prompt_tokens + results.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": results.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": results.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": results.reasoning_tokens}}
 
 
 def _call_json(call: ToolCall) -> dict[str, Any]:
@@ -264,6 +309,8 @@ def _choice(index: int, finished: Finished) -> dict[str, Any]:
                                "content": finished.content or (None if finished.tool_calls else "")}
     if finished.tool_calls:
         message["tool_calls"] = [_call_json(c) for c in finished.tool_calls]
+    if finished.reasoning:  # the field vLLM and SGLang clients read
+        message["reasoning_content"] = finished.reasoning
     return {"index": index, "message": message, "logprobs": None,
             "finish_reason": FINISH[finished.finish_reason], "infernix": _report(finished)}
 
@@ -303,6 +350,8 @@ class Streamer:
     def event(self, event: Any, index: int = 0) -> list[SSE]:
         if isinstance(event, TextDelta):
             return [self._chunk({"content": event.text}, index)] if event.text else []
+        if isinstance(event, ReasoningDelta):
+            return [self._chunk({"reasoning_content": event.text}, index)] if event.text else []
         if isinstance(event, ToolCallStart):
             return [self._chunk({"tool_calls": [{"index": event.index, "id": event.id,
                                                  "type": "function", "function": {

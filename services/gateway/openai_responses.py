@@ -18,10 +18,13 @@ from services.gateway.sse import SSE
 from services.gateway.translate import (
     Translated,
     allowed_names,
+    effort_thinking,
     json_schema_constraint,
     merge_content_constraint,
+    merge_thinking,
     structured_outputs,
     structured_outputs_key,
+    thinking_budget,
     tool_definition,
     tool_policy,
 )
@@ -33,6 +36,7 @@ from shared.generation import (
     FinishReason,
     GenerateRequest,
     PromptInput,
+    ReasoningDelta,
     RequestOptions,
     SamplingParams,
     TextDelta,
@@ -43,7 +47,8 @@ from shared.generation import (
 
 _PARTS = ("input_text", "output_text")
 _ITEMS = {"message": known.RESPONSES_MESSAGE, "function_call": known.RESPONSES_CALL,
-          "function_call_output": known.RESPONSES_CALL_OUTPUT}
+          "function_call_output": known.RESPONSES_CALL_OUTPUT,
+          "reasoning": known.RESPONSES_REASONING_ITEM}
 
 
 def error_paths(body: dict) -> ErrorPaths:
@@ -74,10 +79,16 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
     sampling = SamplingParams(
         temperature=f.get_ranged(body, "temperature", "", 0.0, 2.0, default=1.0),
         top_p=f.get_ranged(body, "top_p", "", 0.0, 1.0, default=1.0))
+    reasoning = f.get_dict(body, "reasoning", "") or {}
+    policy.check(reasoning, "reasoning", known.RESPONSES_REASONING)
+    thinking = merge_thinking(effort_thinking(reasoning.get("effort"), "reasoning.effort"),
+                              thinking_budget(body), "reasoning.effort")
     options = RequestOptions(max_tokens=f.get_int(body, "max_output_tokens", ""),
-                             sampling=sampling, constraint=constraint, tool_choice=choice)
-    request = GenerateRequest(request_id, PromptInput(messages=messages, tools=tools), options,
-                              model)
+                             sampling=sampling, constraint=constraint, tool_choice=choice,
+                             thinking_budget=thinking.budget)
+    request = GenerateRequest(request_id, PromptInput(messages=messages, tools=tools,
+                                                      enable_thinking=thinking.enable),
+                              options, model)
     echo = {
         "instructions": f.get_str(body, "instructions", ""),
         "max_output_tokens": options.max_tokens,
@@ -87,6 +98,7 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
         "tools": body.get("tools") or [],
         "text": {"format": text.get("format") or {"type": "text"}},
         "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
+        "reasoning": {"effort": reasoning.get("effort"), "summary": None},
     }
     return Translated((request,), error_paths(body),
                       stream=f.get_bool(body, "stream", "", default=False), echo=echo)
@@ -129,6 +141,10 @@ def _input(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple[Chat
             text = _text(f.get(item, "content", path, required=True), f"{path}.content", policy)
             if role not in ("user", "system", "developer", "assistant"):
                 raise Unsupported(f"{path}.role {role!r} is not supported", field=f"{path}.role")
+            if role == "assistant" and out and out[-1].role == "assistant" \
+                    and out[-1].content is None and not out[-1].tool_calls:
+                out[-1] = dataclasses.replace(out[-1], content=text)  # its reasoning's turn
+                continue
             out.append(ChatMessage("system" if role == "developer" else role, text))
         elif kind == "function_call":
             arguments = f.get_str(item, "arguments", path, required=True)
@@ -143,10 +159,30 @@ def _input(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple[Chat
             output = _text(f.get(item, "output", path, required=True), f"{path}.output", policy)
             out.append(ChatMessage("tool", output,
                                    tool_call_id=f.get_str(item, "call_id", path, required=True)))
+        elif kind == "reasoning":
+            text = _reasoning_text(item, path, policy)
+            if text is not None:  # the assistant turn its message or calls complete
+                out.append(ChatMessage("assistant", None, reasoning=text))
         else:
             raise Unsupported(f"{path}.type {kind!r} is not supported (message, function_call, "
-                              "function_call_output)", field=f"{path}.type")
+                              "function_call_output, reasoning)", field=f"{path}.type")
     return tuple(out)
+
+
+def _reasoning_text(item: dict, path: str, policy: FieldPolicy) -> str | None:
+    """The text of a reasoning input item (its reasoning_text parts; an item with only
+    encrypted content or a summary has none this server can read)."""
+    parts = f.get_list(item, "content", path) or []
+    texts = []
+    for j, part in enumerate(parts):
+        ppath = f"{path}.content[{j}]"
+        part = f.as_dict(part, ppath)
+        policy.check(part, ppath, known.RESPONSES_REASONING_PART)
+        kind = f.get_str(part, "type", ppath, required=True)
+        f.reject_unless(kind == "reasoning_text", f"{ppath}.type",
+                        f"{ppath}.type {kind!r} is not supported (reasoning_text)")
+        texts.append(f.get_str(part, "text", ppath, required=True))
+    return "".join(texts) if texts else None
 
 
 def _text(content: Any, path: str, policy: FieldPolicy) -> str:
@@ -233,6 +269,12 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
 
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """A reasoning output item: the reasoning text itself as its content (no summary)."""
+    return {"type": "reasoning", "id": item_id, "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
     return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
             "arguments": arguments, "status": status}
@@ -253,7 +295,7 @@ def response_object(tr: Translated, created: float, status: str, output: list[di
                         "output_tokens": results.completion_tokens,
                         "total_tokens": results.prompt_tokens + results.completion_tokens,
                         "input_tokens_details": {"cached_tokens": results.cached_tokens},
-                        "output_tokens_details": {"reasoning_tokens": 0}}
+                        "output_tokens_details": {"reasoning_tokens": results.reasoning_tokens}}
         if finished.finish_reason is FinishReason.LENGTH:
             obj["incomplete_details"] = {"reason": "max_output_tokens"}
         obj["infernix"] = {"constraint": finished.constraint}
@@ -269,6 +311,10 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
     finished = results.first
     status = _status(finished)
     output = []
+    if finished.reasoning:  # incomplete when the output was cut while still reasoning
+        cut = status == "incomplete" and not finished.content and not finished.tool_calls
+        output.append(_reasoning_item(_item_id("rs"), finished.reasoning,
+                                      "incomplete" if cut else "completed"))
     if finished.content or not finished.tool_calls:
         output.append(_message_item(_item_id("msg"), finished.content, status))
     output += [_call_item(_item_id("fc"), c.id, c.name, c.arguments_json, "completed")
@@ -302,7 +348,14 @@ class Streamer:
         if item is None:
             return []
         index = len(self.output)
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            done = _reasoning_item(item["id"], self.text, status)
+            events = [
+                self._ev("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                         content_index=0, text=self.text),
+                self._ev("response.content_part.done", item_id=item["id"], output_index=index,
+                         content_index=0, part=done["content"][0])]
+        elif item["type"] == "message":
             part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
             done = _message_item(item["id"], self.text, status)
             events = [
@@ -320,7 +373,22 @@ class Streamer:
     def event(self, event: Any, choice: int = 0) -> list[SSE]:
         index = len(self.output)
         out: list[SSE] = []
-        if isinstance(event, TextDelta):
+        if isinstance(event, ReasoningDelta):
+            if not event.text:
+                return []
+            if self.open is None or self.open["type"] != "reasoning":
+                out += self._close()
+                index = len(self.output)
+                self.open, self.text = _reasoning_item(_item_id("rs"), "", "in_progress"), ""
+                self.open["content"] = []
+                out += [self._ev("response.output_item.added", output_index=index, item=self.open),
+                        self._ev("response.content_part.added", item_id=self.open["id"],
+                                 output_index=index, content_index=0,
+                                 part={"type": "reasoning_text", "text": ""})]
+            self.text += event.text
+            out.append(self._ev("response.reasoning_text.delta", item_id=self.open["id"],
+                                output_index=index, content_index=0, delta=event.text))
+        elif isinstance(event, TextDelta):
             if not event.text:
                 return []
             if self.open is None or self.open["type"] != "message":
@@ -358,7 +426,8 @@ class Streamer:
 
     def finish(self, results: Results) -> list[SSE]:
         status = _status(results.first)
-        out = self._close(status if self.open and self.open["type"] == "message" else "completed")
+        out = self._close(status if self.open and self.open["type"] in ("message", "reasoning")
+                          else "completed")
         obj = response_object(self.tr, self.created, status, self.output, results)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + [self._ev(kind, response=obj)]

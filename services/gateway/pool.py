@@ -122,6 +122,9 @@ class WorkerPool(WorkerClient):
     async def _check(self, member: PoolMember, *, suspect: bool = False) -> None:
         try:
             health = await asyncio.wait_for(member.client.health(), self.health_timeout_s)
+            if isinstance(health, dict) and health.get("status", "ok") != "ok":
+                # It answers, but cannot serve (e.g. its engine stopped): out of rotation.
+                raise RuntimeError(f"the worker reports status {health['status']!r}")
             if isinstance(health, dict):
                 member.reported_load = sum(int(health.get(key, 0) or 0)
                                            for key in ("resident", "waiting", "preparing"))
@@ -223,6 +226,12 @@ class WorkerPool(WorkerClient):
                 except Overloaded as exc:
                     overloaded = exc
                     log.info("worker_full", request_id=request.request_id, worker=member.name)
+                    continue
+                except ServiceUnavailable as exc:
+                    if exc.service != "worker":  # a dependency of the request, not the worker
+                        raise
+                    self._take_out(member, f"it cannot serve: {exc.message}")
+                    log.info("worker_retry", request_id=request.request_id, worker=member.name)
                     continue
                 except StopAsyncIteration:
                     raise InternalError("the worker ended the stream without a Finished "

@@ -178,3 +178,50 @@ def allowed_names(entries: Any, path: str, *, nested_function: bool) -> tuple[st
         else:
             names.append(f.get_str(entry, "name", entry_path, required=True))
     return tuple(dict.fromkeys(names))
+
+
+# ---- thinking --------------------------------------------------------------------------------
+
+# `reasoning.effort` (Responses) and `reasoning_effort` (Chat) as thinking budgets: reasoning
+# tokens before the worker forces the close (docs/using-openai-responses.md lists them). "none"
+# turns thinking off (the template's closed empty think block).
+EFFORT_BUDGETS = {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768}
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """A request's thinking settings: on/off (None: the template's default) and the budget."""
+
+    enable: bool | None = None
+    budget: int | None = None
+
+
+def thinking_budget(body: dict, parent: str = "") -> int | None:
+    """The Infernix extension `thinking_budget`: an integer >= 0, or absent."""
+    budget = f.get_int(body, "thinking_budget", parent)
+    if budget is not None and budget < 0:
+        path = f.join(parent, "thinking_budget")
+        raise InvalidRequest(f"{path} must be >= 0, got {budget}", field=path)
+    return budget
+
+
+def effort_thinking(effort: Any, path: str) -> Thinking:
+    """A reasoning effort as thinking settings (EFFORT_BUDGETS; "none": thinking off)."""
+    if effort is None:
+        return Thinking()
+    if effort == "none":
+        return Thinking(enable=False)
+    if not isinstance(effort, str) or effort not in EFFORT_BUDGETS:
+        raise InvalidRequest(f"{path} must be one of none, {', '.join(EFFORT_BUDGETS)}; got "
+                             f"{effort!r}", field=path)
+    return Thinking(enable=True, budget=EFFORT_BUDGETS[effort])
+
+
+def merge_thinking(effort: Thinking, budget: int | None, effort_path: str) -> Thinking:
+    """An explicit `thinking_budget` beside an effort: one source of the budget only."""
+    if budget is None:
+        return effort
+    if effort.budget is not None or effort.enable is False:
+        raise InvalidRequest(f"give {effort_path} or thinking_budget, not both",
+                             field="thinking_budget")
+    return Thinking(effort.enable, budget)

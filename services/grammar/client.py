@@ -272,6 +272,10 @@ from services.grammar.engine import (  # noqa: E402,F401 - re-exported: the matc
     CompiledConstraint, MaskFiller, Matcher, fill_masks,
 )
 from services.grammar.tools import ToolSpec, needs_tool_grammar  # noqa: E402,F401 - re-exported
+from services.grammar.param_names import (  # noqa: E402,F401 - re-exported: the XML companion
+    NameIndex, ParameterNameConstraint,
+)
+from services.grammar.xml_tools import argument_codings  # noqa: E402,F401 - the decoder's contract
 
 
 def in_process_client(domains: dict, *, redis_url: str | None = None, config=None,

@@ -3,11 +3,16 @@
     infernix generate --prompt "Name three colours" --json-schema-file colours.json --json
     infernix generate --prompt "Once upon a time" --raw --max-tokens 40 --stream
 
+    infernix generate --model DIR --thinking-budget 64 --prompt "Is 91 prime?"
+
 --prompt is one user message rendered with the model's chat template (ChatML for the built-in
-model); --raw continues the text as is. Content constraints are mutually exclusive. Output: the
-text (streamed as it comes with --stream); with --json one JSON object with the whole result
-(content, finish_reason, usage, constraint report, error, timings), preceded by one {"delta": ...}
-line per text delta when --stream is given too. Exit status: 0 when the output ended normally or
+model); --raw continues the text as is. Content constraints are mutually exclusive. A model with a
+thinking mode (Qwen3.5) thinks by its template's default; --no-thinking turns it off, and
+--thinking-budget N forces the close of the reasoning after N tokens. Output: the content on
+stdout (streamed as it comes with --stream) and the reasoning, if any, on stderr; with --json one
+JSON object with the whole result (content, reasoning, finish_reason, usage, constraint report,
+error, timings), preceded by one {"delta": ...} or {"reasoning_delta": ...} line per delta when
+--stream is given too. Exit status: 0 when the output ended normally or
 at the length limit, 1 on a generation error or cancellation, 2 when the request was rejected.
 """
 
@@ -32,6 +37,7 @@ from shared.generation import (
     FinishReason,
     GenerateRequest,
     PromptInput,
+    ReasoningDelta,
     RequestOptions,
     SamplingParams,
     TextDelta,
@@ -44,7 +50,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     """Add the `generate` subcommand to `sub` (its func is `run_generate`)."""
     p = sub.add_parser("generate", help="generate one output with the in-process worker",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_settings(p, "model", "device", "max_len")
+    add_settings(p, "model", "device", "max_len", "speculative", "draft_model", "num_draft_tokens")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", metavar="TEXT",
                         help="one user message, rendered with the model's ChatML chat template "
@@ -60,6 +66,13 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
                    help="sampling temperature, 0 = greedy (default: 1.0)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="RNG seed (default: drawn at random)")
+    thinking = p.add_mutually_exclusive_group()
+    thinking.add_argument("--thinking", dest="enable_thinking", action="store_const", const=True,
+                          default=None, help="turn the model's thinking mode on")
+    thinking.add_argument("--no-thinking", dest="enable_thinking", action="store_const",
+                          const=False, help="turn the model's thinking mode off")
+    p.add_argument("--thinking-budget", type=int, default=None, metavar="N",
+                   help="reasoning tokens before the close is forced (default: no budget)")
     p.add_argument("--stream", action="store_true", help="print text as it is generated")
     p.add_argument("--json", action="store_true",
                    help="print the whole result as JSON, constraint report included")
@@ -88,16 +101,19 @@ def request_from_args(args: argparse.Namespace) -> GenerateRequest:
             raise InvalidRequest(f"{args.messages} is not JSON: {exc}", field="messages") from None
         if not isinstance(items, list):
             raise InvalidRequest("the messages file must hold a JSON list", field="messages")
-        prompt = PromptInput(messages=messages_from_dicts(items))
+        prompt = PromptInput(messages=messages_from_dicts(items),
+                             enable_thinking=args.enable_thinking)
     elif args.raw:
         prompt = PromptInput(text=args.prompt)
     else:
-        prompt = PromptInput(messages=(ChatMessage("user", args.prompt),))
+        prompt = PromptInput(messages=(ChatMessage("user", args.prompt),),
+                             enable_thinking=args.enable_thinking)
     constraint: OutputConstraint | None = None
     if _has_constraint(args):
         constraint = constraints_from_args(args)[0][1]
     options = RequestOptions(max_tokens=args.max_tokens, constraint=constraint,
-                             sampling=SamplingParams(temperature=args.temperature, seed=args.seed))
+                             sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
+                             thinking_budget=args.thinking_budget)
     return GenerateRequest(f"cli-{uuid.uuid4().hex[:12]}", prompt, options, model=args.model)
 
 
@@ -115,24 +131,37 @@ def validate_constraint(request: GenerateRequest) -> None:
 
 
 def result_json(fin: Finished) -> dict[str, Any]:
-    return {"content": fin.content, "finish_reason": fin.finish_reason.value,
+    return {"content": fin.content, "reasoning": fin.reasoning,
+            "finish_reason": fin.finish_reason.value,
             "usage": {"prompt_tokens": fin.usage.prompt_tokens,
-                      "completion_tokens": fin.usage.completion_tokens},
+                      "completion_tokens": fin.usage.completion_tokens,
+                      "reasoning_tokens": fin.usage.reasoning_tokens},
             "constraint": fin.constraint, "error": fin.error, "timings": fin.timings}
 
 
 async def generate_once(client, request: GenerateRequest, *, stream: bool, as_json: bool,
-                        out: TextIO) -> Finished:
-    """Run `request` through a WorkerClient, printing as the flags say; returns Finished."""
+                        out: TextIO, err: TextIO | None = None) -> Finished:
+    """Run `request` through a WorkerClient, printing as the flags say (plain reasoning goes to
+    `err`, default stderr); returns Finished."""
+    err = err or sys.stderr
     async for event in client.generate(request):
         if isinstance(event, TextDelta) and stream:
             out.write(json.dumps({"delta": event.text}, ensure_ascii=False) + "\n" if as_json
                       else event.text)
             out.flush()
+        elif isinstance(event, ReasoningDelta) and stream:
+            if as_json:
+                out.write(json.dumps({"reasoning_delta": event.text}, ensure_ascii=False) + "\n")
+                out.flush()
+            else:
+                err.write(event.text)
+                err.flush()
         elif isinstance(event, Finished):
             if as_json:
                 out.write(json.dumps(result_json(event), ensure_ascii=False) + "\n")
             else:
+                if event.reasoning:
+                    err.write(("" if stream else event.reasoning) + "\n")
                 out.write(("" if stream else event.content) + "\n")
             out.flush()
             return event
@@ -148,6 +177,11 @@ def run_generate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     from services.worker.runtime import load_runtime
 
     try:
+        from services.worker.spec import check_backend
+
+        speculative = getattr(args, "speculative", None)
+        draft_model = getattr(args, "draft_model", None)
+        check_backend(speculative, draft_model)  # Unsupported before the model loads
         request = request_from_args(args)
         if runtime is None:  # the real command line (tests pass a runtime and keep their logging)
             validate_constraint(request)
@@ -163,9 +197,12 @@ def run_generate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
         return EXIT_REJECTED if exc.fault == "request" else EXIT_FAILED
 
     async def main() -> int:
-        client = open_in_process(runtime, EngineConfig(max_batch=1, max_len=args.max_len))
+        client = open_in_process(runtime, EngineConfig(
+            max_batch=1, max_len=args.max_len, speculative=speculative, draft_model=draft_model,
+            num_draft_tokens=getattr(args, "num_draft_tokens", 4)))
         try:
-            fin = await generate_once(client, request, stream=args.stream, as_json=args.json, out=out)
+            fin = await generate_once(client, request, stream=args.stream, as_json=args.json,
+                                      out=out, err=err)
         except InfernixError as exc:
             err.write(json.dumps({"error": exc.to_dict()}) + "\n")
             return EXIT_REJECTED if exc.fault == "request" else EXIT_FAILED

@@ -25,6 +25,7 @@ from shared.generation import (
     GenerateRequest,
     GenerationEvent,
     PromptInput,
+    ReasoningDelta,
     TextDelta,
     Usage,
     WorkerClient,
@@ -111,6 +112,7 @@ class GrpcWorkerClient(WorkerClient):
         on the worker."""
         message = request_to_proto(request)
         content: list[str] = []
+        reasoning: list[str] = []
         started = False
         final: Finished | None = None
         try:
@@ -128,6 +130,8 @@ class GrpcWorkerClient(WorkerClient):
                         break
                     if isinstance(event, TextDelta):
                         content.append(event.text)
+                    elif isinstance(event, ReasoningDelta):
+                        reasoning.append(event.text)
                     yield event
                 await stream.recv_message()  # the trailers, so that the call ends cleanly
         except GRPCError as exc:
@@ -136,25 +140,29 @@ class GrpcWorkerClient(WorkerClient):
                     raise WorkerUnavailable(f"worker {self.address} is unavailable: "
                                             f"{exc.message or 'no message'}") from None
                 raise typed_error(exc) from None
-            final = final or self._lost(request, content, f"{exc.status.name}: {exc.message or ''}")
+            final = final or self._lost(request, content, reasoning,
+                                        f"{exc.status.name}: {exc.message or ''}")
         except _TRANSPORT_ERRORS as exc:
             if final is None and not started:
                 raise WorkerUnavailable(f"worker {self.address} unreachable: "
                                         f"{type(exc).__name__}: {exc}") from None
-            final = final or self._lost(request, content, f"{type(exc).__name__}: {exc}")
+            final = final or self._lost(request, content, reasoning,
+                                        f"{type(exc).__name__}: {exc}")
         except InfernixError as exc:
             if not started:
                 raise
             final = Finished(FinishReason.ERROR, Usage(), content="".join(content),
-                             error=exc.to_dict())
+                             reasoning="".join(reasoning), error=exc.to_dict())
         assert final is not None
         yield final
 
-    def _lost(self, request: GenerateRequest, content: list[str], why: str) -> Finished:
+    def _lost(self, request: GenerateRequest, content: list[str], reasoning: list[str],
+              why: str) -> Finished:
         error = ServiceUnavailable(f"worker connection lost mid-stream ({self.address}, request "
                                    f"{request.request_id}): {why}", service="worker",
                                    retry_after_s=1.0)
-        return Finished(FinishReason.ERROR, Usage(), content="".join(content), error=error.to_dict())
+        return Finished(FinishReason.ERROR, Usage(), content="".join(content),
+                        reasoning="".join(reasoning), error=error.to_dict())
 
     async def aclose(self) -> None:
         """Close the channel (in-flight calls fail)."""

@@ -25,14 +25,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
 
+from services.worker.output.publication import Publication
 from services.worker.output.session import OutputSession
-from services.worker.output.stop_strings import StopStrings
+from shared.frontends.thinking import PhaseDecoder
 from shared.generation import GenerationEvent, SamplingParams
-
-if TYPE_CHECKING:
-    from shared.frontends.formats.hermes import ToolStream
 
 
 class RequestState(Enum):
@@ -53,7 +50,8 @@ class Request:
     session: OutputSession
     sink: Callable[[GenerationEvent], None]  # thread-safe event delivery
     max_new_tokens: int  # output budget: max_tokens, or what the lane holds after the prompt; >= 1
-    stop: StopStrings | None = None  # unconstrained requests only
+    # What the output publishes (phases, stop strings, tool calls); None: plain content decoding.
+    output: Publication | None = None
     stop_token_ids: frozenset[int] = frozenset()  # unconstrained requests only
     deadline: float | None = None  # time.monotonic() seconds; None = none
     timeout_s: float | None = None
@@ -61,10 +59,10 @@ class Request:
     lane: int | None = None
     output_ids: list[int] = field(default_factory=list)
     num_cached: int = 0
+    num_cached_prompt: int = 0  # prompt tokens the prefix cache held at first admission (usage)
     cancel_requested: bool = False
-    published: list[str] = field(default_factory=list)
-    # The tool-call decoder when tools are active (content and calls split out of the text).
-    tool_stream: "ToolStream | None" = None
+    # Output tokens the reasoning phase may take before its close is forced (None: no budget).
+    thinking_budget: int | None = None
     constraint_kind: str = "none"  # metrics label: a ConstraintKind value, "tools" or "none"
     output_counts: dict[int, int] = field(default_factory=dict)  # token -> occurrences in output
     submitted_at: float = field(default_factory=time.monotonic)
@@ -74,6 +72,10 @@ class Request:
     resident_since: float | None = None  # took its current lane
     output_at_admission: int = 0  # output tokens when it took its current lane
     first_token_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.output is None:
+            self.output = Publication(PhaseDecoder(self.session.domain, None))
 
     # ---------------------------------------------------------------- counts
 
@@ -129,7 +131,8 @@ class Request:
         return [self.output_ids[-1]]
 
     def pause(self) -> None:
-        """Leave the lane at a commit boundary (preemption): nothing of the lane is kept."""
+        """Leave the lane at a commit boundary (preemption): the lane's state is dropped (its
+        committed full KV blocks may stay in the prefix cache for the Replay)."""
         self.state = RequestState.PAUSED
         self.lane = None
         self.num_cached = 0
@@ -161,5 +164,15 @@ class Request:
                 counts.setdefault(t, 0)
         return list(counts), list(counts.values())
 
-    def content(self) -> str:
-        return "".join(self.published)
+    @property
+    def thinking_due(self) -> bool:
+        """The thinking budget ran out while the output is still in reasoning: its close is
+        forced before anything else is sampled."""
+        return self.thinking_budget is not None and self.output.in_reasoning \
+            and self.num_output_tokens >= self.thinking_budget and not self.session.finished
+
+    def append_forced(self, tokens: list[int]) -> None:
+        """A fixed control sequence (a forced thinking close) joins the committed output. No
+        sampling and no RNG: the lane's model state reads these tokens with the next step's
+        prefill of uncached committed tokens, like a Replay."""
+        self.commit(self.num_cached, tokens)

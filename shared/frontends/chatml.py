@@ -79,7 +79,8 @@ def render_chatml(prompt: PromptInput, *, add_generation_prompt: bool = True) ->
 
 
 def messages_from_dicts(items: list[dict]) -> tuple[ChatMessage, ...]:
-    """Plain {"role", "content"} dictionaries (the CLI's --messages file) to ChatMessages."""
+    """Plain {"role", "content"} dictionaries (the CLI's --messages file) to ChatMessages; an
+    assistant turn's `reasoning_content` is its reasoning (the template decides its use)."""
     out = []
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("role"), str):
@@ -88,5 +89,9 @@ def messages_from_dicts(items: list[dict]) -> tuple[ChatMessage, ...]:
         if content is not None and not isinstance(content, str):
             raise InvalidRequest(f"messages[{i}].content must be a string",
                                  field=f"messages[{i}].content")
-        out.append(ChatMessage(role=item["role"], content=content))
+        reasoning = item.get("reasoning_content")
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise InvalidRequest(f"messages[{i}].reasoning_content must be a string",
+                                 field=f"messages[{i}].reasoning_content")
+        out.append(ChatMessage(role=item["role"], content=content, reasoning=reasoning))
     return tuple(out)

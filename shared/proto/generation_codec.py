@@ -32,6 +32,7 @@ from shared.generation import (
     GenerateRequest,
     GenerationEvent,
     PromptInput,
+    ReasoningDelta,
     RequestOptions,
     SamplingParams,
     Started,
@@ -117,6 +118,8 @@ def options_to_proto(o: RequestOptions) -> pb.RequestOptions:
         out.constraint.CopyFrom(constraint_to_proto(o.constraint))
     if o.timeout_s is not None:
         out.timeout_s = o.timeout_s
+    if o.thinking_budget is not None:
+        out.thinking_budget = _int64(o.thinking_budget, "thinking_budget")
     return out
 
 
@@ -128,7 +131,7 @@ def options_from_proto(msg: pb.RequestOptions) -> RequestOptions:
         tool_choice=(tool_choice_from_proto(msg.tool_choice) if msg.HasField("tool_choice")
                      else ToolChoice()),
         stop=tuple(msg.stop), stop_token_ids=tuple(msg.stop_token_ids),
-        timeout_s=_opt(msg, "timeout_s"))
+        timeout_s=_opt(msg, "timeout_s"), thinking_budget=_opt(msg, "thinking_budget"))
 
 
 def tool_to_proto(t: ToolDefinition) -> pb.ToolDefinition:
@@ -151,18 +154,19 @@ def tool_call_from_proto(msg: pb.ToolCall) -> ToolCall:
 def message_to_proto(m: ChatMessage) -> pb.ChatMessage:
     return pb.ChatMessage(role=m.role, content=m.content, name=m.name,
                           tool_calls=[tool_call_to_proto(c) for c in m.tool_calls],
-                          tool_call_id=m.tool_call_id)
+                          tool_call_id=m.tool_call_id, reasoning=m.reasoning)
 
 
 def message_from_proto(msg: pb.ChatMessage) -> ChatMessage:
     return ChatMessage(msg.role, _opt(msg, "content"),
                        tuple(tool_call_from_proto(c) for c in msg.tool_calls),
-                       _opt(msg, "tool_call_id"), _opt(msg, "name"))
+                       _opt(msg, "tool_call_id"), _opt(msg, "name"), _opt(msg, "reasoning"))
 
 
 def prompt_to_proto(p: PromptInput) -> pb.PromptInput:
     out = pb.PromptInput(tools=[tool_to_proto(t) for t in p.tools],
-                         continue_final_assistant=p.continue_final_assistant)
+                         continue_final_assistant=p.continue_final_assistant,
+                         enable_thinking=p.enable_thinking)
     if p.messages is not None:
         out.messages.CopyFrom(pb.MessageList(messages=[message_to_proto(m) for m in p.messages]))
     else:
@@ -176,7 +180,7 @@ def prompt_from_proto(msg: pb.PromptInput) -> PromptInput:
                 if which == "messages" else None)
     text = msg.text if which == "text" else None
     return PromptInput(messages, text, tuple(tool_from_proto(t) for t in msg.tools),
-                       msg.continue_final_assistant)
+                       msg.continue_final_assistant, _opt(msg, "enable_thinking"))
 
 
 def request_to_proto(r: GenerateRequest) -> pb.GenerateRequest:
@@ -205,21 +209,25 @@ def finished_to_proto(f: Finished) -> pb.Finished:
     return pb.Finished(
         finish_reason=f.finish_reason.value,
         usage=pb.Usage(prompt_tokens=f.usage.prompt_tokens,
-                       completion_tokens=f.usage.completion_tokens),
+                       completion_tokens=f.usage.completion_tokens,
+                       cached_tokens=f.usage.cached_tokens,
+                       reasoning_tokens=f.usage.reasoning_tokens),
         content=f.content, tool_calls=[tool_call_to_proto(c) for c in f.tool_calls],
         constraint_json=_json_or_none(f.constraint), error_json=_json_or_none(f.error),
-        timings=dict(f.timings), stop_sequence=f.stop_sequence)
+        timings=dict(f.timings), stop_sequence=f.stop_sequence, reasoning=f.reasoning)
 
 
 def finished_from_proto(msg: pb.Finished) -> Finished:
     constraint, error = _opt(msg, "constraint_json"), _opt(msg, "error_json")
     return Finished(
         _enum(FinishReason, msg.finish_reason, "finish_reason"),
-        Usage(msg.usage.prompt_tokens, msg.usage.completion_tokens),
+        Usage(msg.usage.prompt_tokens, msg.usage.completion_tokens,
+              cached_tokens=msg.usage.cached_tokens, reasoning_tokens=msg.usage.reasoning_tokens),
         content=msg.content, tool_calls=tuple(tool_call_from_proto(c) for c in msg.tool_calls),
         constraint=None if constraint is None else json.loads(constraint),
         error=None if error is None else json.loads(error),
-        timings=dict(msg.timings), stop_sequence=_opt(msg, "stop_sequence"))
+        timings=dict(msg.timings), stop_sequence=_opt(msg, "stop_sequence"),
+        reasoning=msg.reasoning)
 
 
 def event_to_proto(event: GenerationEvent) -> pb.GenerationEvent:
@@ -229,6 +237,8 @@ def event_to_proto(event: GenerationEvent) -> pb.GenerationEvent:
                                                      cached_tokens=event.cached_tokens))
     if isinstance(event, TextDelta):
         return pb.GenerationEvent(text=pb.TextDelta(text=event.text))
+    if isinstance(event, ReasoningDelta):
+        return pb.GenerationEvent(reasoning=pb.ReasoningDelta(text=event.text))
     if isinstance(event, ToolCallStart):
         return pb.GenerationEvent(tool_call_start=pb.ToolCallStart(
             index=event.index, id=event.id, name=event.name))
@@ -249,6 +259,8 @@ def event_from_proto(msg: pb.GenerationEvent) -> GenerationEvent:
             return Started(msg.started.prompt_tokens, msg.started.cached_tokens)
         if which == "text":
             return TextDelta(msg.text.text)
+        if which == "reasoning":
+            return ReasoningDelta(msg.reasoning.text)
         if which == "tool_call_start":
             m = msg.tool_call_start
             return ToolCallStart(m.index, m.id, m.name)

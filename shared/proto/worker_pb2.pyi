@@ -55,7 +55,7 @@ class ToolChoice(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., allowed_names: _Optional[_Union[NameList, _Mapping]] = ..., parallel: _Optional[bool] = ..., constraints: _Optional[str] = ...) -> None: ...
 
 class RequestOptions(_message.Message):
-    __slots__ = ("max_tokens", "sampling", "constraint", "tool_choice", "stop", "stop_token_ids", "timeout_s")
+    __slots__ = ("max_tokens", "sampling", "constraint", "tool_choice", "stop", "stop_token_ids", "timeout_s", "thinking_budget")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class RequestOptions(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    THINKING_BUDGET_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     sampling: SamplingParams
     constraint: OutputConstraint
@@ -70,7 +71,8 @@ class RequestOptions(_message.Message):
     stop: _containers.RepeatedScalarFieldContainer[str]
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     timeout_s: float
-    def __init__(self, max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[OutputConstraint, _Mapping]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    thinking_budget: int
+    def __init__(self, max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[OutputConstraint, _Mapping]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ..., thinking_budget: _Optional[int] = ...) -> None: ...
 
 class ToolDefinition(_message.Message):
     __slots__ = ("name", "parameters_json", "description", "strict")
@@ -95,18 +97,20 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content", "tool_calls", "tool_call_id", "name")
+    __slots__ = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     tool_call_id: str
     name: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    reasoning: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning: _Optional[str] = ...) -> None: ...
 
 class MessageList(_message.Message):
     __slots__ = ("messages",)
@@ -115,16 +119,18 @@ class MessageList(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class PromptInput(_message.Message):
-    __slots__ = ("messages", "text", "tools", "continue_final_assistant")
+    __slots__ = ("messages", "text", "tools", "continue_final_assistant", "enable_thinking")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_FINAL_ASSISTANT_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_THINKING_FIELD_NUMBER: _ClassVar[int]
     messages: MessageList
     text: str
     tools: _containers.RepeatedCompositeFieldContainer[ToolDefinition]
     continue_final_assistant: bool
-    def __init__(self, messages: _Optional[_Union[MessageList, _Mapping]] = ..., text: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolDefinition, _Mapping]]] = ..., continue_final_assistant: _Optional[bool] = ...) -> None: ...
+    enable_thinking: bool
+    def __init__(self, messages: _Optional[_Union[MessageList, _Mapping]] = ..., text: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolDefinition, _Mapping]]] = ..., continue_final_assistant: _Optional[bool] = ..., enable_thinking: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt", "options", "model")
@@ -152,6 +158,12 @@ class TextDelta(_message.Message):
     text: str
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
+class ReasoningDelta(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
 class ToolCallStart(_message.Message):
     __slots__ = ("index", "id", "name")
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -171,15 +183,19 @@ class ToolCallArgumentsDelta(_message.Message):
     def __init__(self, index: _Optional[int] = ..., fragment: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+    cached_tokens: int
+    reasoning_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("finish_reason", "usage", "content", "tool_calls", "constraint_json", "error_json", "timings", "stop_sequence")
+    __slots__ = ("finish_reason", "usage", "content", "tool_calls", "constraint_json", "error_json", "timings", "stop_sequence", "reasoning")
     class TimingsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +211,7 @@ class Finished(_message.Message):
     ERROR_JSON_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     usage: Usage
     content: str
@@ -203,21 +220,24 @@ class Finished(_message.Message):
     error_json: str
     timings: _containers.ScalarMap[str, float]
     stop_sequence: str
-    def __init__(self, finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., constraint_json: _Optional[str] = ..., error_json: _Optional[str] = ..., timings: _Optional[_Mapping[str, float]] = ..., stop_sequence: _Optional[str] = ...) -> None: ...
+    reasoning: str
+    def __init__(self, finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., constraint_json: _Optional[str] = ..., error_json: _Optional[str] = ..., timings: _Optional[_Mapping[str, float]] = ..., stop_sequence: _Optional[str] = ..., reasoning: _Optional[str] = ...) -> None: ...
 
 class GenerationEvent(_message.Message):
-    __slots__ = ("text", "tool_call_start", "tool_call_arguments", "finished", "started")
+    __slots__ = ("text", "tool_call_start", "tool_call_arguments", "finished", "started", "reasoning")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_START_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     text: TextDelta
     tool_call_start: ToolCallStart
     tool_call_arguments: ToolCallArgumentsDelta
     finished: Finished
     started: Started
-    def __init__(self, text: _Optional[_Union[TextDelta, _Mapping]] = ..., tool_call_start: _Optional[_Union[ToolCallStart, _Mapping]] = ..., tool_call_arguments: _Optional[_Union[ToolCallArgumentsDelta, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ...) -> None: ...
+    reasoning: ReasoningDelta
+    def __init__(self, text: _Optional[_Union[TextDelta, _Mapping]] = ..., tool_call_start: _Optional[_Union[ToolCallStart, _Mapping]] = ..., tool_call_arguments: _Optional[_Union[ToolCallArgumentsDelta, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., reasoning: _Optional[_Union[ReasoningDelta, _Mapping]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -38,13 +38,15 @@ def _reduce(schema: Any, ctx: Context, patterns: PatternSupport) -> ReducedSchem
 
 
 def _reduce_graph(schema: Any, ctx: Context, patterns: PatternSupport) -> tuple[ReducedSchema, Graph]:
-    graph = Graph(ctx, patterns.matches)
+    graph = Graph(ctx, patterns.matches, patterns.empty)
     reader = Reader(schema, ctx, graph)
     root = reader.read(schema)
     reduced = ReducedSchema(root, graph.defs, tuple(sorted(reader.annotations)))
     _finalize(reduced, ctx, patterns)
     if isinstance(graph.resolve(root, ""), NoValue):
-        raise ctx.unsupported("", "the schema accepts no JSON value (unsatisfiable)")
+        why = "" if graph.first_empty is None else \
+            f"; the first string found to match nothing: {graph.first_empty!r}"
+        raise ctx.unsupported("", f"the schema accepts no JSON value (unsatisfiable{why})")
     return reduced, graph
 
 

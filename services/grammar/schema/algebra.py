@@ -111,12 +111,16 @@ def _value_type(v: Any) -> str:
 class Graph:
     """The definitions of one reduction and the operations on them."""
 
-    def __init__(self, ctx: Context, pattern_matcher: Any) -> None:
+    def __init__(self, ctx: Context, pattern_matcher: Any, string_empty: Any = None) -> None:
         self.ctx = ctx
         self.defs: dict[str, Node] = {}
         self._meet_memo: dict[tuple[str, Node], str] = {}
         # pattern_matcher(pattern: Pattern, value: str) -> bool, or raises UnsupportedSchema
         self.pattern_matcher = pattern_matcher
+        # string_empty(node: StringType) -> bool | None: whether no string satisfies the node's
+        # patterns and lengths together (None: not decided within the automaton limits)
+        self.string_empty = string_empty
+        self.first_empty: str | None = None  # the pointer of the first string found empty
 
     # -- references -------------------------------------------------------------------------
     def resolve(self, node: Node, pointer: str) -> Node:
@@ -187,12 +191,25 @@ class Graph:
             n = NumberType(lo[0], lo[1], hi[0], hi[1])
             return NEVER if number_empty(n) else n
         if isinstance(a, StringType):
-            return string_type(max(a.min_length, b.min_length),
-                               _min_opt(a.max_length, b.max_length),
-                               tuple(dict.fromkeys(a.patterns + b.patterns)))
+            return self.satisfiable(string_type(max(a.min_length, b.min_length),
+                                                _min_opt(a.max_length, b.max_length),
+                                                tuple(dict.fromkeys(a.patterns + b.patterns))))
         if isinstance(a, ArrayType):
             return self._meet_array(a, b, pointer)
         return self._meet_object(a, b, pointer)
+
+    def satisfiable(self, node: Node) -> Node:
+        """`node`, or NEVER where it is a string node whose patterns/formats and lengths together
+        provably match no string (an intersection: e.g. a oneOf branch's format under the
+        parent's pattern). Single patterns without lengths keep their own check where emitted;
+        undecided nodes (past the automaton limits) are kept and refused where emitted."""
+        if isinstance(node, StringType) and self.string_empty is not None and node.patterns and \
+                (len(node.patterns) > 1 or node.min_length > 0 or node.max_length is not None) and \
+                self.string_empty(node) is True:
+            if self.first_empty is None:
+                self.first_empty = node.patterns[-1].pointer
+            return NEVER
+        return node
 
     def _meet_array(self, a: ArrayType, b: ArrayType, pointer: str) -> Node:
         n = max(len(a.prefix), len(b.prefix))

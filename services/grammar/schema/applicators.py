@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
-    ANY, NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
+    ANY, FULL_TYPES, NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
     NumberType, ObjectType, Pattern, Ref, Required, StringType, Union, make_union,
 )
 
@@ -37,8 +37,7 @@ if TYPE_CHECKING:
 KEYWORDS = frozenset({"not", "if", "then", "else", "dependencies", "dependentRequired",
                       "dependentSchemas", "multipleOf", "uniqueItems"})
 
-_FULL: dict[str, Node] = {"null": NullType(), "boolean": BooleanType(), "number": NumberType(),
-                          "string": StringType(), "array": ArrayType(), "object": ObjectType()}
+_FULL = FULL_TYPES
 _KIND = {NullType: "null", BooleanType: "boolean", IntegerType: "number", NumberType: "number",
          StringType: "string", ArrayType: "array", ObjectType: "object"}
 

@@ -1,7 +1,10 @@
 """JSON Schema dialects (draft-04, -06, -07, 2019-09, 2020-12): their keywords and differences.
 
 A dialect is chosen by the root `$schema` (http or https, with or without the empty fragment `#`);
-no `$schema` means 2020-12. What differs between them and what the reader does with it:
+no `$schema` means 2020-12. A subschema's own `$schema` switches the dialect for its subtree and
+for the references followed from there, as `jsonschema` reads it (`Reader._nested_dialect`; a
+definition reached in two dialects, or identifiers inside a subtree of another dialect than the
+document's, are refused). What differs between them and what the reader does with it:
 
 - draft-04: `id` (not `$id`) names a resource; `exclusiveMinimum`/`exclusiveMaximum` are booleans
   that make `minimum`/`maximum` exclusive; no `const`, `contains`, `propertyNames`, `if`.
@@ -97,7 +100,7 @@ def dialect_of(uri: str) -> Dialect | None:
     return None
 
 
-def _one_edit(a: str, b: str) -> bool:
+def one_edit(a: str, b: str) -> bool:
     """True when a and b differ by exactly one insertion, deletion, substitution or transposition
     of two adjacent characters."""
     if a == b or abs(len(a) - len(b)) > 1:
@@ -125,7 +128,7 @@ def near_miss(name: str, dialect: Dialect) -> str | None:
     if _vendor(name):
         return None
     for kw in sorted(dialect.assertions):
-        if name.lower() == kw.lower() or (len(kw) >= 4 and _one_edit(name, kw)):
+        if name.lower() == kw.lower() or (len(kw) >= 4 and one_edit(name, kw)):
             return kw
     return None
 

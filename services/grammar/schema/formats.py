@@ -26,10 +26,25 @@ than either):
   numbers), float/double (numbers; no constraint beyond finite binary64), byte (RFC 4648 base64),
   binary and password (any string).
 
-Unknown formats (and regex, idn-*, iri*, uri-template: not reduced here) are UnsupportedSchema.
+Formats a JSON Schema specification defines (draft-03 to 2020-12) that are not reduced here (regex,
+idn-*, iri*, uri-template, draft-03's color, style, phone, utc-millisec, ip-address, host-name) are
+UnsupportedSchema: validators check them, and we cannot execute the assertion.
+
+Any other name is an unknown format, which no specification makes an assertion: draft-04 7.2 and
+draft-06/07 ("schema authors SHALL NOT expect a peer implementation to support ... custom format
+attributes"), 2019-09/2020-12 (format is an annotation unless a vocabulary asserts it, and only the
+defined formats are then asserted); the JSON-Schema-Test-Suite's optional/format/unknown cases have
+every instance valid, and `jsonschema`'s format checker ignores such names. An unknown format is
+therefore read as an annotation, listed as `format:<name>` in the compile result's annotations
+(never silently), with one guard, the same as for keywords (dialects.near_miss): a name within one
+case change or one edit of a defined or supported format (`url` for `uri`, `datetime`, `host-name`,
+`Date-Time`, `guid` for `uuid`) is UnsupportedSchema naming the format it resembles, because its
+author meant that assertion.
 """
 
 from __future__ import annotations
+
+from services.grammar.schema.dialects import one_edit
 
 _DIGIT = "[0-9]"
 _HEX = "[0-9A-Fa-f]"
@@ -123,3 +138,19 @@ INTEGER_FORMATS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1
 NUMBER_NO_CONSTRAINT = frozenset({"float", "double"})
 KNOWN = frozenset(STRING_FORMATS) | STRING_NO_CONSTRAINT | frozenset(INTEGER_FORMATS) | \
     NUMBER_NO_CONSTRAINT
+
+# Formats the specifications define (draft-03 .. 2020-12) that are not reduced here.
+SPEC_UNREDUCED = frozenset({
+    "regex", "idn-email", "idn-hostname", "iri", "iri-reference", "uri-template",
+    "color", "style", "phone", "utc-millisec", "ip-address", "host-name",
+})
+_RESEMBLED = sorted(KNOWN | SPEC_UNREDUCED)
+
+
+def resembles(name: str) -> str | None:
+    """The defined or supported format an unknown `name` is a near-miss of (one case change, or one
+    edit of a name of three or more characters), else None."""
+    for known in _RESEMBLED:
+        if name.lower() == known.lower() or (min(len(name), len(known)) >= 3 and one_edit(name, known)):
+            return known
+    return None

@@ -151,6 +151,9 @@ Typed = _U[NullType, BooleanType, IntegerType, NumberType, StringType, ArrayType
 Node = _U[AnyValue, NoValue, Ref, Literals, Typed, Union]
 
 TYPE_NAMES = ("null", "boolean", "integer", "number", "string", "array", "object")
+# Per JSON type ("integer" is part of "number"), the node of every value of that type.
+FULL_TYPES: dict[str, "Node"] = {"null": NullType(), "boolean": BooleanType(), "number": NumberType(),
+                                 "string": StringType(), "array": ArrayType(), "object": ObjectType()}
 
 
 @dataclass

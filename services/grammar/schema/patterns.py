@@ -26,7 +26,7 @@ from services.grammar.schema.automata import Dfa, TooComplex, combine, intersect
 from services.grammar.schema.context import Context
 from services.grammar.schema.nodes import ObjectType, Pattern, StringType
 from services.grammar.schema.regex_json import json_string_ebnf, whole_matches
-from shared.errors import InvalidRegex
+from shared.errors import InvalidRegex, InvalidSchema, UnsupportedSchema
 
 
 # A single pattern or format is emitted as its minimal DFA when the subset construction stays below
@@ -99,6 +99,18 @@ class PatternSupport:
                                          "(unsatisfiable)")
         self._dfas[node] = dfa
         return dfa
+
+    def empty(self, node: StringType) -> bool | None:
+        """Whether no string satisfies `node` (its patterns, formats and lengths together); None
+        where that is not decided: a pattern outside the supported subset, or past the automaton
+        limits. Errors are not raised here: the node is checked where it is emitted."""
+        try:
+            self.string_dfa(node, self.ctx)
+        except UnsupportedSchema as exc:
+            return True if exc.message.endswith("(unsatisfiable)") else None
+        except InvalidSchema:
+            return None
+        return False
 
     def matches(self, pattern: Pattern, value: str) -> bool:
         """True when `pattern` finds a match in `value` (ECMAScript semantics, search), or for a

@@ -16,7 +16,7 @@ from typing import Any
 from services.grammar.schema import applicators
 from services.grammar.schema.algebra import Graph
 from services.grammar.schema.context import MAX_DEPTH, Context, child
-from services.grammar.schema.exclusive import prove_exclusive
+from services.grammar.schema.exclusive import exclusive_by_type, prove_exclusive
 from services.grammar.schema.dialects import (
     ALL_ASSERTIONS, DRAFT_2020, Dialect, dialect_of, foreign_dialects, near_miss,
 )
@@ -27,6 +27,8 @@ from services.grammar.schema.refs import Document
 from services.grammar.schema.typed import own_node
 from shared.errors import UnsupportedSchema
 
+# Keywords that name resources or anchors (refs.Document indexes them by the root's dialect).
+_IDENTIFIERS = ("$id", "id", "$anchor", "$dynamicAnchor", "$recursiveAnchor")
 MAX_ONE_OF_COMPLEMENTS = 6  # branches of a oneOf reduced as "this branch and no other"
 MAX_ONE_OF_UNION = 32  # union branches that reduction may produce
 
@@ -59,6 +61,7 @@ class Reader:
                                                   "draft-06, draft-07, 2019-09 or 2020-12)")
             self.dialect = dialect
         self.doc = Document(root, self.dialect, ctx)
+        self._def_dialects: dict[str, Dialect] = {}  # definition pointer -> dialect it was read in
 
     # -- entry -------------------------------------------------------------------------------
     def read(self, schema: Any, pointer: str = "", depth: int = 0) -> Node:
@@ -69,33 +72,60 @@ class Reader:
         if not isinstance(schema, dict):
             raise self.ctx.invalid(pointer, f"a schema must be an object or a boolean, got "
                                             f"{type(schema).__name__}")
-        d = depth + 1
-        if "$ref" in schema and self.dialect.ref_overrides_siblings:
-            # draft-04..07: "All other properties in a "$ref" object MUST be ignored."
-            self.annotations.update(k for k in schema if k != "$ref" and k not in
-                                    self.dialect.annotations | self.dialect.core)
-            return self._ref(schema["$ref"], pointer, d)
-        self._classify(schema, pointer)
-        node = own_node(self, schema, pointer, d)
-        if "$ref" in schema:
-            node = self.graph.meet(self._ref(schema["$ref"], pointer, d), node, pointer)
-        for key in ("const", "enum"):
-            if key in schema:
-                node = self.graph.meet(self._literals(schema, key, pointer), node, child(pointer, key))
-        if "allOf" in schema:
-            for i, sub in enumerate(self._subschemas(schema, "allOf", pointer)):
-                at = child(child(pointer, "allOf"), i)
-                node = self.graph.meet(node, self.read(sub, at, d), at)
-        if "anyOf" in schema:
-            subs = self._subschemas(schema, "anyOf", pointer)
-            node = make_union([self.graph.meet(node, self.read(s, child(child(pointer, "anyOf"), i), d),
-                                               pointer) for i, s in enumerate(subs)])
-        if "oneOf" in schema:
-            at = child(pointer, "oneOf")
-            subs = self._subschemas(schema, "oneOf", pointer)
-            raw = [self.read(s, child(at, i), d) for i, s in enumerate(subs)]
-            node = self._one_of(node, raw, at)
-        return applicators.apply(self, schema, node, pointer, d)
+        outer = self.dialect
+        if "$schema" in schema and pointer:
+            self.dialect = self._nested_dialect(schema, pointer)
+        try:
+            if self.dialect is not self.doc.dialect:
+                for key in _IDENTIFIERS:
+                    if key in schema:
+                        raise self.ctx.unsupported(child(pointer, key), f"{key} inside a subschema of "
+                                                   f"dialect {self.dialect.name} (the document's is "
+                                                   f"{self.doc.dialect.name}) is not supported")
+            d = depth + 1
+            if "$ref" in schema and self.dialect.ref_overrides_siblings:
+                # draft-04..07: "All other properties in a "$ref" object MUST be ignored."
+                self.annotations.update(k for k in schema if k != "$ref" and k not in
+                                        self.dialect.annotations | self.dialect.core)
+                return self._ref(schema["$ref"], pointer, d)
+            self._classify(schema, pointer)
+            node = own_node(self, schema, pointer, d)
+            if "$ref" in schema:
+                node = self.graph.meet(self._ref(schema["$ref"], pointer, d), node, pointer)
+            for key in ("const", "enum"):
+                if key in schema:
+                    node = self.graph.meet(self._literals(schema, key, pointer), node, child(pointer, key))
+            if "allOf" in schema:
+                for i, sub in enumerate(self._subschemas(schema, "allOf", pointer)):
+                    at = child(child(pointer, "allOf"), i)
+                    node = self.graph.meet(node, self.read(sub, at, d), at)
+            if "anyOf" in schema:
+                subs = self._subschemas(schema, "anyOf", pointer)
+                node = make_union([self.graph.meet(node, self.read(s, child(child(pointer, "anyOf"), i), d),
+                                                   pointer) for i, s in enumerate(subs)])
+            if "oneOf" in schema:
+                at = child(pointer, "oneOf")
+                subs = self._subschemas(schema, "oneOf", pointer)
+                raw = [self.read(s, child(at, i), d) for i, s in enumerate(subs)]
+                node = self._one_of(node, raw, at)
+            return applicators.apply(self, schema, node, pointer, d)
+        finally:
+            self.dialect = outer
+
+    def _nested_dialect(self, schema: dict, pointer: str) -> Dialect:
+        """A subschema declaring its own `$schema`: its subtree is read in that dialect, as
+        `jsonschema` does (a validator for the subschema's `$schema`, kept below it and through
+        its references). Identifiers inside a subtree of another dialect than the root's are
+        refused: the document's resources are indexed by the root's dialect."""
+        at = child(pointer, "$schema")
+        uri = schema["$schema"]
+        if not isinstance(uri, str):
+            raise self.ctx.invalid(at, "$schema must be a string")
+        dialect = dialect_of(uri)
+        if dialect is None:
+            raise self.ctx.unsupported(at, f"dialect {uri!r} is not supported (use draft-04, "
+                                           "draft-06, draft-07, 2019-09 or 2020-12)")
+        return dialect
 
     def _classify(self, schema: dict, pointer: str) -> None:
         """Raise for keywords outside the enforced subset; record annotations."""
@@ -133,6 +163,9 @@ class Reader:
             prove_exclusive(self.graph, branches, at)
             return make_union(branches)
         except UnsupportedSchema as unproved:
+            sliced = exclusive_by_type(self.graph, branches, at)
+            if sliced is not None:
+                return sliced
             if len(branches) > MAX_ONE_OF_COMPLEMENTS:
                 raise unproved
             others = [applicators.complement(self, x, at) for x in raw]
@@ -152,10 +185,6 @@ class Reader:
             return result
 
     def _check_core(self, key: str, value: Any, pointer: str, at: str) -> None:
-        if key == "$schema" and pointer and (not isinstance(value, str) or
-                                             dialect_of(value) is not self.dialect):
-            raise self.ctx.unsupported(at, "a nested $schema naming another dialect than the root's "
-                                           "is not supported")
         if key in ("$id", "id", "$anchor", "$dynamicAnchor", "$schema") and not isinstance(value, str):
             raise self.ctx.invalid(at, f"{key} must be a string")
         if key in ("$defs", "definitions") and not isinstance(value, dict):
@@ -175,10 +204,22 @@ class Reader:
         if not isinstance(ref, str):
             raise self.ctx.invalid(at, "$ref must be a string")
         target_ptr = self.doc.resolve(ref, pointer, at)
+        target = self.doc.lookup(target_ptr, at)
+        # The dialect the target is read in: its own $schema, else the one in force here.
+        own = target.get("$schema") if isinstance(target, dict) else None
+        dialect = (dialect_of(own) if isinstance(own, str) else None) or self.dialect
         if target_ptr not in self.graph.defs:
-            target = self.doc.lookup(target_ptr, at)
+            self._def_dialects[target_ptr] = dialect
             self.graph.begin(target_ptr)
-            self.graph.defs[target_ptr] = self.read(target, target_ptr, depth)
+            outer, self.dialect = self.dialect, dialect
+            try:
+                self.graph.defs[target_ptr] = self.read(target, target_ptr, depth)
+            finally:
+                self.dialect = outer
+        elif self._def_dialects.get(target_ptr, dialect) is not dialect:
+            raise self.ctx.unsupported(at, f"reference {ref!r} is reached in dialects "
+                                           f"{self._def_dialects[target_ptr].name} and "
+                                           f"{dialect.name}, which read it differently")
         return Ref(target_ptr)
 
     # -- finite values -----------------------------------------------------------------------

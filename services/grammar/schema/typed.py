@@ -37,10 +37,10 @@ def _is_number(v: Any) -> bool:
 
 def own_node(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
     """The union over the allowed types of each type's own assertions."""
-    if "type" not in s and not any(k in s for k in TYPE_SPECIFIC):
+    fmt = _format(r, s, pointer)
+    if "type" not in s and fmt is None and not any(k in s for k in TYPE_SPECIFIC - {"format"}):
         return ANY
     types = _types(r, s, pointer)
-    fmt = _format(r, s, pointer)
     branches: list[Node] = []
     for t in types:
         if t == "integer" and "number" in types:
@@ -83,10 +83,18 @@ def _format(r: "Reader", s: dict, pointer: str) -> str | None:
     name = s["format"]
     if not isinstance(name, str):
         raise r.ctx.invalid(at, "format must be a string")
-    if name not in formats.KNOWN:
+    if name in formats.KNOWN:
+        return name
+    if name in formats.SPEC_UNREDUCED:
         raise r.ctx.unsupported(at, f"format {name!r} is not supported (known formats: "
                                     f"{', '.join(sorted(formats.KNOWN))})")
-    return name
+    meant = formats.resembles(name)
+    if meant is not None:
+        raise r.ctx.unsupported(at, f"unknown format {name!r} looks like the format {meant!r} (it "
+                                    "would be ignored as an annotation)")
+    # No specification defines it: an annotation (formats.py), listed, never silently dropped.
+    r.annotations.add(f"format:{name}")
+    return None
 
 
 def count(r: "Reader", s: dict, key: str, pointer: str) -> int | None:
@@ -165,7 +173,7 @@ def _string(r: "Reader", s: dict, pointer: str, fmt: str | None) -> Node:
     elif fmt is not None and fmt not in formats.STRING_NO_CONSTRAINT and "type" in s and \
             s["type"] == "string":
         raise r.ctx.unsupported(child(pointer, "format"), f"format {fmt!r} does not apply to strings")
-    return string_type(lo, hi, patterns)
+    return r.graph.satisfiable(string_type(lo, hi, patterns))
 
 
 def _array(r: "Reader", s: dict, pointer: str, depth: int) -> Node:

@@ -1,4 +1,6 @@
-"""The arguments of `infernix bench decode` (imports nothing heavy: `--help` answers at once)."""
+"""The arguments of `infernix bench decode`, `infernix bench spec` and `infernix bench prefix`
+(imports nothing heavy:
+`--help` answers at once)."""
 
 from __future__ import annotations
 
@@ -39,3 +41,59 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=_run)
+
+
+def _run_spec(args: argparse.Namespace) -> int:
+    from services.worker.bench.spec import run
+
+    return run(args)
+
+
+def _run_prefix(args: argparse.Namespace) -> int:
+    from services.worker.bench.prefix import run
+
+    return run(args)
+
+
+def add_spec_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("spec", help="speculative decoding against ordinary decoding, as JSON",
+                       description="n-gram copy and the oracle proposer (the target's own greedy "
+                       "continuation) on copy-heavy structured tasks, constrained and not: "
+                       "speed-up, accepted length, exposed draft wait, greedy equality.")
+    p.add_argument("--model", choices=MODELS + ("qwen35-9b-random",), default="smollm2",
+                   help="default: smollm2 (qwen35-9b-random: with its MTP module, for --backends "
+                   "mtp)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--tasks", nargs="+", choices=("extract", "rewrite"),
+                   default=["extract", "rewrite"], help="default: extract rewrite")
+    p.add_argument("--backends", nargs="+", choices=("ngram", "oracle", "mtp", "dflash", "dflash2"),
+                   default=["ngram", "oracle"], help="default: ngram oracle (dflash, dflash2: a "
+                   "random-weight draft of the target's width, its cost per round)")
+    p.add_argument("--draft-layers", type=int, default=2,
+                   help="layers of the random DFlash draft (default: 2)")
+    p.add_argument("--num-draft-tokens", type=int, nargs="+", default=[2, 4], metavar="K",
+                   help="K values (default: 2 4)")
+    p.add_argument("--batch-size", type=int, default=1, help="concurrent requests (default: 1)")
+    p.add_argument("--max-tokens", type=int, default=96, help="output tokens per request "
+                   "(default: 96)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="ordinary decode without graphs")
+    p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
+    p.set_defaults(func=_run_spec)
+
+
+def add_prefix_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prefix", help="TTFT of a long shared prefix, cold and as a prefix-cache hit",
+                       description="Greedy requests that share a ~2,000-token document: the first "
+                       "prefills it all (cold), later ones find its KV blocks cached (hit); TTFT, "
+                       "cached tokens and TPOT of both, and a round with the cache off, as JSON.")
+    p.add_argument("--model", choices=MODELS, default="smollm2", help="default: smollm2")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--prefix-tokens", type=int, default=2000, help="shared prefix length (default: 2000)")
+    p.add_argument("--repeats", type=int, default=2, help="distinct documents, one cold request each (default: 2)")
+    p.add_argument("--hits", type=int, default=2, help="hit requests per document (default: 2)")
+    p.add_argument("--max-tokens", type=int, default=8, help="output tokens per request (default: 8)")
+    p.add_argument("--prefill-chunk", type=int, default=512, help="engine prefill chunk (default: 512)")
+    p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
+    p.set_defaults(func=_run_prefix)

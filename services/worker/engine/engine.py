@@ -12,7 +12,9 @@ Two sides, one boundary:
 
 One step:
 
-    retire cancelled / expired -> admit waiting into free lanes -> batch = schedule()
+    retire cancelled / expired -> admit waiting into free lanes (a thinking budget already spent
+    forces its close) -> batch = schedule()
+    -> [speculative: drafts for the decode rows (services/worker/spec)]
     -> pending = program.step(batch) -> postprocess.commit(pending)
 
 where the commit path (postprocess.py) previews every row, commits the Program's device state,
@@ -36,7 +38,9 @@ from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
 from services.worker.program import Program
 from services.worker.request import Request
-from shared.errors import DeadlineExceeded, InternalError, InvalidRequest, Overloaded
+from services.worker.spec import SpecCounters, check_backend, check_model, load_draft, make_drafter
+from shared.errors import (DeadlineExceeded, InternalError, InvalidRequest, Overloaded,
+                           ServiceUnavailable)
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
@@ -56,6 +60,11 @@ class EngineConfig:
     cuda_graphs: bool = True  # capture decode graphs per batch size on CUDA
     preempt_after_s: float | None = None  # pause a running request for one waiting this long
     max_waiting: int | None = None  # queued requests beyond the lanes; None: 4 x max_batch
+    speculative: str | None = None  # None, or a backend of services/worker/spec (ngram, ...)
+    num_draft_tokens: int = 4  # K: drafts per row and round when speculative, >= 1
+    draft_model: str | None = None  # checkpoint directory of a DFlash / DFlash2 draft model
+    prefix_cache: bool = True  # reuse cached KV blocks (+ hybrid state snapshots) of equal prefixes
+    kv_cache_tokens: int | None = None  # KV pool positions, at least every lane's full length
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -67,6 +76,11 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.preempt_after_s must be >= 0, got {self.preempt_after_s}")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError(f"EngineConfig.max_waiting must be >= 0, got {self.max_waiting}")
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"EngineConfig.num_draft_tokens must be >= 1, got "
+                             f"{self.num_draft_tokens}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
+            raise ValueError(f"EngineConfig.kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}")
 
     @property
     def waiting_limit(self) -> int:
@@ -77,7 +91,10 @@ class Engine:
     """Continuous batching over a fixed number of lanes (see the module docstring).
 
     `runtime`: the served model bundle. `grammar`: where constraints compile. Call `start()` before
-    submitting and `stop()` at the end (unfinished requests finish as cancelled)."""
+    submitting and `stop()` at the end (unfinished requests finish as cancelled). Raises
+    Unsupported(field="speculative" | "draft_model") for a speculative backend this build does
+    not run or a draft model that does not fit, InvalidRequest(field="draft_model") for a draft
+    directory that does not load."""
 
     def __init__(self, runtime, grammar: GrammarClient, config: EngineConfig = EngineConfig(),
                  metrics: WorkerMetrics | None = None) -> None:
@@ -85,12 +102,24 @@ class Engine:
         self.grammar = grammar
         self.config = config
         self.metrics = metrics if metrics is not None else WorkerMetrics()
+        check_backend(config.speculative, config.draft_model)
+        check_model(config.speculative, runtime.model)
+        self.speculation = SpecCounters()
+        self.finish_listeners: list = []  # fn(request) on the worker thread as each one ends
+        self._draft_wait_seen = 0.0  # Program.draft_wait_seconds already in the metrics
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
-                               cuda_graphs=config.cuda_graphs)
+                               max_drafts=config.num_draft_tokens if config.speculative else 0,
+                               mtp=config.speculative == "mtp",
+                               draft=load_draft(config.speculative, config.draft_model, runtime),
+                               cuda_graphs=config.cuda_graphs, prefix_cache=config.prefix_cache,
+                               kv_cache_tokens=config.kv_cache_tokens)
+        self.drafter = make_drafter(config.speculative, config.num_draft_tokens, self.program)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
-                                   on_admit=self.metrics.queue_seconds.observe)
-        self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget)
+                                   on_admit=self.metrics.queue_seconds.observe,
+                                   split_at_block=self.program.snapshot_block)
+        self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget,
+                                  self.speculation)
         self.steps = 0
         self._inbox: queue.Queue = queue.Queue()
         self._live: dict[str, Request] = {}
@@ -123,7 +152,8 @@ class Engine:
 
         Raises (before any event) what `prepare` raises, InvalidRequest(field="request_id") for
         an id already running, Overloaded(resource="waiting_queue") when `max_waiting` requests
-        already wait for a lane, InternalError when the engine is not running."""
+        already wait for a lane, ServiceUnavailable(service="worker") when the engine is not
+        running."""
         submitted = time.monotonic()
         self._check_running()
         self._admission()  # from here it counts as live: a burst cannot all pass at once
@@ -134,10 +164,10 @@ class Engine:
             job = Request(
                 request_id=request.request_id, prompt_ids=ready.prompt_ids,
                 sampling=ready.sampling, seed=ready.seed, session=ready.session,
-                sink=stream.push, max_new_tokens=ready.max_new_tokens, stop=ready.stop,
+                sink=stream.push, max_new_tokens=ready.max_new_tokens, output=ready.output,
                 stop_token_ids=frozenset(request.options.stop_token_ids),
                 deadline=ready.deadline, timeout_s=request.options.timeout_s,
-                submitted_at=submitted, tool_stream=ready.tool_stream,
+                submitted_at=submitted, thinking_budget=ready.thinking_budget,
                 constraint_kind=ready.constraint_kind)
             self._check_running()  # compilation may have outlived the engine
             with self._lock:
@@ -173,11 +203,18 @@ class Engine:
         return len(self.runtime.prepare(prompt).token_ids)
 
     def health(self) -> dict:
+        stats = self.program.blocks.stats
         return {"status": "ok" if self._running else "stopped", "model": self.runtime.name,
                 "device": str(self.program.device), "max_batch": self.program.max_batch,
                 "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
                 "waiting": len(self.scheduler.waiting), "preparing": self._preparing,
-                "steps": self.steps}
+                "steps": self.steps,
+                "prefix_cache": {"enabled": self.program.prefix_cache,
+                                 "hit_rate": round(stats.hit_rate, 4),
+                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions},
+                **({"speculative": self.config.speculative,
+                    "speculation": self.speculation.to_dict(self.program.draft_wait_seconds)}
+                   if self.drafter else {})}
 
     def _admission(self) -> None:
         """A bounded waiting queue: beyond it the caller is told to come back (issue 12). An
@@ -195,12 +232,15 @@ class Engine:
                          f"{retry:.0f} s", resource="waiting_queue", retry_after_s=round(retry, 1))
 
     def _check_running(self) -> None:
-        if not self._running:
-            raise InternalError("the engine is not running")
+        if not self._running:  # stopped (or its thread failed): another worker may serve it
+            raise ServiceUnavailable("the engine is not running", service="worker",
+                                     retry_after_s=1.0)
 
     def _forget(self, job: Request) -> None:
         with self._lock:
             self._live.pop(job.request_id, None)
+        for listener in self.finish_listeners:  # e.g. the benchmark's oracle recording
+            listener(job)
         # Mean time in the engine of recent requests (the Retry-After estimate of a full queue).
         duration = time.monotonic() - (job.enqueued_at or job.submitted_at)
         self._mean_duration_s += 0.1 * (duration - self._mean_duration_s)
@@ -213,14 +253,30 @@ class Engine:
         preempted = self.scheduler.admit(self.program)
         if preempted:
             self.metrics.preemptions.inc(preempted)
+        blocks = self.program.blocks
+        self.metrics.prefix_cache(blocks.stats, free_blocks=blocks.free_blocks,
+                                  cached_blocks=blocks.cached_blocks)
+        for job in list(self.scheduler.resident):  # a thinking budget of 0: closed before any sample
+            if job.thinking_due:
+                self.post.force_close(job)
         batch = self.scheduler.schedule()
         if batch is None:
             self.post.flush()
             return False
+        if self.drafter is not None and batch.is_decode:
+            batch = self._draft(batch)
         self.steps += 1
         try:
             # the previous step's events go out once this step's forward is launched
-            pending = self.program.step(batch, on_launch=self.post.flush)
+            launched = []
+
+            def on_launch() -> None:
+                launched.append(True)
+                self.post.flush()
+
+            pending = self.program.step(batch, on_launch=on_launch)
+            if not launched:  # a route that never reported its launch (speculative rounds)
+                self.post.flush()
         except Exception as exc:  # the round failed as a whole: its rows fail, nothing commits
             log.exception("program_step_failed")
             self.post.fail_batch(batch, InternalError(f"the batch step failed: {exc}"))
@@ -229,9 +285,23 @@ class Engine:
         self.post.commit(pending)
         if not self.program.cuda:  # a CPU forward is synchronous: holding the events gains nothing
             self.post.flush()
+        waited = self.program.draft_wait_seconds  # a draft model's waits, counted by the Program
+        if waited > self._draft_wait_seen:
+            self.metrics.spec_draft_wait_seconds.inc(waited - self._draft_wait_seen)
+            self._draft_wait_seen = waited
         self.metrics.lanes_in_use.set(len(self.scheduler.resident))
         self.metrics.queue_depth.set(len(self.scheduler.waiting))
         return True
+
+    def _draft(self, batch):
+        """Drafts on the host before the verify forward (n-gram: the host-launched route); the
+        time the rows waited for them is exposed."""
+        batch, seconds = self.drafter.attach(batch, self.program.max_len)
+        self.speculation.draft_seconds += seconds
+        self.metrics.spec_draft_wait_seconds.inc(seconds)
+        for row in batch.rows:
+            row.request.session.add_draft_wait(seconds)
+        return batch
 
     def _retire(self, now: float) -> None:
         for job in self.scheduler.live():

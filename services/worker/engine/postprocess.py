@@ -13,7 +13,9 @@ before the worker idles; on the CPU at the end of each step. Each stream's order
 Failure rules (design document, section 5):
 - a row whose request was cancelled commits nothing of the round and finishes as cancelled;
 - a row whose result is a constraint dead end or non-finite logits commits zero tokens and
-  finishes with its error, while the other rows commit;
+  finishes with its error, while the other rows commit (in a verification round too, however
+  many drafts it verified);
+- a verification row commits the model state of its anchor and accepted prefix only (`_kept`);
 - when a preview fails (the matcher refuses a token its own mask allowed), every preview of the
   batch is restored and the round aborts: nothing commits, the failing row finishes with the
   internal error, the others run the same step again;
@@ -33,8 +35,9 @@ from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request, RequestState
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import Outbox
+from services.worker.spec.drafter import SpecCounters
 from shared.errors import InfernixError, InternalError
-from shared.generation import Finished, FinishReason, GenerationEvent, TextDelta, Usage
+from shared.generation import Finished, FinishReason, GenerationEvent, Usage
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
 
@@ -62,12 +65,14 @@ class Postprocessor:
     (the Engine forgets it there)."""
 
     def __init__(self, program: Program, scheduler: Scheduler, metrics: WorkerMetrics,
-                 on_terminal: Callable[[Request], None]) -> None:
+                 on_terminal: Callable[[Request], None],
+                 speculation: SpecCounters | None = None) -> None:
         self.program = program
         self.scheduler = scheduler
         self.metrics = metrics
         self._on_terminal = on_terminal
         self._outbox = Outbox()  # published events until the next flush()
+        self.speculation = speculation if speculation is not None else SpecCounters()
 
     # ---------------------------------------------------------------- the commit path
 
@@ -80,7 +85,7 @@ class Postprocessor:
             i = round_.aborted_by
             self.finish(rows[i].request, FinishReason.ERROR, round_.failures[i])
             return
-        kept = {i: len(row.tokens) for i, row in enumerate(rows)
+        kept = {i: _kept(row, round_.previews.get(i)) for i, row in enumerate(rows)
                 if not row.request.cancel_requested and i not in round_.failures}
         try:
             self.program.commit(pending, kept)
@@ -90,8 +95,8 @@ class Postprocessor:
                 rows[i].request.session.discard()
             self.fail_batch(pending.batch, InternalError(f"commit failed: {exc}"))
             return
-        for i in kept:
-            self._confirm(pending, i, round_.previews.get(i))
+        for i, n in kept.items():
+            self._confirm(pending, i, round_.previews.get(i), n)
         self._publish(pending.batch, round_)
 
     def flush(self) -> None:
@@ -116,6 +121,9 @@ class Postprocessor:
             cut = next((k for k, t in enumerate(tokens) if t in job.stop_token_ids), None)
             result = job.session.preview(tokens if cut is None else tokens[:cut],
                                          limit=job.remaining, position=job.num_output_tokens)
+            if result.failure is None and row.num_drafts and job.output.stop is not None \
+                    and result.accepted > 1 and job.output.would_stop(tokens[:result.accepted]):
+                result = self._shortest_stop(job, tokens if cut is None else tokens[:cut])
             if result.failure is not None:
                 round_.failures[i] = result.failure
                 round_.aborted_by = i
@@ -125,7 +133,20 @@ class Postprocessor:
                                           stop_id)
         return round_
 
-    def _confirm(self, pending: PendingBatch, i: int, preview: _Preview | None) -> None:
+    @staticmethod
+    def _shortest_stop(job: Request, tokens: list[int]) -> PreviewResult:
+        """A verify row whose round completes a stop string: the shortest prefix that does, so
+        the ledger ends where ordinary decoding's would (one token at a time)."""
+        job.session.discard()
+        for n in range(1, len(tokens) + 1):
+            result = job.session.preview(tokens[:n], limit=job.remaining,
+                                         position=job.num_output_tokens)
+            if result.failure is not None or n == len(tokens) or job.output.would_stop(tokens[:n]):
+                return result
+            job.session.discard()
+        raise AssertionError("unreachable: the last prefix returns")
+
+    def _confirm(self, pending: PendingBatch, i: int, preview: _Preview | None, kept: int) -> None:
         row = pending.batch.rows[i]
         job = row.request
         if preview is not None:
@@ -133,7 +154,16 @@ class Postprocessor:
             nbytes = pending.results[i].mask_bytes
             if nbytes:
                 job.session.add_upload_bytes(nbytes)
-        job.commit(row.end, preview.tokens if preview is not None else [])
+            if row.num_drafts:
+                accepted = min(pending.results[i].accepted_drafts, len(preview.tokens))
+                job.session.add_verify_round(row.num_drafts, accepted)
+                spec = self.speculation
+                spec.rounds, spec.drafts = spec.rounds + 1, spec.drafts + row.num_drafts
+                spec.accepted, spec.tokens = spec.accepted + accepted, spec.tokens + len(preview.tokens)
+                self.metrics.spec_rounds.inc()
+                self.metrics.spec_drafts.labels(result="proposed").inc(row.num_drafts)
+                self.metrics.spec_drafts.labels(result="accepted").inc(accepted)
+        job.commit(row.start + kept, preview.tokens if preview is not None else [])
 
     def _publish(self, batch: StepBatch, round_: _Round) -> None:
         now = time.monotonic()
@@ -147,30 +177,41 @@ class Postprocessor:
                 preview = round_.previews[i]
                 if job.first_token_at is None:
                     job.first_token_at = now
-                self._emit_text(job, preview.result.text)
-                if preview.result.terminated or preview.stop_id or \
-                        (job.stop is not None and job.stop.stopped):
+                self._emit(job, preview.tokens[:preview.result.accepted])
+                if preview.result.terminated or preview.stop_id or job.output.stopped:
                     self.finish(job, FinishReason.STOP)
                 elif preview.result.length_cut:
                     self.finish(job, FinishReason.LENGTH)
+                elif job.thinking_due:
+                    self.force_close(job)
+
+    def force_close(self, job: Request) -> None:
+        """The thinking budget ran out: force the close sequence (design document: "the control
+        string is injected after a committed round"; "Control strings call no sampler and consume
+        no sampling RNG; they count toward the output budget as before"). The matcher's
+        forced-control preview checks the whole sequence first; the tokens join the committed
+        ledger (the lane's model state reads them with the next step's prefill), and only then
+        are matcher and decoder confirmed and the close published (framing: nothing to see)."""
+        forced = list(job.output.forced_close())
+        if len(forced) > job.remaining:  # the output budget cannot hold the close
+            self.finish(job, FinishReason.LENGTH)
+            return
+        result = job.session.preview_forced(forced, limit=job.remaining,
+                                            position=job.num_output_tokens)
+        if result.failure is not None:
+            self.finish(job, FinishReason.ERROR, result.failure)
+            return
+        job.append_forced(forced)
+        job.session.confirm()
+        self.metrics.forced_closes.inc()
+        self._emit(job, forced)
+        if result.length_cut:
+            self.finish(job, FinishReason.LENGTH)
 
     # ---------------------------------------------------------------- publication
 
-    def _emit_text(self, job: Request, text: str) -> None:
-        if job.stop is not None:
-            text = job.stop.feed(text)
-        if not text:
-            return
-        if job.tool_stream is None:
-            job.published.append(text)
-            self._send(job, TextDelta(text))
-            return
-        self._send_tool_events(job, job.tool_stream.feed(text))
-
-    def _send_tool_events(self, job: Request, events: list) -> None:
-        for event in events:
-            if isinstance(event, TextDelta):
-                job.published.append(event.text)
+    def _emit(self, job: Request, tokens: list[int]) -> None:
+        for event in job.output.feed(tokens):
             self._send(job, event)
 
     def _send(self, job: Request, event: GenerationEvent) -> None:
@@ -186,25 +227,20 @@ class Postprocessor:
             return
         session = job.session
         if not session.finished:
-            self._emit_text(job, session.finish_incomplete())
-        if job.stop is not None:
-            tail = job.stop.flush()
-            if tail:
-                job.published.append(tail)
-                self._send(job, TextDelta(tail))
-        calls: tuple = ()
-        if job.tool_stream is not None:
-            try:
-                self._send_tool_events(job, job.tool_stream.finish(complete=session.ended_normally))
-            except InternalError as exc:  # the grammar confirmed a call the decoder cannot read
-                reason, error = FinishReason.ERROR, exc
-            except Exception as exc:  # a decoder bug fails this request, never the engine thread
-                log.exception("tool_stream_finish_failed", request_id=job.request_id)
-                reason, error = FinishReason.ERROR, InternalError(
-                    f"reading the tool calls failed: {type(exc).__name__}: {exc}")
-            calls = job.tool_stream.tool_calls()
-            if calls and reason is FinishReason.STOP:
-                reason = FinishReason.TOOL_CALLS
+            session.finish_incomplete()  # the publication decoder flushes the held text
+        output = job.output
+        try:
+            for event in output.finish(complete=session.ended_normally):
+                self._send(job, event)
+        except InternalError as exc:  # the grammar confirmed a call the decoder cannot read
+            reason, error = FinishReason.ERROR, exc
+        except Exception as exc:  # a decoder bug fails this request, never the engine thread
+            log.exception("tool_stream_finish_failed", request_id=job.request_id)
+            reason, error = FinishReason.ERROR, InternalError(
+                f"reading the tool calls failed: {type(exc).__name__}: {exc}")
+        calls = output.tool_calls()
+        if calls and reason is FinishReason.STOP:
+            reason = FinishReason.TOOL_CALLS
         if job.lane is not None:
             self.program.release_lane(job.lane)
             job.lane = None
@@ -212,13 +248,16 @@ class Postprocessor:
         job.state = RequestState.TERMINAL
         self._on_terminal(job)
         report = session.report()
-        if report is not None and job.tool_stream is not None:
-            report = dataclasses.replace(report, branch=job.tool_stream.branch)
+        if report is not None and output.branch is not None:
+            report = dataclasses.replace(report, branch=output.branch)
         constraint = report.to_dict() if report is not None else None
         timings = _timings(job)
-        stop_sequence = job.stop.matched if job.stop is not None else None
-        self._send(job, Finished(reason, Usage(job.num_prompt_tokens, job.num_output_tokens),
-                                 content=job.content(), tool_calls=calls, constraint=constraint,
+        stop_sequence = output.stop.matched if output.stop is not None else None
+        usage = Usage(job.num_prompt_tokens, job.num_output_tokens,
+                      cached_tokens=job.num_cached_prompt, reasoning_tokens=output.reasoning_tokens)
+        self._send(job, Finished(reason, usage,
+                                 content=output.content(), reasoning=output.reasoning(),
+                                 tool_calls=calls, constraint=constraint,
                                  error=error.to_dict() if error is not None else None,
                                  timings=timings, stop_sequence=stop_sequence))
         decode_tokens = job.num_output_tokens - 1
@@ -228,8 +267,20 @@ class Postprocessor:
             mask_seconds=report.mask_seconds + report.rollback_seconds if report is not None else 0.0,
             prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens)
         log.info("request_done", request_id=job.request_id, finish_reason=reason.value,
-                 prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens,
+                 prompt_tokens=job.num_prompt_tokens, cached_tokens=job.num_cached_prompt,
+                 completion_tokens=job.num_output_tokens,
                  error=error.type_name if error is not None else None, constraint=constraint)
+
+
+def _kept(row, preview: _Preview | None) -> int:
+    """Fed tokens whose model state the commit keeps. An ordinary row keeps all it fed; a
+    verification row the anchor and the drafts before its last committed token: for m committed
+    tokens (accepted drafts, then the correction or bonus) the first m fed ones, so the lane stays
+    one token behind the ledger."""
+    if not row.num_drafts:
+        return len(row.tokens)
+    committed = len(preview.tokens) if preview is not None else 0
+    return max(1, min(len(row.tokens), committed))
 
 
 def _timings(job: Request) -> dict[str, float]:

@@ -13,15 +13,20 @@ import asyncio
 import secrets
 from dataclasses import dataclass
 
-from services.grammar.client import GrammarClient, ToolSpec, needs_tool_grammar
+from services.grammar.client import (
+    GrammarClient, NameIndex, ParameterNameConstraint, ToolSpec, argument_codings,
+    needs_tool_grammar,
+)
+from services.worker.output.publication import Publication
 from services.worker.output.session import OutputSession
 from services.worker.output.stop_strings import StopStrings
 from services.worker.runtime import ModelRuntime, resolve_sampling
 from shared.contract import ToolMode, validate_tools
 from shared.errors import ConflictingConstraint, ConstraintDeadEnd, InvalidRequest, Unsupported
+from shared.frontends.formats import qwen_xml
 from shared.frontends.formats.hermes import ToolStream
-from shared.frontends.frontend import PreparedPrompt
-from shared.frontends.token_domain import TokenDomain
+from shared.frontends.frontend import Frontend, PreparedPrompt
+from shared.frontends.thinking import REASONING
 from shared.generation import GenerateRequest, SamplingParams
 
 
@@ -35,8 +40,8 @@ class PreparedRequest:
     max_new_tokens: int  # >= 1: max_tokens, or (none given) what the lane holds after the prompt
     sampling: SamplingParams  # resolved against the model's defaults
     seed: int
-    stop: StopStrings | None
-    tool_stream: ToolStream | None
+    output: Publication  # the publication decoder: phases, stop strings, tool stream
+    thinking_budget: int | None  # reasoning tokens before the close is forced (None: no budget)
     constraint_kind: str  # metrics label
     deadline: float | None  # time.monotonic() seconds
 
@@ -55,7 +60,7 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
     if request.model != runtime.name:
         raise InvalidRequest(f"model {request.model!r} is not served here; expected "
                              f"{runtime.name!r}", field="model")
-    tool_spec = check_options(request, runtime.domain)
+    tool_spec = check_options(request, runtime.frontend)
     prompt = await asyncio.to_thread(runtime.prepare, request.prompt)
     room = max_len - len(prompt.token_ids) + 1
     if room < 1:
@@ -67,33 +72,48 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
             f"tokens and the context holds {max_len}: at most {room} output tokens fit",
             field="max_tokens")
     budget = options.max_tokens or room
-    session = await _output_session(request, prompt, tool_spec, runtime=runtime, grammar=grammar)
+    # Off the loop: a strict XML tool's value coding reduces its schema, as its grammar does.
+    tools = await asyncio.to_thread(_tool_stream, request, tool_spec, runtime)
+    # With tools active a continued assistant message is read as tokens: a tool grammar is
+    # token-level in its free text and call openers (a spelled opener is its token; a completed
+    # call in the prefix is refused there), and the decoder reads the call it leaves open.
+    prefix_tokens = runtime.frontend.continuation_tokens(prompt.prefix) \
+        if prompt.prefix and tools is not None else ()
+    session = await _output_session(request, prompt, tool_spec, prefix_tokens, runtime=runtime,
+                                    grammar=grammar)
     constrained = session.constrained
     seed = options.sampling.seed
+    output = Publication(runtime.frontend.phase_decoder(prompt.phase),
+                         stop=StopStrings(options.stop) if options.stop else None, tools=tools)
+    if prefix_tokens:
+        output.continue_from(prefix_tokens)
     return PreparedRequest(
         request=request, prompt_ids=prompt.token_ids, session=session, max_new_tokens=budget,
         sampling=resolve_sampling(options.sampling, runtime.defaults, constrained),
-        seed=seed if seed is not None else secrets.randbits(63),
-        stop=StopStrings(options.stop) if options.stop else None,
-        tool_stream=_tool_stream(request, tool_spec, runtime),
+        seed=seed if seed is not None else secrets.randbits(63), output=output,
+        thinking_budget=options.thinking_budget if prompt.phase == REASONING else None,
         constraint_kind=_constraint_kind(request, tool_spec),
         deadline=submitted + options.timeout_s if options.timeout_s else None)
 
 
-def check_options(request: GenerateRequest, domain: TokenDomain) -> ToolSpec | None:
-    """Reject bad option combinations; returns the tool spec when a tool grammar applies.
+def check_options(request: GenerateRequest, frontend: Frontend) -> ToolSpec | None:
+    """Reject bad option combinations; returns the tool spec when a tool grammar applies (the
+    model's tool format decides whether `none` is a grammar: a control-token opener can be
+    forbidden, a text opener cannot).
 
     Raises InvalidToolDefinition / InvalidRequest (tools, tool_choice, stop_token_ids),
     Unsupported (tools with a raw text prompt), ConflictingConstraint (stop strings or stop ids
     with a constrained output, a GBNF/regex/choice constraint with active tools)."""
     options, prompt = request.options, request.prompt
+    domain = frontend.domain
     tool_spec = None
     if prompt.tools:
         validate_tools(prompt.tools, options.tool_choice)
         if prompt.text is not None and options.tool_choice.mode is not ToolMode.NONE:
             raise Unsupported("tools need chat messages; a raw text prompt has no tool framing",
                               field="tools")
-        if needs_tool_grammar(prompt.tools, options.tool_choice, options.constraint):
+        if needs_tool_grammar(prompt.tools, options.tool_choice, options.constraint,
+                              opener_is_token=frontend.tool_format.opener_is_token):
             tool_spec = ToolSpec(prompt.tools, options.tool_choice, options.constraint)
     if options.constraint is not None or tool_spec is not None:
         for name in ("stop", "stop_token_ids"):
@@ -112,14 +132,33 @@ def _tool_stream(request: GenerateRequest, tool_spec: ToolSpec | None,
                  runtime: ModelRuntime) -> ToolStream | None:
     """The call decoder of the model's tool format: constrained with a tool grammar, free when
     tools are declared but nothing is enforced, absent without active tools."""
-    new_stream = runtime.frontend.tool_format.stream
+    fmt = runtime.frontend.tool_format
+    codings = None
     if tool_spec is not None:
+        if fmt.framing == qwen_xml.FRAMING:  # the value contract the grammar was built from
+            codings = argument_codings(tool_spec.allowed())
         # With a JSON union the decoder still reads calls; JSON content has no opener.
-        return new_stream(constrained=True)
+        return fmt.stream(constrained=True, codings=codings)
     prompt = request.prompt
     if prompt.tools and request.options.tool_choice.mode is not ToolMode.NONE:
-        return new_stream(constrained=False)
+        if fmt.framing == qwen_xml.FRAMING:
+            codings = argument_codings(prompt.tools)
+        return fmt.stream(constrained=False, codings=codings)
     return None
+
+
+def _name_constraint(tool_spec: ToolSpec | None,
+                     frontend: Frontend) -> ParameterNameConstraint | None:
+    """The ParameterNameConstraint companion of an XML tool grammar with a non-strict tool that
+    can be called (design document: it "runs only when a non-strict tool is declared"; strict
+    arguments follow their declared order, which forbids repeats already)."""
+    if tool_spec is None or frontend.tool_format.framing != qwen_xml.FRAMING \
+            or tool_spec.choice.mode is ToolMode.NONE \
+            or all(t.strict for t in tool_spec.allowed()):
+        return None
+    domain = frontend.domain
+    return ParameterNameConstraint(NameIndex.of(domain), domain.special_id(qwen_xml.CALL_OPEN),
+                                   domain.special_id(qwen_xml.CALL_CLOSE))
 
 
 def _constraint_kind(request: GenerateRequest, tool_spec: ToolSpec | None) -> str:
@@ -131,23 +170,26 @@ def _constraint_kind(request: GenerateRequest, tool_spec: ToolSpec | None) -> st
 
 
 async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
-                          tool_spec: ToolSpec | None, *, runtime: ModelRuntime,
-                          grammar: GrammarClient) -> OutputSession:
+                          tool_spec: ToolSpec | None, prefix_tokens: tuple[int, ...], *,
+                          runtime: ModelRuntime, grammar: GrammarClient) -> OutputSession:
     """A tool grammar (tools active), else the content constraint, else none. Raises the
     GrammarClient's typed errors, and ConstraintDeadEnd when nothing is legal at position 0."""
-    domain = runtime.domain
+    domain, frontend = runtime.domain, runtime.frontend
     constraint = tool_spec if tool_spec is not None else request.options.constraint
     if constraint is None:
         return OutputSession(domain, None)
-    result = await grammar.compile(constraint, model=runtime.name)
+    framing = frontend.output_framing(prompt.phase, tools=tool_spec is not None)
+    result = await grammar.compile(constraint, model=runtime.name, framing=framing)
     compiled = result.grammar
     stats = result.stats
 
     def make() -> OutputSession:
         session = OutputSession(domain, compiled, prefix=prompt.prefix, cache=stats.hit,
+                                prefix_tokens=prefix_tokens if tool_spec is not None else (),
                                 built=stats.built, waited=stats.waited,
                                 compile_ms=stats.compile_ms,
-                                branch="undecided" if tool_spec is not None else "content")
+                                branch="undecided" if tool_spec is not None else "content",
+                                names=_name_constraint(tool_spec, frontend))
         if not (session.may_end or session.can_continue):
             raise ConstraintDeadEnd("the constraint allows no token at output position 0",
                                     position=0)

@@ -1,8 +1,8 @@
 """A Llama-family dense decoder (Llama, Qwen2, Qwen3) for a serving engine with resident lanes.
 
-Every forward writes the keys and values of its tokens into the preallocated `KVCache` at the
-given positions of each row's lane, then attends each query at position p to the lane's cached
-positions 0..p. The same call serves
+Every forward writes the keys and values of its tokens into the preallocated paged `KVCache` at
+the given positions of each row's lane, then attends each query at position p to the lane's cached
+positions 0..p through the lane's block table (models/kv_cache.py). The same call serves
 
 - prefill of a chunk: tokens [B, T] at positions start_b .. start_b + T - 1, causal inside the chunk
   and attending to what earlier chunks cached;
@@ -29,7 +29,7 @@ from torch import nn
 from services.worker.models import layers as ops
 from services.worker.models.config import ModelConfig
 from services.worker.models.fused_linear import fuse_linears, project
-from services.worker.models.kv_cache import KVCache
+from services.worker.models.kv_cache import KVCache, PagedRows
 from services.worker.models.layers import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
 from services.worker.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
@@ -77,21 +77,13 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.fused = False  # DenseDecoder.fuse_projections sets it
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
-                visible: torch.Tensor, kv_len: int) -> torch.Tensor:
-        # x: [B, T, hidden]; cos, sin: [B, T, D/2]; k_cache, v_cache: [lanes, max_len, Hkv, D]
-        # lanes: [B]; positions: [B, T]; visible: [B, 1, T, kv_len] bool
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
+                rows: PagedRows) -> torch.Tensor:
+        # x: [B, T, hidden]; cos, sin: [B, T, D/2]; rows: the forward's view of its KV (cache.rows)
         B, T, _ = x.shape
         q, k, v = self.qkv(x, cos, sin)  # [B, T, H, D], [B, T, Hkv, D], [B, T, Hkv, D]
-        k_cache[lanes[:, None], positions] = k.to(k_cache.dtype)
-        v_cache[lanes[:, None], positions] = v.to(v_cache.dtype)
-        keys = k_cache[lanes, :kv_len].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
-        values = v_cache[lanes, :kv_len].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=visible, enable_gqa=self.num_heads != self.num_kv_heads
-        )  # [B, H, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
+        out = cache.attend(layer, q, k, v, rows)  # [B, T, H, D]
+        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q, k (normed when the model has q/k norms, rotated) and v of x [B, T, hidden]."""
@@ -204,16 +196,19 @@ class DenseDecoder(nn.Module):
     def max_len_for_budget(self, lanes: int, budget_bytes: int, dtype: torch.dtype) -> int:
         """The longest lanes whose KV fits `budget_bytes`, capped at the model's context. Raises
         ValueError when not even one position per lane fits."""
-        per_lane = KVCache.tokens_for_budget(self.config, budget_bytes, dtype) // max(lanes, 1)
+        per_lane = KVCache.positions_for_budget(self.config, max(lanes, 1), budget_bytes, dtype)
         if per_lane <= 0:
             raise ValueError(f"a KV budget of {budget_bytes} bytes holds no position for {lanes} "
                              f"lanes ({KVCache.bytes_per_token(self.config, dtype)} bytes per token)")
         return min(per_lane, self.config.max_position_embeddings)
 
     def new_state(self, lanes: int, max_len: int, *, dtype: torch.dtype,
-                  device: torch.device | str) -> KVCache:
-        """The per-lane state of this model: its KV cache (models/state.py)."""
-        return KVCache.allocate(self.config, lanes, max_len, dtype, device)
+                  device: torch.device | str, num_blocks: int | None = None,
+                  verify_width: int = 0) -> KVCache:
+        """The per-lane state of this model: its paged KV cache (models/state.py; num_blocks:
+        default the lanes' full length, see `KVCache.create`). `verify_width` (the widest
+        verification) needs nothing here: KV past the kept positions is overwritten."""
+        return KVCache.allocate(self.config, lanes, max_len, dtype, device, num_blocks=num_blocks)
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -221,44 +216,55 @@ class DenseDecoder(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                      lanes: torch.Tensor, *, kv_len: int | None = None) -> torch.Tensor:
+                      lanes: torch.Tensor, *, kv_len: int | None = None,
+                      tap: tuple[int, ...] = ()) -> torch.Tensor:
         """Final normed hidden states [B, T, hidden] after writing this chunk into `cache`.
 
         tokens, positions: [B, T] int64; lanes: [B] int64, distinct; kv_len: a host-side bound with
-        every position < kv_len <= cache.max_len (default cache.max_len), so attention reads only the
-        first kv_len slots of each lane.
+        every position < kv_len <= cache.max_len (default cache.max_len); attention reads each row
+        through its block table up to the row's own position. tap: layer ids whose outputs (the
+        residual stream after the layer) are also returned, concatenated in that order: (final,
+        [B, T, len(tap) * hidden]) (a draft model's conditioning, models/dflash.py).
         """
         B, T = tokens.shape
         L = cache.max_len if kv_len is None else kv_len
         assert positions.shape == (B, T) and lanes.shape == (B,), (positions.shape, lanes.shape)
         assert 0 < L <= cache.max_len and cache.num_layers == self.config.num_layers
         cos, sin = rope_cos_sin(self.rope_w, positions, self.rope_scaling)  # [B, T, D/2] each
-        slots = torch.arange(L, device=tokens.device)  # [L]
-        visible = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, L]
+        rows = cache.rows(lanes, positions, L)
         x = self.model.embed_tokens(tokens)  # [B, T, hidden]
         if self._fused:
-            return self._fused_layers(x, cos, sin, cache, lanes, positions, visible, L)
+            return self._fused_layers(x, cos, sin, cache, rows, tap)
+        taps = {}
         for i, layer in enumerate(self.model.layers):
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache.keys(i), cache.values(i),
-                                    lanes, positions, visible, L)
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, rows)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in tap:
+                taps[i] = x
+        if tap:
+            return self.model.norm(x), torch.cat([taps[i] for i in tap], dim=-1)
         return self.model.norm(x)
 
-    def _fused_layers(self, x, cos, sin, cache, lanes, positions, visible, L) -> torch.Tensor:
+    def _fused_layers(self, x, cos, sin, cache, rows, tap):
         # The residual stream h is carried beside each sublayer's output `out`; every residual
         # add is fused with the norm that follows it: (n, h) = add_rms_norm(out, h). The stream
-        # after layer i is the h that layer i + 1's first add_rms_norm (or the final norm) forms.
+        # after layer i (what `tap` returns) is the h that layer i + 1's first add_rms_norm (or
+        # the final norm) forms.
         eps = self.config.rms_norm_eps
         layers = self.model.layers
         h = x
         n = ops.rms_norm(x, layers[0].input_layernorm.weight, eps)
+        taps = {}
         for i, layer in enumerate(layers):
-            out = layer.self_attn(n, cos, sin, cache.keys(i), cache.values(i), lanes, positions,
-                                  visible, L)
+            out = layer.self_attn(n, cos, sin, cache, i, rows)
             n, h = ops.add_rms_norm(out, h, layer.post_attention_layernorm.weight, eps)
             out = layer.mlp(n)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
             n, h = ops.add_rms_norm(out, h, nxt.weight, eps)
+            if i in tap:
+                taps[i] = h
+        if tap:
+            return n, torch.cat([taps[i] for i in tap], dim=-1)
         return n
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

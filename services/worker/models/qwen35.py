@@ -110,12 +110,13 @@ class Qwen35Model(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def new_state(self, lanes: int, max_len: int, *, dtype: torch.dtype, device: torch.device | str,
-                  verify_width: int = 0) -> Qwen35State:
-        """Allocate the state of `lanes` lanes of `max_len` positions (KV, GDN states, the MTP
-        layer's KV when present, and what verifying up to `verify_width` tokens needs). Raises
-        ValueError for non-positive sizes."""
+                  verify_width: int = 0, num_blocks: int | None = None) -> Qwen35State:
+        """Allocate the state of `lanes` lanes of `max_len` positions (paged KV of `num_blocks`
+        blocks, default the lanes' full length; GDN states, the MTP layer's KV when present, and
+        what verifying up to `verify_width` tokens needs). Raises ValueError for non-positive
+        sizes."""
         return Qwen35State(self.config, lanes, max_len, dtype=dtype, device=device, verify_width=verify_width,
-                           mtp=self.mtp is not None, gates=self._gates())
+                           mtp=self.mtp is not None, gates=self._gates(), num_blocks=num_blocks)
 
     def max_len_for_budget(self, lanes: int, budget_bytes: int, dtype: torch.dtype, *,
                            verify_width: int = 0) -> int:
@@ -140,11 +141,10 @@ class Qwen35Model(nn.Module):
         return [(layer.linear_attn.A_log, layer.linear_attn.dt_bias) for layer in self.model.layers
                 if layer.kind == "linear_attention"]
 
-    def _attention_inputs(self, positions: torch.Tensor, kv_len: int) -> tuple:
+    def _attention_inputs(self, positions: torch.Tensor, state: Qwen35State, lanes: torch.Tensor,
+                          kv_len: int) -> tuple:
         cos, sin = rope_cos_sin(self.rope_w, positions, self.rope_scaling)  # [B, T, rotary_dim/2] each
-        slots = torch.arange(kv_len, device=positions.device)  # [L]
-        visible = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, L]
-        return (cos, sin), visible
+        return (cos, sin), state.kv.rows(lanes, positions, kv_len)
 
     def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor, state: Qwen35State,
                       lanes: torch.Tensor, *, kv_len: int | None = None,
@@ -158,11 +158,11 @@ class Qwen35Model(nn.Module):
         L = state.max_len if kv_len is None else kv_len
         assert positions.shape == (B, T) and lanes.shape == (B,), (positions.shape, lanes.shape)
         assert 0 < L <= state.max_len and state.ssm.shape[0] == len(self.config.gdn_layers)
-        rope, visible = self._attention_inputs(positions, L)
+        rope, rows = self._attention_inputs(positions, state, lanes, L)
         step = state.begin(lanes, positions, num_tokens)
         x = self.model.embed_tokens(tokens)  # [B, T, hidden]
         for layer, index in zip(self.model.layers, self._index):
-            x = layer(x, state, index, lanes, step=step, rope=rope, positions=positions, visible=visible, kv_len=L)
+            x = layer(x, state, index, lanes, step=step, rope=rope, rows=rows)
         state.end(step)
         return self.model.norm(x)
 
@@ -192,10 +192,9 @@ class Qwen35Model(nn.Module):
         B, T = next_tokens.shape
         L = state.max_len if kv_len is None else kv_len
         assert hidden.shape[:2] == (B, T) and positions.shape == (B, T) and 0 < L <= state.max_len
-        rope, visible = self._attention_inputs(positions, L)
+        rope, rows = self._attention_inputs(positions, state, lanes, L)
         u = self.mtp.fuse(self.model.embed_tokens(next_tokens), hidden)
-        u = self.mtp.layers[0](u, state, state.mtp_layer, lanes, rope=rope, positions=positions, visible=visible,
-                               kv_len=L)
+        u = self.mtp.layers[0](u, state, state.mtp_layer, lanes, rope=rope, rows=rows)
         out = _gather(self.mtp.norm(u), logit_index)
         return self.logits(out), out
 

@@ -25,6 +25,7 @@ from services.worker.models.qwen35_config import Qwen35Config
 from services.worker.models.rope import apply_rope
 
 if TYPE_CHECKING:
+    from services.worker.models.kv_cache import KVCache, PagedRows
     from services.worker.models.qwen35_state import Qwen35State, StepIndex
 
 
@@ -69,10 +70,10 @@ class GatedAttention(nn.Module):
         r = self.rotary_dim
         return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-                kv_len: int) -> torch.Tensor:
-        # x: [B, T, hidden]; k_cache, v_cache: [lanes, max_len, Hkv, D]; visible: [B, 1, T, kv_len] bool
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache", layer: int,
+                rows: "PagedRows") -> torch.Tensor:
+        # x: [B, T, hidden]; cache: the paged KV of the attention layers, `layer` one of them;
+        # rows: the forward's view of its KV (cache.rows)
         B, T, _ = x.shape
         H, D = self.num_heads, self.head_dim
         qg, k, v = project(self, x, ATTENTION_PROJECTIONS)
@@ -83,14 +84,8 @@ class GatedAttention(nn.Module):
             q, k = ops.rope(self.q_norm(q), self.k_norm(k), cos, sin)
         else:
             q, k = self._rope(self.q_norm(q), cos, sin), self._rope(self.k_norm(k), cos, sin)
-        k_cache[lanes[:, None], positions] = k.to(k_cache.dtype)
-        v_cache[lanes[:, None], positions] = v.to(v_cache.dtype)
-        keys = k_cache[lanes, :kv_len].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
-        values = v_cache[lanes, :kv_len].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=visible, enable_gqa=H != self.num_kv_heads
-        )  # [B, H, T, D]
-        out = out.transpose(1, 2).reshape(B, T, H * D) * torch.sigmoid(gate)
+        out = cache.attend(layer, q, k, v, rows)  # [B, T, H, D]
+        out = out.reshape(B, T, H * D) * torch.sigmoid(gate)
         return self.o_proj(out)
 
 
@@ -129,17 +124,16 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, state: "Qwen35State", index: int, lanes: torch.Tensor, *,
                 step: "StepIndex | None" = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None, visible: torch.Tensor | None = None,
-                kv_len: int = 0) -> torch.Tensor:
+                rows: "PagedRows | None" = None) -> torch.Tensor:
         """x: [B, T, hidden]; index: the layer's ordinal among the state's GDN layers (which need
-        `step`) or among its KV layers (which need rope, positions, visible, kv_len); lanes: [B]."""
+        `step`) or among its KV layers (which need rope and rows = the forward's view of its KV,
+        `state.kv.rows`); lanes: [B]."""
         n = self.input_layernorm(x)
         if self.kind == "linear_attention":
             mixed = self.linear_attn(n, state, index, step)
         else:
             cos, sin = rope
-            mixed = self.self_attn(n, cos, sin, state.keys(index), state.values(index), lanes, positions,
-                                   visible, kv_len)
+            mixed = self.self_attn(n, cos, sin, state.kv, index, rows)
         norm = self.post_attention_layernorm
         if self.fused and ops.uses_kernels(x):  # the residual add fused with the norm
             m, h = ops.add_rms_norm(mixed, x, norm.weight, norm.eps, zero_centered=True)

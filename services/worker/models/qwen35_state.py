@@ -6,9 +6,9 @@ kept)` keeps, for row b, the state after its first kept[b] fed tokens; a step wh
 called leaves the committed state as it was. Layout (G GDN layers, A attention layers plus the
 MTP layer's when the model has one):
 
-- `kv: [A, 2, lanes, max_len, Hkv, D]`: as models/kv_cache.py, token p of lane l at [l, p]; what a
-  step writes past the kept positions lies beyond the committed frontier and is overwritten
-  before anything reads it.
+- `kv`: the paged KV of the A attention layers (models/kv_cache.py: blocks and a table per lane);
+  what a step writes past the kept positions lies beyond the committed frontier and is
+  overwritten before anything reads it.
 - `ssm: [G, 2 * lanes, Hv, dk, dv]` float32 and `conv: [G, 2 * lanes, C, K-1]` (model dtype): two
   slots per lane, `slot[lane]` the committed one. A forward reads the committed slot and writes the
   other; commit makes that one committed (flips), so an uncommitted step changes nothing.
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import gdn_ref
+from services.worker.models.kv_cache import KVCache, positions_for_budget
 from services.worker.models.qwen35_config import Qwen35Config
 
 
@@ -65,7 +66,8 @@ class Qwen35State:
 
     def __init__(self, config: Qwen35Config, lanes: int, max_len: int, *, dtype: torch.dtype,
                  device: torch.device | str, verify_width: int = 0, mtp: bool = False,
-                 gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+                 gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 num_blocks: int | None = None) -> None:
         if lanes <= 0:
             raise ValueError(f"lanes must be positive, got {lanes}")
         if max_len <= 0:
@@ -80,8 +82,8 @@ class Qwen35State:
         self.verify_width = verify_width
         kw = {"device": device}
         hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-        self.kv = torch.zeros(len(c.attention_layers) + int(mtp), 2, lanes, max_len, c.num_kv_heads, c.head_dim,
-                              dtype=dtype, **kw)
+        self.kv = KVCache.create(len(c.attention_layers) + int(mtp), c.num_kv_heads, c.head_dim, lanes, max_len,
+                                 dtype=dtype, device=device, num_blocks=num_blocks)
         self.ssm = torch.zeros(G, 2 * lanes, hv, dk, dv, dtype=torch.float32, **kw)
         self.conv = torch.zeros(G, 2 * lanes, c.conv_dim, c.linear_conv_kernel_dim - 1, dtype=dtype, **kw)
         self.slot = torch.zeros(lanes, dtype=torch.int64, **kw)  # [lanes] the committed slot
@@ -97,6 +99,7 @@ class Qwen35State:
             self.A_log = torch.stack([a.detach().float() for a, _ in gates]).to(device)  # [G, Hv]
             self.dt_bias = torch.stack([d.detach().float() for _, d in gates]).to(device)  # [G, Hv]
         self.mtp_layer = len(c.attention_layers) if mtp else None  # kv index of the MTP layer
+        self.snap_ssm = self.snap_conv = None  # prefix-cache snapshots (allocate_snapshots)
         self._last_width = 0  # T of the last forward (host side; checked on CPU only)
 
     @classmethod
@@ -111,12 +114,12 @@ class Qwen35State:
 
     @property
     def lanes(self) -> int:
-        return self.kv.shape[2]
+        return self.kv.lanes
 
     @property
     def max_len(self) -> int:
         """Positions each lane holds (a request's prompt plus output must fit)."""
-        return self.kv.shape[3]
+        return self.kv.max_len
 
     @property
     def device(self) -> torch.device:
@@ -128,9 +131,10 @@ class Qwen35State:
 
     @property
     def nbytes(self) -> int:
-        tensors = (self.kv, self.ssm, self.conv, self.slot, self.pending, self.last_len, self.last_reset, self.rx,
+        snaps = [t for t in (self.snap_ssm, self.snap_conv) if t is not None]
+        tensors = (*snaps, self.ssm, self.conv, self.slot, self.pending, self.last_len, self.last_reset, self.rx,
                    self.ry, self.ra, self.rb)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return self.kv.nbytes + sum(t.numel() * t.element_size() for t in tensors)
 
     @staticmethod
     def bytes_per_token(config: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False) -> int:
@@ -162,20 +166,52 @@ class Qwen35State:
     @classmethod
     def max_len_for_budget(cls, config: Qwen35Config, lanes: int, budget_bytes: int, dtype: torch.dtype, *,
                            verify_width: int = 0, mtp: bool = False) -> int:
-        """The longest lanes (positions) that `lanes` lanes fit in `budget_bytes`; 0 if none."""
+        """The longest lanes (positions, whole KV blocks) that `lanes` lanes fit in
+        `budget_bytes`; 0 if none."""
         if lanes <= 0 or budget_bytes < 0:
             raise ValueError(f"lanes must be positive and budget_bytes >= 0, got {lanes}, {budget_bytes}")
         free = budget_bytes - lanes * cls.bytes_per_lane(config, dtype, verify_width=verify_width)
-        return max(free, 0) // (lanes * cls.bytes_per_token(config, dtype, mtp=mtp))
+        return positions_for_budget(cls.bytes_per_token(config, dtype, mtp=mtp), lanes, max(free, 0))
 
     # ---------------------------------------------------------------- views
 
     def keys(self, layer: int) -> torch.Tensor:
-        """Keys of attention layer ordinal `layer`: [lanes, max_len, Hkv, D] (a view)."""
-        return self.kv[layer, 0]
+        """Keys of attention layer ordinal `layer`: [num_blocks, block_size, Hkv, D] (a view)."""
+        return self.kv.keys(layer)
 
     def values(self, layer: int) -> torch.Tensor:
-        return self.kv[layer, 1]
+        return self.kv.values(layer)
+
+    # ---------------------------------------------------------------- prefix-cache snapshots
+
+    def allocate_snapshots(self, count: int) -> None:
+        """`count` slots, each holding one lane's committed recurrent state (GDN states and conv
+        windows) at a KV block boundary: what the prefix cache (program/blocks.py) keeps beside
+        the cached KV blocks, so that a hit resumes the recurrence at its last cached boundary."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        G = self.ssm.shape[0]
+        self.snap_ssm = torch.zeros(G, count, *self.ssm.shape[2:], dtype=self.ssm.dtype, device=self.device)
+        self.snap_conv = torch.zeros(G, count, *self.conv.shape[2:], dtype=self.conv.dtype, device=self.device)
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Bytes of one snapshot slot (GDN states and conv windows of every GDN layer)."""
+        G = self.ssm.shape[0]
+        return G * (self.ssm[0, 0].numel() * self.ssm.element_size() + self.conv[0, 0].numel() * self.conv.element_size())
+
+    def save_snapshot(self, lane: int, slot: int) -> None:
+        """Copy `lane`'s committed recurrent state into snapshot `slot` (no host sync)."""
+        row = (2 * lane + self.slot[lane]).view(1)  # [1] the committed state row
+        self.snap_ssm[:, slot] = self.ssm.index_select(1, row)[:, 0]
+        self.snap_conv[:, slot] = self.conv.index_select(1, row)[:, 0]
+
+    def load_snapshot(self, lane: int, slot: int) -> None:
+        """Make snapshot `slot` `lane`'s committed recurrent state (a lane about to resume at the
+        snapshot's boundary: its next forward starts there, not at position 0)."""
+        row = (2 * lane + self.slot[lane]).view(1)
+        self.ssm.index_copy_(1, row, self.snap_ssm[:, slot:slot + 1])
+        self.conv.index_copy_(1, row, self.snap_conv[:, slot:slot + 1])
 
     # ---------------------------------------------------------------- one forward
 

@@ -38,6 +38,9 @@ class ConstraintReport:
     accept_seconds: float  # matcher accepts of output and forced-control previews
     discard_seconds: float  # rollbacks of discarded or failed previews
     draft_wait_exposed_seconds: float  # draft-ready waits this request saw (not additive)
+    verify_rounds: int  # >= 0, committed speculative rounds that verified at least one draft
+    draft_tokens: int  # >= 0, drafts those rounds proposed (never constrained)
+    accepted_drafts: int  # >= 0, drafts committed; mean accepted length = accepted / rounds
 
     def __post_init__(self) -> None:
         if self.branch not in BRANCHES:
@@ -46,7 +49,8 @@ class ConstraintReport:
             raise ValueError(f"cache must be one of {CACHE_HITS}, got {self.cache!r}")
         for name in ("compile_ms", "mask_positions", "mask_upload_bytes", "prepare_seconds",
                      "mask_seconds", "rollback_seconds", "accept_seconds", "discard_seconds",
-                     "draft_wait_exposed_seconds"):
+                     "draft_wait_exposed_seconds", "verify_rounds", "draft_tokens",
+                     "accepted_drafts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -71,6 +75,9 @@ class ConstraintCounters:
     accept_seconds: float = 0.0
     discard_seconds: float = 0.0
     draft_wait_exposed_seconds: float = 0.0
+    verify_rounds: int = 0
+    draft_tokens: int = 0
+    accepted_drafts: int = 0
 
     def snapshot(self, *, branch: str, complete: bool, terminated: bool) -> ConstraintReport:
         return ConstraintReport(branch=branch, complete=complete, terminated=terminated,

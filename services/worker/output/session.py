@@ -36,7 +36,9 @@ from typing import Sequence
 
 import torch
 
-from services.grammar.client import CompiledConstraint, Matcher, MaskFiller, fill_masks
+from services.grammar.client import (
+    CompiledConstraint, Matcher, MaskFiller, ParameterNameConstraint, fill_masks,
+)
 from services.worker.output.report import (
     BRANCHES,
     CACHE_HITS,
@@ -78,7 +80,11 @@ class OutputSession:
     `compiled`: the shared compiled grammar, or None for an unconstrained request. `prefix`: the
     content a ContinueFinalAssistant request continues (UTF-8 bytes; accepted by the matcher at
     creation, never published, part of completeness; default b""). `branch`: the report's branch (default "content"). `cache` ("l1" | "redis" | None), `built`,
-    `waited`, `compile_ms`: the compile-cache outcome for the report.
+    `waited`, `compile_ms`: the compile-cache outcome for the report. `names`: the XML tool
+    grammar's ParameterNameConstraint companion (non-strict tools), which shares every matcher
+    transaction: it clears the masks' tokens that would repeat an argument name and follows
+    every accept and rollback. `prefix_tokens`: the continued content as tokens, for a tool
+    grammar (the Frontend's `continuation_tokens`), accepted instead of `prefix` bytes.
 
     Raises InvalidRequest(field="prefix") when the prefix is not UTF-8 or the grammar refuses it,
     InternalError when the grammar
@@ -96,6 +102,8 @@ class OutputSession:
         built: bool = False,
         waited: bool = False,
         compile_ms: float = 0.0,
+        names: ParameterNameConstraint | None = None,
+        prefix_tokens: Sequence[int] = (),
     ) -> None:
         start = time.perf_counter()
         if branch not in BRANCHES or cache not in CACHE_HITS:
@@ -110,6 +118,7 @@ class OutputSession:
         self._counters = ConstraintCounters(cache=cache, built=built, waited=waited,
                                             compile_ms=compile_ms)
         self._matcher: Matcher | None = None
+        self._names = names if compiled is not None else None
         self._pending: _Pending | None = None
         self._held = b""  # committed bytes of an unfinished character, not yet published
         self._eos = False  # EOS committed
@@ -122,7 +131,14 @@ class OutputSession:
         if vocab != domain.size:
             raise InternalError(f"grammar compiled for {vocab} token ids, domain has {domain.size}")
         self._matcher = compiled.matcher()
-        if prefix and not self._matcher.accept_bytes(prefix):
+        if prefix_tokens:
+            for t in prefix_tokens:
+                if not self._matcher.accept_token(int(t)):
+                    raise InvalidRequest("the continued content prefix is not a prefix of the "
+                                         "constrained output language", field="prefix")
+                if self._names is not None:
+                    self._names.accept(int(t))
+        elif prefix and not self._matcher.accept_bytes(prefix):
             raise InvalidRequest("the continued content prefix is not a prefix of the constrained "
                                  "output language", field="prefix")
         self._counters.prepare_seconds += time.perf_counter() - start
@@ -165,6 +181,8 @@ class OutputSession:
             for i in range(n + 1):
                 # out[i]: [ceil(V/32)] int32, the legal set after committed + drafts[:i]
                 matcher.fill_mask(out, i)  # bits past the domain are zero (engine contract)
+                if self._names is not None:
+                    self._names.apply(out[i])
                 self._counters.mask_positions += 1
                 if not bool(out[i].any()):
                     states[i] = PositionState.DEAD_END
@@ -180,6 +198,8 @@ class OutputSession:
                     break
                 if not matcher.accept_token(draft):
                     raise InternalError(f"the matcher refused draft {draft} that its mask allowed")
+                if self._names is not None:
+                    self._names.accept(draft)
                 accepted += 1
                 if matcher.is_terminated():
                     eos_at = i
@@ -191,6 +211,8 @@ class OutputSession:
             self._counters.mask_seconds += mid - start
             if accepted:
                 matcher.rollback(accepted)
+                if self._names is not None:
+                    self._names.rollback(accepted)
                 self._counters.rollback_seconds += time.perf_counter() - mid
         return LookaheadResult(tuple(states), position, illegal_at, eos_at, dead_at)
 
@@ -218,6 +240,8 @@ class OutputSession:
         for session, r, position in zip(sessions, rows, positions):
             session._counters.mask_positions += 1
             session._counters.mask_seconds += share
+            if session._names is not None:
+                session._names.apply(out[r])
             if bool(out[r].any()):
                 results.append(LookaheadResult((PositionState.READY,), position))
             else:
@@ -296,6 +320,8 @@ class OutputSession:
                                             f"position {position + accepted}")
                     break
                 matcher_tokens += 1
+                if self._names is not None:
+                    self._names.accept(token)
                 terminated = matcher.is_terminated()
             elif not domain.is_ordinary(token) and token not in domain.eos_ids \
                     and token not in domain.control_ids:
@@ -321,6 +347,8 @@ class OutputSession:
         if matcher_tokens and self._matcher is not None:
             start = time.perf_counter()
             self._matcher.rollback(matcher_tokens)
+            if self._names is not None:
+                self._names.rollback(matcher_tokens)
             self._counters.discard_seconds += time.perf_counter() - start
 
     def _check_idle(self, what: str, *, allow_finished: bool = False) -> None:
@@ -374,6 +402,13 @@ class OutputSession:
     def add_draft_wait(self, seconds: float) -> None:
         """Count a draft-ready wait this request experienced (called by the Engine)."""
         self._counters.draft_wait_exposed_seconds += seconds
+
+    def add_verify_round(self, drafts: int, accepted: int) -> None:
+        """Count a committed verification round: `drafts` proposed, `accepted` of them committed
+        (called by the commit path)."""
+        self._counters.verify_rounds += 1
+        self._counters.draft_tokens += drafts
+        self._counters.accepted_drafts += accepted
 
     def report(self) -> ConstraintReport | None:
         """The constraint report of the committed state; None for an unconstrained request."""

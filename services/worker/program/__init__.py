@@ -1,6 +1,7 @@
 """The Program: the physical side of the worker, allocated once at start.
 
     program.py   lanes, the model state, step(batch) -> PendingBatch, commit of device state
+    blocks.py    the paged KV block manager and the automatic prefix cache
     batch.py     StepBatch / PendingBatch: what a step runs and what it produced per row
     masks.py     pinned host and device mask buffers [B, K+1, ceil(V/32)], descriptors, fills
     sampling.py  the sample stage: parameters, penalties, the masked sampling kernel

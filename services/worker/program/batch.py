@@ -1,7 +1,7 @@
 """What one Program step runs (`StepBatch`) and what it produced (`PendingBatch`).
 
 A step's rows are requests with their input for this step: a prompt chunk or the newest output
-token, starting at lane position `start`. A row with `sample` set gets a next token; an
+token (in a verification round followed by the row's drafts), starting at lane position `start`. A row with `sample` set gets a next token; an
 intermediate prefill chunk does not. Nothing of a step is committed until the commit path
 (services/worker/engine/postprocess.py) has previewed every row and called `Program.commit`.
 """
@@ -28,9 +28,12 @@ class RowOutcome(Enum):
 @dataclass(frozen=True)
 class BatchRow:
     request: "Request"
-    tokens: tuple[int, ...]  # fed this step: a prompt chunk or the newest output token
+    tokens: tuple[int, ...]  # fed this step: a prompt chunk, or the newest output token (+ drafts)
     start: int  # position of tokens[0] in the lane
     sample: bool  # the row samples its next token after this step
+    num_drafts: int = 0  # speculative drafts at the end of `tokens` (after the anchor), 0..K
+    draft_q: tuple | None = None  # sparse q of the drafts: (ids [n, Q] int32, probs [n, Q] f32)
+    draft_limit: int = 0  # drafts the Program makes on the device in this round (DFlash), 0..K
 
     @property
     def end(self) -> int:
@@ -46,6 +49,12 @@ class StepBatch:
     def is_decode(self) -> bool:
         return all(len(r.tokens) == 1 and r.sample for r in self.rows)
 
+    @property
+    def has_drafts(self) -> bool:
+        """A verification round: every row feeds its anchor and 0..K drafts, one row at least one
+        (drafted on the host, or by the Program on the device: `draft_limit`)."""
+        return any(r.num_drafts or r.draft_limit for r in self.rows)
+
 
 @dataclass(frozen=True)
 class RowResult:
@@ -53,6 +62,7 @@ class RowResult:
     tokens: tuple[int, ...] = ()
     error: InfernixError | None = None  # set for DEAD_END and NONFINITE
     mask_bytes: int = 0  # mask H2D bytes this row's sampling used
+    accepted_drafts: int = 0  # drafts the verification accepted (tokens = those + one more)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The ready event the host waits on after a step's device-to-host copies, through cuda-python.
+"""The ready event the host waits on after a step's device-to-host copies, through cuda-python;
+inside a captured DFlash Forward graph the same event is recorded as an external event-record node.
 
 `cuda.bindings` is the GPU extra's declared dependency (pyproject `gpu`); this module is imported
 only on the CUDA path, so CPU installs never need it.
@@ -28,6 +29,16 @@ class ReadyEvent:
     def record(self, stream: torch.cuda.Stream) -> None:
         (err,) = self._cudart.cudaEventRecord(self._event, stream.cuda_stream)
         self._check(err, "cudaEventRecord")
+
+    def record_external(self, stream: torch.cuda.Stream) -> None:
+        """Inside a graph capture on `stream`: an external event-record node, so that the host's
+        `wait()` after a replay returns when the graph reaches this point (DFlash's draft ids
+        are on the host), not at its end. Illegal outside capture (cudaErrorIllegalState): the
+        eager path calls `record` at the same point (design: the verified recipe)."""
+        cudart = self._cudart
+        (err,) = cudart.cudaEventRecordWithFlags(self._event, stream.cuda_stream,
+                                                 cudart.cudaEventRecordExternal)
+        self._check(err, "cudaEventRecordWithFlags(cudaEventRecordExternal)")
 
     def wait(self) -> None:
         (err,) = self._cudart.cudaEventSynchronize(self._event)

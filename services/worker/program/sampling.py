@@ -46,22 +46,27 @@ class Sampler:
                mask_row: torch.Tensor | None):
         """z: [m, V'] logits of the m sampled rows; mask: [B, K+1, W] int32 and mask_row: [m]
         (or None when no row is constrained). Returns the kernel's result (tokens, status)."""
-        z = self._generable(z)
-        s = [r.sampling for r in requests]
-        penalties = self._penalties(requests)
-        if self.fast_greedy and all(p.temperature == 0 for p in s):
-            return sample_greedy(z, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
-                                 penalties=penalties,
+        penalties = self.penalties(requests)
+        if self.fast_greedy and all(r.sampling.temperature == 0 for r in requests):
+            return sample_greedy(self._generable(z), vocab_size=self.domain.size, mask=mask,
+                                 mask_row=mask_row, penalties=penalties,
                                  params=None if penalties is None else self.params(requests))
-        params = self.params(requests)
+        z, params, width = self.inputs(z, requests)
+        return self._sample(z, params, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
+                            penalties=penalties, candidate_width=width)
+
+    def inputs(self, z: torch.Tensor, requests: Sequence["Request"]):
+        """(logits readable by the kernels with never-generable ids at -inf, the rows'
+        SamplingParams at their committed output positions, the candidate width). z: [N, V']
+        with N a multiple of len(requests) (a speculative round: K+1 positions per row)."""
+        s = [r.sampling for r in requests]
         if all(p.temperature == 0 for p in s):
             width = 1
         elif all(p.top_k > 0 for p in s):
             width = min(max(p.top_k for p in s), self.domain.size)
         else:
             width = None
-        return self._sample(z, params, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
-                            penalties=penalties, candidate_width=width)
+        return self._generable(z), self.params(requests), width
 
     def graph_ready(self, requests: Sequence["Request"]) -> bool:
         """Whether the decode graph's own sample stage (`greedy_in_graph`) serves these rows:
@@ -108,7 +113,7 @@ class Sampler:
             else host.clone()
         return dataclasses.replace(self._static, position=position)
 
-    def _penalties(self, requests: Sequence["Request"]) -> PenaltyHistory | None:
+    def penalties(self, requests: Sequence["Request"]) -> PenaltyHistory | None:
         if not any(r.penalized() for r in requests):
             return None
         histories = [r.penalty_history() if r.penalized() else ([], []) for r in requests]

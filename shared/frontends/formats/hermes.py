@@ -268,6 +268,10 @@ class ToolStream:
         self._publish_content(tail[pos:].strip("\n") if self.calls else tail[pos:], events)
         return events
 
+    def forget_content(self) -> None:
+        """Drop the content read so far (a continued prefix, never published again)."""
+        self.content.clear()
+
     def tool_calls(self) -> tuple[ToolCall, ...]:
         return tuple(ToolCall(c.id, c.name, "".join(c.args)) for c in self.calls)
 

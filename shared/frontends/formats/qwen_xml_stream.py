@@ -244,6 +244,11 @@ class ToolStream:
             self.calls.pop()
         return events
 
+    def forget_content(self) -> None:
+        """Drop the content read so far (a continued prefix, never published again)."""
+        self.content.clear()
+        self.held = ""
+
     def tool_calls(self) -> tuple[ToolCall, ...]:
         return tuple(ToolCall(c.id, c.name, "".join(c.fragments)) for c in self.calls)
 

@@ -1,0 +1,85 @@
+"""`infernix bench spec` (services/worker/bench/spec.py) on a tiny random model: the report's
+shape, greedy equality with the baseline in every run, and the oracle proposer's acceptance (the
+target's own recorded continuation is always accepted). No timing is asserted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.worker.bench.spec import SpecBenchOptions, _bench, _targets, task_prompts
+from services.worker.spec.oracle import OracleProposer
+from tests.worker_support import tiny_runtime
+
+
+def test_oracle_proposer_follows_a_recorded_sequence():
+    oracle = OracleProposer()
+    oracle.record([1, 2, 3, 4, 5])
+    oracle.record([1, 2, 9])
+    assert oracle.propose([1, 2, 3], 5) == [4, 5]
+    assert oracle.propose([1, 2], 1) == [3]  # the first recorded sequence that continues
+    assert oracle.propose([7], 3) == [] and oracle.propose([1, 2, 3, 4, 5], 2) == []
+
+
+def test_bench_spec_rounds_are_greedy_equal_and_the_oracle_accepts():
+    runtime = tiny_runtime(max_position_embeddings=2048)
+    opts = SpecBenchOptions(tasks=("rewrite",), backends=("ngram", "oracle"), draft_tokens=(3,),
+                            batch_size=2, max_tokens=16)
+    rows = asyncio.run(_bench(runtime, opts, lambda line: None))
+    assert [(r["task"], r["mode"]) for r in rows] == [("rewrite", "unconstrained"),
+                                                      ("rewrite", "constrained")]
+    for row in rows:
+        assert row["baseline"]["output_tokens"] > 2
+        for run in row["runs"]:
+            assert run["outputs_equal"], (row["mode"], run["backend"])
+            assert run["k"] == 3 and run["speedup"] > 0
+        oracle = next(r for r in row["runs"] if r["backend"] == "oracle")
+        assert oracle["verify_rounds"] > 0 and oracle["acceptance_rate"] > 0.5
+        assert oracle["tokens_per_round"] > 1.5
+    targets = _targets(rows)
+    assert set(targets["constrained_over_unconstrained_speedup_ge_0.95"]) == {
+        "rewrite/ngram/K=3", "rewrite/oracle/K=3"}
+    assert len(targets["draft_wait_fraction_lt_0.05"]) == 4
+
+
+def test_bench_spec_random_draft_models_run_and_stay_greedy_equal():
+    runtime = tiny_runtime(max_position_embeddings=2048)
+    opts = SpecBenchOptions(tasks=("extract",), backends=("dflash", "dflash2"), draft_tokens=(3,),
+                            batch_size=1, max_tokens=10)
+    rows = asyncio.run(_bench(runtime, opts, lambda line: None))
+    for row in rows:
+        assert [r["backend"] for r in row["runs"]] == ["dflash", "dflash2"]
+        for run in row["runs"]:
+            assert run["outputs_equal"] and run["verify_rounds"] > 0
+            assert run["draft_wait_exposed_s"] > 0  # the draft pass is host-visible here
+
+
+def test_bench_spec_options_are_checked():
+    with pytest.raises(ValueError):
+        SpecBenchOptions(backends=("medusa",))
+    with pytest.raises(ValueError):
+        SpecBenchOptions(draft_tokens=(0,))
+    prompts, schema = task_prompts("extract", 5)
+    assert len(prompts) == 5 and schema["required"]
+
+
+def test_bench_spec_mtp_rounds_on_a_tiny_qwen35():
+    import torch
+
+    from services.worker.models.qwen35_runtime import random_qwen35
+    from services.worker.runtime import ByteTokenizer, ModelRuntime
+    from shared.frontends.frontend import Frontend
+    from tests.support import byte_domain
+    from tests.test_worker_spec_mtp import SHAPE
+
+    d = byte_domain()
+    model = random_qwen35(dtype=torch.float64, device="cpu", vocab_size=d.size, mtp=True, seed=3,
+                          **{**SHAPE, "max_position_embeddings": 2048})
+    runtime = ModelRuntime("q35", model, model.config, Frontend("q35", d, ByteTokenizer(d)))
+    opts = SpecBenchOptions(tasks=("extract",), backends=("mtp",), draft_tokens=(2,),
+                            batch_size=1, max_tokens=8)
+    rows = asyncio.run(_bench(runtime, opts, lambda line: None))
+    for row in rows:
+        [run] = row["runs"]
+        assert run["backend"] == "mtp" and run["outputs_equal"] and run["verify_rounds"] > 0
