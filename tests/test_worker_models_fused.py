@@ -173,3 +173,22 @@ def test_interpreter_kernels_serve_qwen35(monkeypatch):
             out[fused] = model(tokens, positions, state, torch.tensor([1]))
     assert model.fused
     torch.testing.assert_close(out[True], out[False], atol=1e-4, rtol=1e-4)
+
+
+def test_fused_path_taps_the_same_residual_stream():
+    """A draft model reads the residual stream after chosen layers (`hidden_states(tap=...)`,
+    DFlash): the fused path, whose residual adds live inside the norms, returns the same
+    streams as the op-by-op path."""
+    model = _model(True, torch.float32, seed=6)
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    positions = torch.arange(6)[None]
+    out = {}
+    with torch.inference_mode():
+        for fused in (False, True):
+            if fused:
+                model.fuse_projections()
+            cache = model.new_state(1, 16, dtype=torch.float32, device="cpu")
+            out[fused] = model.hidden_states(tokens, positions, cache, torch.tensor([0]), tap=(0, 2))
+    for got, want in zip(out[True], out[False]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert out[True][1].shape == (1, 6, 2 * 64)
