@@ -35,16 +35,16 @@ def penalized_logits(logits: torch.Tensor, vocab_size: int, params: SamplingPara
 
 def legal_set(mask: torch.Tensor | None, mask_row: torch.Tensor | None, rows: int,
               vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[N, V] bool: the unpacked mask row of each constrained row, all True for the others."""
-    legal = torch.ones(rows, vocab_size, dtype=torch.bool, device=device)
+    """[N, V] bool: the unpacked mask row of each constrained row, all True for the others
+    (without boolean indexing, so no host synchronisation)."""
     if mask is None:
-        return legal
+        return torch.ones(rows, vocab_size, dtype=torch.bool, device=device)
     constrained = mask_row >= 0  # [N]
-    words = mask[mask_row[constrained].long()]  # [Nc, W] int32
+    words = mask.index_select(0, torch.where(constrained, mask_row, 0).long())  # [N, W] int32
     shifts = torch.arange(32, dtype=torch.int32, device=device)
-    bits = (words.unsqueeze(-1) >> shifts) & 1  # [Nc, W, 32], lowest bit = smaller id
-    legal[constrained] = bits.reshape(bits.shape[0], -1)[:, :vocab_size].bool()
-    return legal
+    bits = (words.unsqueeze(-1) >> shifts) & 1  # [N, W, 32], lowest bit = smaller id
+    legal = bits.view(bits.shape[0], -1)[:, :vocab_size].bool()  # [N, V]
+    return legal | ~constrained[:, None]
 
 
 def sorted_weights(logits, params, vocab_size, mask, mask_row, penalties, candidate_width):

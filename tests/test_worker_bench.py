@@ -84,6 +84,37 @@ def test_bench_decode_command_line():
     assert build_parser().parse_args(["bench", "decode"]).reference is True
 
 
+def test_bench_decode_compares_the_unfused_path():
+    """Issue 14: before and after from one run. `compare_unfused` runs the engine first on the
+    op-by-op model path with the general greedy sampler, then on the fused path: both produce
+    the same greedy texts, and the report carries the per-mode speedup."""
+    domain = byte_domain()
+    runtime = random_qwen3_runtime(domain, ByteTokenizer(domain), name="tiny-qwen3", shape=TINY,
+                                   max_position_embeddings=256, seed=5, dtype=torch.float64,
+                                   device="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        report = bench_decode(runtime, DecodeBenchOptions(
+            batch_sizes=(2,), max_tokens=4, prompt_tokens=8, reference=False, warmup_tokens=2,
+            compare_unfused=True, breakdown=True))
+    finally:
+        torch.set_num_threads(threads)
+    assert runtime.model.fused  # left on the serving path
+    (row,) = report["results"]
+    for mode in ("unconstrained", "constrained"):
+        assert row["engine_unfused"][mode]["texts"] == row["engine"][mode]["texts"]
+        assert row["speedup_fused_over_unfused"][mode] == round(
+            row["engine_unfused"][mode]["tpot_p50_ms"] / row["engine"][mode]["tpot_p50_ms"], 4)
+    assert report["breakdown"]["copy_bandwidth_GBps"] > 0
+    for path in ("fused", "unfused"):
+        step = row["breakdown"][path]
+        assert step["forward_ms"] > 0 and step["sample_ms"] > 0 and step["floor_ms"] > 0
+        assert step["tpot_ms"] == row[{"fused": "engine", "unfused": "engine_unfused"}[path]][
+            "unconstrained"]["tpot_p50_ms"]
+        assert step["host_ms"] == round(step["tpot_ms"] - step["forward_ms"] - step["sample_ms"], 4)
+
+
 def test_bench_prefix_reports_cold_hit_and_cache_off():
     """`infernix bench prefix` on a tiny model: hits report the shared document's full blocks as
     cached tokens, cold and cache-off requests none, hits and cold answer alike when they ask the

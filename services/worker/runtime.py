@@ -175,5 +175,6 @@ def random_runtime(domain: TokenDomain, *, name: str | None = None, hidden_size:
                 continue
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(dtype) * 0.5)
     decoder = decoder.to(device).eval().requires_grad_(False)
+    decoder.fuse_projections()
     name = name or domain.name
     return ModelRuntime(name, decoder, config, Frontend(name, domain, ByteTokenizer(domain)), defaults)

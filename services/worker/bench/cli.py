@@ -31,6 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference-batch-sizes", type=int, nargs="+", metavar="B",
                    help="default: 1 (CPU), 1 8 (CUDA)")
     p.add_argument("--reference-max-tokens", type=int, metavar="N", help="default: --max-tokens")
+    p.add_argument("--compare-unfused", action="store_true",
+                   help="first run the engine on the op-by-op model path with the general greedy "
+                   "sampler (the before), then the fused path, in one run")
+    p.add_argument("--breakdown", action="store_true",
+                   help="time forward and sample per batch size (CUDA events; the wall clock on "
+                   "the CPU) beside the memory floor; host share and idle device from the TPOT")
     p.add_argument("--no-cuda-graphs", action="store_true", help="our engine without decode graphs")
     p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")

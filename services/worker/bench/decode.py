@@ -50,6 +50,13 @@ class DecodeBenchOptions:
     reference_max_tokens: int | None = None  # None: max_tokens
     cuda_graphs: bool = True  # our engine's decode graphs (CUDA only)
     warmup_tokens: int = 4  # output tokens of the warm-up rounds, >= 2
+    compare_unfused: bool = False  # also run the op-by-op model path + general greedy sampling
+    breakdown: bool = False  # the device step breakdown and memory floor (bench/breakdown.py)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Model paths the engine rounds run: "fused" always, "unfused" (the before) first."""
+        return ("unfused", "fused") if self.compare_unfused else ("fused",)
 
     def __post_init__(self) -> None:
         for name in ("batch_sizes", "reference_batch_sizes"):
@@ -106,13 +113,17 @@ async def _engine_round(client, runtime: ModelRuntime, prompts: list[str], max_t
 
 
 async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
-                        partial) -> tuple[dict, list]:
+                        partial, path: str = "fused") -> dict:
     schemas = _schemas()
     max_len = opts.prompt_tokens + max(opts.max_tokens, opts.warmup_tokens) + 32
     config = EngineConfig(max_batch=max(opts.batch_sizes), max_len=max_len,
                           prefill_chunk=max(512, opts.prompt_tokens + 32),
                           cuda_graphs=opts.cuda_graphs)
+    model = runtime.model
+    if hasattr(model, "fused"):
+        model.fused = path == "fused"  # before the engine captures its graphs
     client = open_in_process(runtime, config)
+    client.engine.program.sampler.fast_greedy = path == "fused"
     try:
         for schema in schemas:  # compile outside every timed round
             await client.engine.grammar.compile(OutputConstraint.json_schema(schema), model=runtime.name)
@@ -125,7 +136,7 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
             for mode, sch in (("unconstrained", None), ("constrained", schemas)):
                 entry[mode] = await _engine_round(client, runtime, prompts, opts.max_tokens, sch,
                                                   f"m{b}{mode}")
-                log(f"engine B={b} {mode}: tpot {entry[mode]['tpot_p50_ms']} ms, "
+                log(f"engine[{path}] B={b} {mode}: tpot {entry[mode]['tpot_p50_ms']} ms, "
                     f"{entry[mode]['throughput_tok_s']} tok/s")
             entry["tpot_ratio"] = _ratio(entry["constrained"]["tpot_p50_ms"],
                                          entry["unconstrained"]["tpot_p50_ms"])
@@ -149,7 +160,21 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     """Run the whole benchmark on `runtime`; returns the report's `results` and `targets`.
     `log(line)` gets progress lines; `partial(results)` the raw results measured so far after
     each batch size (so an interrupted run still leaves numbers)."""
-    engine = asyncio.run(_bench_engine(runtime, opts, log, partial))
+    paths: dict[str, dict] = {}  # model path -> the engine's rows
+    for path in opts.paths:
+        def partial_path(rows: dict, path: str = path) -> None:
+            partial({**{f"engine_{p}": r for p, r in paths.items()}, f"engine_{path}": rows["engine"]})
+
+        paths[path] = asyncio.run(_bench_engine(runtime, opts, log, partial_path, path))
+    engine = paths["fused"]
+    if hasattr(runtime.model, "fused"):
+        runtime.model.fused = True
+    breakdown = None
+    if opts.breakdown:
+        from services.worker.bench.breakdown import step_breakdown
+
+        breakdown = step_breakdown(runtime, opts.batch_sizes, opts.paths)
+        log(f"breakdown: {breakdown['rows']}")
     done = {"engine": engine}
     reference = None
     if opts.reference:
@@ -160,6 +185,14 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     rows = []
     for b in opts.batch_sizes:
         row = {"batch_size": b, "engine": engine[b], "reference": None}
+        if "unfused" in paths:
+            before = paths["unfused"][b]
+            row["engine_unfused"] = before
+            row["speedup_fused_over_unfused"] = {
+                m: _ratio(before[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
+                for m in ("unconstrained", "constrained")}
+        if breakdown is not None:
+            row["breakdown"] = _breakdown_row(breakdown["rows"][b], paths, b)
         if reference is not None and b in reference:
             ref = reference[b]
             row["reference"] = ref
@@ -178,9 +211,45 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
         else first["speedup_tpot_unconstrained"] >= 3.0,
         "mask_hidden_at_b1": None if first is None else first["engine"]["tpot_ratio"] <= 1.03,
     }
+    if breakdown is not None:
+        targets.update(_issue14_targets(rows, first))
     return {"results": rows, "reference": None if reference is None else {
         "max_tokens": reference["max_tokens"], "logits_check": reference["logits_check"]},
-            "targets": targets}
+            "targets": targets, "breakdown": None if breakdown is None else {
+                k: v for k, v in breakdown.items() if k != "rows"}}
+
+
+def _breakdown_row(device_rows: dict, paths: dict, b: int) -> dict:
+    """Per path: the device times, plus the engine's unconstrained TPOT and what the host adds to
+    it (TPOT - forward - sample: the GPU idles then unless the host overlaps the device)."""
+    out = {}
+    for path, dev in device_rows.items():
+        tpot = paths[path][b]["unconstrained"]["tpot_p50_ms"]
+        host = tpot - dev["forward_ms"] - dev["sample_ms"]
+        out[path] = {**dev, "tpot_ms": tpot, "host_ms": round(host, 4),
+                     "device_idle_fraction": round(max(host, 0.0) / tpot, 4),
+                     "tpot_over_floor": round(tpot / dev["floor_ms"], 3)}
+    return out
+
+
+def _issue14_targets(rows: list[dict], first: dict | None) -> dict:
+    """Issue 14's goals from this run (measured, never asserted)."""
+    by_b = {r["batch_size"]: r for r in rows}
+    out: dict[str, Any] = {"tpot_b1_le_1_3x_floor": None, "gpu_idle_lt_5pct": {},
+                           "constrained_tpot_within_2pct": {}, "throughput_b64_ge_5000": None,
+                           "speedup_vs_reference_ge_5x": {}}
+    if first is not None and "breakdown" in first:
+        out["tpot_b1_le_1_3x_floor"] = first["breakdown"]["fused"]["tpot_over_floor"] <= 1.3
+    for b, r in by_b.items():
+        if "breakdown" in r:
+            out["gpu_idle_lt_5pct"][b] = r["breakdown"]["fused"]["device_idle_fraction"] < 0.05
+        ratio = r["engine"]["tpot_ratio"]
+        out["constrained_tpot_within_2pct"][b] = ratio is not None and ratio <= 1.02
+        if r.get("reference") is not None:
+            out["speedup_vs_reference_ge_5x"][b] = (r["speedup_tpot_unconstrained"] or 0) >= 5.0
+    if 64 in by_b:
+        out["throughput_b64_ge_5000"] = by_b[64]["engine"]["constrained"]["throughput_tok_s"] >= 5000
+    return out
 
 
 def _machine(device: str) -> dict[str, Any]:
@@ -207,7 +276,8 @@ def run(args: argparse.Namespace) -> int:
         batch_sizes=tuple(args.batch_sizes or ((1, 8, 32, 64) if cuda else (1, 8, 32))),
         max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens, reference=args.reference,
         reference_batch_sizes=tuple(args.reference_batch_sizes or ((1, 8) if cuda else (1,))),
-        reference_max_tokens=args.reference_max_tokens, cuda_graphs=not args.no_cuda_graphs)
+        reference_max_tokens=args.reference_max_tokens, cuda_graphs=not args.no_cuda_graphs,
+        compare_unfused=args.compare_unfused, breakdown=args.breakdown)
 
     def log(line: str) -> None:
         print(f"[bench decode] {line}", file=sys.stderr, flush=True)
@@ -226,7 +296,8 @@ def run(args: argparse.Namespace) -> int:
         "options": {"batch_sizes": list(opts.batch_sizes), "max_tokens": opts.max_tokens,
                     "prompt_tokens": opts.prompt_tokens, "reference": opts.reference,
                     "reference_batch_sizes": list(opts.reference_batch_sizes),
-                    "cuda_graphs": opts.cuda_graphs, "greedy": True},
+                    "cuda_graphs": opts.cuda_graphs, "greedy": True, "paths": list(opts.paths),
+                    "breakdown": opts.breakdown},
     }
 
     def partial(results: dict) -> None:

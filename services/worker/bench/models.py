@@ -37,6 +37,7 @@ def random_qwen3_runtime(domain: TokenDomain, tokenizer, *, name: str = "qwen3-8
             std = 1.0 if pname.endswith("embed_tokens.weight") else p.shape[-1] ** -0.5
             p.normal_(0.0, std, generator=gen)
     decoder = decoder.eval().requires_grad_(False)
+    decoder.fuse_projections()
     return ModelRuntime(name, decoder, config, Frontend(name, domain, tokenizer))
 
 

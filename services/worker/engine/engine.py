@@ -18,7 +18,9 @@ One step:
     -> pending = program.step(batch) -> postprocess.commit(pending)
 
 where the commit path (postprocess.py) previews every row, commits the Program's device state,
-confirms the sessions and ledgers, and only then publishes.
+confirms the sessions and ledgers, and only then publishes. Published events are delivered to the
+event loop in one batch: on CUDA once the next step's forward is launched (or before the worker
+idles), so the loop's share of the host tail overlaps the device; on the CPU at the end of the step.
 """
 
 from __future__ import annotations
@@ -259,17 +261,30 @@ class Engine:
                 self.post.force_close(job)
         batch = self.scheduler.schedule()
         if batch is None:
+            self.post.flush()
             return False
         if self.drafter is not None and batch.is_decode:
             batch = self._draft(batch)
         self.steps += 1
         try:
-            pending = self.program.step(batch)
+            # the previous step's events go out once this step's forward is launched
+            launched = []
+
+            def on_launch() -> None:
+                launched.append(True)
+                self.post.flush()
+
+            pending = self.program.step(batch, on_launch=on_launch)
+            if not launched:  # a route that never reported its launch (speculative rounds)
+                self.post.flush()
         except Exception as exc:  # the round failed as a whole: its rows fail, nothing commits
             log.exception("program_step_failed")
             self.post.fail_batch(batch, InternalError(f"the batch step failed: {exc}"))
+            self.post.flush()
             return True
         self.post.commit(pending)
+        if not self.program.cuda:  # a CPU forward is synchronous: holding the events gains nothing
+            self.post.flush()
         waited = self.program.draft_wait_seconds  # a draft model's waits, counted by the Program
         if waited > self._draft_wait_seen:
             self.metrics.spec_draft_wait_seconds.inc(waited - self._draft_wait_seen)
@@ -307,15 +322,20 @@ class Engine:
                     for job in list(self.scheduler.resident):
                         self.post.finish(job, FinishReason.ERROR,
                                          InternalError(f"engine failure: {exc}"))
+                    self.post.flush()
         finally:
             self._running = False
             self._take_inbox(block=False)
             for job in self.scheduler.live():
                 self.post.finish(job, FinishReason.CANCELLED)
+            self.post.flush()
             self.program.close()
 
     def _take_inbox(self, *, block: bool) -> bool:
-        """Move new requests into the waiting queue; False when asked to stop."""
+        """Move new requests into the waiting queue; False when asked to stop. Held events are
+        delivered before the worker blocks."""
+        if block:
+            self.post.flush()
         try:
             item = self._inbox.get(block=block)
             while True:

@@ -5,6 +5,11 @@
     preview every row  ->  Program commit (device state)  ->  confirm (matcher, decoder, ledgers)
     ->  publish  ->  finish the rows that ended
 
+Published events are held in an Outbox (stream.py) and delivered by `flush()`, one event-loop
+wake-up for all of them: on CUDA the Engine flushes right after the next step's forward is
+launched, so the event loop's work on them overlaps the device instead of the host tail, and
+before the worker idles; on the CPU at the end of each step. Each stream's order is kept; the events are published (confirmed) before they are held.
+
 Failure rules (design document, section 5):
 - a row whose request was cancelled commits nothing of the round and finishes as cancelled;
 - a row whose result is a constraint dead end or non-finite logits commits zero tokens and
@@ -29,6 +34,7 @@ from services.worker.output.session import PreviewResult
 from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request, RequestState
 from services.worker.engine.scheduler import Scheduler
+from services.worker.engine.stream import Outbox
 from services.worker.spec.drafter import SpecCounters
 from shared.errors import InfernixError, InternalError
 from shared.generation import Finished, FinishReason, GenerationEvent, Usage
@@ -65,6 +71,7 @@ class Postprocessor:
         self.scheduler = scheduler
         self.metrics = metrics
         self._on_terminal = on_terminal
+        self._outbox = Outbox()  # published events until the next flush()
         self.speculation = speculation if speculation is not None else SpecCounters()
 
     # ---------------------------------------------------------------- the commit path
@@ -91,6 +98,11 @@ class Postprocessor:
         for i, n in kept.items():
             self._confirm(pending, i, round_.previews.get(i), n)
         self._publish(pending.batch, round_)
+
+    def flush(self) -> None:
+        """Deliver every held event; a request whose consumer is gone stops generating."""
+        for job in self._outbox.flush():
+            job.cancel_requested = True
 
     def fail_batch(self, batch: StepBatch, error: InfernixError) -> None:
         for row in batch.rows:
@@ -203,10 +215,8 @@ class Postprocessor:
             self._send(job, event)
 
     def _send(self, job: Request, event: GenerationEvent) -> None:
-        try:
-            job.sink(event)
-        except Exception:  # the consumer is gone (closed loop): stop generating for it
-            job.cancel_requested = True
+        for gone in self._outbox.add(job.sink, event, job):  # held until flush()
+            gone.cancel_requested = True  # the consumer is gone: stop generating for it
 
     # ---------------------------------------------------------------- finishing
 

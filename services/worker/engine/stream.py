@@ -1,4 +1,5 @@
-"""The events of one request as an async iterator, fed from the worker thread."""
+"""The events of one request as an async iterator, fed from the worker thread, and the outbox
+that hands one step's events of every request to their event loops in one wake-up each."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class RequestStream:
         """Thread-safe; raises RuntimeError when the consumer's loop is closed."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
-    def __aiter__(self) -> RequestStream:
+    def __aiter__(self) -> "RequestStream":
         return self
 
     async def __anext__(self) -> GenerationEvent:
@@ -31,3 +32,43 @@ class RequestStream:
         if isinstance(event, Finished):
             self.finished = True
         return event
+
+
+def _deliver(items: list[tuple["asyncio.Queue[GenerationEvent]", GenerationEvent]]) -> None:
+    for q, event in items:
+        q.put_nowait(event)
+
+
+class Outbox:
+    """Held events: `add(sink, event, owner)` holds an event for a `RequestStream.push` sink,
+    `flush()` hands everything held to each event loop with one `call_soon_threadsafe` (one
+    wake-up of the loop instead of one per event), in the order added. Any other sink is called
+    at once. Both return the owners whose consumer is gone (a closed loop, a failing sink)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[asyncio.AbstractEventLoop, list, list]] = {}
+
+    def add(self, sink, event: GenerationEvent, owner=None) -> list:
+        stream = getattr(sink, "__self__", None)
+        if not isinstance(stream, RequestStream) or getattr(sink, "__func__", None) is not RequestStream.push:
+            try:
+                sink(event)
+            except Exception:  # the consumer is gone
+                return [owner]
+            return []
+        entry = self._held.get(id(stream._loop))
+        if entry is None:
+            entry = self._held[id(stream._loop)] = (stream._loop, [], [])
+        entry[1].append((stream._queue, event))
+        entry[2].append(owner)
+        return []
+
+    def flush(self) -> list:
+        held, self._held = self._held, {}
+        failed = []
+        for loop, items, owners in held.values():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the loop is closed
+                failed.extend(owners)
+        return failed

@@ -26,8 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.worker.models import layers as ops
 from services.worker.models.config import ModelConfig
+from services.worker.models.fused_linear import fuse_linears, project
 from services.worker.models.kv_cache import KVCache, PagedRows
+from services.worker.models.layers import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
 from services.worker.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 
@@ -72,19 +75,35 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
         else:
             self.q_norm = self.k_norm = None
+        self.fused = False  # DenseDecoder.fuse_projections sets it
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
                 rows: PagedRows) -> torch.Tensor:
         # x: [B, T, hidden]; cos, sin: [B, T, D/2]; rows: the forward's view of its KV (cache.rows)
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [B, T, H, D]
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, D]
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, D]
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self.qkv(x, cos, sin)  # [B, T, H, D], [B, T, Hkv, D], [B, T, Hkv, D]
         out = cache.attend(layer, q, k, v, rows)  # [B, T, H, D]
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k (normed when the model has q/k norms, rotated) and v of x [B, T, hidden]."""
+        B, T, _ = x.shape
+        if not self.fused:  # the op-by-op path (the benchmarks' "before")
+            q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [B, T, H, D]
+            k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, D]
+            v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, D]
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        q, k, v = project(self, x, ATTENTION_PROJECTIONS)  # views of one [B, T, (H + 2Hkv) D] GEMM
+        q = q.view(B, T, self.num_heads, self.head_dim)
+        k = k.view(B, T, self.num_kv_heads, self.head_dim)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        q, k = ops.rope(q, k, cos, sin)
+        return q, k, v
 
 
 class MLP(nn.Module):
@@ -94,9 +113,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, **kw)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, **kw)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, **kw)
+        self.fused = False  # DenseDecoder.fuse_projections sets it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if not self.fused:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        weight = getattr(self, f"fused_{MLP_PROJECTIONS[0]}")
+        gate_up = F.linear(x, weight, getattr(self, f"fused_{MLP_PROJECTIONS[0]}_bias"))  # [..., 2I]
+        return self.down_proj(ops.swiglu(gate_up))
 
 
 class DecoderLayer(nn.Module):
@@ -136,11 +160,38 @@ class DenseDecoder(nn.Module):
         w, self.rope_scaling = inverse_frequencies(config.rope, config.head_dim)
         self.register_buffer("rope_w", w.to(device=device), persistent=False)  # [D/2] float32
         self.source_path: str | None = None  # checkpoint directory or GGUF file, set by the loaders
+        self._fused = False
 
     def reset_rope(self, device: torch.device | str) -> None:
         """Recompute the RoPE frequencies on `device` (after loading a model built on `meta`)."""
         w, self.rope_scaling = inverse_frequencies(self.config.rope, self.config.head_dim)
         self.rope_w = w.to(device)
+
+    def fuse_projections(self) -> None:
+        """Compute q|k|v and gate|up with one GEMM each (models/fused_linear.py: the children's
+        parameters become row slices of the fused matrix, no memory duplicated, state_dict
+        unchanged) and take the fused path (models/layers.py). Call once the weights are final
+        and on their device; the loaders do."""
+        for layer in self.model.layers:
+            if getattr(layer.self_attn, f"fused_{ATTENTION_PROJECTIONS[0]}", None) is None:
+                fuse_linears(layer.self_attn, ATTENTION_PROJECTIONS)
+                fuse_linears(layer.mlp, MLP_PROJECTIONS)
+        self.fused = True
+
+    @property
+    def fused(self) -> bool:
+        """Whether forwards take the fused path (set by `fuse_projections`); False runs the
+        original op-by-op code on the same weights (the benchmarks' "before")."""
+        return self._fused
+
+    @fused.setter
+    def fused(self, value: bool) -> None:
+        if value and getattr(self.model.layers[0].self_attn, f"fused_{ATTENTION_PROJECTIONS[0]}",
+                             None) is None:
+            raise ValueError("fused: call fuse_projections() first")
+        self._fused = bool(value)
+        for layer in self.model.layers:
+            layer.self_attn.fused = layer.mlp.fused = self._fused
 
     def max_len_for_budget(self, lanes: int, budget_bytes: int, dtype: torch.dtype) -> int:
         """The longest lanes whose KV fits `budget_bytes`, capped at the model's context. Raises
@@ -182,6 +233,8 @@ class DenseDecoder(nn.Module):
         cos, sin = rope_cos_sin(self.rope_w, positions, self.rope_scaling)  # [B, T, D/2] each
         rows = cache.rows(lanes, positions, L)
         x = self.model.embed_tokens(tokens)  # [B, T, hidden]
+        if self._fused:
+            return self._fused_layers(x, cos, sin, cache, rows, tap)
         taps = {}
         for i, layer in enumerate(self.model.layers):
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, rows)
@@ -191,6 +244,28 @@ class DenseDecoder(nn.Module):
         if tap:
             return self.model.norm(x), torch.cat([taps[i] for i in tap], dim=-1)
         return self.model.norm(x)
+
+    def _fused_layers(self, x, cos, sin, cache, rows, tap):
+        # The residual stream h is carried beside each sublayer's output `out`; every residual
+        # add is fused with the norm that follows it: (n, h) = add_rms_norm(out, h). The stream
+        # after layer i (what `tap` returns) is the h that layer i + 1's first add_rms_norm (or
+        # the final norm) forms.
+        eps = self.config.rms_norm_eps
+        layers = self.model.layers
+        h = x
+        n = ops.rms_norm(x, layers[0].input_layernorm.weight, eps)
+        taps = {}
+        for i, layer in enumerate(layers):
+            out = layer.self_attn(n, cos, sin, cache, i, rows)
+            n, h = ops.add_rms_norm(out, h, layer.post_attention_layernorm.weight, eps)
+            out = layer.mlp(n)
+            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            n, h = ops.add_rms_norm(out, h, nxt.weight, eps)
+            if i in tap:
+                taps[i] = h
+        if tap:
+            return n, torch.cat([taps[i] for i in tap], dim=-1)
+        return n
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab] in the model's dtype."""

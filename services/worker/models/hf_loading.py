@@ -54,6 +54,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torc
     model.load_state_dict(state, strict=True, assign=True)
     model.reset_rope(device)
     model.source_path = source
+    model.fuse_projections()  # q|k|v and gate|up as one GEMM each, the fused layer path
     return model.eval().requires_grad_(False)
 
 

@@ -82,6 +82,22 @@ class Qwen35Model(nn.Module):
         for module in self.modules():
             if isinstance(module, Qwen35RMSNorm):
                 module.freeze()
+        self.fused = True
+
+    @property
+    def fused(self) -> bool:
+        """Whether the layers take the fused path of models/layers.py on CUDA (Triton norms, the
+        residual add fused with the post-attention norm, RoPE in place, SwiGLU); set by
+        `fuse_projections`. False keeps the op-by-op code on the same (projection-fused) weights,
+        the benchmarks' "before"."""
+        return getattr(self, "_fused", False)
+
+    @fused.setter
+    def fused(self, value: bool) -> None:
+        self._fused = bool(value)
+        for module in self.modules():
+            if module is not self and hasattr(module, "fused") and not isinstance(module, Qwen35Model):
+                module.fused = self._fused
 
     def reset_rope(self, device: torch.device | str) -> None:
         """Recompute the RoPE frequencies on `device` (after loading a model built on `meta`)."""

@@ -3,7 +3,8 @@ through a CUDA graph and eagerly, beside the memory floor (weight bytes read per
 device copy bandwidth). Writes JSON; no assertion about speed.
 
     python -m services.worker.models.qwen35_bench --out qwen35_bench.json \
-        [--batches 1,8,32,64] [--prompt 512] [--steps 64] [--verify 16] [--layers 32]
+        [--batches 1,8,32,64] [--prompt 512] [--steps 64] [--verify 16] [--layers 32] \
+        [--compare-unfused]
 
 The model is `random_qwen35` (the 9B text shape, bf16; --layers shortens it for a smoke run).
 """
@@ -48,7 +49,8 @@ def weight_bytes_per_step(model, batch: int) -> int:
     return total
 
 
-def _ms(fn, repeats: int) -> float:
+def cuda_ms(fn, repeats: int) -> float:
+    """Mean milliseconds of fn() over `repeats` calls, timed with CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
@@ -87,7 +89,7 @@ def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, grap
         state.commit(lanes, ones)
         pos.add_(1)
 
-    eager_ms = _ms(step, max(steps // 4, 4))
+    eager_ms = cuda_ms(step, max(steps // 4, 4))
     graph_ms = None
     if graphs:
         side = torch.cuda.Stream()
@@ -99,7 +101,7 @@ def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, grap
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        graph_ms = _ms(graph.replay, steps)
+        graph_ms = cuda_ms(graph.replay, steps)
     verify_ms = None
     if verify:
         drafts = torch.randint(0, vocab, (batch, verify), device=device)
@@ -111,7 +113,7 @@ def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, grap
             state.commit(lanes, accepted)
 
         verify_step()  # compile
-        verify_ms = _ms(verify_step, 4)
+        verify_ms = cuda_ms(verify_step, 4)
     best = graph_ms if graph_ms is not None else eager_ms
     return {"batch": batch, "prompt_tokens": prompt, "prefill_ms": prefill_ms,
             "prefill_tokens_per_s": batch * prompt / prefill_ms * 1e3, "decode_ms_eager": eager_ms,
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", type=int, default=16, help="verification width K+1 (0: none)")
     parser.add_argument("--layers", type=int, default=32, help="fewer layers for a smoke run")
     parser.add_argument("--no-graphs", action="store_true")
+    parser.add_argument("--compare-unfused", action="store_true",
+                        help="also time the op-by-op layer path (model.fused = False) per batch")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("qwen35_bench needs CUDA", file=sys.stderr)
@@ -144,8 +148,18 @@ def main(argv: list[str] | None = None) -> int:
     report = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "fla_core": fla_version,
               "layers": args.layers, "copy_bandwidth_GBps": bandwidth / 1e9, "rows": []}
     for batch in (int(b) for b in args.batches.split(",")):
+        unfused = None
+        if args.compare_unfused:
+            model.fused = False
+            unfused = bench_batch(model, batch, prompt=args.prompt, steps=args.steps,
+                                  verify=args.verify, graphs=not args.no_graphs)
+            model.fused = True
         row = bench_batch(model, batch, prompt=args.prompt, steps=args.steps, verify=args.verify,
                           graphs=not args.no_graphs)
+        if unfused is not None:
+            row["unfused"] = unfused
+            before = unfused["decode_ms_graph"] or unfused["decode_ms_eager"]
+            row["decode_speedup_fused_over_unfused"] = before / (row["decode_ms_graph"] or row["decode_ms_eager"])
         weights = weight_bytes_per_step(model, batch)
         gdn_state = 2 * batch * len(model.config.gdn_layers) * model.config.linear_num_value_heads * \
             model.config.linear_key_head_dim * model.config.linear_value_head_dim * 4  # read + write, f32

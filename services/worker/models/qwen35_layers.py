@@ -17,17 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.worker.models import layers as ops
 from services.worker.models.fused_linear import project
 from services.worker.models.gdn import GatedDeltaNet
+from services.worker.models.layers import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
 from services.worker.models.qwen35_config import Qwen35Config
 from services.worker.models.rope import apply_rope
 
 if TYPE_CHECKING:
     from services.worker.models.kv_cache import KVCache, PagedRows
     from services.worker.models.qwen35_state import Qwen35State, StepIndex
-
-ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")  # one GEMM once fused (fused_linear.py)
-MLP_PROJECTIONS = ("gate_proj", "up_proj")
 
 
 class Qwen35RMSNorm(nn.Module):
@@ -38,8 +37,11 @@ class Qwen35RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim, dtype=dtype, device=device))
         self.register_buffer("scale", None, persistent=False)
+        self.fused = False  # Qwen35Model.fused: one Triton kernel on CUDA (models/layers.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and ops.uses_kernels(x):
+            return ops.rms_norm(x, self.weight, self.eps, zero_centered=True)
         scale = self.scale if self.scale is not None else 1.0 + self.weight.float()  # [dim] f32
         return F.rms_norm(x.float(), (x.shape[-1],), scale, self.eps).to(x.dtype)
 
@@ -61,6 +63,7 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=bias, **kw)
         self.q_norm = Qwen35RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
         self.k_norm = Qwen35RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
+        self.fused = False  # Qwen35Model.fused: RoPE in place on the normed q and k
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [B, T, H, D]; cos, sin: [B, T, rotary_dim/2]: rotate the leading rotary_dim dims only
@@ -77,7 +80,10 @@ class GatedAttention(nn.Module):
         qg = qg.view(B, T, H, 2 * D)
         q, gate = qg[..., :D], qg[..., D:].reshape(B, T, H * D)  # [B, T, H, D], [B, T, H*D]
         k, v = k.view(B, T, self.num_kv_heads, D), v.view(B, T, self.num_kv_heads, D)
-        q, k = self._rope(self.q_norm(q), cos, sin), self._rope(self.k_norm(k), cos, sin)
+        if self.fused:  # norms, then RoPE on the leading rotary_dim dims in place (layers.py)
+            q, k = ops.rope(self.q_norm(q), self.k_norm(k), cos, sin)
+        else:
+            q, k = self._rope(self.q_norm(q), cos, sin), self._rope(self.k_norm(k), cos, sin)
         out = cache.attend(layer, q, k, v, rows)  # [B, T, H, D]
         out = out.reshape(B, T, H * D) * torch.sigmoid(gate)
         return self.o_proj(out)
@@ -90,8 +96,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False, **kw)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False, **kw)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False, **kw)
+        self.fused = False  # Qwen35Model.fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = getattr(self, f"fused_{MLP_PROJECTIONS[0]}", None)
+        if self.fused and weight is not None and ops.uses_kernels(x):  # one GEMM, one SwiGLU kernel
+            return self.down_proj(ops.swiglu(F.linear(x, weight)))
         gate, up = project(self, x, MLP_PROJECTIONS)
         return self.down_proj(F.silu(gate) * up)
 
@@ -110,6 +120,7 @@ class DecoderLayer(nn.Module):
             self.self_attn = GatedAttention(config, **kw)
         self.post_attention_layernorm = Qwen35RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         self.mlp = MLP(config, **kw)
+        self.fused = False  # Qwen35Model.fused
 
     def forward(self, x: torch.Tensor, state: "Qwen35State", index: int, lanes: torch.Tensor, *,
                 step: "StepIndex | None" = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -123,5 +134,9 @@ class DecoderLayer(nn.Module):
         else:
             cos, sin = rope
             mixed = self.self_attn(n, cos, sin, state.kv, index, rows)
+        norm = self.post_attention_layernorm
+        if self.fused and ops.uses_kernels(x):  # the residual add fused with the norm
+            m, h = ops.add_rms_norm(mixed, x, norm.weight, norm.eps, zero_centered=True)
+            return h + self.mlp(m)
         h = x + mixed
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp(norm(h))

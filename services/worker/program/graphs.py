@@ -3,10 +3,12 @@ host-launched speculative route one captured verify forward (K+1 tokens per row)
 keep the final hidden states for the MTP proposer when asked), and DFlash's Forward graph.
 
 Sizes 1, 2, 4, ... up to B are captured lazily; a batch is padded to the next size with rows that
-write the scratch lane. The verify graph holds the target forward only: drafts are fixed on the
-host before it, masks are filled while it runs, and acceptance runs after it outside the graph
-(design document: "sampling and acceptance run on the host-launched path after the verify
-forward, outside the CUDA Graph").
+write the scratch lane. Each decode graph also captures the greedy sample stage of an
+unconstrained, unpenalized batch (program/sampling.py `greedy_in_graph`), so such a step is one
+graph replay and two small copies to the host. The verify graph holds the target forward only:
+drafts are fixed on the host before it, masks are filled while it runs, and acceptance runs after
+it outside the graph (design document: "sampling and acceptance run on the host-launched path
+after the verify forward, outside the CUDA Graph").
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ def graph_sizes(max_batch: int) -> tuple[int, ...]:
 class DecodeGraph:
     """One captured decode forward for a fixed batch size: static tokens/positions/lanes in,
     static last-position logits out. Attention reads the whole lane (kv_len = max_len), so the
-    graph does not depend on the context length."""
+    graph does not depend on the context length. With `sample` (logits [S, V] -> (tokens [S]
+    int64, status [S] int32), no host synchronisation) the graph also runs that sample stage
+    after the forward: `sampled` holds its outputs, for the batches that may use them (an
+    unconstrained all-greedy batch); the logits stay available to every other batch."""
 
     def __init__(self, model, state, size: int, scratch_lane: int, pool,
-                 keep_hidden: bool = False) -> None:
+                 keep_hidden: bool = False, sample=None) -> None:
         device = next(model.parameters()).device
         self.size = size
         self.scratch_lane = scratch_lane
@@ -40,13 +45,19 @@ class DecodeGraph:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up outside capture (allocator, lazy inits)
-                _forward(model, self.tokens, self.positions, state, self.lanes, keep_hidden)
+                out, _ = _forward(model, self.tokens, self.positions, state, self.lanes,
+                                  keep_hidden)
+                if sample is not None:
+                    sample(out[:, -1])
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
+        self.sampled = None
         with torch.cuda.graph(self.graph, pool=pool):
             out, self.hidden = _forward(model, self.tokens, self.positions, state, self.lanes,
                                         keep_hidden)  # hidden: [S, 1, H] or None
             self.logits = out[:, -1]  # [S, V]
+            if sample is not None:
+                self.sampled = sample(self.logits)  # ([S] int64, [S] int32)
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
         """tokens, positions: [n, 1]; lanes: [n] (n <= size); returns logits [n, V] (a view)."""
@@ -193,9 +204,10 @@ class DecodeGraphs:
     > 1 the verify graphs of K+1 = width tokens per row instead."""
 
     def __init__(self, model, state, max_batch: int, scratch_lane: int, width: int = 1,
-                 keep_hidden: bool = False) -> None:
+                 keep_hidden: bool = False, sample_stage=lambda: None) -> None:
         self._model, self._state, self._scratch = model, state, scratch_lane
         self._width, self._keep_hidden = width, keep_hidden
+        self._sample_stage = sample_stage  # at each decode capture: the in-graph sample stage or None
         self._sizes = graph_sizes(max_batch)
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict[int, DecodeGraph | VerifyGraph] = {}
@@ -213,7 +225,7 @@ class DecodeGraphs:
             return graph, False
         if self._width == 1:
             graph = DecodeGraph(self._model, self._state, size, self._scratch, self._pool,
-                                self._keep_hidden)
+                                self._keep_hidden, sample=self._sample_stage())
         else:
             graph = VerifyGraph(self._model, self._state, size, self._width, self._scratch,
                                 self._pool, self._keep_hidden)

@@ -118,8 +118,11 @@ class Program:
         pin = self.cuda
         self.host_tokens = torch.zeros(max_batch, dtype=torch.int64, pin_memory=pin)  # [B]
         self.host_status = torch.zeros(max_batch, dtype=torch.int32, pin_memory=pin)  # [B]
+        # a decode step's tokens, positions and lanes, uploaded with one non-blocking copy
+        self.host_inputs = torch.zeros(max_batch, 3, dtype=torch.int64, pin_memory=pin)  # [B, 3]
         self._free = list(range(max_batch))
         self._graphs = self._verify_graphs = self._ready = self._dflash_graphs = None
+        self._last_graph = None  # the decode graph the current step replays, if any
         if self.cuda:
             from services.worker.program.events import ReadyEvent
 
@@ -133,8 +136,10 @@ class Program:
         elif use_graphs:
             from services.worker.program.graphs import DecodeGraphs
 
-            self._graphs = DecodeGraphs(self.model, self.state, max_batch, scratch_lane=max_batch,
-                                        keep_hidden=mtp)
+            self._graphs = DecodeGraphs(
+                self.model, self.state, max_batch, scratch_lane=max_batch, keep_hidden=mtp,
+                sample_stage=lambda: self.sampler.greedy_in_graph if self.sampler.fast_greedy
+                else None)
             if max_drafts > 0:  # the host-launched route's verify forward, K+1 tokens a row
                 self._verify_graphs = DecodeGraphs(self.model, self.state, max_batch,
                                                    scratch_lane=max_batch, width=max_drafts + 1,
@@ -167,8 +172,10 @@ class Program:
     # ---------------------------------------------------------------- one step
 
     @torch.inference_mode()
-    def step(self, batch: StepBatch) -> PendingBatch:
-        """Forward, masks, sampling for every row of `batch` (at most B rows, distinct lanes)."""
+    def step(self, batch: StepBatch, on_launch=None) -> PendingBatch:
+        """Forward, masks, sampling for every row of `batch` (at most B rows, distinct lanes).
+        `on_launch()`, when given, runs once the forward is launched (on CUDA the device is busy
+        then: host work placed there overlaps it)."""
         rows = batch.rows
         assert 0 < len(rows) <= self.max_batch
         ahead = self.max_drafts + 1 if self.max_drafts else 0  # a proposer's KV past the frontier
@@ -180,6 +187,8 @@ class Program:
         if batch.has_drafts:
             return self._after(self._verify(batch))
         logits = self._forward(batch)  # [n, V] logits after each row's last fed token
+        if on_launch is not None:
+            on_launch()
         sampled = [i for i, r in enumerate(rows) if r.sample]
         results = [RowResult(RowOutcome.NO_OUTPUT)] * len(rows)
         if not sampled:
@@ -188,18 +197,25 @@ class Program:
         # The CPU fills masks while the forward runs on CUDA: nothing above waits for the device.
         fill = self.masks.fill_ordinary([r.session for r in requests],
                                         [r.num_output_tokens for r in requests])
-        z = logits if len(sampled) == len(rows) else logits.index_select(
-            0, torch.tensor(sampled, dtype=torch.int64, device=self.device))  # [m, V]
-        mask, mask_row = self.masks.upload(len(sampled)) if fill.constrained else (None, None)
-        sample = self.sampler.sample(z, requests, mask, mask_row)
         m = len(sampled)
-        self.host_tokens[:m].copy_(sample.tokens, non_blocking=self.cuda)
-        self.host_status[:m].copy_(sample.status, non_blocking=self.cuda)
+        graph = self._last_graph
+        if graph is not None and graph.sampled is not None and not fill.constrained \
+                and self.sampler.graph_ready(requests):
+            tokens, status = (t[:m] for t in graph.sampled)  # sampled inside the decode graph
+        else:
+            z = logits if len(sampled) == len(rows) else logits.index_select(
+                0, torch.tensor(sampled, dtype=torch.int64, device=self.device))  # [m, V]
+            mask, mask_row = self.masks.upload(m) if fill.constrained else (None, None)
+            sample = self.sampler.sample(z, requests, mask, mask_row)
+            tokens, status = sample.tokens, sample.status
+        self.host_tokens[:m].copy_(tokens, non_blocking=self.cuda)
+        self.host_status[:m].copy_(status, non_blocking=self.cuda)
         if self._ready is not None:
             self._ready.record(torch.cuda.current_stream())
             self._ready.wait()
+        host_tokens, host_status = self.host_tokens[:m].tolist(), self.host_status[:m].tolist()
         for j, i in enumerate(sampled):
-            results[i] = self._row_result(j, rows[i], fill)
+            results[i] = self._row_result(j, rows[i], fill, host_tokens[j], host_status[j])
         return self._after(PendingBatch(batch, tuple(results)))
 
     def commit(self, pending: PendingBatch, kept: Mapping[int, int]) -> None:
@@ -340,13 +356,11 @@ class Program:
             hidden = hidden.gather(1, logit_index[:, :, None].expand(-1, -1, hidden.shape[-1]))
         return self.model.logits(hidden)
 
-    def _row_result(self, j: int, row: BatchRow, fill) -> RowResult:
+    def _row_result(self, j: int, row: BatchRow, fill, token: int, status: int) -> RowResult:
         if j in fill.dead_ends:
             return RowResult(RowOutcome.DEAD_END, error=fill.dead_ends[j])
-        status = int(self.host_status[j])
         if status == SampleStatus.OK:
-            return RowResult(RowOutcome.TOKENS, (int(self.host_tokens[j]),),
-                             mask_bytes=fill.upload_bytes.get(j, 0))
+            return RowResult(RowOutcome.TOKENS, (token,), mask_bytes=fill.upload_bytes.get(j, 0))
         what = "non-finite logits" if status == SampleStatus.NONFINITE else \
             "an empty legal set on the device after the CPU mask said Ready"
         return RowResult(RowOutcome.NONFINITE, error=InternalError(
@@ -394,6 +408,7 @@ class Program:
         return torch.cat([logits, logits.new_zeros(1, width - logits.shape[1], logits.shape[2])], 1)
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
+        self._last_graph = None  # the decode graph this step replays, if any
         rows, dev = batch.rows, self.device
         lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)  # [n]
         if batch.is_decode:
@@ -403,11 +418,16 @@ class Program:
                 graph, captured = self._graphs.get(len(rows))
                 if captured:
                     log.info("decode_graph_captured", batch_size=graph.size)
-                logits = graph.run(tokens.to(dev, non_blocking=True),
-                                   positions.to(dev, non_blocking=True),
-                                   lanes.to(dev, non_blocking=True))
+                n = len(rows)
+                staged = self.host_inputs[:n]  # contiguous and pinned: the copy does not block
+                staged[:, 0:1].copy_(tokens)
+                staged[:, 1:2].copy_(positions)
+                staged[:, 2].copy_(lanes)
+                inputs = staged.to(dev, non_blocking=True)  # [n, 3]
+                self._last_graph = graph
+                logits = graph.run(inputs[:, 0:1], inputs[:, 1:2], inputs[:, 2])
                 if graph.hidden is not None:  # kept for the MTP proposer
-                    self._hidden.append(graph.hidden[:len(rows)])
+                    self._hidden.append(graph.hidden[:n])
                 return logits
             kv_len = max(r.start for r in rows) + 1
             return self._run_model(tokens.to(dev), positions.to(dev), lanes.to(dev),

@@ -1,17 +1,23 @@
 """The sample stage of a step: the rows' sampling parameters and penalty history on the device,
 then the masked sampling kernel (the mask applied before candidate selection).
 
-Triton kernels on CUDA, their plain-torch reference on the CPU (kernels/sampling*.py).
+A batch whose rows are all greedy takes the masked argmax (kernels/sampling_greedy.py: no sort,
+no top-k, no parameters unless penalized) on every device. Otherwise the Triton kernels on CUDA,
+their plain-torch reference on the CPU (kernels/sampling*.py). The parameters are built and
+uploaded once per batch membership (the same requests in the same order); a step of an unchanged
+batch only uploads the output positions (the RNG key), from a pinned buffer without blocking.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from kernels.sampling_contract import PenaltyHistory, SamplingParams
+from kernels.sampling_greedy import sample_greedy
 from shared.frontends.token_domain import TokenDomain
 
 if TYPE_CHECKING:
@@ -31,39 +37,81 @@ class Sampler:
         else:
             from kernels.sampling_ref import sample_reference as sample
         self._sample = sample
+        self.fast_greedy = True  # False: greedy rows through the general kernel (benchmarks' "before")
+        self._members: list = []  # the requests whose parameters `_static` holds, in order
+        self._static: SamplingParams | None = None
+        self._host_position = torch.zeros(0, dtype=torch.int64)
 
     def sample(self, z: torch.Tensor, requests: Sequence["Request"], mask: torch.Tensor | None,
                mask_row: torch.Tensor | None):
         """z: [m, V'] logits of the m sampled rows; mask: [B, K+1, W] int32 and mask_row: [m]
         (or None when no row is constrained). Returns the kernel's result (tokens, status)."""
+        penalties = self.penalties(requests)
+        if self.fast_greedy and all(r.sampling.temperature == 0 for r in requests):
+            return sample_greedy(self._generable(z), vocab_size=self.domain.size, mask=mask,
+                                 mask_row=mask_row, penalties=penalties,
+                                 params=None if penalties is None else self.params(requests))
         z, params, width = self.inputs(z, requests)
         return self._sample(z, params, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
-                            penalties=self.penalties(requests), candidate_width=width)
+                            penalties=penalties, candidate_width=width)
 
     def inputs(self, z: torch.Tensor, requests: Sequence["Request"]):
         """(logits readable by the kernels with never-generable ids at -inf, the rows'
         SamplingParams at their committed output positions, the candidate width). z: [N, V']
         with N a multiple of len(requests) (a speculative round: K+1 positions per row)."""
-        if z.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            z = z.float()  # the sampling kernels read float32 / half logits
-        if self._never is not None:
-            z = z.index_fill(1, self._never, float("-inf"))  # never-generable ids
         s = [r.sampling for r in requests]
-        params = SamplingParams.from_rows(
-            len(requests), temperature=[p.temperature for p in s], top_k=[p.top_k for p in s],
-            top_p=[p.top_p for p in s], min_p=[p.min_p for p in s],
-            repetition_penalty=[p.repetition_penalty for p in s],
-            presence_penalty=[p.presence_penalty for p in s],
-            frequency_penalty=[p.frequency_penalty for p in s],
-            seed=[r.seed for r in requests], position=[r.num_output_tokens for r in requests],
-            device=self.device)
         if all(p.temperature == 0 for p in s):
             width = 1
         elif all(p.top_k > 0 for p in s):
             width = min(max(p.top_k for p in s), self.domain.size)
         else:
             width = None
-        return z, params, width
+        return self._generable(z), self.params(requests), width
+
+    def graph_ready(self, requests: Sequence["Request"]) -> bool:
+        """Whether the decode graph's own sample stage (`greedy_in_graph`) serves these rows:
+        every row greedy and unpenalized (the caller checks that no row is constrained)."""
+        return self.fast_greedy and all(r.sampling.temperature == 0 and not r.penalized()
+                                        for r in requests)
+
+    def greedy_in_graph(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy sample stage of an unconstrained, unpenalized batch, capturable in a CUDA
+        graph: logits [S, V'] -> (tokens [S] int64, status [S] int32)."""
+        result = sample_greedy(self._generable(logits), vocab_size=self.domain.size)
+        return result.tokens, result.status
+
+    def _generable(self, z: torch.Tensor) -> torch.Tensor:
+        """Logits as the sampling kernels read them (float32 / half), never-generable ids at -inf."""
+        if z.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            z = z.float()
+        if self._never is not None:
+            z = z.index_fill(1, self._never, float("-inf"))
+        return z
+
+    def params(self, requests: Sequence["Request"]) -> SamplingParams:
+        """The rows' parameters on the device: rebuilt when the membership changed, else only
+        the positions are uploaded (non-blocking from pinned memory on CUDA)."""
+        n = len(requests)
+        if self._static is None or len(self._members) != n or \
+                any(a is not b for a, b in zip(self._members, requests)):
+            s = [r.sampling for r in requests]
+            self._static = SamplingParams.from_rows(
+                n, temperature=[p.temperature for p in s], top_k=[p.top_k for p in s],
+                top_p=[p.top_p for p in s], min_p=[p.min_p for p in s],
+                repetition_penalty=[p.repetition_penalty for p in s],
+                presence_penalty=[p.presence_penalty for p in s],
+                frequency_penalty=[p.frequency_penalty for p in s],
+                seed=[r.seed for r in requests], position=0, device=self.device)
+            self._members = list(requests)
+        if self._host_position.shape[0] < n:
+            self._host_position = torch.zeros(max(n, 2 * self._host_position.shape[0]),
+                                              dtype=torch.int64,
+                                              pin_memory=self.device.type == "cuda")
+        host = self._host_position[:n]
+        host.copy_(torch.tensor([r.num_output_tokens for r in requests], dtype=torch.int64))
+        position = host.to(self.device, non_blocking=True) if self.device.type == "cuda" \
+            else host.clone()
+        return dataclasses.replace(self._static, position=position)
 
     def penalties(self, requests: Sequence["Request"]) -> PenaltyHistory | None:
         if not any(r.penalized() for r in requests):

@@ -1,0 +1,84 @@
+"""The non-attention ops of a decoder layer, one home for the dense and the Qwen3.5 models:
+RMSNorm (plain, fused with the residual add, zero-centred), RoPE on q and k, SwiGLU on a fused
+gate|up output.
+
+On CUDA each op is one Triton kernel (float32 / float16 / bfloat16) (kernels/norms.py, rope.py, swiglu.py); elsewhere it is the
+cheapest torch form that keeps the kernels' rounding rule (kernels/*_ref.py state it). The
+rounding steps are the models' own: h = x + residual rounded once to the dtype; the Llama
+convention rounds x / rms(x) to the dtype before the weight product, the zero-centred one rounds
+the float32 product once.
+
+A model takes the fused path when its `fused` attribute is True (set by `fuse_projections()` at
+load time); `fused = False` selects the original op-by-op code on the same weights, which the
+benchmarks use as the "before" of one run.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.norms_ref import rms_norm_ref
+from kernels.rope_ref import rope_ref
+from kernels.swiglu_ref import swiglu_ref
+
+# The projections computed by one GEMM once fused (models/fused_linear.py), in output order.
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj")  # swiglu reads gate first, then up
+
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def uses_kernels(x: torch.Tensor) -> bool:
+    """Whether the Triton kernels take x: a CUDA tensor of a dtype they read (float64 runs the
+    torch forms, e.g. the float64 test models on CUDA)."""
+    return x.is_cuda and x.dtype in _KERNEL_DTYPES
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
+             zero_centered: bool = False) -> torch.Tensor:
+    """RMSNorm over the last dimension of x [..., D] (a strided head view is fine); returns a
+    tensor of x's shape and dtype."""
+    if uses_kernels(x):
+        from kernels.norms import rms_norm as kernel
+
+        return kernel(x, weight, eps, zero_centered=zero_centered)
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        # one fused torch op; in float32 both conventions are the same product
+        w = weight + 1.0 if zero_centered else weight
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    return rms_norm_ref(x, weight, eps, zero_centered=zero_centered)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                 zero_centered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(h), h) with h = x + residual rounded to x's dtype, in one kernel on CUDA."""
+    if uses_kernels(x):
+        from kernels.norms import add_rms_norm as kernel
+
+        return kernel(x, residual, weight, eps, zero_centered=zero_centered)
+    h = x + residual
+    return rms_norm(h, weight, eps, zero_centered=zero_centered), h
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, T, H, D] and k [B, T, Hkv, D] rotated on their first R dims by cos, sin [B, T, R/2]
+    (float32). On CUDA in place (q and k may be views of a fused projection output, which they
+    then overwrite); elsewhere new tensors. Returns (q, k)."""
+    if uses_kernels(q):
+        from kernels.rope import apply_rope_
+
+        apply_rope_(q, k, cos, sin)
+        return q, k
+    return rope_ref(q, cos, sin), rope_ref(k, cos, sin)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused gate|up output [..., 2I] -> [..., I]."""
+    if uses_kernels(gate_up):
+        from kernels.swiglu import swiglu as kernel
+
+        return kernel(gate_up)
+    return swiglu_ref(gate_up)

@@ -1,0 +1,61 @@
+"""The Outbox of the commit path (engine/stream.py): one step's events of every request reach
+their event loop with one call_soon_threadsafe, each stream's events in order; a closed loop is
+reported so its requests stop generating (issue 14: "one call_soon_threadsafe per step instead
+of per event")."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from services.worker.engine.stream import Outbox, RequestStream
+from shared.generation import Finished, FinishReason, TextDelta, Usage
+
+
+def test_one_wakeup_per_loop_and_order_kept():
+    loop = asyncio.new_event_loop()
+    calls = []
+    original = loop.call_soon_threadsafe
+
+    def counting(fn, *args):
+        calls.append(fn)
+        return original(fn, *args)
+
+    loop.call_soon_threadsafe = counting
+    a, b = RequestStream(loop, "a"), RequestStream(loop, "b")
+    others = []
+    outbox = Outbox()
+    for k in range(3):
+        outbox.add(a.push, TextDelta(f"a{k}"))
+        outbox.add(b.push, TextDelta(f"b{k}"))
+    assert outbox.add(others.append, TextDelta("direct")) == []  # not a stream: delivered at once
+
+    def broken(event):
+        raise RuntimeError("consumer gone")
+
+    assert outbox.add(broken, TextDelta("lost"), "gone") == ["gone"]
+    assert others == [TextDelta("direct")] and not calls
+    outbox.add(a.push, Finished(FinishReason.STOP, Usage(1, 3)))
+    worker = threading.Thread(target=outbox.flush)
+    worker.start()
+    worker.join()
+    assert len(calls) == 1
+
+    async def drain(stream):
+        return [e async for e in stream]
+
+    got_a = loop.run_until_complete(drain(a))
+    assert [getattr(e, "text", None) for e in got_a] == ["a0", "a1", "a2", None]
+    got_b = [loop.run_until_complete(b._queue.get()).text for _ in range(3)]
+    assert got_b == ["b0", "b1", "b2"]
+    loop.close()
+
+
+def test_closed_loop_is_reported():
+    loop = asyncio.new_event_loop()
+    stream = RequestStream(loop, "gone")
+    loop.close()
+    outbox = Outbox()
+    assert outbox.add(stream.push, TextDelta("x"), "owner") == []
+    assert outbox.flush() == ["owner"]
+    assert outbox.flush() == []  # flushed once
