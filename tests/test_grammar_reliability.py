@@ -108,6 +108,7 @@ async def test_grammar_service_outage_degrades_instead_of_failing(service, share
         assert not held.stats.service_fallback
         assert (await client.health())["degraded"] is False
         service.kill()
+        await asyncio.sleep(client.retry_s)  # a call within retry_s answers for the service
 
         # Found unreachable (here by the health probe), the client starts the worker's compile
         # children at once: fallback builds do not pay their start-up (the load test under faults

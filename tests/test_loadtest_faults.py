@@ -23,6 +23,7 @@ keeping greedy outputs unchanged (§9).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -318,7 +319,10 @@ async def test_preempted_requests_resume_with_the_same_output_in_a_worker_proces
     assert preemptions >= 1
     for want, got in zip(alone, together):
         assert got.error is None and got.finish_reason == want.finish_reason, got
-        assert got.content == want.content and got.usage == want.usage
+        # The same output and counts; the prefix cache may hold the prompt for the second run.
+        assert got.content == want.content
+        assert dataclasses.replace(got.usage, cached_tokens=0) == \
+            dataclasses.replace(want.usage, cached_tokens=0)
 
 
 @pytest.mark.asyncio
