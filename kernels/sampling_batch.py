@@ -126,7 +126,7 @@ class DeviceSamplingParams:
         row that committed nothing this step)."""
         position = self._dev_views[2][1, :self.rows]
         if isinstance(counts, torch.Tensor):
-            if counts.shape != (self.rows,) or counts.device != self.device \
+            if counts.shape != (self.rows,) or not _same_device(counts.device, self.device) \
                     or counts.dtype.is_floating_point:
                 raise ValueError(f"counts: expected an integer [{self.rows}] tensor on "
                                  f"{self.device}, got {counts.dtype} {tuple(counts.shape)} on "
@@ -141,3 +141,13 @@ class DeviceSamplingParams:
         if self.greedy_only:
             return 1
         return min(self._max_top_k, vocab_size) if self._max_top_k > 0 else None
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """`cuda` and `cuda:0` name one device when the current device is 0."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    current = torch.cuda.current_device()
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import copy
+import importlib.util
+
 import torch
 
 VOCAB = 248_320  # the real Qwen3.5 embedding rows (shared/frontends/qwen35.py EMBEDDING_ROWS)
@@ -72,11 +75,18 @@ def add_tensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def reference_logits(hf_model, sequences: list[list[int]]) -> list[torch.Tensor]:
-    """transformers' logits [n, V] float32 for each whole sequence, no cache."""
+    """transformers' logits [n, V] float32 (on the CPU) for each whole sequence, no cache.
+
+    Where fla is installed (the GPU extra) transformers takes its Triton gated-delta-rule kernels
+    whatever the tensors' device, so the reference then runs on CUDA (a copy of the model)."""
+    model, device = hf_model, next(hf_model.parameters()).device
+    if device.type == "cpu" and torch.cuda.is_available() and importlib.util.find_spec("fla"):
+        model, device = copy.deepcopy(hf_model).to("cuda"), torch.device("cuda")
     out = []
     with torch.no_grad():
         for seq in sequences:
-            out.append(hf_model(input_ids=torch.tensor([seq]), use_cache=False).logits[0].float())
+            ids = torch.tensor([seq], device=device)
+            out.append(model(input_ids=ids, use_cache=False).logits[0].float().cpu())
     return out
 
 
