@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import copy
-import importlib.util
+import contextlib
 
 import torch
 
@@ -74,19 +73,31 @@ def add_tensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
     save_file({k: v.contiguous() for k, v in tensors.items()}, f"{path}/extra-mtp.safetensors")
 
 
-def reference_logits(hf_model, sequences: list[list[int]]) -> list[torch.Tensor]:
-    """transformers' logits [n, V] float32 (on the CPU) for each whole sequence, no cache.
+@contextlib.contextmanager
+def torch_gated_delta_rule():
+    """transformers' own torch gated delta rule inside the block. Where fla is installed (the GPU
+    extra) transformers binds fla's Triton kernels at import, whatever the tensors' device (CPU
+    tensors then crash in Triton); the reference must stay transformers' torch implementation, so
+    the module's two rule functions are swapped for the torch functions they wrap."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as modeling
 
-    Where fla is installed (the GPU extra) transformers takes its Triton gated-delta-rule kernels
-    whatever the tensors' device, so the reference then runs on CUDA (a copy of the model)."""
-    model, device = hf_model, next(hf_model.parameters()).device
-    if device.type == "cpu" and torch.cuda.is_available() and importlib.util.find_spec("fla"):
-        model, device = copy.deepcopy(hf_model).to("cuda"), torch.device("cuda")
+    names = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+    saved = {name: getattr(modeling, name) for name in names if hasattr(modeling, name)}
+    try:
+        for name, fn in saved.items():
+            setattr(modeling, name, getattr(fn, "__wrapped__", fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(modeling, name, fn)
+
+
+def reference_logits(hf_model, sequences: list[list[int]]) -> list[torch.Tensor]:
+    """transformers' logits [n, V] float32 for each whole sequence, no cache (its torch path)."""
     out = []
-    with torch.no_grad():
+    with torch.no_grad(), torch_gated_delta_rule():
         for seq in sequences:
-            ids = torch.tensor([seq], device=device)
-            out.append(model(input_ids=ids, use_cache=False).logits[0].float().cpu())
+            out.append(hf_model(input_ids=torch.tensor([seq]), use_cache=False).logits[0].float())
     return out
 
 
