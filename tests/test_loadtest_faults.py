@@ -444,3 +444,59 @@ async def test_a_mixed_load_loses_nothing_while_redis_grammar_and_a_worker_are_k
     assert ready[0] == 200 and ready[1]["status"] == "ready", ready  # degraded, but it serves
 
 
+
+
+@pytest.mark.asyncio
+async def test_a_long_prompt_delays_a_short_request_by_chunks_not_by_its_whole_prefill():
+    """§7 with a real worker process over gRPC: 'a long prompt delays others by at most one chunk
+    per step' (a per-step token budget shared by prefill chunks and decodes). A ~3,500-token prompt
+    prefills 16 tokens a step (~220 steps); a short request sent once the long one is queued is
+    admitted beside it, prefilled within the same budget and finishes its 3 tokens before the
+    long one's first token. No timing claim: the order of the two streams' events decides."""
+    from services.worker.remote import GrpcWorkerClient
+    from shared.generation import (
+        ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions, SamplingParams, Started,
+    )
+
+    worker = WorkerProcess("--lanes", "2", "--prefill-chunk", "16", "--max-len", "4096",
+                           name="chunks")
+    order: list[str] = []
+    queued = asyncio.Event()
+
+    def request(rid: str, text: str, n: int) -> GenerateRequest:
+        return GenerateRequest(rid, PromptInput(messages=(ChatMessage("user", text),)),
+                               RequestOptions(max_tokens=n, sampling=SamplingParams(temperature=0)),
+                               model="smollm2")
+
+    async def run(client: GrpcWorkerClient, rid: str, text: str, n: int) -> Finished:
+        async for event in client.generate(request(rid, text, n)):
+            if isinstance(event, Started):
+                if rid == "long":
+                    assert event.prompt_tokens > 1500, event
+                    queued.set()
+                continue
+            order.append(f"{rid}:{'end' if isinstance(event, Finished) else 'token'}")
+            if isinstance(event, Finished):
+                return event
+        raise AssertionError(f"{rid}: no Finished")
+
+    async def short_after_long(client: GrpcWorkerClient) -> Finished:
+        await queued.wait()
+        return await run(client, "short", "Say hi.", 3)
+
+    document = " ".join(f"item {i} is number {i * 7 % 1000}." for i in range(300))
+    try:
+        worker.start()
+        await worker.wait_healthy()
+        client = GrpcWorkerClient("127.0.0.1", worker.port)
+        try:
+            long, short = await asyncio.gather(run(client, "long", document, 3),
+                                               short_after_long(client))
+        finally:
+            await client.aclose()
+    finally:
+        worker.kill()
+    assert long.error is None and short.error is None, (long, short)
+    assert short.usage.completion_tokens == 3
+    first_long = next(i for i, e in enumerate(order) if e.startswith("long:"))
+    assert order.index("short:end") < first_long, order
