@@ -18,6 +18,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def kill_process(proc: subprocess.Popen | None) -> None:
+    """SIGKILL a service process the test started (if it still runs) and reap it."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def stop_process(proc: subprocess.Popen | None, timeout: float = 30.0) -> None:
+    """SIGTERM (the graceful stop under test), then SIGKILL if it outlives `timeout`."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @dataclass
 class RedisServer:
     port: int

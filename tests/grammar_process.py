@@ -8,7 +8,6 @@ SIGKILLed, SIGTERMed and started again on the same ports.
 from __future__ import annotations
 
 import asyncio
-import signal
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port
+from tests.conftest import free_port, kill_process, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,18 +111,10 @@ class GrammarProcess:
         return 0.0
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+        kill_process(self.proc)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def worker_client(service: GrammarProcess, redis_url: str | None, **config):

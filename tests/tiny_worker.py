@@ -98,18 +98,11 @@ class WorkerProcess:
             await client.aclose()
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+        from tests.conftest import kill_process
+
+        kill_process(self.proc)
 
     def stop(self) -> None:
-        import signal
-        import subprocess
+        from tests.conftest import stop_process
 
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
