@@ -24,7 +24,6 @@ Tensor names as the checkpoints spell them (`layers.0.self_attn.q_proj.weight`, 
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from dataclasses import dataclass
@@ -311,17 +310,12 @@ def load_dflash(path: str, *, dtype: torch.dtype = torch.float32,
     """The draft model of checkpoint directory `path` (config.json, *.safetensors). Raises
     FileNotFoundError for missing files, DraftConfigError for an unusable config or a tensor
     that is missing, unexpected or of the wrong shape."""
-    from safetensors.torch import load_file
+    from services.worker.models.hf_loading import read_safetensors
 
     config_path = os.path.join(path, "config.json")
     with open(config_path, encoding="utf-8") as f:
         config = DFlashConfig.from_dict(json.load(f))
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors file in {path}")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(file))
+    tensors = read_safetensors(path)
     model = DFlashDraft(config, dtype=dtype, device=device)
     own = model.state_dict()
     missing = sorted(set(own) - set(tensors))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -65,9 +66,17 @@ def load_hf_model(path: str, dtype: torch.dtype = torch.float32,
     in eval mode without gradients and `model.source_path == path`. Raises FileNotFoundError
     without config.json or safetensors files, ModelConfigError for an unsupported config or
     mismatched weights."""
+    config = read_hf_config(path)
+    return build_model(config, read_safetensors(path), dtype, device, path), config
+
+
+def read_safetensors(path: str, rename: Callable[[str], str | None] = lambda name: name
+                     ) -> dict[str, torch.Tensor]:
+    """Every tensor of checkpoint directory `path`'s *.safetensors files, on the CPU, under
+    `rename(name)` (a name it maps to None is not read). Raises FileNotFoundError without such
+    files. One reader for every checkpoint loader (dense, Qwen3.5, DFlash drafts)."""
     from safetensors import safe_open
 
-    config = read_hf_config(path)
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors file in {path}")
@@ -75,5 +84,7 @@ def load_hf_model(path: str, dtype: torch.dtype = torch.float32,
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
-                state[name] = f.get_tensor(name)
-    return build_model(config, state, dtype, device, path), config
+                ours = rename(name)
+                if ours is not None:
+                    state[ours] = f.get_tensor(name)
+    return state

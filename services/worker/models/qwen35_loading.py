@@ -12,13 +12,13 @@ The tokenizer files stay where they are (`source_path` names the directory).
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 
 import torch
 
 from services.worker.models.config import ModelConfigError
+from services.worker.models.hf_loading import read_safetensors
 from services.worker.models.qwen35 import Qwen35Model
 from services.worker.models.qwen35_config import Qwen35Config, is_qwen35_config
 
@@ -88,17 +88,6 @@ def load_qwen35_model(path: str, dtype: torch.dtype = torch.float32,
     `device`. Returns (model, config), the model in eval mode without gradients and
     `model.source_path == path`. Raises FileNotFoundError without config.json or safetensors,
     ModelConfigError for an unsupported config (a MoE variant, say) or mismatched weights."""
-    from safetensors import safe_open
-
     config = Qwen35Config.from_hf(read_config_json(path))
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors file in {path}")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
-                ours = _our_name(name)
-                if ours is not None:  # vision tensors are never read
-                    state[ours] = f.get_tensor(name)
+    state = read_safetensors(path, _our_name)  # vision tensors (None) are never read
     return build_qwen35(config, state, dtype, device, path), config
