@@ -16,7 +16,7 @@ import json
 from functools import lru_cache
 
 from services.grammar.regex.charset import CharSet
-from services.grammar.regex.tree import Alt, Chars, Literal, Node, Repeat, Seq
+from services.grammar.regex.tree import Alt, Chars, Literal, Node, Repeat, Seq, quantifier
 from shared.frontends.token_domain import TokenDomain
 
 
@@ -39,18 +39,6 @@ def _class(cs: CharSet) -> str:
                          for lo, hi in cs.ranges) + "]"
 
 
-def _quantifier(lo: int, hi: int | None) -> str:
-    if (lo, hi) == (0, None):
-        return "*"
-    if (lo, hi) == (1, None):
-        return "+"
-    if (lo, hi) == (0, 1):
-        return "?"
-    if hi is None:
-        return f"{{{lo},}}"
-    return f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}"
-
-
 def rust_regex(node: Node) -> str:
     """Regex text (Rust regex syntax) whose whole-match language is `node`'s."""
     if isinstance(node, Literal):
@@ -66,7 +54,7 @@ def rust_regex(node: Node) -> str:
         inner = rust_regex(node.item)
         atom = inner if isinstance(node.item, Chars) or (
             isinstance(node.item, Literal) and len(node.item.text) == 1) else f"(?:{inner})"
-        return atom + _quantifier(node.lo, node.hi)
+        return atom + quantifier(node.lo, node.hi)
     raise TypeError(f"{type(node).__name__} has no regex form")
 
 

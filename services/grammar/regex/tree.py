@@ -95,7 +95,8 @@ def ebnf_literal(text: str) -> str:
     return "".join(out)
 
 
-def _quantifier(lo: int, hi: int | None) -> str:
+def quantifier(lo: int, hi: int | None) -> str:
+    """The repetition suffix {lo,hi} in the spelling EBNF, regex and Lark share (*, +, ?)."""
     if (lo, hi) == (0, None):
         return "*"
     if (lo, hi) == (1, None):
@@ -124,7 +125,7 @@ def to_ebnf(node: Node) -> str:
     if isinstance(node, Alt):
         return " | ".join(to_ebnf(item) for item in node.items)
     if isinstance(node, Repeat):
-        return _ebnf_atom(node.item) + _quantifier(node.lo, node.hi)
+        return _ebnf_atom(node.item) + quantifier(node.lo, node.hi)
     if isinstance(node, Ref):
         return node.name
     if isinstance(node, Tokens):
@@ -154,5 +155,5 @@ def to_regex(node: Node) -> str:
     if isinstance(node, Alt):
         return "|".join(to_regex(item) for item in node.items)
     if isinstance(node, Repeat):
-        return "(" + to_regex(node.item) + ")" + _quantifier(node.lo, node.hi)
+        return "(" + to_regex(node.item) + ")" + quantifier(node.lo, node.hi)
     raise TypeError(f"{type(node).__name__} has no regex form")
