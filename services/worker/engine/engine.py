@@ -36,8 +36,8 @@ from services.worker.engine.postprocess import Postprocessor
 from services.worker.engine.prepare import prepare
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
-from services.worker.program import Program
-from services.worker.request import Request
+from services.worker.program import BatchRow, PendingBatch, Program, RowOutcome, StepBatch
+from services.worker.request import Request, RequestState
 from services.worker.spec import SpecCounters, check_backend, check_model, load_draft, make_drafter
 from shared.errors import (DeadlineExceeded, InternalError, InvalidRequest, Overloaded,
                            ServiceUnavailable)
@@ -65,6 +65,10 @@ class EngineConfig:
     draft_model: str | None = None  # checkpoint directory of a DFlash / DFlash2 draft model
     prefix_cache: bool = True  # reuse cached KV blocks (+ hybrid state snapshots) of equal prefixes
     kv_cache_tokens: int | None = None  # KV pool positions, at least every lane's full length
+    # Launch decode step n+1 before committing step n (the pipeline, Engine.step); None: on
+    # CUDA, where the commit then overlaps the device (on the CPU the forward is synchronous,
+    # so it would only delay publication by one forward)
+    pipeline: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -121,6 +125,10 @@ class Engine:
         self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget,
                                   self.speculation)
         self.steps = 0
+        want = config.pipeline if config.pipeline is not None else self.program.cuda
+        self.pipeline = bool(want) and self.drafter is None and self.program.chainable
+        self._held: PendingBatch | None = None  # a sampled decode step not committed yet
+        self.chained_steps = 0  # steps launched before the previous step's commit
         self._inbox: queue.Queue = queue.Queue()
         self._live: dict[str, Request] = {}
         self._lock = threading.Lock()  # guards _live and _preparing across threads
@@ -250,6 +258,14 @@ class Engine:
     def step(self) -> bool:
         """One engine step on the worker thread; False when there was nothing to run."""
         self._retire(time.monotonic())
+        held, self._held = self._held, None
+        if held is not None:
+            held = _live(held)  # rows of requests retired meanwhile are gone
+            if self._can_chain(held):
+                self._chained_step(held)
+                self._gauges()
+                return True
+            self._commit(held)
         preempted = self.scheduler.admit(self.program)
         if preempted:
             self.metrics.preemptions.inc(preempted)
@@ -282,16 +298,80 @@ class Engine:
             self.post.fail_batch(batch, InternalError(f"the batch step failed: {exc}"))
             self.post.flush()
             return True
-        self.post.commit(pending)
-        if not self.program.cuda:  # a CPU forward is synchronous: holding the events gains nothing
-            self.post.flush()
+        self._hold_or_commit(pending)
         waited = self.program.draft_wait_seconds  # a draft model's waits, counted by the Program
         if waited > self._draft_wait_seen:
             self.metrics.spec_draft_wait_seconds.inc(waited - self._draft_wait_seen)
             self._draft_wait_seen = waited
+        self._gauges()
+        return True
+
+    # The pipeline (EngineConfig.pipeline, on CUDA by default). A sampled decode step n is held
+    # uncommitted; the next step launches step n+1 first, with each row's sampled token at the
+    # next position, and only then commits step n (preview -> Program commit -> confirm ->
+    # publish -> finish, unchanged), so the commit's host work overlaps the device's forward.
+    # Step n+1 then samples only the rows that step n's commit left exactly where the launch
+    # assumed (still resident, not cancelled, the sampled token committed as the newest output,
+    # nothing forced after it); the others are left out of it, which leaves no trace: their
+    # uncommitted KV writes lie past the committed frontier (models/state.py). A step is chained
+    # only when nothing else waits for the batch: no admission, no prefill, no row at the lane's
+    # end; otherwise the held step commits first and the step runs as before.
+
+    def _can_chain(self, held: PendingBatch) -> bool:
+        rows = held.batch.rows
+        if not rows or not held.batch.is_decode:
+            return False
+        if any(r.outcome is not RowOutcome.TOKENS or len(r.tokens) != 1 for r in held.results):
+            return False
+        sched = self.scheduler
+        if sched.waiting and (self.program.free_lanes or sched.preempt_after_s is not None):
+            return False  # an admission (or a preemption) comes first
+        if len(sched.resident) != len(rows):
+            return False  # a resident row is prefilling
+        limit = self.program.max_len
+        return all(r.start + 2 <= limit for r in rows)
+
+    def _chained_step(self, held: PendingBatch) -> None:
+        batch = StepBatch(tuple(BatchRow(row.request, res.tokens, row.start + 1, True)
+                                for row, res in zip(held.batch.rows, held.results)))
+        self.steps += 1
+        self.chained_steps += 1
+        try:
+            launched = self.program.launch(batch)
+        except Exception as exc:  # step n still commits; its rows then fail
+            log.exception("program_step_failed")
+            self._commit(held)
+            self.post.fail_batch(_live(PendingBatch(batch, held.results)).batch,
+                                 InternalError(f"the batch step failed: {exc}"))
+            self.post.flush()
+            return
+        self._commit(held)
+        self.post.flush()  # step n's events go out while step n+1's forward runs
+        keep = [i for i, row in enumerate(batch.rows) if _continues(row)]
+        try:
+            pending = self.program.finish(launched, keep)
+        except Exception as exc:
+            log.exception("program_step_failed")
+            self.post.fail_batch(StepBatch(tuple(batch.rows[i] for i in keep)),
+                                 InternalError(f"the batch step failed: {exc}"))
+            self.post.flush()
+            return
+        self._hold_or_commit(pending)
+
+    def _hold_or_commit(self, pending: PendingBatch) -> None:
+        if self.pipeline and pending.batch.rows and pending.batch.is_decode:
+            self._held = pending
+        else:
+            self._commit(pending)
+
+    def _commit(self, pending: PendingBatch) -> None:
+        self.post.commit(pending)
+        if not self.program.cuda:  # a CPU forward is synchronous: holding the events gains nothing
+            self.post.flush()
+
+    def _gauges(self) -> None:
         self.metrics.lanes_in_use.set(len(self.scheduler.resident))
         self.metrics.queue_depth.set(len(self.scheduler.waiting))
-        return True
 
     def _draft(self, batch):
         """Drafts on the host before the verify forward (n-gram: the host-launched route); the
@@ -319,6 +399,7 @@ class Engine:
                     self.step()
                 except Exception as exc:  # a bug: fail what is resident, keep serving
                     log.exception("engine_step_failed")
+                    self._held = None
                     for job in list(self.scheduler.resident):
                         self.post.finish(job, FinishReason.ERROR,
                                          InternalError(f"engine failure: {exc}"))
@@ -326,6 +407,12 @@ class Engine:
         finally:
             self._running = False
             self._take_inbox(block=False)
+            held, self._held = self._held, None
+            if held is not None:  # the sampled step is published before the rest is cancelled
+                try:
+                    self._commit(_live(held))
+                except Exception:
+                    log.exception("engine_step_failed")
             for job in self.scheduler.live():
                 self.post.finish(job, FinishReason.CANCELLED)
             self.post.flush()
@@ -346,3 +433,22 @@ class Engine:
                 item = self._inbox.get_nowait()
         except queue.Empty:
             return True
+
+
+def _live(pending: PendingBatch) -> PendingBatch:
+    """The rows of a held step whose requests are still resident (a retired request's row is
+    dropped with its result)."""
+    keep = [i for i, row in enumerate(pending.batch.rows) if row.request.state is RequestState.RESIDENT]
+    if len(keep) == len(pending.batch.rows):
+        return pending
+    return PendingBatch(StepBatch(tuple(pending.batch.rows[i] for i in keep)),
+                        tuple(pending.results[i] for i in keep))
+
+
+def _continues(row: BatchRow) -> bool:
+    """Whether a chained row's request is where the launch assumed after the held commit: still
+    resident and live, its lane at row.start, row.tokens[0] its newest committed output token."""
+    job = row.request
+    return (job.state is RequestState.RESIDENT and not job.cancel_requested and not job.in_prefill
+            and job.num_cached == row.start and bool(job.output_ids)
+            and job.output_ids[-1] == row.tokens[0])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -37,6 +37,15 @@ from shared.errors import InternalError
 from shared.logging import get_logger
 
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class Launched:
+    """An ordinary step whose forward is launched (`Program.launch`), not yet sampled."""
+
+    batch: StepBatch
+    logits: torch.Tensor  # [n, V] after each row's last fed token (a graph's static output)
+    graph: object | None  # the decode graph it replayed (its in-graph sample stage), if any
 
 
 class Program:
@@ -178,33 +187,63 @@ class Program:
         then: host work placed there overlaps it)."""
         rows = batch.rows
         assert 0 < len(rows) <= self.max_batch
-        ahead = self.max_drafts + 1 if self.max_drafts else 0  # a proposer's KV past the frontier
-        for r in rows:
-            self.blocks.reserve(r.request.lane, min(r.end + ahead, self.max_len))
-        self._hidden = []
         if any(r.draft_limit for r in rows):
+            self._reserve(rows)
             return self._after(self._device_verify(batch))
         if batch.has_drafts:
+            self._reserve(rows)
             return self._after(self._verify(batch))
-        logits = self._forward(batch)  # [n, V] logits after each row's last fed token
+        launched = self.launch(batch)
         if on_launch is not None:
             on_launch()
-        sampled = [i for i, r in enumerate(rows) if r.sample]
-        results = [RowResult(RowOutcome.NO_OUTPUT)] * len(rows)
+        return self.finish(launched)
+
+    @property
+    def chainable(self) -> bool:
+        """Whether the Engine may launch decode step n+1 before committing step n (its pipeline,
+        engine.py): nothing of an uncommitted step may reach what the next forward reads. True
+        for a dense model's paged KV (an uncommitted step's writes lie past the frontier) with
+        no drafts; a hybrid model's recurrent state is read from the committed slot, which only
+        the commit selects, and a proposer aligns with every committed step."""
+        return self.proposer is None and self.max_drafts == 0 and not _recurrent(self.state)
+
+    @torch.inference_mode()
+    def launch(self, batch: StepBatch) -> "Launched":
+        """The forward of an ordinary step (no drafts), launched: on CUDA the device runs it
+        while the host goes on; `finish` samples it."""
+        rows = batch.rows
+        assert 0 < len(rows) <= self.max_batch and not batch.has_drafts
+        self._reserve(rows)
+        logits = self._forward(batch)  # [n, V] logits after each row's last fed token
+        return Launched(batch, logits, self._last_graph)
+
+    @torch.inference_mode()
+    def finish(self, launched: "Launched", keep: Sequence[int] | None = None) -> PendingBatch:
+        """Masks and sampling of a launched step. `keep`: the batch indices still wanted (default
+        all): the others are left out of the PendingBatch (nothing of them is sampled or can be
+        committed; their forward leaves no trace past the committed frontier)."""
+        rows = launched.batch.rows
+        index = list(range(len(rows))) if keep is None else list(keep)
+        sampled = [i for i in index if rows[i].sample]
+        results = {i: RowResult(RowOutcome.NO_OUTPUT) for i in index}
         if not sampled:
-            return self._after(PendingBatch(batch, tuple(results)))
+            return self._after(self._pending(rows, index, results))
         requests = [rows[i].request for i in sampled]
         # The CPU fills masks while the forward runs on CUDA: nothing above waits for the device.
         fill = self.masks.fill_ordinary([r.session for r in requests],
                                         [r.num_output_tokens for r in requests])
         m = len(sampled)
-        graph = self._last_graph
+        whole = sampled == list(range(m))  # the leading rows: views, no gather
+        pick = None if whole else torch.tensor(sampled, dtype=torch.int64, device=self.device)
+        graph = launched.graph
         if graph is not None and graph.sampled is not None and not fill.constrained \
                 and self.sampler.graph_ready(requests):
-            tokens, status = (t[:m] for t in graph.sampled)  # sampled inside the decode graph
+            # sampled inside the decode graph
+            tokens, status = (t[:m] if whole else t.index_select(0, pick) for t in graph.sampled)
         else:
-            z = logits if len(sampled) == len(rows) else logits.index_select(
-                0, torch.tensor(sampled, dtype=torch.int64, device=self.device))  # [m, V]
+            logits = launched.logits
+            z = logits if whole and m == logits.shape[0] else \
+                logits[:m] if whole else logits.index_select(0, pick)  # [m, V]
             mask, mask_row = self.masks.upload(m) if fill.constrained else (None, None)
             sample = self.sampler.sample(z, requests, mask, mask_row)
             tokens, status = sample.tokens, sample.status
@@ -216,7 +255,20 @@ class Program:
         host_tokens, host_status = self.host_tokens[:m].tolist(), self.host_status[:m].tolist()
         for j, i in enumerate(sampled):
             results[i] = self._row_result(j, rows[i], fill, host_tokens[j], host_status[j])
-        return self._after(PendingBatch(batch, tuple(results)))
+        return self._after(self._pending(rows, index, results))
+
+    @staticmethod
+    def _pending(rows, index: list[int], results: dict[int, RowResult]) -> PendingBatch:
+        if len(index) == len(rows):
+            return PendingBatch(StepBatch(rows), tuple(results[i] for i in index))
+        return PendingBatch(StepBatch(tuple(rows[i] for i in index)),
+                            tuple(results[i] for i in index))
+
+    def _reserve(self, rows: Sequence[BatchRow]) -> None:
+        ahead = self.max_drafts + 1 if self.max_drafts else 0  # a proposer's KV past the frontier
+        for r in rows:
+            self.blocks.reserve(r.request.lane, min(r.end + ahead, self.max_len))
+        self._hidden = []
 
     def commit(self, pending: PendingBatch, kept: Mapping[int, int]) -> None:
         """Commit the device state of the rows named: batch index -> how many of the tokens the

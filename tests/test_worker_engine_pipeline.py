@@ -1,0 +1,145 @@
+"""The Engine's pipeline (EngineConfig.pipeline; on by default on CUDA): decode step n+1 is
+launched before step n is committed, and samples only the rows that step n's commit left where the
+launch assumed. Design rule it must keep (DESIGN.md, section 5): "Nothing of a step is committed
+until the commit path has previewed every row" and a row left out "leaves no trace": so every
+request's events, text, finish reason and usage are exactly those of the unpipelined engine, for
+greedy, seeded sampling, penalties, JSON Schema, stop strings and stop ids, lane ends,
+cancellation, and requests joining and leaving the batch. The CPU runs the same code with
+pipeline=True (its forward is synchronous, so only the ordering is exercised, not the overlap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shared.contract import OutputConstraint
+from shared.generation import Finished, GenerationEvent, RequestOptions, SamplingParams
+from tests.worker_support import greedy, open_client, text_request, tiny_runtime
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+          "required": ["a", "b"]}
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    return tiny_runtime()
+
+
+def _requests(runtime) -> list:
+    name = runtime.name
+    sampled = RequestOptions(max_tokens=14, sampling=SamplingParams(temperature=0.9, top_p=0.9, seed=7))
+    penalized = RequestOptions(max_tokens=12, sampling=SamplingParams(
+        temperature=0.0, presence_penalty=0.8, frequency_penalty=0.3))
+    return [
+        text_request("greedy", "Once upon a time", greedy(20), name),
+        text_request("short", "x", greedy(3), name),
+        text_request("sampled", "The quick brown fox", sampled, name),
+        text_request("penalized", "0123456789", penalized, name),
+        text_request("schema", "json please", greedy(40, constraint=OutputConstraint.json_schema(SCHEMA)), name),
+        text_request("stop", "abc abc abc", greedy(30, stop=("b", "zz")), name),
+        text_request("stop_id", "tiny", greedy(25, stop_token_ids=(ord("e"), ord("a"))), name),
+        text_request("late", "Another prompt that needs several prefill chunks to fit in.", greedy(16), name),
+        # no max_tokens: until the lane is full, so the last steps sit at the lane's end
+        text_request("to_end", "fill the lane", RequestOptions(sampling=SamplingParams(temperature=0.0)), name),
+    ]
+
+
+async def _events(client, request) -> list[GenerationEvent]:
+    out = []
+    async for event in client.generate(request):
+        out.append(event)
+        if isinstance(event, Finished):
+            return out
+    raise AssertionError("no Finished")
+
+
+def _comparable(events: list[GenerationEvent]) -> list:
+    # every event as published; of Finished all but the wall-clock figures (its timings and the
+    # constraint report's seconds / milliseconds)
+    out = []
+    for e in events:
+        fields = {k: v for k, v in vars(e).items() if k != "timings"}
+        if isinstance(fields.get("constraint"), dict):
+            fields["constraint"] = {k: v for k, v in fields["constraint"].items()
+                                    if not k.endswith(("_seconds", "_ms"))}
+        out.append((type(e).__name__, fields))
+    return out
+
+
+async def _run(runtime, pipeline: bool, **config) -> tuple[dict, object]:
+    client = open_client(runtime, pipeline=pipeline, **config)
+    program = client.engine.program
+    launch = program.launch
+
+    outside = []  # rows fed past their lane's end (on CUDA: a stray write into another lane)
+
+    def checked_launch(batch):
+        outside.extend(r.request.request_id for r in batch.rows if r.end > program.max_len)
+        return launch(batch)
+
+    program.launch = checked_launch
+    try:
+        requests = _requests(runtime)
+        tasks = {}
+        for i, r in enumerate(requests):  # staggered arrivals: rows join a running batch
+            tasks[r.request_id] = asyncio.create_task(_events(client, r))
+            await asyncio.sleep(0.002 * (i % 3))
+        results = {k: _comparable(await t) for k, t in tasks.items()}
+        engine = client.engine
+    finally:
+        await client.aclose()
+    assert not outside, outside
+    return results, engine
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("config", [dict(max_batch=4, max_len=96, prefill_chunk=8),
+                                    dict(max_batch=8, max_len=80, prefill_chunk=64)],
+                         ids=["4-lanes-chunked", "8-lanes-short-lanes"])
+async def test_pipelined_engine_publishes_exactly_what_the_unpipelined_one_does(runtime, config):
+    """Same requests, same arrival pattern, pipeline off and on: identical event streams per
+    request (texts, usage, finish reasons, constraint reports). A request without max_tokens runs
+    to the end of its lane, where the pipeline must not chain a step past it."""
+    plain, engine_plain = await _run(runtime, False, **config)
+    piped, engine_piped = await _run(runtime, True, **config)
+    assert engine_plain.chained_steps == 0 and not engine_plain.pipeline
+    assert engine_piped.pipeline and engine_piped.chained_steps > 0  # the pipeline really ran
+    assert plain.keys() == piped.keys()
+    for rid in plain:
+        assert piped[rid] == plain[rid], rid
+    finished = {rid: events[-1][1] for rid, events in piped.items()}
+    assert finished["schema"]["constraint"]["complete"] or finished["schema"]["finish_reason"].value == "length"
+    assert finished["to_end"]["finish_reason"].value == "length"
+    # the lane holds every position; the last output token is sampled, never fed
+    assert finished["to_end"]["usage"].prompt_tokens + finished["to_end"]["usage"].completion_tokens \
+        == config["max_len"] + 1
+
+
+@pytest.mark.asyncio
+async def test_cancelled_request_leaves_the_others_exact(runtime):
+    """A request cancelled while its next step is already launched (the consumer goes away
+    mid-stream) finishes as cancelled; the rows beside it publish what they publish alone."""
+    async def scenario(pipeline: bool):
+        client = open_client(runtime, pipeline=pipeline, max_batch=3, max_len=96)
+        try:
+            keep = [text_request(f"k{i}", p, greedy(18), runtime.name)
+                    for i, p in enumerate(["Once upon a time", "0123456789"])]
+            tasks = [asyncio.create_task(_events(client, r)) for r in keep]
+            victim = text_request("victim", "The quick brown fox", greedy(40), runtime.name)
+            seen = 0
+            async for event in client.generate(victim):
+                seen += 1
+                if seen == 5:
+                    break  # the consumer leaves: the engine cancels the request
+            results = [_comparable(await t) for t in tasks]
+            engine = client.engine
+        finally:
+            await client.aclose()
+        return results, engine
+
+    plain, _ = await scenario(False)
+    piped, engine = await scenario(True)
+    assert engine.chained_steps > 0
+    assert piped == plain
