@@ -97,21 +97,24 @@ def test_bench_decode_compares_the_unfused_path():
     try:
         report = bench_decode(runtime, DecodeBenchOptions(
             batch_sizes=(2,), max_tokens=4, prompt_tokens=8, reference=False, warmup_tokens=2,
-            compare_unfused=True, breakdown=True))
+            compare_unfused=True, compare_serial=True, breakdown=True))
     finally:
         torch.set_num_threads(threads)
     assert runtime.model.fused  # left on the serving path
     (row,) = report["results"]
     for mode in ("unconstrained", "constrained"):
         assert row["engine_unfused"][mode]["texts"] == row["engine"][mode]["texts"]
+        assert row["engine_serial"][mode]["texts"] == row["engine"][mode]["texts"]
         assert row["speedup_fused_over_unfused"][mode] == round(
             row["engine_unfused"][mode]["tpot_p50_ms"] / row["engine"][mode]["tpot_p50_ms"], 4)
+        assert row["speedup_pipeline"][mode] == round(
+            row["engine_serial"][mode]["tpot_p50_ms"] / row["engine"][mode]["tpot_p50_ms"], 4)
     assert report["breakdown"]["copy_bandwidth_GBps"] > 0
-    for path in ("fused", "unfused"):
+    engines = {"fused": "engine", "unfused": "engine_unfused", "serial": "engine_serial"}
+    for path in ("fused", "unfused", "serial"):
         step = row["breakdown"][path]
         assert step["forward_ms"] > 0 and step["sample_ms"] > 0 and step["floor_ms"] > 0
-        assert step["tpot_ms"] == row[{"fused": "engine", "unfused": "engine_unfused"}[path]][
-            "unconstrained"]["tpot_p50_ms"]
+        assert step["tpot_ms"] == row[engines[path]]["unconstrained"]["tpot_p50_ms"]
         assert step["host_ms"] == round(step["tpot_ms"] - step["forward_ms"] - step["sample_ms"], 4)
 
 

@@ -34,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare-unfused", action="store_true",
                    help="first run the engine on the op-by-op model path with the general greedy "
                    "sampler (the before), then the fused path, in one run")
+    p.add_argument("--compare-serial", action="store_true",
+                   help="also run the fused path with the engine's pipeline off (launch step n+1 "
+                   "only after step n's commit), before the pipelined one, in one run")
     p.add_argument("--breakdown", action="store_true",
                    help="time forward and sample per batch size (CUDA events; the wall clock on "
                    "the CPU) beside the memory floor; host share and idle device from the TPOT")

@@ -51,12 +51,16 @@ class DecodeBenchOptions:
     cuda_graphs: bool = True  # our engine's decode graphs (CUDA only)
     warmup_tokens: int = 4  # output tokens of the warm-up rounds, >= 2
     compare_unfused: bool = False  # also run the op-by-op model path + general greedy sampling
+    compare_serial: bool = False  # also run the fused path with the engine's pipeline off
     breakdown: bool = False  # the device step breakdown and memory floor (bench/breakdown.py)
 
     @property
     def paths(self) -> tuple[str, ...]:
-        """Model paths the engine rounds run: "fused" always, "unfused" (the before) first."""
-        return ("unfused", "fused") if self.compare_unfused else ("fused",)
+        """Engine paths the rounds run, the befores first: "unfused" (op-by-op model, general
+        greedy sampler, no pipeline), "serial" (fused model, the pipeline off), "fused" (all of
+        issue 14's work: the fused model path and, on CUDA, the engine's pipeline) always."""
+        return (("unfused",) if self.compare_unfused else ()) + \
+            (("serial",) if self.compare_serial else ()) + ("fused",)
 
     def __post_init__(self) -> None:
         for name in ("batch_sizes", "reference_batch_sizes"):
@@ -118,12 +122,12 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
     max_len = opts.prompt_tokens + max(opts.max_tokens, opts.warmup_tokens) + 32
     config = EngineConfig(max_batch=max(opts.batch_sizes), max_len=max_len,
                           prefill_chunk=max(512, opts.prompt_tokens + 32),
-                          cuda_graphs=opts.cuda_graphs)
+                          cuda_graphs=opts.cuda_graphs, pipeline=None if path == "fused" else False)
     model = runtime.model
     if hasattr(model, "fused"):
-        model.fused = path == "fused"  # before the engine captures its graphs
+        model.fused = path != "unfused"  # before the engine captures its graphs
     client = open_in_process(runtime, config)
-    client.engine.program.sampler.fast_greedy = path == "fused"
+    client.engine.program.sampler.fast_greedy = path != "unfused"
     try:
         for schema in schemas:  # compile outside every timed round
             await client.engine.grammar.compile(OutputConstraint.json_schema(schema), model=runtime.name)
@@ -173,7 +177,8 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     if opts.breakdown:
         from services.worker.bench.breakdown import step_breakdown
 
-        breakdown = step_breakdown(runtime, opts.batch_sizes, opts.paths)
+        breakdown = step_breakdown(runtime, opts.batch_sizes,
+                                   [p for p in opts.paths if p != "serial"])  # model paths
         log(f"breakdown: {breakdown['rows']}")
     done = {"engine": engine}
     reference = None
@@ -190,6 +195,12 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
             row["engine_unfused"] = before
             row["speedup_fused_over_unfused"] = {
                 m: _ratio(before[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
+                for m in ("unconstrained", "constrained")}
+        if "serial" in paths:
+            serial = paths["serial"][b]
+            row["engine_serial"] = serial
+            row["speedup_pipeline"] = {
+                m: _ratio(serial[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
                 for m in ("unconstrained", "constrained")}
         if breakdown is not None:
             row["breakdown"] = _breakdown_row(breakdown["rows"][b], paths, b)
@@ -223,7 +234,10 @@ def _breakdown_row(device_rows: dict, paths: dict, b: int) -> dict:
     """Per path: the device times, plus the engine's unconstrained TPOT and what the host adds to
     it (TPOT - forward - sample: the GPU idles then unless the host overlaps the device)."""
     out = {}
-    for path, dev in device_rows.items():
+    rows = dict(device_rows)
+    if "serial" in paths:  # the same model path as "fused", the engine's pipeline off
+        rows["serial"] = device_rows["fused"]
+    for path, dev in rows.items():
         tpot = paths[path][b]["unconstrained"]["tpot_p50_ms"]
         host = tpot - dev["forward_ms"] - dev["sample_ms"]
         out[path] = {**dev, "tpot_ms": tpot, "host_ms": round(host, 4),
@@ -277,7 +291,8 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens, reference=args.reference,
         reference_batch_sizes=tuple(args.reference_batch_sizes or ((1, 8) if cuda else (1,))),
         reference_max_tokens=args.reference_max_tokens, cuda_graphs=not args.no_cuda_graphs,
-        compare_unfused=args.compare_unfused, breakdown=args.breakdown)
+        compare_unfused=args.compare_unfused, compare_serial=args.compare_serial,
+        breakdown=args.breakdown)
 
     def log(line: str) -> None:
         print(f"[bench decode] {line}", file=sys.stderr, flush=True)
