@@ -140,3 +140,38 @@ def test_bench_prefix_reports_cold_hit_and_cache_off():
     assert report["hit_over_cold"] is not None and report["ttft_cold_p50_ms"] > 0
     parsed = build_parser().parse_args(["bench", "prefix", "--prefix-tokens", "100", "--hits", "3"])
     assert (parsed.prefix_tokens, parsed.hits, parsed.repeats) == (100, 3, 2)
+
+
+def test_bench_decode_runs_the_qwen35_model_with_its_state_in_the_floor():
+    """Issue 16: `infernix bench decode --model qwen35-9b-random` runs the hybrid model through
+    the engine, constrained and not, and its memory floor counts the recurrent state each step
+    reads and writes beside the weights. A tiny shape of the same builder on the CPU here; the
+    HF reference is refused with a clear message (it covers the dense models only)."""
+    from services.worker.bench.decode import run
+    from services.worker.bench.models import random_qwen35_runtime
+    from services.worker.models.qwen35_bench import recurrent_state_bytes_per_step, weight_bytes_per_step
+
+    layers = ("linear_attention", "linear_attention", "linear_attention", "full_attention")
+    runtime = random_qwen35_runtime(dtype=torch.float32, device="cpu", hidden_size=64,
+                                    intermediate_size=96, layer_types=layers, num_heads=2,
+                                    num_kv_heads=1, head_dim=32, rotary_dim=8, linear_num_key_heads=2,
+                                    linear_num_value_heads=4, linear_key_head_dim=16,
+                                    linear_value_head_dim=16, max_position_embeddings=512)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        report = bench_decode(runtime, DecodeBenchOptions(
+            batch_sizes=(2,), max_tokens=4, prompt_tokens=8, reference=False, warmup_tokens=2,
+            breakdown=True))
+    finally:
+        torch.set_num_threads(threads)
+    (row,) = report["results"]
+    for mode in ("unconstrained", "constrained"):
+        assert row["engine"][mode]["tokens_per_request"] == {"min": 4, "max": 4}
+    state = recurrent_state_bytes_per_step(runtime.model, 2)
+    assert state == 2 * 2 * 3 * 4 * 16 * 16 * 4  # read + write, 2 lanes, 3 GDN layers, f32
+    floor = row["breakdown"]["fused"]["floor_ms"]
+    weights_only = weight_bytes_per_step(runtime.model, 2) / (report["breakdown"]["copy_bandwidth_GBps"] * 1e9) * 1e3
+    assert floor > weights_only
+    args = build_parser().parse_args(["bench", "decode", "--model", "qwen35-9b-random"])
+    assert run(args) == 2  # the reference is on by default: refused before any model is built

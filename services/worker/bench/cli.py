@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-MODELS = ("smollm2", "qwen3-8b-random")
+MODELS = ("smollm2", "qwen3-8b-random", "qwen35-9b-random")
 
 
 def _run(args: argparse.Namespace) -> int:

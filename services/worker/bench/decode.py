@@ -12,8 +12,9 @@ processor. Targets (issue 3, measured, never asserted): constrained TPOT within 
 unconstrained at every B on the H200; ours >= 3x faster per token than the reference at B = 1;
 CPU mask work hidden at B = 1.
 
-Models: `smollm2` (the built-in default) and `qwen3-8b-random`, a random-weight bf16 model of
-Qwen3-8B's shape over the Qwen3.5 vocabulary (structure only: timings, never quality).
+Models: `smollm2` (the built-in default), `qwen3-8b-random`, a random-weight bf16 model of
+Qwen3-8B's shape over the Qwen3.5 vocabulary, and `qwen35-9b-random`, the random-weight
+Qwen3.5-9B-shaped hybrid text model (structure only: timings, never quality; no HF reference).
 """
 
 from __future__ import annotations
@@ -286,6 +287,10 @@ def _machine(device: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     cuda = args.device.startswith("cuda")
+    if args.model == "qwen35-9b-random" and args.reference:
+        print("bench decode: the Hugging Face reference covers the dense models only; pass "
+              "--no-reference with --model qwen35-9b-random", file=sys.stderr)
+        return 2
     opts = DecodeBenchOptions(
         batch_sizes=tuple(args.batch_sizes or ((1, 8, 32, 64) if cuda else (1, 8, 32))),
         max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens, reference=args.reference,

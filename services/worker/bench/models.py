@@ -41,6 +41,20 @@ def random_qwen3_runtime(domain: TokenDomain, tokenizer, *, name: str = "qwen3-8
     return ModelRuntime(name, decoder, config, Frontend(name, domain, tokenizer))
 
 
+@torch.no_grad()
+def random_qwen35_runtime(*, name: str = "qwen35-9b-random", dtype: torch.dtype = torch.bfloat16,
+                          device: str | torch.device = "cuda", **overrides) -> ModelRuntime:
+    """The random-weight Qwen3.5-9B-shaped text model (models/qwen35_runtime.py `random_qwen35`,
+    `overrides` its config fields) over the Qwen3.5 vocabulary, raw-text prompts."""
+    from services.worker.models.qwen35_runtime import random_qwen35
+    from shared.frontends import get_domain
+    from shared.frontends.qwen35 import qwen35_tokenizer
+
+    model = random_qwen35(dtype=dtype, device=device, **overrides)
+    return ModelRuntime(name, model, model.config,
+                        Frontend(name, get_domain("qwen3.5"), TiktokenTokenizer(qwen35_tokenizer())))
+
+
 def build_runtime(model: str, device: str) -> ModelRuntime:
     """The benchmark's runtime: bf16 on CUDA, float32 on the CPU. Raises ValueError for an
     unknown model name."""
@@ -53,6 +67,8 @@ def build_runtime(model: str, device: str) -> ModelRuntime:
 
         return random_qwen3_runtime(get_domain("qwen3.5"), TiktokenTokenizer(qwen35_tokenizer()),
                                     dtype=dtype, device=device)
+    if model == "qwen35-9b-random":
+        return random_qwen35_runtime(dtype=dtype, device=device)
     raise ValueError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
 
 

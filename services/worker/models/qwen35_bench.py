@@ -49,6 +49,17 @@ def weight_bytes_per_step(model, batch: int) -> int:
     return total
 
 
+def recurrent_state_bytes_per_step(model, batch: int) -> int:
+    """Bytes of recurrent state one decode step reads and writes (a hybrid model's GDN state,
+    float32, `batch` lanes; 0 for a model without one)."""
+    config = model.config
+    layers = getattr(config, "gdn_layers", ())
+    if not layers:
+        return 0
+    return 2 * batch * len(layers) * config.linear_num_value_heads * config.linear_key_head_dim * \
+        config.linear_value_head_dim * 4
+
+
 def cuda_ms(fn, repeats: int) -> float:
     """Mean milliseconds of fn() over `repeats` calls, timed with CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -161,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             before = unfused["decode_ms_graph"] or unfused["decode_ms_eager"]
             row["decode_speedup_fused_over_unfused"] = before / (row["decode_ms_graph"] or row["decode_ms_eager"])
         weights = weight_bytes_per_step(model, batch)
-        gdn_state = 2 * batch * len(model.config.gdn_layers) * model.config.linear_num_value_heads * \
-            model.config.linear_key_head_dim * model.config.linear_value_head_dim * 4  # read + write, f32
+        gdn_state = recurrent_state_bytes_per_step(model, batch)
         row.update(weight_bytes=weights, floor_ms=weights / bandwidth * 1e3,
                    floor_with_gdn_state_ms=(weights + gdn_state) / bandwidth * 1e3)
         best = row["decode_ms_graph"] or row["decode_ms_eager"]
