@@ -10,6 +10,9 @@ GPU-specific.
 
     cd /work/wt-q35diag && PYTHONPATH=$PWD /tmp/v/bin/python diag_qwen35_cuda_paths.py [variant ...]
 
+DIAG_DTYPE=bf16 runs the model (and its state) in bfloat16 and also reports transformers' own
+bfloat16 error and each variant against our CPU bfloat16 path. DIAG_JSON=file writes all numbers.
+
 fla-core (for the `fla_chunk` variant) is taken from FLA_SITE (default /tmp/flasite: fla-core 0.6.0
 + einops installed with `pip install --no-deps --target`), put on sys.path only after the reference
 and the other variants ran. Under the interpreter fla needs two workarounds: Triton's autotuner
@@ -40,6 +43,7 @@ from services.worker.models import layers as ops  # noqa: E402
 from services.worker.models.qwen35_loading import load_qwen35_model  # noqa: E402
 from tests.qwen35_support import VOCAB, hf_causal_lm, reference_logits, run_schedule  # noqa: E402
 
+DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}[os.environ.get("DIAG_DTYPE", "fp32")]
 SCHEDULE = ((40, 5, 0), (0, 9, 12), (1, 3, 1)) + ((1, 1, 1),) * 8
 LANES = [3, 0, 1]
 
@@ -231,15 +235,30 @@ def main(argv):
         hf = hf_causal_lm(seed=0)
         hf.save_pretrained(path)
         ref = reference_logits(hf, seqs)
-        model, _ = load_qwen35_model(path, torch.float32, "cpu")
+        model, _ = load_qwen35_model(path, DTYPE, "cpu")
     results = {}
+    if DTYPE != torch.float32:  # the oracle's own error in this dtype (transformers on CPU)
+        hf_low = hf.to(DTYPE)
+        low = reference_logits(hf_low, seqs)
+        rows = compare(low, ref)
+        results["transformers_" + str(DTYPE)] = rows
+        print(f"transformers {DTYPE} vs its float32: max rel err {max(r['rel'] for r in rows):.3g}; per row "
+              + ", ".join(f"{r['rel']:.2g}" for r in rows), flush=True)
+    base = {}
 
     def run(name):
         t0 = time.time()
-        state = model.new_state(5, 64, dtype=torch.float32, device="cpu")
+        state = model.new_state(5, 64, dtype=DTYPE, device="cpu")
         with variant(name):
             ours = run_schedule(model, state, LANES, seqs, SCHEDULE, device="cpu")
         rows = compare(ours, ref)
+        if name == "cpu":
+            base["cpu"] = ours
+        elif DTYPE != torch.float32:  # also against our own torch path in the same dtype
+            vs = compare(ours, base["cpu"])
+            for r, v in zip(rows, vs):
+                r["rel_vs_our_cpu"] = v["rel"]
+            print(f"{'':>12}  vs our CPU {DTYPE} path: per row " + ", ".join(f"{v['rel']:.2g}" for v in vs))
         results[name] = rows
         worst = max(rows, key=lambda r: r["rel"])
         print(f"{name:>12}: max rel err {worst['rel']:.3g} (row {worst['row']} token {worst['worst_token']}, "
