@@ -10,6 +10,9 @@ GPU-specific.
 
     cd /work/wt-q35diag && PYTHONPATH=$PWD /tmp/v/bin/python diag_qwen35_cuda_paths.py [variant ...]
 
+patch_interpreter_dot (see there) makes bf16 tl.dot correct under the interpreter and, with
+DIAG_TF32=rna|trunc, emulates TF32 tensor-core dots.
+
 DIAG_DTYPE=bf16 runs the model (and its state) in bfloat16 and also reports transformers' own
 bfloat16 error and each variant against our CPU bfloat16 path. DIAG_JSON=file writes all numbers.
 
@@ -167,6 +170,57 @@ def _fla_chunk_call(q, k, v, g, beta, initial):
     return o.to(v.dtype), final.float()
 
 
+def patch_interpreter_dot():
+    """Triton 3.9's interpreter multiplies bfloat16 tl.dot operands as their uint16 bit patterns
+    (interpreter.py create_dot: np.matmul on the raw storage), so any bf16 tl.dot (all of fla's)
+    is garbage there; our own kernels avoid it (paged_attention's F32_DOT). Here bf16/fp16
+    operands are widened to float32 first. DIAG_TF32=rna|trunc also rounds float32 operands of
+    dots that are not input_precision="ieee" to TF32 (10 mantissa bits; round to nearest, ties
+    away, as cvt.rna.tf32.f32 does, or truncation, as an MMA reading raw fp32 does): an estimate,
+    on the CPU, of what TF32 tensor-core dots do to the result on the GPU."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+
+    mode = os.environ.get("DIAG_TF32", "")
+    seen = set()
+
+    def widen(h):
+        if h.dtype.scalar == tl.bfloat16:
+            return (h.data.astype(np.uint32) << 16).view(np.float32)
+        if h.dtype.scalar == tl.float16:
+            return h.data.astype(np.float32)
+        return h.data
+
+    def tf32(x):
+        bits = x.astype(np.float32).view(np.uint32)
+        if mode == "rna":
+            bits = (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+        else:
+            bits = bits & np.uint32(0xFFFFE000)
+        return bits.view(np.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:
+            return orig(self, a, b, d, input_precision, max_num_imprecise_acc)
+        ad, bd = widen(a), widen(b)
+        prec = str(input_precision)
+        if prec not in seen:
+            seen.add(prec)
+            print(f"  [interpreter dot: input_precision {prec}, operands {a.dtype.scalar}]", flush=True)
+        if mode and a.dtype.scalar == tl.float32 and "IEEE" not in prec.upper():
+            ad, bd = tf32(ad), tf32(bd)
+        acc = np.matmul(ad, bd, dtype=np.float32) + widen(d)
+        if d.dtype.scalar == tl.bfloat16:  # back to bf16 storage, round to nearest even
+            bits = acc.astype(np.float32).view(np.uint32)
+            bits = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
+            return it.TensorHandle(bits.astype(np.uint16), d.dtype.scalar)
+        return it.TensorHandle(acc.astype(d.data.dtype), d.dtype.scalar)
+
+    orig = it.InterpreterBuilder.create_dot
+    it.InterpreterBuilder.create_dot = create_dot
+
+
 def _stub_autotuner():
     import triton.runtime.autotuner as at
 
@@ -265,6 +319,7 @@ def main(argv):
               f"abs {worst['max_err']:.3g}, scale {worst['scale']:.3g}); per row "
               + ", ".join(f"{r['rel']:.2g}" for r in rows) + f"  [{time.time() - t0:.0f}s]", flush=True)
 
+    patch_interpreter_dot()
     run("cpu")
     for name in variants:
         if "fla" in name:
