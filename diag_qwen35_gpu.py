@@ -10,12 +10,15 @@ reference to ~1e-5; emulating TF32 in fla-core's tl.dot reproduced the fp32 gap 
 8.86, row 0 token 33). This script checks that on the GPU:
 
   fp32 and bf16, each against transformers' float32 CPU logits (the test's reference):
-    ours                   the model as the test runs it
+    ours                   the model as the test runs it (float32 prefill: the torch chunked form
+                           since commit 439eca7; bf16: fla)
+    fla_forced             gdn.chunk -> fla-core for every dtype (the behaviour before 439eca7)
     torch_chunk            gdn.chunk -> the torch chunked form (what INFERNIX_FLA=0 does)
     unfused                model.fused = False (the op-by-op torch norms / RoPE / SwiGLU)
     ref_step / ref_conv / ref_gated_norm / ref_kv   one CUDA component -> its torch reference
     all_ref                every component above at once (only torch on CUDA)
-    fla_ieee               (child process) ours with TRITON_F32_DEFAULT=ieee: fla's dots without TF32
+    fla_ieee               (child process, float32) ours and fla_forced with TRITON_F32_DEFAULT=ieee:
+                           fla's dots without TF32
   the oracle itself: transformers bf16 on CUDA (its own fla path) and on CPU vs its float32 CPU;
   transformers fp32 on CUDA (its fla path) vs CPU.
   unit: fla's chunk_gated_delta_rule called as kernels/gdn.py calls it, against the float64
@@ -134,6 +137,19 @@ def cpu_rows(self, lanes, positions, kv_len):
     return kv.PagedRows(tables, positions, kv_len, slots=slots, blocks=blocks, visible=visible)
 
 
+def fla_direct(q, k, v, g, beta, initial):
+    """fla-core's kernel called as kernels/gdn.py gdn_chunk called it before float32 was routed to
+    the torch form (commit 439eca7): for every dtype."""
+    from kernels.gdn import _fla_chunk
+
+    fla = _fla_chunk()
+    if fla is None:
+        raise RuntimeError("fla-core not importable (or INFERNIX_FLA=0)")
+    o, final = fla(q.to(v.dtype), k.to(v.dtype), v, g, beta.to(v.dtype), scale=1.0, initial_state=initial,
+                   output_final_state=True)
+    return o.to(v.dtype), final.float()
+
+
 def model_variants():
     from kernels import gdn_ref
     from services.worker.models import gdn as gdn_mod
@@ -141,6 +157,7 @@ def model_variants():
 
     return {
         "ours": [],
+        "fla_forced": [(gdn_mod, "chunk", fla_direct)],
         "torch_chunk": [(gdn_mod, "chunk", gdn_ref.chunk_gated_delta_rule_ref)],
         "unfused": ["unfused"],
         "ref_step": [(gdn_mod, "step", lambda *a, **k: gdn_ref.gdn_step_ref(*a, **k))],
@@ -175,7 +192,7 @@ def run_ours(model, seqs, dtype, patches):
 
 
 def fla_unit():
-    """fla's chunk kernel as kernels/gdn.py calls it vs the float64 loop, per dtype and dv."""
+    """fla's chunk kernel as kernels/gdn.py calls it (fla_direct) vs the float64 loop, per dtype and dv."""
     import torch.nn.functional as F
 
     from kernels import gdn as kgdn
@@ -198,8 +215,8 @@ def fla_unit():
             s0 = torch.randn(B, hv, dk, dv, generator=g, dtype=torch.float64)
             o_ref, s_ref = gated_delta_rule_ref(q, k, v, gate, beta, s0)
             c = (lambda x, dt: x.to(DEV, dt))
-            o, s = kgdn.gdn_chunk(c(q, torch.float32), c(k, torch.float32), c(v, dtype), c(gate, torch.float32),
-                                  c(beta, torch.float32), c(s0, torch.float32))
+            o, s = fla_direct(c(q, torch.float32), c(k, torch.float32), c(v, dtype), c(gate, torch.float32),
+                              c(beta, torch.float32), c(s0, torch.float32))
             if DEV == "cuda":
                 torch.cuda.synchronize()
             o_err = (o.double().cpu() - o_ref).abs().max().item() / o_ref.abs().max().item()
@@ -242,8 +259,9 @@ def main():
     ref = reference_logits(hf, seqs)  # float32 CPU, transformers' torch rule
     log(f"reference scales per row: {[round(r.abs().max().item(), 3) for r in ref]}")
     variants = model_variants()
-    names = ["ours"] if CHILD else list(variants)
-    for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+    names = ["ours", "fla_forced"] if CHILD else list(variants)
+    dtypes = ((torch.float32, "fp32"),) if CHILD else ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
+    for dtype, tag in dtypes:  # (the child: float32 only, where TF32 matters)
         try:
             model, _ = load_qwen35_model(path, dtype, DEV)
         except Exception as e:  # noqa: BLE001
@@ -280,13 +298,17 @@ def main():
     def child():
         env = dict(os.environ, DIAG_CHILD="1", TRITON_F32_DEFAULT="ieee",
                    TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton_ieee_"))
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True,
-                              timeout=max(30, 110 - (time.time() - T0)))
+        try:
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True,
+                                  text=True, timeout=max(30, 110 - (time.time() - T0)))
+            text = proc.stdout + "\n--- stderr ---\n" + proc.stderr[-20000:]
+        except subprocess.TimeoutExpired as e:  # keep what the child wrote so far
+            text = f"TIMEOUT after {e.timeout:.0f}s\n{e.stdout or ''}\n--- stderr ---\n{(e.stderr or '')[-20000:]}"
         with open(os.path.join(OUT, "child_stdout.txt"), "w") as f:
-            f.write(proc.stdout + "\n--- stderr ---\n" + proc.stderr[-20000:])
+            f.write(text if isinstance(text, str) else str(text))
         with open(os.path.join(OUT, "results_child.json")) as f:
             res = json.load(f)
-        for k in ("fp32/ours", "bf16/ours"):
+        for k in ("fp32/ours", "fp32/fla_forced"):
             if isinstance(res.get(k), list):
                 log(f"{'fla_ieee ' + k:>28}: {summary(res[k])}")
         return {k: v for k, v in res.items() if k != "env"}
