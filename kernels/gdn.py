@@ -8,8 +8,12 @@ S from `state[src[b]]` (zeros where reset[b]), runs the T tokens in registers, a
 `state[dst[b]]` (src == dst updates in place). Rows with skip[b] != 0 read and write nothing.
 
 `gdn_chunk` is long prefill: fla-core's chunked kernel (`fla.ops.gated_delta_rule`, the `gpu`
-extra) when it is importable and INFERNIX_FLA is not "0", otherwise the torch chunked form
-(`chunk_gated_delta_rule_ref`).
+extra) for bfloat16 / float16 values when it is importable and INFERNIX_FLA is not "0", otherwise
+the torch chunked form (`chunk_gated_delta_rule_ref`). Float32 always takes the torch form: fla's
+tl.dot calls leave the input precision at Triton's default, TF32 on tensor cores, so with float32
+inputs its result is only TF32-accurate (about 1e-3 relative on the state; on an H200 that moved the
+tiny Qwen3.5 test model's logits by 6e-3 of their scale, diag_qwen35_cuda_paths.py reproduces it by
+emulating TF32 under Triton's interpreter), while float32 here promises float32 results.
 
 On CPU use kernels/gdn_ref.py, or this module under Triton's interpreter (TRITON_INTERPRET=1 set
 before triton is first imported; the tests run it in a child process, as for kernels/sampling.py).
@@ -169,9 +173,9 @@ def gdn_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
     q, k: [B, T, Hk, dk] normalised as for `gdn_recurrent`; v: [B, T, Hv, dv]; g, beta: [B, T, Hv]
     float32; initial: [B, Hv, dk, dv] float32. Returns (o: [B, T, Hv, dv] in v's dtype, final
-    state [B, Hv, dk, dv] float32). fla-core's kernel on CUDA when installed, else the torch
-    chunked form."""
-    fla = _fla_chunk() if v.is_cuda else None
+    state [B, Hv, dk, dv] float32). fla-core's kernel on CUDA for 16-bit v when installed, else
+    the torch chunked form (always for float32: fla's dots would run in TF32, module docstring)."""
+    fla = _fla_chunk() if v.is_cuda and v.dtype in (torch.bfloat16, torch.float16) else None
     if fla is None:
         return chunk_gated_delta_rule_ref(q, k, v, g, beta, initial)
     o, final = fla(q.to(v.dtype), k.to(v.dtype), v, g, beta.to(v.dtype), scale=1.0, initial_state=initial,

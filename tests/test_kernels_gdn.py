@@ -224,6 +224,24 @@ def test_kernels_cuda(dtype, tol):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_chunk_prefill_cuda_float32_is_float32_accurate():
+    """Float32 prefill must be float32-accurate: fla-core's chunked kernel runs its dots in TF32
+    (about 1e-3 relative here, which moved the tiny Qwen3.5 model's logits on an H200 by 6e-3 of
+    their scale), so gdn_chunk takes the torch chunked form for float32. At the tiny test model's
+    GDN shape (Hk=2, Hv=4, dk=16, dv=8), 40 tokens, row 1 right-padded after 5 tokens."""
+    q, k, v, g, beta, s = inputs(2, 40, 2, 4, 16, 8, seed=40, dtype=torch.float64)
+    g[1, 5:], beta[1, 5:] = 0, 0
+    o1, s1 = gdn_ref.gated_delta_rule_ref(q, k, v, g, beta, s)
+    from kernels.gdn import gdn_chunk
+
+    o2, s2 = gdn_chunk(*(x.to("cuda", torch.float32) for x in (q, k, v, g, beta, s)))
+    assert o2.dtype == torch.float32 and s2.dtype == torch.float32
+    assert (o1 - o2.double().cpu()).abs().max().item() <= 1e-5 * o1.abs().max().item()
+    assert (s1 - s2.double().cpu()).abs().max().item() <= 1e-5 * s1.abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("T", [33, 200, 1000])
 def test_chunk_prefill_cuda(T):
     """gdn_chunk (fla-core's chunked kernel when installed, else the torch chunked form) against

@@ -9,6 +9,8 @@ logits within tolerance)."
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -29,7 +31,8 @@ def one_torch_thread():
 
 CUDA = torch.cuda.is_available()
 # (device, dtype, relative tolerance of logits): the CPU in float32, and on the GPU float32 (the
-# Triton kernels; fla-core's chunked kernel may use TF32 dots) and bf16 (the serving dtype).
+# Triton kernels, all in float32 arithmetic: gdn_chunk keeps float32 off fla-core's TF32 dots) and
+# bf16 (the serving dtype; see test_prefill_and_decode_match_transformers for its bound).
 SETUPS = [pytest.param(("cpu", torch.float32, 2e-5), id="cpu-fp32")] + [
     pytest.param(("cuda", dtype, tol), id=f"cuda-{name}", marks=[pytest.mark.gpu, pytest.mark.skipif(
         not CUDA, reason="needs CUDA")]) for dtype, tol, name in ((torch.float32, 2e-3, "fp32"),
@@ -86,6 +89,13 @@ def test_prefill_and_decode_match_transformers(setup):
     ours = run_schedule(model, state, [3, 0, 1], seqs, SCHEDULE, device=device)
     ref = reference_logits(hf, seqs)
     assert min(r.abs().max().item() for r in ref) > 1.0  # logits spread enough to catch errors
+    if dtype != torch.float32:
+        # This tiny random model amplifies rounding ~100x: transformers itself in bf16 (its torch
+        # path) lands 0.22 of the logit scale away from its float32 logits (ours on the CPU in
+        # bf16: 0.19). A fixed 6e-2 is below the oracle's own bf16 noise; ours may be at most 1.5x
+        # as far from the float32 reference as the oracle's bf16 run is, and at least `tol`.
+        own = reference_logits(copy.deepcopy(hf).to(dtype), seqs)
+        tol = max(tol, 1.5 * max((o - r).abs().max().item() / r.abs().max().item() for o, r in zip(own, ref)))
     for b in range(3):
         assert_close(ours[b], ref[b], tol, f"row {b}")
 

@@ -11,7 +11,7 @@ Per layer, for x: [B, T, hidden] (notes/models.md section 4):
 Right-padded tokens (t >= num_tokens[b]) get g = beta = 0, which leaves the recurrent state bit for
 bit unchanged, and never enter the conv window. Dispatch: Triton kernels on CUDA (kernels/conv.py;
 kernels/gdn.py's `gdn_step`, which computes the gates, norms and recurrence from y, a and b in one
-kernel; fla-core's chunked kernel for long prefill when installed), the torch references of
+kernel; fla-core's chunked kernel for long bf16 / fp16 prefill when installed), the torch references of
 kernels/gdn_ref.py elsewhere.
 """
 
