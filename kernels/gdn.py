@@ -12,8 +12,8 @@ extra) for bfloat16 / float16 values when it is importable and INFERNIX_FLA is n
 the torch chunked form (`chunk_gated_delta_rule_ref`). Float32 always takes the torch form: fla's
 tl.dot calls leave the input precision at Triton's default, TF32 on tensor cores, so with float32
 inputs its result is only TF32-accurate (about 1e-3 relative on the state; on an H200 that moved the
-tiny Qwen3.5 test model's logits by 6e-3 of their scale, diag_qwen35_cuda_paths.py reproduces it by
-emulating TF32 under Triton's interpreter), while float32 here promises float32 results.
+tiny Qwen3.5 test model's logits by 6e-3 of their scale; emulating TF32 in fla's dots under
+Triton's interpreter reproduced it), while float32 here promises float32 results.
 
 On CPU use kernels/gdn_ref.py, or this module under Triton's interpreter (TRITON_INTERPRET=1 set
 before triton is first imported; the tests run it in a child process, as for kernels/sampling.py).
