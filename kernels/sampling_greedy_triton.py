@@ -55,10 +55,12 @@ def _greedy_partial_kernel(logits_ptr, logits_stride, mask_ptr, mask_stride, mas
     z = tl.load(logits_ptr + n.to(tl.int64) * logits_stride + v, mask=in_vocab,
                 other=_NEG_INF).to(tl.float32)
     if HAS_MASK:
-        row = tl.load(mask_row_ptr + n)  # -1: unconstrained, its mask is never read
+        # [BW] copies of the row's descriptor (a vector: the interpreter rejects a scalar in a
+        # load mask); -1: unconstrained, its mask is never read
+        row = tl.load(mask_row_ptr + n + w * 0)
         word = tl.load(mask_ptr + row.to(tl.int64) * mask_stride + w, mask=in_words & (row >= 0),
                        other=0)
-        legal = in_vocab & ((((word[:, None] >> bit[None, :]) & 1) != 0) | (row < 0))
+        legal = in_vocab & ((((word[:, None] >> bit[None, :]) & 1) != 0) | (row[:, None] < 0))
     else:
         legal = in_vocab
     if HAS_GENERABLE:
