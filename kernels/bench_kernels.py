@@ -3,7 +3,8 @@
     python -m kernels.bench_kernels --out bench_kernels.json [--quick] [--only attention,...]
 
 Shapes: hidden 4096, 32 q heads and 8 KV heads of 128, intermediate 12288, vocabulary 151,936,
-bf16, B in 1, 8, 32, 64 and contexts 1k-4k (paged KV, block 16, blocks shuffled). Every case runs
+bf16, B in 1, 8, 32, 64 and contexts 1k-4k (paged KV, block 16, blocks shuffled); the fused
+greedy argmax (`--only sampling_greedy`) at vocabulary 248,320 and B in 1, 8, 64. Every case runs
 each implementation side by side in one process and reports microseconds per call two ways:
 `us_graph`, the GPU time of 20 calls captured in one CUDA graph (no launch overhead: the decode
 graph's view), and `us_eager`, back-to-back eager calls (launch overhead included). `host_sync`
@@ -45,13 +46,17 @@ class Shape:
     tunings: tuple = ((64, 4, 3), (128, 4, 2), (128, 8, 2), (32, 4, 3), (32, 2, 2))
     split_sweep: tuple = (1, 2, 4, 8, 16, 32)
     prefill: tuple = (512,)  # chunk lengths of the B = 1 prefill case (new tokens after a prefix)
+    greedy_vocab: int = 248_320  # the fused greedy argmax: Qwen3.5's padded vocabulary
+    greedy_batches: tuple = (1, 8, 64)
+    greedy_blocks: tuple = (2048, 4096, 8192, 16384)  # its columns per program, swept
     device: str = "cuda"
 
 
 QUICK = Shape(batches=(1, 64), contexts=(4096,), accept_batches=(1, 64))
 TINY = Shape(hidden=64, heads=4, kv_heads=2, head_dim=16, inter=48, vocab=300, batches=(2,),
              contexts=(40,), windows=(1, 3), drafts=(2,), accept_batches=(2,), device="cpu",
-             tunings=((32, 2, 2),), split_sweep=(1, 2), prefill=(20,))
+             tunings=((32, 2, 2),), split_sweep=(1, 2), prefill=(20,), greedy_vocab=300,
+             greedy_batches=(2,), greedy_blocks=(64,))
 DT = torch.bfloat16
 
 
@@ -360,6 +365,46 @@ def bench_sampling(results: list, sh: Shape) -> None:
                                                             candidate_width=50, **kw).tokens})
 
 
+def bench_sampling_greedy(results: list, sh: Shape) -> None:
+    """The greedy sample stage of a decode step, bf16 logits: the fused one-pass Triton argmax
+    (kernels/sampling_greedy_triton.py, reading the static generable mask) against what the
+    sampler ran before on CUDA, `_generable`'s index_fill copy then the torch `sample_greedy`.
+    Unconstrained and masked (every row constrained); the fused kernel's block size swept."""
+    from kernels.sampling_greedy import generable_words, sample_greedy
+    from kernels.sampling_greedy_triton import default_block, sample_greedy_triton
+    dev, v = sh.device, sh.greedy_vocab
+    words = -(-v // 32)
+    never = torch.arange(v - max(1, v // 1000), v, device=dev)  # the padding ids past the tokens
+    generable = generable_words(v, never, dev)
+    for b in sh.greedy_batches:
+        logits = torch.randn(b, v, device=dev, dtype=DT)
+        logits[:, never] = -30.0  # so that every implementation picks the same tokens
+        mask = torch.randint(-2**31, 2**31 - 1, (b, 1, words), device=dev, dtype=torch.int32)
+        mask[..., -1] = 0  # bits past V zero
+        mask_row = torch.arange(b, device=dev, dtype=torch.int32)
+        for label, kw in (("unconstrained", {}), ("masked", {"mask": mask, "mask_row": mask_row})):
+            def fused(block=None, kw=kw):
+                r = sample_greedy_triton(logits, vocab_size=v, generable=generable, block_v=block,
+                                         **kw)
+                return r.tokens, r.status
+
+            def before(kw=kw):  # Sampler.sample's all-greedy branch before the fused kernel
+                r = sample_greedy(logits.index_fill(1, never, float("-inf")), vocab_size=v, **kw)
+                return r.tokens, r.status
+
+            def argmax_only(kw=kw):  # the torch argmax without the index_fill copy
+                r = sample_greedy(logits, vocab_size=v, **kw)
+                return r.tokens, r.status
+
+            impls = {f"triton_fused_default_b{default_block(b)}": fused}
+            for block in sh.greedy_blocks:
+                impls[f"triton_fused_b{block}"] = lambda block=block: fused(block)
+            impls["torch_index_fill_sample_greedy"] = before
+            impls["torch_sample_greedy_no_index_fill"] = argmax_only
+            run_case(results, f"sample_greedy_fused_{label}", {"B": b, "V": v}, impls,
+                     nbytes=b * v * 2 + (b * words * 4 if kw else 0))
+
+
 def bench_acceptance(results: list, sh: Shape) -> None:
     from kernels.acceptance import accept_drafts
     from kernels.acceptance_contract import PositionState
@@ -392,7 +437,7 @@ def bench_acceptance(results: list, sh: Shape) -> None:
 
 GROUPS = {"layers": bench_layers, "attention": bench_attention,
           "attention_tuning": bench_attention_tuning, "sampling": bench_sampling,
-          "acceptance": bench_acceptance}
+          "sampling_greedy": bench_sampling_greedy, "acceptance": bench_acceptance}
 
 
 def ratios(results: list) -> list:

@@ -76,6 +76,8 @@ def exercise() -> None:
     from kernels.rope import apply_rope_
     from kernels.sampling import sample
     from kernels.sampling_contract import PenaltyHistory, SamplingParams
+    from kernels.sampling_greedy import generable_words
+    from kernels.sampling_greedy_triton import sample_greedy_triton
     from kernels.swiglu import swiglu
     for dt in (torch.bfloat16, torch.float16, torch.float32):
         x = torch.zeros(2, 4096, dtype=dt)
@@ -132,6 +134,19 @@ def exercise() -> None:
                               candidate_width=width, eos_ids=torch.zeros(2, dtype=torch.int32))
                 accept_drafts(lg, params, drafts, nd, st, vocab_size=vocab, q_ids=qi, q_probs=qp,
                               candidate_width=width, penalties=pen)
+    gvocab = 248_320  # the fused greedy argmax at Qwen3.5's vocabulary, every block size used
+    gwords = -(-gvocab // 32)
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        for rows in (1, 8, 64):
+            logits = torch.zeros(rows, gvocab + 64, dtype=dt)
+            mask = torch.zeros(rows, 2, gwords, dtype=torch.int32)
+            mrow = torch.zeros(rows, dtype=torch.int32)
+            gen = generable_words(gvocab, [gvocab - 1])
+            for block in (None, 16384):
+                for kw in ({}, {"mask": mask, "mask_row": mrow}):
+                    for g in (None, gen):
+                        sample_greedy_triton(logits, vocab_size=gvocab, generable=g,
+                                             block_v=block, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:

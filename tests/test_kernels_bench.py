@@ -22,7 +22,8 @@ def test_bench_script_writes_every_case(tmp_path):
     data = json.loads(out.read_text())
     kernels = {r["kernel"] for r in data["results"]}
     assert {"rms_norm", "add_rms_norm", "qk_norm_q_view", "rope_q_k", "swiglu", "attention",
-            "write_kv", "qkv_prepare", "attention_tuning", "attention_prefill", "sample_greedy_masked", "sample_topk50_masked", "accept_greedy",
+            "write_kv", "qkv_prepare", "attention_tuning", "attention_prefill", "sample_greedy_masked", "sample_topk50_masked",
+            "sample_greedy_fused_unconstrained", "sample_greedy_fused_masked", "accept_greedy",
             "accept_onehot_T0.8_topk50", "accept_sparse16_T0.8_topk50"} <= kernels
     for r in data["results"]:
         assert r["us_eager"] > 0

@@ -2,10 +2,13 @@
 then the masked sampling kernel (the mask applied before candidate selection).
 
 A batch whose rows are all greedy takes the masked argmax (kernels/sampling_greedy.py: no sort,
-no top-k, no parameters unless penalized) on every device. Otherwise the Triton kernels on CUDA,
-their plain-torch reference on the CPU (kernels/sampling*.py). The parameters are built and
-uploaded once per batch membership (the same requests in the same order); a step of an unchanged
-batch only uploads the output positions (the RNG key), from a pinned buffer without blocking.
+no top-k, no parameters unless penalized) on every device; on CUDA without penalties it is one
+fused Triton pass over the logits (`sample_greedy_fast`) that reads a static packed mask of the
+generable ids, built once, instead of a copy of the logits with never-generable ids at -inf.
+Otherwise the Triton kernels on CUDA, their plain-torch reference on the CPU (kernels/sampling*.py).
+The parameters are built and uploaded once per batch membership (the same requests in the same
+order); a step of an unchanged batch only uploads the output positions (the RNG key), from a pinned
+buffer without blocking.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels.sampling_contract import PenaltyHistory, SamplingParams
-from kernels.sampling_greedy import sample_greedy
+from kernels.sampling_greedy import generable_words, sample_greedy, sample_greedy_fast
 from shared.frontends.token_domain import TokenDomain
 
 if TYPE_CHECKING:
@@ -32,6 +35,10 @@ class Sampler:
         self.device = device
         never = sorted(set(range(len(domain.token_bytes), domain.size)) | set(domain.never_ids))
         self._never = torch.tensor(never, dtype=torch.int64, device=device) if never else None
+        # the same ids as a static packed mask [ceil(V/32)] int32 of what may be chosen: the fused
+        # greedy kernel reads it instead of `_generable`'s copy of the logits (None: all generable)
+        self._generable_mask = generable_words(domain.size, never, device) if never else None
+        self._fused_greedy = device.type == "cuda"  # the CPU keeps the torch path
         if device.type == "cuda":
             from kernels.sampling import sample
         else:
@@ -48,6 +55,9 @@ class Sampler:
         (or None when no row is constrained). Returns the kernel's result (tokens, status)."""
         penalties = self.penalties(requests)
         if self.fast_greedy and all(r.sampling.temperature == 0 for r in requests):
+            if self._fused_greedy and penalties is None:
+                return sample_greedy_fast(z, vocab_size=self.domain.size, mask=mask,
+                                          mask_row=mask_row, generable=self._generable_mask)
             return sample_greedy(self._generable(z), vocab_size=self.domain.size, mask=mask,
                                  mask_row=mask_row, penalties=penalties,
                                  params=None if penalties is None else self.params(requests))
@@ -77,7 +87,11 @@ class Sampler:
     def greedy_in_graph(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The greedy sample stage of an unconstrained, unpenalized batch, capturable in a CUDA
         graph: logits [S, V'] -> (tokens [S] int64, status [S] int32)."""
-        result = sample_greedy(self._generable(logits), vocab_size=self.domain.size)
+        if self._fused_greedy:
+            result = sample_greedy_fast(logits, vocab_size=self.domain.size,
+                                        generable=self._generable_mask)
+        else:
+            result = sample_greedy(self._generable(logits), vocab_size=self.domain.size)
         return result.tokens, result.status
 
     def _generable(self, z: torch.Tensor) -> torch.Tensor:
