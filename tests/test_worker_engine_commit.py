@@ -35,6 +35,9 @@ def expect(runtime, prompt: str, n: int) -> str:
     return text_of(runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(prompt), n))
 
 
+SURVIVOR = 40  # output tokens of the row beside the failing one
+
+
 async def _resident(client, n: int) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 20
@@ -67,10 +70,14 @@ async def test_a_failed_preview_restores_every_preview_and_aborts_the_round(runt
     monkeypatch.setattr(OutputSession, "preview", failing)
     client = open_client(hooked_runtime, max_batch=2, max_len=96)
     try:
+        # The grammar compiles before the survivor starts, and the survivor outlives the failing
+        # row's prefill and three samples whatever the timing: they share the failing round.
+        regex = OutputConstraint.regex("[0-9]{10}")
+        await client.engine.grammar.compile(regex, model=runtime.name)
         survivor = asyncio.ensure_future(
-            collect(client, text_request("survivor", "left", greedy(10), runtime.name)))
+            collect(client, text_request("survivor", "left", greedy(SURVIVOR), runtime.name)))
         await _resident(client, 1)
-        digits = greedy(10, constraint=OutputConstraint.regex("[0-9]{10}"))
+        digits = greedy(10, constraint=regex)
         (deltas, failed), (_, kept) = await asyncio.gather(
             collect(client, text_request("failing", "pick", digits, runtime.name)), survivor)
     finally:
@@ -79,7 +86,7 @@ async def test_a_failed_preview_restores_every_preview_and_aborts_the_round(runt
     assert "injected" in failed.error["message"]
     assert failed.usage.completion_tokens == 2 and len(failed.content) == 2 == len("".join(deltas))
     assert kept.finish_reason.value == "length"
-    assert kept.content == expect(runtime, "left", 10)
+    assert kept.content == expect(runtime, "left", SURVIVOR)
     survivor_positions = [p for lane, p in fed if lane == 0]
     assert len(survivor_positions) - len(set(survivor_positions)) == 1
 
@@ -101,17 +108,18 @@ async def test_a_failed_program_commit_publishes_nothing_of_the_round(runtime, m
     monkeypatch.setattr(Program, "commit", failing)
     client = open_client(runtime, max_batch=2, max_len=96)
     try:
+        # the first row outlives the second one's prefill and two commits whatever the timing
         first = asyncio.ensure_future(
-            collect(client, text_request("a", "left", greedy(10), runtime.name)))
+            collect(client, text_request("a", "left", greedy(SURVIVOR), runtime.name)))
         await _resident(client, 1)
         second = asyncio.ensure_future(
             collect(client, text_request("b", "right side", greedy(10), runtime.name)))
         (deltas_a, a), (deltas_b, b) = await asyncio.gather(first, second)
     finally:
         await client.aclose()
-    for fin, deltas, prompt in ((a, deltas_a, "left"), (b, deltas_b, "right side")):
+    for fin, deltas, prompt, n in ((a, deltas_a, "left", SURVIVOR), (b, deltas_b, "right side", 10)):
         assert fin.finish_reason.value == "error" and "injected" in fin.error["message"]
         committed = fin.usage.completion_tokens
-        assert 1 <= committed < 10
+        assert 1 <= committed < n
         assert fin.content == "".join(deltas) == expect(runtime, prompt, committed)
     assert calls["n"] == 3
