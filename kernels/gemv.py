@@ -16,6 +16,8 @@ Three ways to form the products inside a tile (`GemvConfig.mode`), all with floa
 - "acc": a [BLOCK_M, BLOCK_N, BLOCK_K] float32 accumulator updated elementwise, reduced along K
   once at the end (no cross-thread reduction in the loop; for M = 1, 2, 4).
 - "sum": elementwise products reduced along K every tile into [BLOCK_M, BLOCK_N].
+  Both read x through pointers broadcast along N so x and W tiles share one register layout
+  (checked in the sm_90 PTX: no shared-memory layout conversion or barrier inside the loop).
 - "dot": tensor-core tl.dot with the rows of x padded to BLOCK_M = 16.
 Triton's CPU interpreter (3.9) multiplies bf16 tiles wrongly in tl.dot, so under TRITON_INTERPRET=1
 the dot tiles are converted to float32 first (as kernels/paged_attention.py does).
@@ -59,7 +61,7 @@ class GemvConfig:
         return asdict(self)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
                  HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, MODE: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
@@ -73,24 +75,40 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     offs_k = tl.arange(0, BLOCK_K)
-    # W rows: int64 row offsets (lm_head is ~1e9 elements); within a row K stays int32
-    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BN, BK]
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_lo + offs_k)[None, :]  # [BM, BK]
-    if MODE == "acc":
-        acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    else:
+    w_rows = offs_n.to(tl.int64) * stride_wn  # int64: lm_head is ~1e9 elements; within a row K stays int32
+    if MODE == "dot":
+        # 2-D tiles into tl.dot (through shared memory, pipelined over num_stages)
+        w_ptrs = w_ptr + w_rows[:, None] + (k_lo + offs_k)[None, :]  # [BN, BK]
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_lo + offs_k)[None, :]  # [BM, BK]
+        w_mask = n_mask[:, None]
+        x_mask = m_mask[:, None]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        # 3-D tiles: W [1, BN, BK], x [BM, BN, BK] read through pointers broadcast along N (stride 0),
+        # so both loads get the same register layout and the products need no layout conversion
+        # (through shared memory, with barriers, in every iteration); x's repeats hit L1
+        w_ptrs = w_ptr + w_rows[None, :, None] + (k_lo + offs_k)[None, None, :]
+        x_ptrs = x_ptr + offs_m[:, None, None] * stride_xm + offs_n[None, :, None] * 0 + (k_lo + offs_k)[None, None, :]
+        w_mask = n_mask[None, :, None]
+        x_mask = m_mask[:, None, None]
+        if MODE == "acc":
+            acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             if EVEN_N:
                 w = tl.load(w_ptrs, eviction_policy="evict_first")
             else:
-                w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0, eviction_policy="evict_first")
-            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0, eviction_policy="evict_last")
+                w = tl.load(w_ptrs, mask=w_mask, other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_ptrs, mask=x_mask, other=0.0, eviction_policy="evict_last")
         else:
-            k_mask = (k0 + offs_k) < k_hi
-            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
-            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_last")
+            if MODE == "dot":
+                k_mask = ((k0 + offs_k) < k_hi)[None, :]
+            else:
+                k_mask = ((k0 + offs_k) < k_hi)[None, None, :]
+            w = tl.load(w_ptrs, mask=w_mask & k_mask, other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_ptrs, mask=x_mask & k_mask, other=0.0, eviction_policy="evict_last")
         if MODE == "dot":
             if F32_DOT:
                 w = w.to(tl.float32)
@@ -100,9 +118,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
             else:
                 acc = tl.dot(x, tl.trans(w), acc)
         elif MODE == "acc":
-            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+            acc3 += x.to(tl.float32) * w.to(tl.float32)
         else:
-            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+            acc += tl.sum(x.to(tl.float32) * w.to(tl.float32), axis=2)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if MODE == "acc":
@@ -118,7 +136,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
         tl.store(y_ptrs, to_dtype(acc, y_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLIT"])
 def _splitk_reduce(p_ptr, b_ptr, y_ptr, M, N, stride_ym, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     """y[m, n] = sum over s in order of p[s, m, n] (+ bias[n]), rounded once; grid (M, cdiv(N, BLOCK))."""
     m = tl.program_id(0)
