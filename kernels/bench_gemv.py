@@ -39,6 +39,8 @@ import triton
 
 from kernels import gemv as G
 
+DEV = "cuda"  # "cpu" under --dry-run
+
 # Qwen3-8B (hidden 4096, 32 q / 8 kv heads of 128, intermediate 12288, vocab 151936 -> the brief's
 # 248320-row lm_head is the shared random-model vocabulary), 36 layers
 QWEN3_8B = {"layers": 36, "per_layer": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096),
@@ -116,9 +118,13 @@ def splits_for(base: G.GemvConfig, N: int, K: int, sms: int) -> list[G.GemvConfi
 
 def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> float:
     """Device-to-device copy bandwidth in bytes/s (read + write counted), best of `repeats`."""
-    src = torch.empty(nbytes // 2, dtype=torch.int16, device="cuda")
+    src = torch.empty(nbytes // 2, dtype=torch.int16, device=DEV)
     dst = torch.empty_like(src)
     best = float("inf")
+    if DEV == "cpu":
+        t = time.perf_counter()
+        dst.copy_(src)
+        return 2 * nbytes / (time.perf_counter() - t)
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -127,6 +133,34 @@ def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> float:
         end.synchronize()
         best = min(best, start.elapsed_time(end) / 1e3)
     return 2 * nbytes / best
+
+
+def empty_cache() -> None:
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+
+
+_SCALE = 1  # --dry-run divides every N and K by 64
+
+
+def scaled(n: int) -> int:
+    return max(1, n // _SCALE)
+
+
+class CpuTimer:
+    """--dry-run: median wall seconds per call over a few eager repeats (interpreter speed)."""
+
+    def __init__(self, repeats: int):
+        self.repeats = repeats
+
+    def __call__(self, call, calls: int) -> float:
+        times = []
+        for _ in range(self.repeats):
+            t = time.perf_counter()
+            for i in range(calls):
+                call(i)
+            times.append((time.perf_counter() - t) / calls)
+        return statistics.median(times)
 
 
 class Timer:
@@ -173,19 +207,24 @@ def check_graph_and_determinism(report: dict) -> None:
     checks = []
     for M, N, K, bias in ((1, 4096, 4096, False), (8, 4096, 12288, True), (4, 248320, 4096, False),
                           (16, 6144, 4096, True)):
-        w = (torch.randn(N, K, device="cuda") * K ** -0.5).to(torch.bfloat16)
-        b = torch.randn(N, device="cuda").to(torch.bfloat16) if bias else None
-        x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        N, K = scaled(N), scaled(K)
+        w = (torch.randn(N, K, device=DEV) * K ** -0.5).to(torch.bfloat16)
+        b = torch.randn(N, device=DEV).to(torch.bfloat16) if bias else None
+        x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
         config = G.pick_config(M, N, K, G.sm_count(x.device))
         eager = G.gemv(x, w, b)
         again = G.gemv(x, w, b)
         static_x = x.clone()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = G.gemv(static_x, w, b)
-        static_x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
+        if DEV == "cuda":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = G.gemv(static_x, w, b)
+            static_x.copy_(torch.randn_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+        else:  # dry run: no graphs
+            static_x.copy_(torch.randn_like(x))
+            graph, out = None, G.gemv(static_x, w, b)
         fresh = G.gemv(static_x, w, b)
         ref = F.linear(x, w, b)
         err = (eager.float() - ref.float()).abs().max().item() / max(1e-6, ref.float().abs().max().item())
@@ -193,7 +232,7 @@ def check_graph_and_determinism(report: dict) -> None:
                    deterministic=bool(torch.equal(eager, again)), rel_err_vs_F_linear=err)
         checks.append(row)
         del w, graph
-    torch.cuda.empty_cache()
+    empty_cache()
     report["checks"] = checks
     ok = all(c["graph_equal"] and c["deterministic"] and c["rel_err_vs_F_linear"] < 2 ** -6 for c in checks)
     report["checks_ok"] = ok
@@ -210,7 +249,7 @@ def precompile(shapes, ms, sms, sweep: bool) -> float:
     t0 = time.perf_counter()
     jobs = []
     for N, K in shapes:
-        w = torch.empty((N, K), dtype=torch.bfloat16, device="cuda")
+        w = torch.empty((N, K), dtype=torch.bfloat16, device=DEV)
         for M in ms:
             configs = [G.pick_config(M, N, K, sms)]
             if sweep:
@@ -226,19 +265,19 @@ def precompile(shapes, ms, sms, sweep: bool) -> float:
                 G.warmup(M, w, c)
     except Exception as exc:  # pragma: no cover - compile on first use instead
         print(f"parallel precompile failed ({type(exc).__name__}: {exc}); compiling on first use", flush=True)
-    torch.cuda.empty_cache()
+    empty_cache()
     return time.perf_counter() - t0
 
 
 def bench_shape(N, K, ms, timer: Timer, sms: int, *, sweep: bool, deadline: float) -> dict:
     nbytes = N * K * 2
-    copies = max(1, math.ceil((256 << 20) / nbytes))
-    calls = max(copies, math.ceil((512 << 20) / nbytes))
+    copies = max(1, math.ceil((256 << 20) / nbytes)) if DEV == "cuda" else 1
+    calls = max(copies, math.ceil((512 << 20) / nbytes)) if DEV == "cuda" else 1
     torch.manual_seed(N + K)
-    ws = [(torch.randn(N, K, device="cuda") * K ** -0.5).to(torch.bfloat16) for _ in range(copies)]
+    ws = [(torch.randn(N, K, device=DEV) * K ** -0.5).to(torch.bfloat16) for _ in range(copies)]
     out = {"N": N, "K": K, "weight_bytes": nbytes, "copies": copies, "calls_per_graph": calls, "by_M": {}}
     for M in ms:
-        x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
         ref = F.linear(x, ws[0])
 
         def t_lin():
@@ -288,7 +327,7 @@ def bench_shape(N, K, ms, timer: Timer, sms: int, *, sweep: bool, deadline: floa
               f" {best.mode} bn={best.block_n} bk={best.block_k} s={best.split} w={best.num_warps}"
               f" st={best.num_stages} ({row['swept']} swept)", flush=True)
     del ws
-    torch.cuda.empty_cache()
+    empty_cache()
     return out
 
 
@@ -336,24 +375,33 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--budget", type=float, default=150.0, help="seconds for the whole run (sweeps stop past it)")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU under TRITON_INTERPRET=1 with N, K / 64 and few repeats: checks the script, not speed")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
+    global DEV, _SCALE
+    if args.dry_run:
+        if not G.INTERPRETED:
+            print("--dry-run needs TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+        DEV, _SCALE = "cpu", 64
+    elif not torch.cuda.is_available():
         print("needs CUDA", file=sys.stderr)
         return 2
     t_start = time.perf_counter()
     ms = [int(m) for m in args.ms.split(",")]
-    sms = G.sm_count(torch.device("cuda"))
-    counts = model_counts()
+    sms = G.sm_count(torch.device(DEV))
+    counts = {m: [(n, scaled(N), scaled(K), c) for n, N, K, c in v] for m, v in model_counts().items()}
     shapes = list(dict.fromkeys((N, K) for layers in counts.values() for _, N, K, _ in layers))
-    report = {"device": torch.cuda.get_device_name(), "sms": sms, "torch": torch.__version__,
-              "triton": triton.__version__, "ms": ms, "repeats": args.repeats, "shapes": shapes,
+    report = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "sms": sms,
+              "torch": torch.__version__, "triton": triton.__version__, "ms": ms, "repeats": args.repeats,
+              "shapes": shapes,
               "models": {m: [dict(name=n, N=N, K=K, count=c) for n, N, K, c in v] for m, v in counts.items()}}
     report["copy_bw_Bps"] = copy_bw = copy_bandwidth()
     print(f"{report['device']} ({sms} SMs), copy bandwidth {copy_bw / 1e12:.2f} TB/s", flush=True)
     check_graph_and_determinism(report)
-    report["precompile_s"] = precompile(shapes, ms, sms, not args.no_sweep)
+    report["precompile_s"] = precompile(shapes, ms, sms, not args.no_sweep) if DEV == "cuda" else 0.0
     print(f"precompile {report['precompile_s']:.1f} s", flush=True)
-    timer = Timer(args.repeats)
+    timer = Timer(args.repeats) if DEV == "cuda" else CpuTimer(min(args.repeats, 2))
     by_shape = {}
     reserve_per_shape = 4.0  # F.linear + heuristic at every M of one shape, generously
     for i, (N, K) in enumerate(shapes):
