@@ -152,7 +152,7 @@ def _splitk_reduce(p_ptr, b_ptr, y_ptr, M, N, stride_ym, SPLIT, HAS_BIAS: tl.con
     tl.store(y_ptr + m * stride_ym + offs, to_dtype(acc, y_ptr.dtype.element_ty), mask=mask)
 
 
-_REDUCE_BLOCK = 1024
+_REDUCE_BLOCK = 256  # several programs even for N = 4096 at M = 1
 
 
 @functools.lru_cache(maxsize=None)
