@@ -41,8 +41,8 @@ from kernels import gemv as G
 
 DEV = "cuda"  # "cpu" under --dry-run
 
-# Qwen3-8B (hidden 4096, 32 q / 8 kv heads of 128, intermediate 12288, vocab 151936 -> the brief's
-# 248320-row lm_head is the shared random-model vocabulary), 36 layers
+# The Qwen3-8B-shaped random model as benchmarked (hidden 4096, 32 q / 8 kv heads of 128,
+# intermediate 12288, 36 layers) with a 248320-row lm_head (the real Qwen3-8B vocabulary is 151936)
 QWEN3_8B = {"layers": 36, "per_layer": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096),
                                         ("down", 4096, 12288)], "lm_head": ("lm_head", 248320, 4096)}
 
