@@ -108,6 +108,15 @@ def exercise() -> None:
                 pp = torch.zeros(2, t, dtype=torch.int64)
                 for splits in (1, 4):
                     paged_attention(qq, kc, kc, table, pp, num_splits=splits)
+    from kernels.gemv import GemvConfig, gemv
+    for dt in (torch.bfloat16, torch.float16):  # decode GEMV: the heuristic config, each mode, a bias
+        for n, k in ((6144, 4096), (4096, 12288), (248320, 4096)):
+            w = torch.zeros(n, k, dtype=dt)
+            for m in (1, 2, 4, 8, 16):
+                gemv(torch.zeros(m, k, dtype=dt), w)
+        w, b = torch.zeros(3000, 4160, dtype=dt), torch.zeros(3000, dtype=dt)
+        for mode in ("acc", "sum", "dot"):
+            gemv(torch.zeros(3, 4160, dtype=dt), w, b, GemvConfig(32, 128, 4, 4, 3, mode))
     vocab, words = 151_936, 4748
     for dt in (torch.bfloat16, torch.float32):
         logits = torch.zeros(4, vocab, dtype=dt)
