@@ -168,14 +168,15 @@ class Timer:
 
     def __init__(self, repeats: int):
         self.repeats = repeats
-        self.pool = torch.cuda.graph_pool_handle()
 
     def __call__(self, call, calls: int) -> float:
         for i in range(calls):  # compile / warm eagerly, outside the capture
             call(i)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # a private pool per graph: a pool shared with graphs already destroyed trips
+        # CUDACachingAllocator's use_count assertion at the next capture (seen on the H200)
+        with torch.cuda.graph(graph):
             for i in range(calls):
                 call(i)
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

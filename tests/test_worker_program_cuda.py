@@ -75,3 +75,59 @@ async def test_constrained_rows_on_cuda_are_schema_valid():
     for _, fin in results[:3]:
         assert fin.constraint["mask_upload_bytes"] > 0
     assert results[3][1].constraint is None
+
+
+@pytest.mark.asyncio
+async def test_pipeline_and_masked_sample_graph_publish_what_the_serial_engine_does():
+    """On CUDA the Engine's pipeline (launch step n+1 before committing step n) and the decode
+    graph's masked sample stage (constrained greedy rows sampled by a replayed graph on the
+    static mask buffer) change nothing that is published: the same requests, float32 model (so
+    the fused greedy kernel runs), give the same events with the pipeline off, on, and with the
+    masked stage eager; the pipeline chained steps and the masked graph was replayed."""
+    import torch
+
+    from services.worker.program.graphs import DecodeGraph
+    from services.worker.runtime import random_runtime
+    from tests.support import byte_domain
+
+    rt = random_runtime(byte_domain(), dtype=torch.float32, device="cuda", seed=3)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "required": ["a", "b"]}
+    replays = {"n": 0}
+    original = DecodeGraph.sample_masked
+
+    def counted(self, mask_row):
+        replays["n"] += 1
+        return original(self, mask_row)
+
+    async def run(pipeline: bool, masked_graph: bool):
+        client = open_client(rt, max_batch=4, max_len=160, pipeline=pipeline)
+        if not masked_graph:  # the masked stage eager: no decode graph captures it
+            type(client.engine.program.sampler).graph_masked = property(lambda s: False)
+        try:
+            requests = [text_request(f"j{i}", f"json {i}", greedy(
+                60, constraint=OutputConstraint.json_schema(schema)), rt.name) for i in range(2)]
+            requests += [text_request(f"f{i}", p, greedy(n), rt.name)
+                         for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))]
+            results = await asyncio.gather(*(collect(client, r) for r in requests))
+            chained = client.engine.chained_steps
+        finally:
+            await client.aclose()
+        return [(d, fin.content, fin.finish_reason, fin.usage) for d, fin in results], chained
+
+    from services.worker.program.sampling import Sampler
+
+    prop = Sampler.graph_masked
+    try:
+        DecodeGraph.sample_masked = counted
+        serial, chained_serial = await run(False, True)
+        piped, chained = await run(True, True)
+        used = replays["n"]
+        eager, _ = await run(True, False)
+    finally:
+        DecodeGraph.sample_masked = original
+        Sampler.graph_masked = prop
+    assert chained_serial == 0 and chained > 0
+    assert used > 0
+    assert piped == serial
+    assert eager == serial

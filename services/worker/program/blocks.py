@@ -265,4 +265,10 @@ class BlockManager:
     def _write_table(self, lane: int, first: int) -> None:
         blocks = self._lanes[lane].blocks
         row = torch.tensor(blocks[first:], dtype=torch.int32)
-        self.cache.block_table[lane, first:len(blocks)].copy_(row, non_blocking=False)
+        table = self.cache.block_table
+        if table.is_cuda:  # pinned and non-blocking: a release inside the commit must not wait for
+            # the forward the Engine's pipeline launched before it (the host allocator keeps the
+            # pinned row until the copy has run)
+            table[lane, first:len(blocks)].copy_(row.pin_memory(), non_blocking=True)
+        else:
+            table[lane, first:len(blocks)].copy_(row)

@@ -5,7 +5,9 @@ keep the final hidden states for the MTP proposer when asked), and DFlash's Forw
 Sizes 1, 2, 4, ... up to B are captured lazily; a batch is padded to the next size with rows that
 write the scratch lane. Each decode graph also captures the greedy sample stage of an
 unconstrained, unpenalized batch (program/sampling.py `greedy_in_graph`), so such a step is one
-graph replay and two small copies to the host. The verify graph holds the target forward only:
+graph replay and two small copies to the host; and, in a second small graph replayed once the
+CPU's masks are uploaded, the masked greedy stage of a constrained, unpenalized batch
+(`masked_greedy_in_graph`, the fused kernel on the Program's static mask buffer). The verify graph holds the target forward only:
 drafts are fixed on the host before it, masks are filled while it runs, and acceptance runs after
 it outside the graph (design document: "sampling and acceptance run on the host-launched path
 after the verify forward, outside the CUDA Graph").
@@ -34,7 +36,7 @@ class DecodeGraph:
     unconstrained all-greedy batch); the logits stay available to every other batch."""
 
     def __init__(self, model, state, size: int, scratch_lane: int, pool,
-                 keep_hidden: bool = False, sample=None) -> None:
+                 keep_hidden: bool = False, sample=None, masked=None) -> None:
         device = next(model.parameters()).device
         self.size = size
         self.scratch_lane = scratch_lane
@@ -58,6 +60,26 @@ class DecodeGraph:
             self.logits = out[:, -1]  # [S, V]
             if sample is not None:
                 self.sampled = sample(self.logits)  # ([S] int64, [S] int32)
+        # The masked sample stage, its own small graph replayed after the CPU's mask fill: the
+        # masks go up into the Program's static mask buffer, each row's descriptor into mask_row.
+        self.masked_graph = self.masked_sampled = None
+        self.mask_row = torch.full((size,), -1, dtype=torch.int32, device=device)  # [S]
+        if masked is not None:
+            stage, masks = masked
+            with torch.cuda.stream(side):
+                stage(self.logits, masks, self.mask_row)  # compile outside capture
+            torch.cuda.current_stream().wait_stream(side)
+            self.masked_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.masked_graph, pool=pool):
+                self.masked_sampled = stage(self.logits, masks, self.mask_row)
+
+    def sample_masked(self, mask_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """After `run` and the masks' upload: mask_row [S] int32 (pinned host or device; -1 =
+        unconstrained) per graph row; replays the masked sample stage, returns its (tokens [S],
+        status [S])."""
+        self.mask_row.copy_(mask_row, non_blocking=True)
+        self.masked_graph.replay()
+        return self.masked_sampled
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
         """tokens, positions: [n, 1]; lanes: [n] (n <= size); returns logits [n, V] (a view)."""
@@ -204,10 +226,12 @@ class DecodeGraphs:
     > 1 the verify graphs of K+1 = width tokens per row instead."""
 
     def __init__(self, model, state, max_batch: int, scratch_lane: int, width: int = 1,
-                 keep_hidden: bool = False, sample_stage=lambda: None) -> None:
+                 keep_hidden: bool = False, sample_stage=lambda: None,
+                 masked_stage=lambda: None) -> None:
         self._model, self._state, self._scratch = model, state, scratch_lane
         self._width, self._keep_hidden = width, keep_hidden
         self._sample_stage = sample_stage  # at each decode capture: the in-graph sample stage or None
+        self._masked_stage = masked_stage  # likewise (stage, mask buffer) of constrained batches
         self._sizes = graph_sizes(max_batch)
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict[int, DecodeGraph | VerifyGraph] = {}
@@ -225,7 +249,8 @@ class DecodeGraphs:
             return graph, False
         if self._width == 1:
             graph = DecodeGraph(self._model, self._state, size, self._scratch, self._pool,
-                                self._keep_hidden, sample=self._sample_stage())
+                                self._keep_hidden, sample=self._sample_stage(),
+                                masked=self._masked_stage())
         else:
             graph = VerifyGraph(self._model, self._state, size, self._width, self._scratch,
                                 self._pool, self._keep_hidden)

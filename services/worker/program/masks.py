@@ -75,6 +75,11 @@ class MaskBuffers:
 
     def upload(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy the first m rows to the device (on the current stream); returns (masks, mask_row)."""
+        self.upload_masks(m)
+        return self.device_masks, self.host_row[:m].to(self.device, non_blocking=True)
+
+    def upload_masks(self, m: int) -> None:
+        """Copy the first m rows' masks to the device (on the current stream; non-blocking from
+        pinned memory), not the descriptors (a decode graph's masked sample stage reads its own)."""
         if self.device_masks is not self.host:
             self.device_masks[:m].copy_(self.host[:m], non_blocking=True)
-        return self.device_masks, self.host_row[:m].to(self.device, non_blocking=True)

@@ -129,6 +129,8 @@ class Program:
         self.host_status = torch.zeros(max_batch, dtype=torch.int32, pin_memory=pin)  # [B]
         # a decode step's tokens, positions and lanes, uploaded with one non-blocking copy
         self.host_inputs = torch.zeros(max_batch, 3, dtype=torch.int64, pin_memory=pin)  # [B, 3]
+        # a constrained decode step's mask descriptor per decode-graph row (-1: unconstrained)
+        self.host_graph_row = torch.full((max_batch,), -1, dtype=torch.int32, pin_memory=pin)  # [B]
         self._free = list(range(max_batch))
         self._graphs = self._verify_graphs = self._ready = self._dflash_graphs = None
         self._last_graph = None  # the decode graph the current step replays, if any
@@ -148,7 +150,9 @@ class Program:
             self._graphs = DecodeGraphs(
                 self.model, self.state, max_batch, scratch_lane=max_batch, keep_hidden=mtp,
                 sample_stage=lambda: self.sampler.greedy_in_graph if self.sampler.fast_greedy
-                else None)
+                else None,
+                masked_stage=lambda: (self.sampler.masked_greedy_in_graph, self.masks.device_masks)
+                if self.sampler.fast_greedy and self.sampler.graph_masked else None)
             if max_drafts > 0:  # the host-launched route's verify forward, K+1 tokens a row
                 self._verify_graphs = DecodeGraphs(self.model, self.state, max_batch,
                                                    scratch_lane=max_batch, width=max_drafts + 1,
@@ -234,12 +238,20 @@ class Program:
                                         [r.num_output_tokens for r in requests])
         m = len(sampled)
         whole = sampled == list(range(m))  # the leading rows: views, no gather
-        pick = None if whole else torch.tensor(sampled, dtype=torch.int64, device=self.device)
+        pick = None if whole else torch.tensor(sampled, dtype=torch.int64).to(self.device, non_blocking=True)
         graph = launched.graph
-        if graph is not None and graph.sampled is not None and not fill.constrained \
-                and self.sampler.graph_ready(requests):
+        ready = graph is not None and self.sampler.graph_ready(requests)
+        if ready and graph.sampled is not None and not fill.constrained:
             # sampled inside the decode graph
             tokens, status = (t[:m] if whole else t.index_select(0, pick) for t in graph.sampled)
+        elif ready and graph.masked_graph is not None and fill.constrained:
+            # the decode graph's masked sample stage: masks up, one descriptor per graph row
+            self.masks.upload_masks(m)
+            rows_desc = self.host_graph_row[:graph.size]
+            rows_desc.fill_(-1)
+            rows_desc[torch.tensor(sampled)] = self.masks.host_row[:m]
+            tokens, status = (t[:m] if whole else t.index_select(0, pick)
+                              for t in graph.sample_masked(rows_desc))
         else:
             logits = launched.logits
             z = logits if whole and m == logits.shape[0] else \
@@ -276,10 +288,13 @@ class Program:
         and the accepted drafts when verifying). Rows not named commit nothing."""
         if not kept:
             return
-        lanes = torch.tensor([pending.batch.rows[i].request.lane for i in kept], dtype=torch.int64,
-                             device=self.device)
-        counts = torch.tensor(list(kept.values()), dtype=torch.int64, device=self.device)
-        self.state.commit(lanes, counts)
+        if _recurrent(self.state):  # a dense KV cache has nothing to commit on the device
+            # (and no device tensor is made: from pageable memory that would block the host
+            # until the queued forward ends, which the Engine's pipeline overlaps with this)
+            lanes = torch.tensor([pending.batch.rows[i].request.lane for i in kept], dtype=torch.int64)
+            counts = torch.tensor(list(kept.values()), dtype=torch.int64)
+            self.state.commit(lanes.to(self.device, non_blocking=True),
+                              counts.to(self.device, non_blocking=True))
         for i, k in kept.items():
             row = pending.batch.rows[i]
             fed = tuple(row.tokens)

@@ -94,6 +94,22 @@ class Sampler:
             result = sample_greedy(self._generable(logits), vocab_size=self.domain.size)
         return result.tokens, result.status
 
+    @property
+    def graph_masked(self) -> bool:
+        """Whether decode graphs can capture `masked_greedy_in_graph` (the fused kernel: CUDA)."""
+        return self._fused_greedy
+
+    def masked_greedy_in_graph(self, logits: torch.Tensor, mask: torch.Tensor,
+                               mask_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The greedy sample stage of a constrained, unpenalized batch, capturable in a CUDA
+        graph (the fused kernel: CUDA only, else None): logits [S, V'], the mask buffer and
+        mask_row [S] int32 (-1 = unconstrained row) -> (tokens [S] int64, status [S] int32)."""
+        if not self._fused_greedy:
+            return None
+        result = sample_greedy_fast(logits, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
+                                    generable=self._generable_mask)
+        return result.tokens, result.status
+
     def _generable(self, z: torch.Tensor) -> torch.Tensor:
         """Logits as the sampling kernels read them (float32 / half), never-generable ids at -inf."""
         if z.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -137,4 +153,5 @@ class Sampler:
         for j, (h_ids, h_counts) in enumerate(histories):
             ids[j, :len(h_ids)] = torch.tensor(h_ids, dtype=torch.int32)
             counts[j, :len(h_counts)] = torch.tensor(h_counts, dtype=torch.int32)
-        return PenaltyHistory(ids.to(self.device), counts.to(self.device))
+        return PenaltyHistory(ids.to(self.device, non_blocking=True),  # staged: no host wait
+                              counts.to(self.device, non_blocking=True))
