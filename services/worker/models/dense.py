@@ -83,7 +83,10 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.qkv(x, cos, sin)  # [B, T, H, D], [B, T, Hkv, D], [B, T, Hkv, D]
         out = cache.attend(layer, q, k, v, rows)  # [B, T, H, D]
-        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+        out = out.reshape(B, T, self.num_heads * self.head_dim)
+        if self.fused:
+            return ops.linear(out, self.o_proj.weight, self.o_proj.bias)
+        return self.o_proj(out)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q, k (normed when the model has q/k norms, rotated) and v of x [B, T, hidden]."""
@@ -119,8 +122,8 @@ class MLP(nn.Module):
         if not self.fused:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         weight = getattr(self, f"fused_{MLP_PROJECTIONS[0]}")
-        gate_up = F.linear(x, weight, getattr(self, f"fused_{MLP_PROJECTIONS[0]}_bias"))  # [..., 2I]
-        return self.down_proj(ops.swiglu(gate_up))
+        gate_up = ops.linear(x, weight, getattr(self, f"fused_{MLP_PROJECTIONS[0]}_bias"))  # [..., 2I]
+        return ops.linear(ops.swiglu(gate_up), self.down_proj.weight, self.down_proj.bias)
 
 
 class DecoderLayer(nn.Module):
@@ -269,6 +272,8 @@ class DenseDecoder(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab] in the model's dtype."""
+        if self.fused:
+            return ops.linear(hidden, self.output_weight)
         return F.linear(hidden, self.output_weight)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, lanes: torch.Tensor,

@@ -36,5 +36,7 @@ def project(parent: nn.Module, x: torch.Tensor, names: tuple[str, ...]) -> tuple
     weight = getattr(parent, f"fused_{names[0]}", None)
     if weight is None:
         return tuple(getattr(parent, n)(x) for n in names)
-    out = F.linear(x, weight, getattr(parent, f"fused_{names[0]}_bias"))  # [..., sum(out)]
+    from services.worker.models.layers import linear
+
+    out = linear(x, weight, getattr(parent, f"fused_{names[0]}_bias"))  # [..., sum(out)]
     return tuple(out.split([getattr(parent, n).weight.shape[0] for n in names], dim=-1))

@@ -128,4 +128,6 @@ class GatedDeltaNet(nn.Module):
             ssm[ix.dst] = final
         else:
             o = step(y, a, b, self.A_log, self.dt_bias, ssm, ix.src, ix.dst, ix.reset, ix.counts, **kw)
-        return self.out_proj(self.norm(o.to(x.dtype), z).reshape(B, T, self.hv * self.dv))
+        from services.worker.models.layers import linear
+
+        return linear(self.norm(o.to(x.dtype), z).reshape(B, T, self.hv * self.dv), self.out_proj.weight)

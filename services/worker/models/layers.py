@@ -15,6 +15,8 @@ benchmarks use as the "before" of one run.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -28,6 +30,20 @@ MLP_PROJECTIONS = ("gate_proj", "up_proj")  # swiglu reads gate first, then up
 
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# The weight GEMMs of the fused path through kernels/gemv.py's Triton GEMV for decode rows
+# (<= 16 rows, bf16 / fp16, CUDA) when INFERNIX_GEMV=1; F.linear (cuBLAS) otherwise.
+GEMV = os.environ.get("INFERNIX_GEMV", "0") == "1"
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T (+ bias) of the fused path's weight GEMMs (see GEMV)."""
+    if GEMV and x.is_cuda:
+        from kernels.gemv import linear as gemv_linear
+
+        return gemv_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def uses_kernels(x: torch.Tensor) -> bool:

@@ -168,6 +168,10 @@ class Qwen35Model(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab] in the model's dtype."""
+        if self.fused:
+            from services.worker.models.layers import linear
+
+            return linear(hidden, self.output_weight)
         return F.linear(hidden, self.output_weight)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, state: Qwen35State, lanes: torch.Tensor,

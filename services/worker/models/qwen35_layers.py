@@ -86,6 +86,8 @@ class GatedAttention(nn.Module):
             q, k = self._rope(self.q_norm(q), cos, sin), self._rope(self.k_norm(k), cos, sin)
         out = cache.attend(layer, q, k, v, rows)  # [B, T, H, D]
         out = out.reshape(B, T, H * D) * torch.sigmoid(gate)
+        if self.fused:
+            return ops.linear(out, self.o_proj.weight, self.o_proj.bias)
         return self.o_proj(out)
 
 
@@ -101,7 +103,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = getattr(self, f"fused_{MLP_PROJECTIONS[0]}", None)
         if self.fused and weight is not None and ops.uses_kernels(x):  # one GEMM, one SwiGLU kernel
-            return self.down_proj(ops.swiglu(F.linear(x, weight)))
+            return ops.linear(ops.swiglu(ops.linear(x, weight)), self.down_proj.weight)
         gate, up = project(self, x, MLP_PROJECTIONS)
         return self.down_proj(F.silu(gate) * up)
 
