@@ -92,20 +92,26 @@ def test_gemv_under_interpreter():
 def test_heuristic_configs():
     """pick_config: elementwise modes at M <= 2, dot above; split-K only when the slabs are too few
     for ~4 waves of 132 SMs, never cutting K below 4 tiles a split; TUNED overrides it."""
-    for M in (1, 2, 4, 8, 16):
-        for N, K in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (248320, 4096), (12352, 4096)):
-            c = G.pick_config(M, N, K)
-            assert c.mode in ("acc", "sum", "dot") and (c.mode != "dot") == (M <= 2)
-            slabs = -(-N // c.block_n)
-            assert c.split == 1 or slabs * c.split // 2 < 4 * 132
-            assert K // (c.split * c.block_k) >= 4 or c.split == 1
-    assert G.pick_config(1, 248320, 4096).split == 1 and G.pick_config(1, 4096, 4096).split > 1
-    tuned = G.GemvConfig(128, 256, 3, 8, 3, "sum")
-    G.TUNED[(4096, 4096)] = {4: tuned}
+    measured = dict(G.TUNED)
+    G.TUNED.clear()  # the heuristic alone
     try:
+        for M in (1, 2, 4, 8, 16):
+            for N, K in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (248320, 4096), (12352, 4096)):
+                c = G.pick_config(M, N, K)
+                assert c.mode in ("acc", "sum", "dot") and (c.mode != "dot") == (M <= 2)
+                slabs = -(-N // c.block_n)
+                assert c.split == 1 or slabs * c.split // 2 < 4 * 132
+                assert K // (c.split * c.block_k) >= 4 or c.split == 1
+        assert G.pick_config(1, 248320, 4096).split == 1 and G.pick_config(1, 4096, 4096).split > 1
+        tuned = G.GemvConfig(128, 256, 3, 8, 3, "sum")
+        G.TUNED[(4096, 4096)] = {4: tuned}
         assert G.pick_config(3, 4096, 4096) == tuned and G.pick_config(5, 4096, 4096) != tuned
     finally:
-        del G.TUNED[(4096, 4096)]
+        G.TUNED.clear()
+        G.TUNED.update(measured)
+    for (N, K), buckets in G.TUNED.items():  # measured entries are what pick_config returns
+        for bucket, config in buckets.items():
+            assert G.pick_config(bucket, N, K) == config
 
 
 @pytest.mark.skipif(INTERPRETED, reason="checks run in the parent process")
@@ -133,7 +139,8 @@ REAL_SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096),
 @pytest.mark.parametrize("name,N,K", REAL_SHAPES, ids=[s[0] for s in REAL_SHAPES])
 def test_gemv_cuda_real_shapes(name, N, K):
     """The heuristic config at M = 1..16 against F.linear (bf16 tolerance) and gemv_ref (float32
-    summation-order tolerance), bit-equal run to run; linear() takes the kernel."""
+    summation-order tolerance), bit-equal run to run; linear() takes the kernel where TUNED holds
+    a measured config for the shape and row bucket, F.linear elsewhere."""
     torch.manual_seed(0)
     w = (torch.randn(N, K, device="cuda") * K ** -0.5).to(torch.bfloat16)
     for M in (1, 2, 3, 4, 8, 16):
@@ -144,7 +151,9 @@ def test_gemv_cuda_real_shapes(name, N, K):
         assert (y.float() - ref.float()).abs().max().item() <= 2 * ULP[torch.bfloat16] * scale
         _assert_close(y, G.gemv_ref(x, w), torch.bfloat16)
         assert torch.equal(y, G.gemv(x, w))
-        assert G.use_gemv(x, w) and torch.equal(G.linear(x, w), y)
+        bucket = 1 << (M - 1).bit_length()  # linear() takes the kernel where a config was measured
+        assert G.use_gemv(x, w) == (bucket in G.TUNED.get((N, K), {}))
+        assert torch.equal(G.linear(x, w), y if G.use_gemv(x, w) else F.linear(x, w))
     del w
     torch.cuda.empty_cache()
 
