@@ -175,3 +175,15 @@ def test_bench_decode_runs_the_qwen35_model_with_its_state_in_the_floor():
     assert floor > weights_only
     args = build_parser().parse_args(["bench", "decode", "--model", "qwen35-9b-random"])
     assert run(args) == 2  # the reference is on by default: refused before any model is built
+
+
+def test_steady_tpot_is_the_step_time_while_every_request_decodes():
+    """The steady-state TPOT of a round: wall time per engine step between the last request's
+    first output and the first request's end (no prefill step of the round inside); None when
+    that window holds no step (a request ended before the last one started)."""
+    from services.worker.bench.decode import _steady_step_ms
+
+    marks = [{"first": (1.0, 3), "end": (2.0, 13)}, {"first": (1.2, 4), "end": (2.5, 20)}]
+    assert _steady_step_ms(marks) == round(0.8 / 9 * 1e3, 3)
+    assert _steady_step_ms([{"first": (1.0, 3), "end": (1.1, 4)},
+                            {"first": (1.5, 6), "end": (2.0, 9)}]) is None
