@@ -33,8 +33,9 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # The weight GEMMs of the fused path through kernels/gemv.py's Triton GEMV for decode rows
-# (<= 16 rows, bf16 / fp16, CUDA) when INFERNIX_GEMV=1; F.linear (cuBLAS) otherwise.
-GEMV = os.environ.get("INFERNIX_GEMV", "0") == "1"
+# (<= 16 rows, bf16 / fp16, CUDA, the shapes where a measured config beat cuBLAS: gemv.TUNED);
+# F.linear (cuBLAS) otherwise, and everywhere with INFERNIX_GEMV=0.
+GEMV = os.environ.get("INFERNIX_GEMV", "1") != "0"
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
