@@ -143,3 +143,97 @@ async def test_cancelled_request_leaves_the_others_exact(runtime):
     piped, engine = await scenario(True)
     assert engine.chained_steps > 0
     assert piped == plain
+
+
+# ---------------------------------------------------------------- a hybrid model (Qwen3.5)
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory):
+    from services.worker.runtime import load_runtime
+    from tests.qwen35_support import hf_causal_lm
+
+    path = tmp_path_factory.mktemp("qwen35-pipeline")
+    hf_causal_lm(seed=7).save_pretrained(str(path))
+    return load_runtime(str(path))
+
+
+def _qwen35_requests(rt) -> list:
+    from shared.generation import ChatMessage, GenerateRequest, PromptInput
+
+    question = PromptInput(messages=(ChatMessage("user", "Is the sky blue?"),))
+    name = rt.name
+    return [
+        text_request("greedy", "Once upon a time", greedy(12), name),
+        text_request("sampled", "The quick brown fox", RequestOptions(
+            max_tokens=10, sampling=SamplingParams(temperature=0.9, seed=3)), name),
+        text_request("schema", "json please", greedy(24, constraint=OutputConstraint.json_schema(SCHEMA)), name),
+        # thinking on, its budget forces the close after a committed step (tokens then prefilled)
+        GenerateRequest("budget", question, greedy(14, thinking_budget=4), model=name),
+        text_request("short", "x", greedy(3), name),
+    ]
+
+
+async def _run_qwen35(rt, pipeline: bool, requests) -> tuple[dict, object]:
+    client = open_client(rt, pipeline=pipeline, max_batch=4, max_len=96, prefill_chunk=16)
+    try:
+        tasks = {r.request_id: asyncio.create_task(_events(client, r)) for r in requests}
+        results = {k: _comparable(await t) for k, t in tasks.items()}
+        engine = client.engine
+    finally:
+        await client.aclose()
+    return results, engine
+
+
+@pytest.mark.asyncio
+async def test_pipelined_hybrid_model_publishes_what_the_unpipelined_one_does(qwen35):
+    """A hybrid model chains too: step n's recurrent state is committed ahead of its preview (the
+    slot flip), so step n+1 reads it; rows left out of step n+1 (finished, or a thinking budget's
+    forced close, whose tokens are then prefilled) keep the state step n left. Event for event
+    equal to the unpipelined engine, on a tiny random Qwen3.5 (3 GDN + 2 attention layers)."""
+    plain, engine_plain = await _run_qwen35(qwen35, False, _qwen35_requests(qwen35))
+    piped, engine = await _run_qwen35(qwen35, True, _qwen35_requests(qwen35))
+    assert engine.program.recurrent and engine.pipeline and engine.chained_steps > 0
+    assert engine_plain.chained_steps == 0
+    for rid in plain:
+        assert piped[rid] == plain[rid], rid
+    assert engine.metrics.forced_closes._value.get() == 1
+
+
+@pytest.mark.asyncio
+async def test_hybrid_row_of_an_aborted_chained_round_resumes_by_replay(qwen35, monkeypatch):
+    """Design rule: when a preview fails "every preview of the batch is restored and the round
+    aborts: nothing commits, the failing row finishes with the internal error, the others run the
+    same step again". With the pipeline the aborted step's recurrent state was already committed
+    ahead (and the next step launched), so the survivor resumes by Replay from its committed
+    tokens: its output equals its output alone."""
+    from services.worker.output.session import OutputSession, PreviewResult
+    from shared.errors import InternalError
+
+    original = OutputSession.preview
+    calls = {"n": 0}
+
+    def failing(self, tokens, **kwargs):
+        if self.constrained:
+            calls["n"] += 1
+            if calls["n"] == 4:
+                return PreviewResult(0, failure=InternalError("injected preview failure"))
+        return original(self, tokens, **kwargs)
+
+    from services.worker.engine.scheduler import Scheduler
+
+    survivor = text_request("survivor", "Once upon a time", greedy(30), qwen35.name)
+    alone, _ = await _run_qwen35(qwen35, False, [survivor])
+    monkeypatch.setattr(OutputSession, "preview", failing)
+    paused = []
+    pause = Scheduler.pause
+    monkeypatch.setattr(Scheduler, "pause", lambda self, job, program: (
+        paused.append(job.request_id), pause(self, job, program)))
+    regex = OutputConstraint.regex("[0-9]{10}")
+    piped, engine = await _run_qwen35(qwen35, True, [
+        survivor, text_request("failing", "pick", greedy(10, constraint=regex), qwen35.name)])
+    assert calls["n"] >= 4 and engine.chained_steps > 0
+    failed = piped["failing"][-1][1]
+    assert failed["finish_reason"].value == "error" and "injected" in failed["error"]["message"]
+    assert piped["survivor"] == alone["survivor"]
+    assert paused == ["survivor"]  # the Replay really ran

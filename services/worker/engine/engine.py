@@ -315,7 +315,11 @@ class Engine:
     # nothing forced after it); the others are left out of it, which leaves no trace: their
     # uncommitted KV writes lie past the committed frontier (models/state.py). A step is chained
     # only when nothing else waits for the batch: no admission, no prefill, no row at the lane's
-    # end; otherwise the held step commits first and the step runs as before.
+    # end; otherwise the held step commits first and the step runs as before. A hybrid model's
+    # next forward reads the recurrent state step n leaves, so step n's device state is committed
+    # ahead of its preview (Program.commit_ahead); step n+1 writes the other slot, so a row left
+    # out of it keeps that state, but a row whose step n then aborts (a failed preview: nothing
+    # of the round commits) holds a token its ledger does not, and resumes by Replay.
 
     def _can_chain(self, held: PendingBatch) -> bool:
         rows = held.batch.rows
@@ -336,6 +340,7 @@ class Engine:
                                 for row, res in zip(held.batch.rows, held.results)))
         self.steps += 1
         self.chained_steps += 1
+        self.program.commit_ahead(held)  # a hybrid model's next forward reads step n's state
         try:
             launched = self.program.launch(batch)
         except Exception as exc:  # step n still commits; its rows then fail
@@ -348,6 +353,12 @@ class Engine:
         self._commit(held)
         self.post.flush()  # step n's events go out while step n+1's forward runs
         keep = [i for i, row in enumerate(batch.rows) if _continues(row)]
+        if self.program.recurrent:
+            for row in batch.rows:  # step n aborted after its state was committed ahead: the
+                job = row.request  # recurrent state holds a token the ledger does not; Replay
+                if job.state is RequestState.RESIDENT and not job.cancel_requested \
+                        and job.num_cached != row.start:
+                    self.scheduler.pause(job, self.program)
         try:
             pending = self.program.finish(launched, keep)
         except Exception as exc:

@@ -103,12 +103,16 @@ class Scheduler:
                     if not j.in_prefill and j.num_output_tokens > j.output_at_admission]
         if not decoding:
             return 0
-        victim = max(decoding, key=lambda j: j.resident_since)
-        program.release_lane(victim.lane)
-        self.resident.remove(victim)
-        victim.pause()
-        self.add(victim)
+        self.pause(max(decoding, key=lambda j: j.resident_since), program)
         return 1
+
+    def pause(self, job: Request, program: Program) -> None:
+        """Take a resident request off its lane at a commit boundary and queue it again: it
+        resumes by Replay (request.py), from what of its blocks the prefix cache kept."""
+        program.release_lane(job.lane)
+        self.resident.remove(job)
+        job.pause()
+        self.add(job)
 
     def schedule(self) -> StepBatch | None:
         """The next step's rows, or None when nothing is resident."""

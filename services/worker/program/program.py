@@ -132,6 +132,7 @@ class Program:
         # a constrained decode step's mask descriptor per decode-graph row (-1: unconstrained)
         self.host_graph_row = torch.full((max_batch,), -1, dtype=torch.int32, pin_memory=pin)  # [B]
         self._free = list(range(max_batch))
+        self._ahead: StepBatch | None = None  # the step whose device state commit_ahead committed
         self._graphs = self._verify_graphs = self._ready = self._dflash_graphs = None
         self._last_graph = None  # the decode graph the current step replays, if any
         if self.cuda:
@@ -205,11 +206,31 @@ class Program:
     @property
     def chainable(self) -> bool:
         """Whether the Engine may launch decode step n+1 before committing step n (its pipeline,
-        engine.py): nothing of an uncommitted step may reach what the next forward reads. True
-        for a dense model's paged KV (an uncommitted step's writes lie past the frontier) with
-        no drafts; a hybrid model's recurrent state is read from the committed slot, which only
-        the commit selects, and a proposer aligns with every committed step."""
-        return self.proposer is None and self.max_drafts == 0 and not _recurrent(self.state)
+        engine.py): without drafts (a proposer aligns with every committed step). A dense model's
+        uncommitted KV writes lie past the frontier; a hybrid model's recurrent state is read from
+        the committed slot, so step n's device state is committed ahead (`commit_ahead`)."""
+        return self.proposer is None and self.max_drafts == 0
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model state holds recurrent state (a hybrid model) beside its KV."""
+        return _recurrent(self.state)
+
+    def commit_ahead(self, pending: PendingBatch) -> None:
+        """Commit the device state of an ordinary decode step's rows (one fed token each) before
+        the commit path previews them: the Engine's pipeline launches the next step first, and a
+        hybrid model's next forward must read the state after this one. `commit(pending, ...)`
+        then skips the device part for these rows. A dense KV cache needs nothing. A row that
+        the commit path then does not commit (an aborted round) must be replayed (engine.py)."""
+        if not _recurrent(self.state) or not pending.batch.rows:
+            return
+        rows = pending.batch.rows
+        assert pending.batch.is_decode, "commit_ahead takes ordinary decode steps only"
+        lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)
+        ones = torch.ones(len(rows), dtype=torch.int64)
+        self.state.commit(lanes.to(self.device, non_blocking=True),
+                          ones.to(self.device, non_blocking=True))
+        self._ahead = pending.batch
 
     @torch.inference_mode()
     def launch(self, batch: StepBatch) -> "Launched":
@@ -286,9 +307,10 @@ class Program:
         """Commit the device state of the rows named: batch index -> how many of the tokens the
         row fed this step the model state keeps (all of them in ordinary decoding; the anchor
         and the accepted drafts when verifying). Rows not named commit nothing."""
+        ahead, self._ahead = self._ahead is pending.batch, None
         if not kept:
             return
-        if _recurrent(self.state):  # a dense KV cache has nothing to commit on the device
+        if _recurrent(self.state) and not ahead:  # a dense KV cache has nothing to commit on the device
             # (and no device tensor is made: from pageable memory that would block the host
             # until the queued forward ends, which the Engine's pipeline overlaps with this)
             lanes = torch.tensor([pending.batch.rows[i].request.lane for i in kept], dtype=torch.int64)
