@@ -142,7 +142,7 @@ def test_bench_prefix_reports_cold_hit_and_cache_off():
     assert (parsed.prefix_tokens, parsed.hits, parsed.repeats) == (100, 3, 2)
 
 
-def test_bench_decode_runs_the_qwen35_model_with_its_state_in_the_floor():
+def test_bench_decode_runs_the_qwen35_model_with_its_state_in_the_floor(monkeypatch):
     """Issue 16: `infernix bench decode --model qwen35-9b-random` runs the hybrid model through
     the engine, constrained and not, and its memory floor counts the recurrent state each step
     reads and writes beside the weights. A tiny shape of the same builder on the CPU here; the
@@ -157,6 +157,10 @@ def test_bench_decode_runs_the_qwen35_model_with_its_state_in_the_floor():
                                     num_kv_heads=1, head_dim=32, rotary_dim=8, linear_num_key_heads=2,
                                     linear_num_value_heads=4, linear_key_head_dim=16,
                                     linear_value_head_dim=16, max_position_embeddings=512)
+    import services.worker.bench.breakdown as breakdown
+
+    bandwidth = 1e10  # bytes/s: a fixed copy bandwidth, so the floor is exact to compare
+    monkeypatch.setattr(breakdown, "cpu_copy_bandwidth", lambda: bandwidth)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -170,9 +174,9 @@ def test_bench_decode_runs_the_qwen35_model_with_its_state_in_the_floor():
         assert row["engine"][mode]["tokens_per_request"] == {"min": 4, "max": 4}
     state = recurrent_state_bytes_per_step(runtime.model, 2)
     assert state == 2 * 2 * 3 * 4 * 16 * 16 * 4  # read + write, 2 lanes, 3 GDN layers, f32
-    floor = row["breakdown"]["fused"]["floor_ms"]
-    weights_only = weight_bytes_per_step(runtime.model, 2) / (report["breakdown"]["copy_bandwidth_GBps"] * 1e9) * 1e3
-    assert floor > weights_only
+    weights = weight_bytes_per_step(runtime.model, 2)
+    assert row["breakdown"]["fused"]["floor_ms"] == round((weights + state) / bandwidth * 1e3, 4)
+    assert round(weights / bandwidth * 1e3, 4) < row["breakdown"]["fused"]["floor_ms"]
     args = build_parser().parse_args(["bench", "decode", "--model", "qwen35-9b-random"])
     assert run(args) == 2  # the reference is on by default: refused before any model is built
 
