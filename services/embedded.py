@@ -32,6 +32,7 @@ class WorkerSettings:
     draft_model: str | None = None  # draft checkpoint directory (dflash, dflash2)
     num_draft_tokens: int = 4  # K, >= 1
     prefix_cache: bool = True  # the automatic prefix cache
+    pipeline: bool = True  # on CUDA: launch decode step n+1 before committing step n
     kv_cache_tokens: int | None = None  # KV pool positions; None: lanes x max_len
 
     def __post_init__(self) -> None:
@@ -52,6 +53,7 @@ class WorkerSettings:
                    max_waiting=args.max_waiting, speculative=args.speculative,
                    draft_model=args.draft_model, num_draft_tokens=args.num_draft_tokens,
                    prefix_cache=not getattr(args, "no_prefix_cache", False),
+                   pipeline=not getattr(args, "no_pipeline", False),
                    kv_cache_tokens=getattr(args, "kv_cache_tokens", None))
 
 
@@ -95,5 +97,6 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
                           speculative=settings.speculative,
                           num_draft_tokens=settings.num_draft_tokens,
                           draft_model=settings.draft_model, prefix_cache=settings.prefix_cache,
+                          pipeline=None if settings.pipeline else False,
                           kv_cache_tokens=settings.kv_cache_tokens)
     return open_in_process(runtime, config, grammar=grammar, registry=registry)

@@ -85,6 +85,9 @@ _TABLE = (
             "lanes x max_len; more leaves the prefix cache room beyond the lanes", "N"),
     Setting("no_prefix_cache", None, False, "turn the automatic prefix cache off (KV blocks of "
             "equal prompt prefixes are then never reused; hybrid models run without it anyway)"),
+    Setting("no_pipeline", None, False, "launch each decode step only after the previous one's "
+            "commit (on CUDA the next step's forward is launched first by default, so the commit's "
+            "host work overlaps it; the CPU never pipelines)"),
     Setting("host", str, "127.0.0.1", "address to listen on"),
     Setting("port", int, 8000, "port to listen on"),
     Setting("api_keys", str, "", "comma-separated API keys; when set, requests must carry one",

@@ -240,3 +240,18 @@ async def test_hybrid_row_of_an_aborted_chained_round_resumes_by_replay(qwen35, 
     assert failed["finish_reason"].value == "error" and "injected" in failed["error"]["message"]
     assert piped["survivor"] == alone["survivor"]
     assert paused == ["survivor"]  # the Replay really ran
+
+
+def test_no_pipeline_flag_reaches_the_engine(monkeypatch):
+    """`--no-pipeline` (and INFERNIX_NO_PIPELINE) turn the pipeline off in the worker's settings
+    of `serve` and `worker serve` (open_worker passes EngineConfig(pipeline=False) then; by
+    default None: the Engine pipelines on CUDA)."""
+    from services.cli import _worker_settings, build_parser
+    from services.embedded import WorkerSettings
+
+    for command in (["serve"], ["worker", "serve"]):
+        on = _worker_settings(WorkerSettings, build_parser().parse_args(command))
+        off = _worker_settings(WorkerSettings, build_parser().parse_args(command + ["--no-pipeline"]))
+        assert on.pipeline and not off.pipeline
+    monkeypatch.setenv("INFERNIX_NO_PIPELINE", "1")
+    assert not _worker_settings(WorkerSettings, build_parser().parse_args(["serve"])).pipeline
