@@ -116,23 +116,16 @@ def splits_for(base: G.GemvConfig, N: int, K: int, sms: int) -> list[G.GemvConfi
             and (s == 1 or slabs * s <= 32 * sms)]
 
 
-def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> float:
-    """Device-to-device copy bandwidth in bytes/s (read + write counted), best of `repeats`."""
-    src = torch.empty(nbytes // 2, dtype=torch.int16, device=DEV)
-    dst = torch.empty_like(src)
-    best = float("inf")
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in bytes/s (read + write counted): the measure the decode benches
+    use (models/qwen35_bench.py on CUDA; bench/breakdown.py's host copy for --dry-run)."""
     if DEV == "cpu":
-        t = time.perf_counter()
-        dst.copy_(src)
-        return 2 * nbytes / (time.perf_counter() - t)
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return 2 * nbytes / best
+        from services.worker.bench.breakdown import cpu_copy_bandwidth
+
+        return cpu_copy_bandwidth(nbytes=64 << 20, repeats=1)
+    from services.worker.models.qwen35_bench import copy_bandwidth as device_copy_bandwidth
+
+    return device_copy_bandwidth(torch.device(DEV))
 
 
 def empty_cache() -> None:
