@@ -11,15 +11,13 @@ Design (STYLE.md 5): "a plain-torch reference beside every kernel".
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kernels import gdn_ref
+from tests.kernel_backends import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available()
@@ -206,12 +204,7 @@ def test_kernels_interpreter():
 def test_triton_kernels_under_interpreter():
     """Triton's interpreter runs the GDN recurrence and the conv kernel on small shapes against the
     torch references (a child pytest with TRITON_INTERPRET=1)."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-x", "-k",
-                           "interpreter and not under_interpreter", "-p", "no:cacheprovider"],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "1 passed" in proc.stdout
+    run_interpreted(__file__, timeout=600)
 
 
 @pytest.mark.gpu

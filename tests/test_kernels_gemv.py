@@ -9,15 +9,13 @@ Qwen3.5-9B linear layers) against F.linear within bf16 tolerance, plus run-to-ru
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kernels import gemv as G
+from tests.kernel_backends import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available()
@@ -80,12 +78,7 @@ def test_gemv_interpreter():
 def test_gemv_under_interpreter():
     """Triton's interpreter runs the GEMV on small shapes against gemv_ref (a child pytest with
     TRITON_INTERPRET=1)."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-x", "-k",
-                           "interpreter and not under_interpreter", "-p", "no:cacheprovider"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "1 passed" in proc.stdout
+    run_interpreted(__file__, timeout=600)
 
 
 @pytest.mark.skipif(INTERPRETED, reason="checks run in the parent process")

@@ -16,15 +16,13 @@ sampler's CPU path run in this process.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from kernels.sampling_contract import SampleStatus, mask_words
 from kernels.sampling_greedy import generable_words, sample_greedy, sample_greedy_fast
+from tests.kernel_backends import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 OK, DEAD_END, NONFINITE = SampleStatus.OK, SampleStatus.DEAD_END, SampleStatus.NONFINITE
@@ -226,13 +224,7 @@ def test_fused_greedy_rejects_bad_inputs(backend):
 @pytest.mark.skipif(INTERPRETED, reason="this process is the interpreter run itself")
 def test_fused_greedy_under_interpreter():
     """Every `interpreter` case above, in a fresh process under TRITON_INTERPRET=1."""
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-x",
-                           "-k", "interpreter and not under_interpreter", "-p", "no:cacheprovider"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout.split("\n")[-2]
+    run_interpreted(__file__, timeout=600)
 
 
 # ----------------------------------------------------------------------------- this process
