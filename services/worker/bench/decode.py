@@ -307,6 +307,14 @@ def _issue14_targets(rows: list[dict], first: dict | None) -> dict:
     return out
 
 
+def report_header(bench: str, args: argparse.Namespace, runtime: ModelRuntime) -> dict[str, Any]:
+    """What every `infernix bench` report starts with: the bench, the command line, the machine,
+    the model, device and dtype (each bench adds its "options")."""
+    return {"bench": bench, "command": "infernix " + shlex.join(sys.argv[1:]),
+            "machine": _machine(args.device), "model": args.model, "device": args.device,
+            "dtype": str(runtime.dtype).removeprefix("torch.")}
+
+
 def _machine(device: str) -> dict[str, Any]:
     def version(name: str) -> str | None:
         try:
@@ -350,9 +358,7 @@ def run(args: argparse.Namespace) -> int:
     runtime = build_runtime(args.model, args.device)
     log(f"runtime {args.model} on {args.device} ready in {time.perf_counter() - started:.1f} s")
     report: dict[str, Any] = {
-        "bench": "decode", "command": "infernix " + shlex.join(sys.argv[1:]),
-        "machine": _machine(args.device), "model": args.model, "device": args.device,
-        "dtype": str(runtime.dtype).removeprefix("torch."),
+        **report_header("decode", args, runtime),
         "options": {"batch_sizes": list(opts.batch_sizes), "max_tokens": opts.max_tokens,
                     "prompt_tokens": opts.prompt_tokens, "reference": opts.reference,
                     "reference_batch_sizes": list(opts.reference_batch_sizes),

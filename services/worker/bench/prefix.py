@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shlex
 import sys
 import time
 from typing import Any
 
-from services.worker.bench.decode import _collect, _machine, write_report
+from services.worker.bench.decode import _collect, report_header, write_report
 from services.worker.bench.models import build_runtime
 from services.worker.bench.stats import ms, p50, ratio
 from services.worker.client import open_in_process
@@ -121,9 +120,7 @@ def run(args: argparse.Namespace) -> int:
     runtime = build_runtime(args.model, args.device)
     log(f"runtime {args.model} on {args.device} ready in {time.perf_counter() - started:.1f} s")
     report: dict[str, Any] = {
-        "bench": "prefix", "command": "infernix " + shlex.join(sys.argv[1:]),
-        "machine": _machine(args.device), "model": args.model, "device": args.device,
-        "dtype": str(runtime.dtype).removeprefix("torch."),
+        **report_header("prefix", args, runtime),
         "options": {"prefix_tokens": args.prefix_tokens, "repeats": args.repeats, "hits": args.hits,
                     "max_tokens": args.max_tokens, "prefill_chunk": args.prefill_chunk, "greedy": True},
     }
