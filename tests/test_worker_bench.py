@@ -191,3 +191,16 @@ def test_steady_tpot_is_the_step_time_while_every_request_decodes():
     assert _steady_step_ms(marks) == round(0.8 / 9 * 1e3, 3)
     assert _steady_step_ms([{"first": (1.0, 3), "end": (1.1, 4)},
                             {"first": (1.5, 6), "end": (2.0, 9)}]) is None
+
+
+def test_bench_model_choices_are_listed_once():
+    """Every `infernix bench` command names each model it can build exactly once (the spec bench
+    once listed qwen35-9b-random twice, after the decode bench gained it)."""
+    from services.worker.bench.cli import MODELS
+
+    parser = build_parser()
+    for command in ("decode", "spec", "prefix"):
+        (model,) = [a for a in parser._subparsers._group_actions[0].choices["bench"]
+                    ._subparsers._group_actions[0].choices[command]._actions if a.dest == "model"]
+        assert list(model.choices) == list(dict.fromkeys(model.choices)), command
+        assert set(model.choices) <= set(MODELS)

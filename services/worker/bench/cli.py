@@ -63,7 +63,7 @@ def add_spec_parser(sub: argparse._SubParsersAction) -> None:
                        description="n-gram copy and the oracle proposer (the target's own greedy "
                        "continuation) on copy-heavy structured tasks, constrained and not: "
                        "speed-up, accepted length, exposed draft wait, greedy equality.")
-    p.add_argument("--model", choices=MODELS + ("qwen35-9b-random",), default="smollm2",
+    p.add_argument("--model", choices=MODELS, default="smollm2",
                    help="default: smollm2 (qwen35-9b-random: with its MTP module, for --backends "
                    "mtp)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")

@@ -31,13 +31,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shlex
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from services.worker.bench.decode import _machine, write_report
+from services.worker.bench.decode import report_header, write_report
 from services.worker.bench.models import build_runtime
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
@@ -290,21 +289,16 @@ def _targets(rows: list[dict]) -> dict[str, Any]:
 
 
 def _runtime(model: str, device: str) -> ModelRuntime:
-    """The decode bench's models, plus `qwen35-9b-random`: random Qwen3.5-9B-shaped weights with
-    the MTP module over the real Qwen3.5 vocabulary (bf16 on CUDA; structure only)."""
+    """The decode bench's models; `qwen35-9b-random` with its MTP module (bf16 on CUDA;
+    structure only)."""
     if model != "qwen35-9b-random":
         return build_runtime(model, device)
     import torch
 
-    from services.worker.models.qwen35_runtime import random_qwen35
-    from shared.frontends import get_domain
-    from shared.frontends.frontend import Frontend, TiktokenTokenizer
-    from shared.frontends.qwen35 import qwen35_tokenizer
+    from services.worker.bench.models import random_qwen35_runtime
 
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    net = random_qwen35(dtype=dtype, device=device, mtp=True)
-    return ModelRuntime(model, net, net.config, Frontend(model, get_domain("qwen3.5"),
-                                                         TiktokenTokenizer(qwen35_tokenizer())))
+    return random_qwen35_runtime(dtype=dtype, device=device, mtp=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -322,9 +316,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     runtime = _runtime(args.model, args.device)
     report: dict[str, Any] = {
-        "bench": "spec", "command": "infernix " + shlex.join(sys.argv[1:]),
-        "machine": _machine(args.device), "model": args.model, "device": args.device,
-        "dtype": str(runtime.dtype).removeprefix("torch."),
+        **report_header("spec", args, runtime),
         "options": {"tasks": list(opts.tasks), "backends": list(opts.backends),
                     "draft_tokens": list(opts.draft_tokens), "batch_size": opts.batch_size,
                     "max_tokens": opts.max_tokens, "cuda_graphs": opts.cuda_graphs,
