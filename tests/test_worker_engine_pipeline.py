@@ -255,3 +255,38 @@ def test_no_pipeline_flag_reaches_the_engine(monkeypatch):
         assert on.pipeline and not off.pipeline
     monkeypatch.setenv("INFERNIX_NO_PIPELINE", "1")
     assert not _worker_settings(WorkerSettings, build_parser().parse_args(["serve"])).pipeline
+
+
+@pytest.mark.asyncio
+async def test_a_failed_chained_launch_commits_the_held_step_then_fails_its_rows(runtime):
+    """Design rule (section 5): a step that fails as a whole fails its rows and commits nothing of
+    itself; the step before it is unaffected. When the launch of chained step n+1 raises, step n
+    (already sampled) still commits and publishes, then the rows finish with the internal error:
+    each published text is exactly the greedy output up to its committed tokens."""
+    from tests.worker_support import oracle_greedy, text_of
+
+    client = open_client(runtime, pipeline=True, max_batch=2, max_len=96)
+    program = client.engine.program
+    launch, before = program.launch, {}
+
+    def failing(batch):
+        if client.engine.chained_steps == 3:  # output tokens committed before the held step's
+            before.update({r.request.request_id: r.request.num_output_tokens for r in batch.rows})
+            raise RuntimeError("injected launch failure")
+        return launch(batch)
+
+    program.launch = failing
+    prompts = ["Once upon a time", "0123456789"]
+    try:
+        results = await asyncio.gather(*(_events(client, text_request(f"r{i}", p, greedy(20), runtime.name))
+                                         for i, p in enumerate(prompts)))
+    finally:
+        await client.aclose()
+    assert len(before) == 2
+    for i, (events, prompt) in enumerate(zip(results, prompts)):
+        fin = events[-1]
+        assert fin.finish_reason.value == "error" and "injected launch failure" in fin.error["message"]
+        n = fin.usage.completion_tokens
+        assert n == before[f"r{i}"] + 1  # the held step's token committed, then failed
+        expected = text_of(runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(prompt), n))
+        assert fin.content == expected == "".join(e.text for e in events if type(e).__name__ == "TextDelta")

@@ -346,8 +346,8 @@ class Engine:
         except Exception as exc:  # step n still commits; its rows then fail
             log.exception("program_step_failed")
             self._commit(held)
-            self.post.fail_batch(_live(PendingBatch(batch, held.results)).batch,
-                                 InternalError(f"the batch step failed: {exc}"))
+            live = tuple(r for r in batch.rows if r.request.state is RequestState.RESIDENT)
+            self.post.fail_batch(StepBatch(live), InternalError(f"the batch step failed: {exc}"))
             self.post.flush()
             return
         self._commit(held)
