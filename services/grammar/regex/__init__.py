@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from services.grammar.regex.charset import ANY, CharSet
 from services.grammar.regex.parser import Branch, parse_regex
-from services.grammar.regex.tree import Chars, Node, Repeat, Seq, alt, seq, to_ebnf, to_regex
+from services.grammar.regex.tree import (
+    Chars, Literal, Node, Repeat, Seq, alt, seq, to_ebnf, to_regex,
+)
 
 _ANY_STRING = Repeat(Chars(ANY), 0, None)
 
@@ -20,8 +22,12 @@ def _whole_match_tree(pattern: str) -> Node:
     return alt([b.node for b in parse_regex(pattern)])
 
 
-def _search_tree(branches: list[Branch]) -> Node:
-    """Strings that contain a match: unanchored ends of each alternative take any text."""
+_FINAL_NEWLINE = Repeat(Literal("\n"), 0, 1)
+
+
+def _search_tree(branches: list[Branch], python: bool = False) -> Node:
+    """Strings that contain a match: unanchored ends of each alternative take any text. `python`:
+    a `$` also matches before a final newline, as in Python's `re`."""
     out: list[Node] = []
     for b in branches:
         if b.node == Seq(()) and not (b.starts_anchored or b.ends_anchored):
@@ -31,14 +37,17 @@ def _search_tree(branches: list[Branch]) -> Node:
         parts.append(b.node)
         if not b.ends_anchored:
             parts.append(_ANY_STRING)
+        elif python:
+            parts.append(_FINAL_NEWLINE)
         out.append(seq(parts))
     return alt(out)
 
 
-def search_tree(pattern: str) -> Node:
+def search_tree(pattern: str, *, python: bool = False) -> Node:
     """The tree whose whole-match language is the strings in which `pattern` finds a match
-    (JSON Schema `pattern`: ends unanchored unless ^ / $). Raises InvalidRegex (0-based position)."""
-    return _search_tree(parse_regex(pattern))
+    (JSON Schema `pattern`: ends unanchored unless ^ / $). Raises InvalidRegex (0-based position).
+    `python=True`: the strings in which Python's `re.search` finds one (`parser.parse_regex`)."""
+    return _search_tree(parse_regex(pattern, python=python), python)
 
 
 def whole_tree(pattern: str) -> Node:

@@ -8,7 +8,8 @@ encodings, e.g. its negated class `[^a]` accepts the bytes ED A0 80.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from functools import lru_cache
+from typing import Callable, Iterable
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATE_LO, SURROGATE_HI = 0xD800, 0xDFFF
@@ -132,3 +133,28 @@ def regex_class(cs: CharSet) -> str:
              else f"{regex_char(lo, in_class=True)}-{regex_char(hi, in_class=True)}"
              for lo, hi in cs.ranges]
     return "[" + "".join(parts) + "]"
+
+# Python's `re` (str patterns, no flags), the reading of the validators users run: `.` excludes
+# only \n; \d is str.isdecimal, \w str.isalnum or "_", \s str.isspace (what sre tests), taken
+# from the running interpreter's Unicode database so it is the validators' own.
+PY_DOT = CharSet.of([(0x0A, 0x0A)]).invert()
+_PY_PREDICATES: dict[str, Callable[[str], bool]] = {
+    "d": str.isdecimal, "w": lambda c: c.isalnum() or c == "_", "s": str.isspace}
+
+
+@lru_cache(maxsize=3)
+def python_class(letter: str) -> CharSet:
+    """Python's `\\d`, `\\w` or `\\s` (letter "d", "w" or "s") over the Unicode scalar values."""
+    pred = _PY_PREDICATES[letter]
+    out: list[tuple[int, int]] = []
+    start = None
+    for cp in range(MAX_CODE_POINT + 1):
+        ok = not SURROGATE_LO <= cp <= SURROGATE_HI and pred(chr(cp))
+        if ok and start is None:
+            start = cp
+        elif not ok and start is not None:
+            out.append((start, cp - 1))
+            start = None
+    if start is not None:
+        out.append((start, MAX_CODE_POINT))
+    return CharSet(tuple(out))

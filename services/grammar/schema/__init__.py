@@ -23,7 +23,7 @@ from services.grammar.schema.arrays import extended
 from services.grammar.schema.nodes import (
     ArrayType, Literals, NoValue, ObjectType, ReducedSchema, Ref, StringType, Union,
 )
-from services.grammar.schema.patterns import PatternSupport, _tree_only
+from services.grammar.schema.patterns import PatternSupport
 from services.grammar.schema.regex_json import lower
 from services.grammar.schema.reader import Reader
 from shared.errors import InternalError, InvalidSchema, SchemaSource, UnsupportedSchema
@@ -38,7 +38,7 @@ def _reduce(schema: Any, ctx: Context, patterns: PatternSupport) -> ReducedSchem
 
 
 def _reduce_graph(schema: Any, ctx: Context, patterns: PatternSupport) -> tuple[ReducedSchema, Graph]:
-    graph = Graph(ctx, patterns.matches, patterns.empty)
+    graph = Graph(ctx, patterns.matches, patterns.empty, patterns.pattern_check)
     reader = Reader(schema, ctx, graph)
     root = reader.read(schema)
     reduced = ReducedSchema(root, graph.defs, tuple(sorted(reader.annotations)))
@@ -102,7 +102,7 @@ def make_emitter(reduced: ReducedSchema, graph: Graph, patterns: PatternSupport,
         return body
 
     return Emitter(reduced, pattern_tree, syntax=syntax, whitespace=whitespace,
-                   pattern_ebnf=patterns.ebnf, one_pattern=_tree_only,
+                   pattern_ebnf=patterns.ebnf, one_pattern=patterns.tree_only,
                    extended=lambda em, node: extended(em, node, graph, patterns.regions),
                    explicit_layout=explicit_layout, context=ctx)
 

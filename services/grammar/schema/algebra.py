@@ -111,8 +111,12 @@ def _value_type(v: Any) -> str:
 class Graph:
     """The definitions of one reduction and the operations on them."""
 
-    def __init__(self, ctx: Context, pattern_matcher: Any, string_empty: Any = None) -> None:
+    def __init__(self, ctx: Context, pattern_matcher: Any, string_empty: Any = None,
+                 pattern_check: Any = None) -> None:
         self.ctx = ctx
+        # pattern_check(pattern: Pattern, negated: bool = False): raises where the pattern does
+        # not parse, or (negated) where its complement would not be exact
+        self.pattern_check = pattern_check or (lambda p, negated=False: pattern_matcher(p, ""))
         self.defs: dict[str, Node] = {}
         self._meet_memo: dict[tuple[str, Node], str] = {}
         # pattern_matcher(pattern: Pattern, value: str) -> bool, or raises UnsupportedSchema

@@ -83,8 +83,9 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | 
         if node.max_length is not None:
             parts.append(StringType(node.max_length + 1, None))
         for p in node.patterns:
+            r.graph.pattern_check(p, negated=True)  # raises where it has no exact complement
             parts.append(StringType(patterns=(Pattern(p.source, p.pointer, p.whole, not p.negated,
-                                                      p.literal),)))
+                                                      p.literal, p.fmt),)))
         return make_union(parts)
     if isinstance(node, ArrayType):
         if node.prefix or not isinstance(node.items, AnyValue) or node.unique or \

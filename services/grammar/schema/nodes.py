@@ -79,6 +79,7 @@ class Pattern:
     whole: bool = False  # True: the whole string must match (a `format`); False: search (`pattern`)
     negated: bool = False  # True: the string must NOT match (from `not`)
     literal: bool = False  # True: `source` is one literal string (whole match), from `not` of a const
+    fmt: str = ""  # the format's name, for a `format`
 
 
 @dataclass(frozen=True)

@@ -65,21 +65,28 @@ def regions(obj: ObjectType, ps: "PatternSupport", ctx: Context) -> list[tuple[D
         def inside(v: tuple[bool, ...]) -> bool:  # not declared, allowed by propertyNames
             return not v[0] and (nb == 1 or v[1])
 
-        pats = tuple(tree_dfa(ps.tree(p)) for p, _ in obj.patterns)
-        for i in range(len(pats)):
-            for j in range(i + 1, len(pats)):
-                both = combine(base + (pats[i], pats[j]), lambda v: inside(v) and v[nb] and v[nb + 1])
-                if both.delta:
+        # Per pattern, the names both readings match (where its schema applies for sure) and the
+        # names either reading matches (where it may apply: no other region may take them).
+        both, either = [], []
+        for p, _ in obj.patterns:
+            dfas = tuple(tree_dfa(t) for t in ps.readings(p).trees)
+            both.append(dfas[0] if len(dfas) == 1 else combine(dfas, all))
+            either.append(dfas[0] if len(dfas) == 1 else combine(dfas, any))
+        for i in range(len(either)):
+            for j in range(i + 1, len(either)):
+                overlap = combine(base + (either[i], either[j]),
+                                  lambda v: inside(v) and v[nb] and v[nb + 1])
+                if overlap.delta:
                     raise ctx.unsupported(obj.patterns[j][0].pointer, "patternProperties overlap on "
                                           "names that are not declared (their schemas would have "
                                           "to be intersected per name): not supported")
         out: list[tuple[Dfa | None, Node]] = []
         for i, (_, value) in enumerate(obj.patterns):
-            lang = combine(base + (pats[i],), lambda v: inside(v) and v[nb])
+            lang = combine(base + (both[i],), lambda v: inside(v) and v[nb])
             if lang.delta and not isinstance(value, NoValue):
                 out.append((lang, value))
         if not isinstance(obj.additional, NoValue):
-            rest = combine(base + pats, lambda v: inside(v) and not any(v[nb:]))
+            rest = combine(base + tuple(either), lambda v: inside(v) and not any(v[nb:]))
             if rest.delta:
                 out.append((rest, obj.additional))
         return out

@@ -167,7 +167,7 @@ def _string(r: "Reader", s: dict, pointer: str, fmt: str | None) -> Node:
         patterns = (Pattern(s["pattern"], at),)
     if fmt in formats.STRING_FORMATS:
         regex, limit = formats.STRING_FORMATS[fmt]
-        patterns += (Pattern(regex, child(pointer, "format"), whole=True),)
+        patterns += (Pattern(regex, child(pointer, "format"), whole=True, fmt=fmt),)
         if limit is not None:
             hi = limit if hi is None else min(hi, limit)
     elif fmt is not None and fmt not in formats.STRING_NO_CONSTRAINT and "type" in s and \
@@ -239,7 +239,7 @@ def _object(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
             raise r.ctx.invalid(at, "patternProperties must be an object of schemas")
         for source, sub in s["patternProperties"].items():
             pattern = Pattern(source, child(at, source))
-            r.graph.pattern_matcher(pattern, "")  # the pattern must parse (raises at its pointer)
+            r.graph.pattern_check(pattern)  # the pattern must parse (raises at its pointer)
             patterns.append((pattern, r.read(sub, child(at, source), depth)))
     names: Node = ANY
     if "propertyNames" in s:
