@@ -63,28 +63,47 @@ def test_items_arrays_before_2020_and_prefix_items_after():
         check_schema({"items": [{"type": "string"}]})
 
 
-def test_ref_siblings_ignored_before_2019():
-    """draft-04..07: 'All other properties in a "$ref" object MUST be ignored'; 2019-09 and
-    2020-12 apply them next to the reference."""
+def test_ref_siblings_refused_before_2019():
+    """'Draft-07 sibling assertions next to $ref are unsupported (use allOf for an explicit
+    intersection)': draft-04..07 ignore them ('All other properties in a "$ref" object MUST be
+    ignored'), so enforcing or dropping either would surprise; annotations there stay allowed.
+    2019-09 and 2020-12 apply them next to the reference."""
     defs = {"s": {"type": "string"}}
     for uri in (URIS["draft-04"][0], URIS["draft-07"][0]):
         schema = {"$schema": uri, "definitions": defs,
                   "properties": {"p": {"$ref": "#/definitions/s", "maxLength": 2}}}
-        _agree(schema, [{"p": "abc"}, {"p": "a"}, {"p": 1}])
-        assert "maxLength" in check_schema(schema).annotations
+        with pytest.raises(UnsupportedSchema) as info:
+            check_schema(schema)
+        assert info.value.pointer == "/properties/p/maxLength"
+        assert "allOf" in info.value.message
+        described = {"$schema": uri, "definitions": defs,
+                     "properties": {"p": {"$ref": "#/definitions/s", "description": "d"}}}
+        _agree(described, [{"p": "abc"}, {"p": 1}])
+        explicit = {"$schema": uri, "definitions": defs,
+                    "properties": {"p": {"allOf": [{"$ref": "#/definitions/s"}, {"maxLength": 2}]}}}
+        _agree(explicit, [{"p": "abc"}, {"p": "a"}, {"p": 1}])
     _agree({"$schema": URIS["2019-09"][0], "$defs": defs,
             "properties": {"p": {"$ref": "#/$defs/s", "maxLength": 2}}}, [{"p": "abc"}, {"p": "a"}])
 
 
-def test_draft04_id_and_nested_ids_change_the_base():
-    """draft-04 `id`, later `$id`: a nested identifier is a resource whose fragment references
-    resolve inside it; anchors (`#name` ids, `$anchor`) resolve too."""
+def test_nested_ids_refused_anchors_kept():
+    """'A root $id is only the document identity; nested $id is rejected' (draft-04 `id` too):
+    at the identifier's pointer. Fragment-only identifiers open no resource: anchors (`#name`
+    ids, `$anchor`) resolve."""
     d4 = {"$schema": URIS["draft-04"][0], "id": "http://x.org/root.json",
           "properties": {"a": {"$ref": "item.json"}, "b": {"$ref": "#/definitions/n"}},
           "definitions": {"item": {"id": "item.json", "type": "integer",
                                    "definitions": {"n": {"type": "null"}}},
                           "n": {"type": "string"}}}
-    _agree(d4, [{"a": 1, "b": "s"}, {"a": "x"}, {"b": None}])
+    with pytest.raises(UnsupportedSchema) as info:
+        check_schema(d4)
+    assert info.value.pointer == "/definitions/item/id"
+    with pytest.raises(UnsupportedSchema) as info:
+        check_schema({"properties": {"a": {"$id": "http://x.org/a.json", "type": "string"}}})
+    assert info.value.pointer == "/properties/a/$id"
+    generated = {"$schema": URIS["draft-07"][0], "$id": "http://x.org/root.json",
+                 "properties": {"a": {"$id": "#/properties/a", "type": "integer"}}}
+    _agree(generated, [{"a": 1}, {"a": "x"}])
     d7 = {"$schema": URIS["draft-07"][0], "properties": {"a": {"$ref": "#pos"}},
           "definitions": {"p": {"$id": "#pos", "type": "integer", "minimum": 0}}}
     _agree(d7, [{"a": 1}, {"a": -1}])

@@ -51,9 +51,10 @@ CASES = [
                      "p": {"$schema": D2020, "type": "array", "prefixItems": [{"type": "integer"}],
                            "items": {"type": "boolean"}}}},
      [{"t": ["x"]}, {"t": ["x", 1]}, {"p": [1, True]}, {"p": ["x"]}, {"p": [1, 2]}, {"t": [], "p": []}]),
-    # draft-04 subtree: $ref siblings ignored there (but not in the 2020-12 document outside it).
+    # draft-04 subtree: a $ref sibling there may only annotate (an assertion is refused, see
+    # test_grammar_schema_dialects); the 2020-12 document outside it applies its siblings.
     ({"properties": {"v": {"$schema": D4, "type": "object",
-                           "properties": {"w": {"$ref": "#/$defs/s4", "maxLength": 1}}},
+                           "properties": {"w": {"$ref": "#/$defs/s4", "description": "d"}}},
                      "u": {"$ref": "#/$defs/s", "maxLength": 1}},
       "$defs": {"s": {"type": "string"}, "s4": {"type": "string"}}},
      [{"v": {"w": "abc"}}, {"u": "abc"}, {"u": "a"}, {"v": {"w": 1}}]),

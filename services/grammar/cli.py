@@ -22,7 +22,7 @@ import sys
 from typing import Any, Iterable, TextIO
 
 from services.settings import UsageError, add_settings
-from shared.contract import OutputConstraint
+from shared.contract import OutputConstraint, parse_json_text
 from shared.errors import InfernixError, InvalidRequest
 from shared.frontends import MODELS, get_domain
 
@@ -111,7 +111,7 @@ def _error_json(exc: InfernixError) -> dict[str, Any]:
 
 def _read_instances(path: str) -> list[str]:
     out = []
-    for n, line in enumerate(_read(path).splitlines()):
+    for n, line in enumerate(_lines(_read(path))):
         if not line.strip():
             continue
         try:
@@ -122,6 +122,22 @@ def _read_instances(path: str) -> list[str]:
             raise UsageError(f"{path} line {n + 1}: an instance must be a JSON string")
         out.append(value)
     return out
+
+
+def _lines(text: str) -> list[str]:
+    """JSON Lines: split on "\\n" only (str.splitlines would also split inside a line at
+    U+2028/U+2029, \\x1c-\\x1e, \\x85 ..., which JSON strings may hold raw)."""
+    return text.split("\n")
+
+
+SLOW_COMPILE_MS = 5000.0  # a compile slower than this gets a note on stderr
+
+
+def _note_slow(label: str, outcome: Any) -> None:
+    if outcome.compile_ms > SLOW_COMPILE_MS:
+        print(f"note: {label} took {outcome.compile_ms / 1000:.1f} s to compile (slow: more than "
+              f"{SLOW_COMPILE_MS / 1000:.0f} s; the service refuses a compile past its deadline)",
+              file=sys.stderr)
 
 
 def _emit(out: TextIO, obj: dict[str, Any]) -> None:
@@ -149,18 +165,19 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     status = EXIT_OK
     if args.batch:
-        lines: Iterable[str] = [ln for ln in _read(args.batch).splitlines() if ln.strip()]
+        lines: Iterable[str] = [ln for ln in _lines(_read(args.batch)) if ln.strip()]
         compiler = ModelCompiler(get_domain(args.model))
-        for line in lines:
+        for n, line in enumerate(lines):
             result: dict[str, Any]
             try:
-                obj = json.loads(line)
+                obj = parse_json_text(line, field="line")
                 if isinstance(obj, dict) and obj.get("values") and "whitespace" not in obj:
                     # Values are checked in the generation layout without whitespace, which the
                     # contract's `any` profile holds (a model's default may require indentation).
                     obj = {**obj, "whitespace": "any"}
                 constraint = constraint_from_batch_line(obj)
                 outcome = compiler.compile(constraint)
+                _note_slow(f"batch entry {n + 1}", outcome)
             except InfernixError as exc:
                 _emit(out, _error_json(exc))
                 status = EXIT_REJECTED
@@ -189,6 +206,7 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
     for label, constraint in pairs:
         try:
             outcome = compiler.compile(constraint)
+            _note_slow(label, outcome)
         except InfernixError as exc:
             _emit(out, {**_error_json(exc), "source": label})
             status = EXIT_REJECTED

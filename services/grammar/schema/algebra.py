@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from services.grammar.schema.context import MAX_DEPTH, Context
@@ -56,6 +57,28 @@ def integer_type(lo: int, hi: int, multiple: int = 1) -> IntegerType | NoValue:
         lo = -((-lo) // multiple) * multiple  # the first multiple >= lo
         hi = (hi // multiple) * multiple
     return IntegerType(lo, hi, multiple) if lo <= hi else NEVER
+
+
+@lru_cache(maxsize=4096)
+def _publishable(n: NumberType) -> bool:
+    from services.grammar.schema.numbers import number_ebnf
+
+    return number_ebnf(n) is not None
+
+
+def number_range(n: NumberType, ctx: Context | None, pointer: str) -> Node:
+    """`n`, NEVER where the range is mathematically empty; a non-empty range without a binary64
+    value that can be published (e.g. (0, 5e-324)) is UnsupportedSchema at `pointer` (the
+    design's rule), or NEVER where `ctx` is None (a range a complement derived, which no user
+    wrote: dropping it only narrows)."""
+    if number_empty(n):
+        return NEVER
+    if n.lo is not None and n.hi is not None and not _publishable(n):
+        if ctx is None:
+            return NEVER
+        raise ctx.unsupported(pointer, "the numeric range is not empty but holds no binary64 "
+                                       "value a JSON parser can publish")
+    return n
 
 
 def number_empty(n: NumberType) -> bool:
@@ -192,8 +215,7 @@ class Graph:
         if isinstance(a, NumberType):
             lo = _lower((a.lo, a.lo_exclusive), (b.lo, b.lo_exclusive))
             hi = _upper((a.hi, a.hi_exclusive), (b.hi, b.hi_exclusive))
-            n = NumberType(lo[0], lo[1], hi[0], hi[1])
-            return NEVER if number_empty(n) else n
+            return number_range(NumberType(lo[0], lo[1], hi[0], hi[1]), self.ctx, pointer)
         if isinstance(a, StringType):
             return self.satisfiable(string_type(max(a.min_length, b.min_length),
                                                 _min_opt(a.max_length, b.max_length),
@@ -204,11 +226,11 @@ class Graph:
 
     def satisfiable(self, node: Node) -> Node:
         """`node`, or NEVER where it is a string node whose patterns/formats and lengths together
-        provably match no string (an intersection: e.g. a oneOf branch's format under the
-        parent's pattern). Single patterns without lengths keep their own check where emitted;
-        undecided nodes (past the automaton limits) are kept and refused where emitted."""
+        provably match no string in any reading (`PatternSupport.empty`: e.g. a oneOf branch's
+        format under the parent's pattern, or the complement of a pattern every string matches:
+        the rest of the schema may still be satisfiable); undecided nodes (past the automaton
+        limits) are kept and refused where emitted."""
         if isinstance(node, StringType) and self.string_empty is not None and node.patterns and \
-                (len(node.patterns) > 1 or node.min_length > 0 or node.max_length is not None) and \
                 self.string_empty(node) is True:
             if self.first_empty is None:
                 self.first_empty = node.patterns[-1].pointer

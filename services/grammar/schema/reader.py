@@ -24,7 +24,7 @@ from services.grammar.schema.nodes import (
     ANY, INT64_MAX, INT64_MIN, NEVER, Literals, Node, Ref, Union, make_union,
 )
 from services.grammar.schema.refs import Document
-from services.grammar.schema.typed import own_node
+from services.grammar.schema.typed import own_node, rounded
 from shared.errors import UnsupportedSchema
 
 # Keywords that name resources or anchors (refs.Document indexes them by the root's dialect).
@@ -83,8 +83,17 @@ class Reader:
                                                    f"dialect {self.dialect.name} (the document's is "
                                                    f"{self.doc.dialect.name}) is not supported")
             d = depth + 1
+            if pointer:
+                self._nested_id(schema, pointer)
             if "$ref" in schema and self.dialect.ref_overrides_siblings:
-                # draft-04..07: "All other properties in a "$ref" object MUST be ignored."
+                # draft-04..07: "All other properties in a "$ref" object MUST be ignored." An
+                # assertion written there would be silently dropped: refused (the design's rule),
+                # pointing to allOf, which intersects explicitly.
+                for k in schema:
+                    if k != "$ref" and k in ALL_ASSERTIONS:
+                        raise self.ctx.unsupported(child(pointer, k), f"{k!r} next to $ref is "
+                                                   f"ignored in {self.dialect.name}; write the "
+                                                   "intersection explicitly with allOf")
                 self.annotations.update(k for k in schema if k != "$ref" and k not in
                                         self.dialect.annotations | self.dialect.core)
                 return self._ref(schema["$ref"], pointer, d)
@@ -111,6 +120,18 @@ class Reader:
             return applicators.apply(self, schema, node, pointer, d)
         finally:
             self.dialect = outer
+
+    def _nested_id(self, schema: dict, pointer: str) -> None:
+        """A root `$id` is only the document's identity; one inside a subschema would open a new
+        resource with its own base URI: refused (the design's rule). An identifier that is only a
+        fragment ("#name", a draft-06/07 plain-name anchor, or the "#/properties/x" generators
+        write) opens no resource and is kept."""
+        key = self.dialect.id_keyword
+        value = schema.get(key)
+        if key in schema and not (isinstance(value, str) and value.startswith("#")):
+            raise self.ctx.unsupported(child(pointer, key), f"{key} inside a subschema (a nested "
+                                       "resource) is not supported; only the root may name the "
+                                       "document")
 
     def _nested_dialect(self, schema: dict, pointer: str) -> Dialect:
         """A subschema declaring its own `$schema`: its subtree is read in that dialect, as
@@ -246,6 +267,7 @@ class Reader:
             if not INT64_MIN <= v <= INT64_MAX:
                 raise self.ctx.unsupported(at, f"integer literal {v} is outside signed 64-bit")
         elif isinstance(v, float):
+            rounded(self, v, at)
             if not math.isfinite(v):
                 raise self.ctx.unsupported(at, "a numeric value JSON parsing would round to infinity")
         elif isinstance(v, str):

@@ -12,7 +12,8 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from services.grammar.schema import formats
-from services.grammar.schema.algebra import array_type, integer_bounds, number_empty, string_type
+from shared.contract import RoundedNumber
+from services.grammar.schema.algebra import array_type, integer_bounds, number_range, string_type
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
     ANY, INT64_MAX, INT64_MIN, NEVER, BooleanType, IntegerType, Node, NullType, NumberType,
@@ -101,11 +102,20 @@ def count(r: "Reader", s: dict, key: str, pointer: str) -> int | None:
     if key not in s:
         return None
     v = s[key]
+    rounded(r, v, child(pointer, key))
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise r.ctx.invalid(child(pointer, key), f"{key} must be a non-negative integer")
     return v
+
+
+def rounded(r: "Reader", v: Any, at: str) -> None:
+    """Refuse a number JSON parsing rounded (the source's digits are not the value read): the
+    design rejects such assertions and const/enum values where the source is read."""
+    if isinstance(v, RoundedNumber):
+        raise r.ctx.unsupported(at, f"the number {v.text[:60]} is rounded by JSON parsing (to "
+                                    f"{float(v)!r}); write a value binary64 holds")
 
 
 def _bound(r: "Reader", s: dict, key: str, pointer: str) -> Fraction | None:
@@ -115,6 +125,7 @@ def _bound(r: "Reader", s: dict, key: str, pointer: str) -> Fraction | None:
     at = child(pointer, key)
     if not _is_number(v):
         raise r.ctx.invalid(at, f"{key} must be a number")
+    rounded(r, v, at)
     if isinstance(v, float) and not math.isfinite(v):
         raise r.ctx.unsupported(at, f"{key} is a value JSON parsing would round to infinity")
     value = Fraction(v)
@@ -153,7 +164,9 @@ def _number(r: "Reader", s: dict, pointer: str, t: str, fmt: str | None) -> Node
         return integer_bounds(num, *formats.INTEGER_FORMATS[fmt])
     if t == "integer":
         return integer_bounds(num, INT64_MIN, INT64_MAX)
-    return NEVER if number_empty(num) else num
+    where = next((child(pointer, k) for k in ("exclusiveMaximum", "maximum", "exclusiveMinimum",
+                                                "minimum") if k in s), pointer)
+    return number_range(num, r.ctx, where)
 
 
 def _string(r: "Reader", s: dict, pointer: str, fmt: str | None) -> Node:
