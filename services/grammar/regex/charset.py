@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterable
+import re
+from typing import Iterable
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATE_LO, SURROGATE_HI = 0xD800, 0xDFFF
@@ -135,26 +136,34 @@ def regex_class(cs: CharSet) -> str:
     return "[" + "".join(parts) + "]"
 
 # Python's `re` (str patterns, no flags), the reading of the validators users run: `.` excludes
-# only \n; \d is str.isdecimal, \w str.isalnum or "_", \s str.isspace (what sre tests), taken
-# from the running interpreter's Unicode database so it is the validators' own.
+# only \n; \d \w \s are read from sre itself over every scalar value of the running
+# interpreter's Unicode database (so they are the validators' own).
 PY_DOT = CharSet.of([(0x0A, 0x0A)]).invert()
-_PY_PREDICATES: dict[str, Callable[[str], bool]] = {
-    "d": str.isdecimal, "w": lambda c: c.isalnum() or c == "_", "s": str.isspace}
 
 
-@lru_cache(maxsize=3)
 def python_class(letter: str) -> CharSet:
     """Python's `\\d`, `\\w` or `\\s` (letter "d", "w" or "s") over the Unicode scalar values."""
-    pred = _PY_PREDICATES[letter]
-    out: list[tuple[int, int]] = []
-    start = None
-    for cp in range(MAX_CODE_POINT + 1):
-        ok = not SURROGATE_LO <= cp <= SURROGATE_HI and pred(chr(cp))
-        if ok and start is None:
-            start = cp
-        elif not ok and start is not None:
-            out.append((start, cp - 1))
-            start = None
-    if start is not None:
-        out.append((start, MAX_CODE_POINT))
-    return CharSet(tuple(out))
+    return _python_classes()[letter]
+
+
+@lru_cache(maxsize=1)
+def _python_classes() -> dict[str, CharSet]:
+    text = "".join(map(chr, range(SURROGATE_LO))) + \
+        "".join(map(chr, range(SURROGATE_HI + 1, MAX_CODE_POINT + 1)))
+    gap = SURROGATE_HI - SURROGATE_LO + 1  # text index i >= SURROGATE_LO is code point i + gap
+    out = {}
+    for letter in "dws":
+        runs = [tuple(i + gap if i >= SURROGATE_LO else i for i in (m.start(), m.end() - 1))
+                for m in re.finditer(f"\\{letter}+", text)]
+        out[letter] = CharSet.of(_split_gap(runs))
+    return out
+
+
+def _split_gap(ranges: list) -> list:
+    out = []
+    for lo, hi in ranges:
+        if lo < SURROGATE_LO <= hi:
+            out += [(lo, SURROGATE_LO - 1), (SURROGATE_HI + 1, hi)]
+        else:
+            out.append((lo, hi))
+    return out

@@ -67,17 +67,19 @@ def _publishable(n: NumberType) -> bool:
 
 
 def number_range(n: NumberType, ctx: Context | None, pointer: str) -> Node:
-    """`n`, NEVER where the range is mathematically empty; a non-empty range without a binary64
-    value that can be published (e.g. (0, 5e-324)) is UnsupportedSchema at `pointer` (the
-    design's rule), or NEVER where `ctx` is None (a range a complement derived, which no user
-    wrote: dropping it only narrows)."""
+    """`n`, NEVER where the range is mathematically empty; a non-empty range without a value the
+    number language publishes (`numbers.number_ebnf`: no binary64 value, as in (0, 5e-324), or
+    none of its plain decimals) is UnsupportedSchema at `pointer` (the design's rule), or NEVER
+    where `ctx` is None (a range a complement derived, which no user wrote: dropping it only
+    narrows)."""
     if number_empty(n):
         return NEVER
     if n.lo is not None and n.hi is not None and not _publishable(n):
         if ctx is None:
             return NEVER
-        raise ctx.unsupported(pointer, "the numeric range is not empty but holds no binary64 "
-                                       "value a JSON parser can publish")
+        raise ctx.unsupported(pointer, "the numeric range is not empty but holds no number that "
+                                       "is generated (int64 integers and plain decimals of at "
+                                       "most 16 fraction digits whose binary64 value is inside)")
     return n
 
 
