@@ -190,3 +190,31 @@ def test_a_number_beyond_binary64_is_a_typed_error():
     with pytest.raises(InvalidRequest) as info:
         OutputConstraint.json_schema('{"maximum": 1e400}')
     assert info.value.field == "json_schema"
+
+
+# ---- duplicate names (the sound interim) --------------------------------------------------------
+
+@pytest.mark.parametrize("schema,pointer", [
+    ({"minProperties": 2}, "/minProperties"),  # accepted {"a":1,"a":2}
+    ({"type": "object", "not": {"maxProperties": 1}}, "/not"),
+    ({"type": "object", "if": {"maxProperties": 1}, "then": False}, "/if"),
+    ({"type": "array", "items": {"type": "object", "minProperties": 2}}, "/items/minProperties"),
+    ({"type": "object", "dependentRequired": {"a": ["b"]}, "minProperties": 2}, "/minProperties"),
+    ({"allOf": [{"type": "object"}, {"minProperties": 3, "required": ["a"]}]},
+     "/allOf/1/minProperties"),
+])
+def test_counts_undeclared_names_could_fill_by_repeating_are_refused(schema, pointer):
+    """'No generated object may repeat a name (the grammar counts copies as separate members)':
+    until a matcher-side exclusion exists, a minimum count that undeclared names would have to
+    fill beyond one member is refused at its pointer."""
+    assert "repeat a name" in assert_refused(schema, pointer).message
+
+
+def test_counts_that_one_free_member_meets_still_compile():
+    """Members beyond the required ones count safely while one free member suffices."""
+    assert_sound({"type": "object", "required": ["a"], "minProperties": 2},
+                 [{"a": 1}, {}], [{"a": 1, "b": 2}])
+    assert_sound({"type": "object", "properties": {"a": {}, "b": {}},
+                  "additionalProperties": False, "minProperties": 2}, [{"a": 1}], [{"a": 1, "b": 1}])
+    grammar = compiled({"type": "object", "minProperties": 1})
+    assert accepts(grammar, '{"a": 1}') and not accepts(grammar, "{}")

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import math
 from fractions import Fraction
-from functools import lru_cache
 from typing import Any
 
 from services.grammar.schema.context import MAX_DEPTH, Context
+from services.grammar.schema.numbers import (  # noqa: F401 (re-exported: the range helpers)
+    integer_bounds, integer_type, number_empty, number_range,
+)
 from services.grammar.schema.nodes import (
     ANY, NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
     NumberType, ObjectType, Ref, Required, StringType, Union, make_union,
@@ -40,53 +42,6 @@ def _upper(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> 
     if b[0] < a[0]:
         return b
     return a[0], a[1] or b[1]
-
-
-def integer_bounds(num: NumberType, lo: int, hi: int, multiple: int = 1) -> IntegerType | NoValue:
-    """Fold a number's exact bounds into an int64 integer range (of multiples of `multiple`)."""
-    if num.lo is not None:
-        lo = max(lo, math.floor(num.lo) + 1 if num.lo_exclusive else math.ceil(num.lo))
-    if num.hi is not None:
-        hi = min(hi, math.ceil(num.hi) - 1 if num.hi_exclusive else math.floor(num.hi))
-    return integer_type(lo, hi, multiple)
-
-
-def integer_type(lo: int, hi: int, multiple: int = 1) -> IntegerType | NoValue:
-    """Integers in [lo, hi] divisible by `multiple`; NEVER when there is none."""
-    if multiple > 1:
-        lo = -((-lo) // multiple) * multiple  # the first multiple >= lo
-        hi = (hi // multiple) * multiple
-    return IntegerType(lo, hi, multiple) if lo <= hi else NEVER
-
-
-@lru_cache(maxsize=4096)
-def _publishable(n: NumberType) -> bool:
-    from services.grammar.schema.numbers import number_ebnf
-
-    return number_ebnf(n) is not None
-
-
-def number_range(n: NumberType, ctx: Context | None, pointer: str) -> Node:
-    """`n`, NEVER where the range is mathematically empty; a non-empty range without a value the
-    number language publishes (`numbers.number_ebnf`: no binary64 value, as in (0, 5e-324), or
-    none of its plain decimals) is UnsupportedSchema at `pointer` (the design's rule), or NEVER
-    where `ctx` is None (a range a complement derived, which no user wrote: dropping it only
-    narrows)."""
-    if number_empty(n):
-        return NEVER
-    if n.lo is not None and n.hi is not None and not _publishable(n):
-        if ctx is None:
-            return NEVER
-        raise ctx.unsupported(pointer, "the numeric range is not empty but holds no number that "
-                                       "is generated (int64 integers and plain decimals of at "
-                                       "most 16 fraction digits whose binary64 value is inside)")
-    return n
-
-
-def number_empty(n: NumberType) -> bool:
-    if n.lo is None or n.hi is None:
-        return False
-    return n.lo > n.hi or (n.lo == n.hi and (n.lo_exclusive or n.hi_exclusive))
 
 
 def json_equal(a: Any, b: Any) -> bool:
@@ -303,6 +258,7 @@ class Graph:
         declared = {k for k, _ in out}
         out += [(r.name, self.value_of(probe, r.name, pointer)) for r in required
                 if r.name not in declared]
+        free_count_check(self.ctx, pointer, min_props, len(required), additional, patterns)
         obj = ObjectType(tuple(out), required, additional, tuple(patterns), names, min_props, max_props)
         if any(isinstance(obj.value_of(r.name), NoValue) for r in required):
             return NEVER
@@ -369,6 +325,19 @@ class Graph:
         if len(value) < node.min_props or (node.max_props is not None and len(value) > node.max_props):
             return False
         return all(self.matches(self.value_of(node, k, pointer), v, pointer, d) for k, v in value.items())
+
+def free_count_check(ctx: Context, pointer: str, min_props: int, required: int, additional: Node,
+                     patterns: tuple) -> None:
+    """Refuse a minimum member count that undeclared names could reach only by repeating a
+    name: the grammar cannot exclude a name used earlier, counts a repeat as a member, and a
+    parser keeps one (`{"minProperties": 2}` accepted `{"a":1,"a":2}`). Members beyond the
+    required ones count safely only while one free member suffices."""
+    if min_props >= required + 2 and (patterns or not isinstance(additional, NoValue)):
+        raise ctx.unsupported(pointer, f"at least {min_props} members where undeclared names may "
+                                       "fill the count: a generated object could repeat a name, "
+                                       "which JSON parsers keep once (not supported yet; declare "
+                                       "the members or close the object)")
+
 
 def _in_bounds(n: NumberType, v: Fraction) -> bool:
     if n.lo is not None and (v < n.lo or (n.lo_exclusive and v == n.lo)):

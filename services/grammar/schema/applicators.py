@@ -25,7 +25,7 @@ import json
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from services.grammar.schema.algebra import number_range
+from services.grammar.schema.algebra import free_count_check, number_range
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
     ANY, FULL_TYPES, NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
@@ -148,6 +148,7 @@ def _object_complement(r: "Reader", node: ObjectType, pointer: str, depth: int) 
     if node.min_props > 0:
         parts.append(ObjectType(max_props=node.min_props - 1))
     if node.max_props is not None:
+        free_count_check(r.ctx, pointer, node.max_props + 1, 0, ANY, ())
         parts.append(ObjectType(min_props=node.max_props + 1))
     return make_union(parts)
 

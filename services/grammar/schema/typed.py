@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from services.grammar.schema import formats
 from shared.contract import RoundedNumber
-from services.grammar.schema.algebra import array_type, integer_bounds, number_range, string_type
+from services.grammar.schema.algebra import (
+    array_type, free_count_check, integer_bounds, number_range, string_type,
+)
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
     ANY, INT64_MAX, INT64_MIN, NEVER, BooleanType, IntegerType, Node, NullType, NumberType,
@@ -258,8 +260,11 @@ def _object(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
     if "propertyNames" in s:
         names = r.read(s["propertyNames"], child(pointer, "propertyNames"), depth)
         names = r.graph.meet(names, StringType(), pointer)
+    least = count(r, s, "minProperties", pointer) or 0
+    free_count_check(r.ctx, child(pointer, "minProperties"), least,
+                     len({q.name for q in required}), additional, tuple(patterns))
     return r.graph.object_type(tuple(props), tuple(required), additional, tuple(patterns), names,
-                               count(r, s, "minProperties", pointer) or 0,
+                               least,
                                count(r, s, "maxProperties", pointer), pointer)
 
 
