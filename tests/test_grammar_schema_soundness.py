@@ -154,6 +154,9 @@ def test_complements_of_every_string_are_no_value_not_an_error():
                  [["a"]], [[], [1]])
     assert_sound({"anyOf": [{"type": "string", "pattern": "[^\\s\\S]"}, {"type": "integer"}]},
                  ["x"], [1])
+    # (ipv6 and duration) generates nothing; the other alternative of if/then remains
+    assert_sound({"if": {"type": "string", "format": "ipv6"},
+                  "then": {"type": "string", "format": "duration"}}, ["::1"], ["P1D", 1, "x"])
 
 
 # ---- numbers -----------------------------------------------------------------------------------

@@ -60,7 +60,8 @@ def _finalize(reduced: ReducedSchema, ctx: Context, patterns: PatternSupport) ->
             continue
         seen.add(id(node))
         if isinstance(node, Union):
-            stack.extend(node.branches)
+            kept = [b for b in node.branches if not patterns.generates_nothing(b)]
+            stack.extend(kept or node.branches)  # the emitter leaves the others out
         elif isinstance(node, ArrayType):
             stack.extend(node.prefix)
             stack.append(node.items)
@@ -103,6 +104,7 @@ def make_emitter(reduced: ReducedSchema, graph: Graph, patterns: PatternSupport,
 
     return Emitter(reduced, pattern_tree, syntax=syntax, whitespace=whitespace,
                    pattern_ebnf=patterns.ebnf, one_pattern=patterns.tree_only,
+                   generates_nothing=patterns.generates_nothing,
                    extended=lambda em, node: extended(em, node, graph, patterns.regions),
                    explicit_layout=explicit_layout, context=ctx)
 

@@ -139,12 +139,14 @@ class Emitter:
                  syntax: str = "xgrammar", whitespace: str = "any",
                  pattern_ebnf: Callable[[StringType, str], tuple[str, dict[str, str]]] | None = None,
                  one_pattern: Callable[[StringType], bool] = lambda node: True,
+                 generates_nothing: Callable[[Node], bool] = lambda node: False,
                  extended: Callable[[Any, Node], str | None] | None = None,
                  explicit_layout: bool = False, context=None) -> None:
         self.schema = schema
         self.pattern_tree = pattern_tree
         self.pattern_ebnf = pattern_ebnf
         self.one_pattern = one_pattern
+        self.generates_nothing = generates_nothing
         self.extended = extended
         self.explicit_layout = explicit_layout
         self.context = context
@@ -240,7 +242,10 @@ class Emitter:
         if isinstance(node, NoValue):
             return self._nothing  # unreachable in a satisfiable graph
         if isinstance(node, Union):
-            return " | ".join(self.rule(b, d) for b in node.branches)
+            # A branch whose strings intersect to nothing in the generated reading is left out
+            # here, after every reduction (a complement still sees the branch as written).
+            kept = [b for b in node.branches if not self.generates_nothing(b)] or node.branches
+            return " | ".join(self.rule(b, d) for b in kept)
         if isinstance(node, Literals):
             return " | ".join(self._value_literal(json.loads(t), d) for t in node.texts)
         if isinstance(node, NullType):

@@ -211,6 +211,20 @@ class PatternSupport:
         except (UnsupportedSchema, InvalidSchema, TooComplex):
             return None
 
+    def generates_nothing(self, node) -> bool:
+        """A string node whose generated language (`string_dfa`, both readings intersected) is
+        empty, though `empty` could not prove it for the validators (a format they read more
+        widely): an alternative the emitter may leave out, narrowing only what is generated."""
+        if not isinstance(node, StringType) or not node.patterns:
+            return False
+        try:
+            self.check(node, self.ctx)
+        except UnsupportedSchema as exc:
+            return exc.message.endswith("(unsatisfiable)")
+        except InvalidSchema:
+            return False
+        return False
+
     def matches(self, pattern: Pattern, value: str) -> bool:
         """True when `value` satisfies `pattern` (a search match, or for a format, a whole
         match; negated: none) in both readings. Raises UnsupportedSchema at the pattern where the
