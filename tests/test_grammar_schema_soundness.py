@@ -1,7 +1,7 @@
 """Soundness holes a differential fuzzer found (0 invalid instances accepted is the product's
 promise), each a regression test against `jsonschema` (2020-12, format checking) as the oracle.
 
-The rules (services/grammar/schema/patterns.py, "Two readings"; docs/schema-constraints.md):
+The rules (services/grammar/schema/patterns.py, "Two readings"; docs/schema-corpus.md, "Soundness rules"):
 a format may be complemented only where its automaton is exactly the validators' language, else
 it is refused at its pointer; a pattern generates only strings its ECMA-262 and Python `re`
 readings both accept; finite values the readings disagree on are refused.
