@@ -102,6 +102,61 @@ def test_exactly_known_formats_are_complemented_soundly():
                  [], ["2020-02-30", "2020-02-28"])
 
 
+def _walk(dfa, rng: random.Random, limit: int = 40) -> str | None:
+    q, out = 0, []
+    for _ in range(limit):
+        if q in dfa.accepting and rng.random() < 0.3:
+            break
+        if not dfa.delta[q]:
+            break
+        cs, q = rng.choice(dfa.delta[q])
+        lo, hi = rng.choice(cs.ranges)
+        out.append(chr(rng.randint(lo, min(hi, lo + 300))))
+    return "".join(out) if q in dfa.accepting else None
+
+
+def _mutations(s: str, rng: random.Random) -> list[str]:
+    extra = "\n\r {}[]:.-_@/%#?~01aZ9٣éxX+v"
+    out = [s + "\n", s[1:], s[:-1]]
+    for _ in range(3):
+        i = rng.randint(0, len(s))
+        out.append(s[:i] + rng.choice(extra) + s[i + 1:])
+        out.append(s[:i] + rng.choice(extra) + s[i:])
+    return out
+
+
+def test_format_automata_against_their_checkers():
+    """Every format automaton accepts only what jsonschema's checker accepts (positive use is
+    sound); where formats.VALIDATOR_FORMATS claims the validators' language, it is exactly the
+    checker's on walks through both automata and their mutations."""
+    from services.grammar.regex import whole_tree
+    from services.grammar.schema import formats
+    from services.grammar.schema.automata import dfa_matches, tree_dfa
+
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    rng = random.Random(3)
+    for name, (regex, limit) in formats.STRING_FORMATS.items():
+        ours = tree_dfa(whole_tree(regex))
+        theirs = formats.VALIDATOR_FORMATS.get(name)
+        exact = None if theirs is None else tree_dfa(whole_tree(theirs))
+        probes = ["s://[V1.a]", "s://[v1.a]", "100#", "00", "10#", "0", "::1\n", "1.2.3.04",
+                  "2020-01-01T00:00:00Z\n", "2020-01-01t00:00:60z", "0000-01-01", "/~2"]
+        for dfa in (ours,) + (() if exact is None else (exact,)):
+            for _ in range(80):
+                s = _walk(dfa, rng)
+                if s is not None:
+                    probes += [s] + _mutations(s, rng)
+        for s in probes:
+            try:
+                valid = checker.conforms(s, name)
+            except Exception:  # noqa: BLE001 - a checker that raises refuses
+                valid = False
+            if dfa_matches(ours, s) and (limit is None or len(s) <= limit):
+                assert valid, (name, s)
+            if exact is not None:
+                assert dfa_matches(exact, s) == valid, (name, s)
+
+
 # ---- the regex dialect -------------------------------------------------------------------------
 
 def test_negated_patterns_exclude_what_either_reading_matches():

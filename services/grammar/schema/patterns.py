@@ -5,8 +5,8 @@ unless ^ / $ at the ends of top-level alternatives; \\d \\w ASCII, \\s and `.` a
 lowered to a JSON string grammar with canonical escapes (`regex_json`); finite values are filtered
 by the same trees (`regex_json.whole_matches`, never backtracking).
 
-Two readings (docs/schema-corpus.md, "Soundness rules"). The specification reads `pattern` as ECMA-262; the
-validators users run (Python `jsonschema`) read it with Python's `re`, whose `.` admits \\r and
+Two readings (docs/schema-corpus.md, "Soundness rules"). The specification reads `pattern` as
+ECMA-262; the validators users run (Python `jsonschema`) read it with Python's `re`: `.` admits \\r and
 U+2028/9, whose \\d \\w \\s are Unicode, and whose `$` also matches before a final newline. Every
 pattern therefore has a second tree, its Python reading (`search_tree(..., python=True)`), and only
 strings both readings agree on are generated: a positive pattern generates the intersection of its
