@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 import re
+from bisect import bisect_right
 from typing import Iterable
 
 MAX_CODE_POINT = 0x10FFFF
@@ -68,7 +69,8 @@ class CharSet:
         return CharSet(tuple(out))
 
     def __contains__(self, cp: int) -> bool:
-        return any(lo <= cp <= hi for lo, hi in self.ranges)
+        i = bisect_right(self.ranges, (cp, MAX_CODE_POINT + 1)) - 1  # the last range from <= cp
+        return i >= 0 and cp <= self.ranges[i][1]
 
     @property
     def single(self) -> int | None:

@@ -157,12 +157,17 @@ def tree_dfa(tree: Node, limit: int = MAX_STATES) -> Dfa:
 
 
 def _intersect(a: CharSet, b: CharSet) -> CharSet:
-    out = []
-    for lo, hi in a.ranges:
-        for blo, bhi in b.ranges:
-            if blo <= hi and bhi >= lo:
-                out.append((max(lo, blo), min(hi, bhi)))
-    return CharSet.of(out)
+    """A linear merge of the sorted ranges (Python's Unicode classes hold hundreds of ranges)."""
+    out, i, j, ra, rb = [], 0, 0, a.ranges, b.ranges
+    while i < len(ra) and j < len(rb):
+        lo, hi = max(ra[i][0], rb[j][0]), min(ra[i][1], rb[j][1])
+        if lo <= hi:
+            out.append((lo, hi))
+        if ra[i][1] < rb[j][1]:
+            i += 1
+        else:
+            j += 1
+    return CharSet(tuple(out))
 
 
 @lru_cache(maxsize=256)

@@ -40,7 +40,7 @@ from services.grammar.regex.tree import Alt, Chars, Literal, Node, Repeat, Seq
 from services.grammar.schema.automata import Dfa, TooComplex, combine, intersect, json_string_rules, tree_dfa
 from services.grammar.schema.context import Context
 from services.grammar.schema.nodes import ObjectType, Pattern, StringType
-from services.grammar.schema.regex_json import json_string_ebnf, whole_matches
+from services.grammar.schema.regex_json import json_string_ebnf, lower, whole_matches
 from shared.errors import InvalidRegex, InvalidSchema, UnsupportedSchema
 
 
@@ -195,6 +195,9 @@ class PatternSupport:
             groups = [(self.readings(p), p.negated) for p in node.patterns]
             if any(not r.known for r, _ in groups):
                 return None
+            if len(groups) == 1 and not groups[0][1] and node.min_length == 0 and \
+                    node.max_length is None:  # one positive pattern: each reading's tree
+                return all(lower(t) is None for t in groups[0][0].trees)
             dfas: list[Dfa] = []
             spans = []
             for r, negated in groups:
