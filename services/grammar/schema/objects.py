@@ -69,9 +69,8 @@ def regions(obj: ObjectType, ps: "PatternSupport", ctx: Context) -> list[tuple[D
         # names either reading matches (where it may apply: no other region may take them).
         both, either = [], []
         for p, _ in obj.patterns:
-            dfas = tuple(tree_dfa(t) for t in ps.readings(p).trees)
-            both.append(dfas[0] if len(dfas) == 1 else combine(dfas, all))
-            either.append(dfas[0] if len(dfas) == 1 else combine(dfas, any))
+            both.append(tree_dfa(ps.readings(p).meet))
+            either.append(tree_dfa(ps.readings(p).join))
         for i in range(len(either)):
             for j in range(i + 1, len(either)):
                 overlap = combine(base + (either[i], either[j]),

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from services.grammar.regex import search_tree, whole_tree
+from services.grammar.regex import reading_bounds, search_tree, whole_tree
 from services.grammar.schema import formats
 from services.grammar.regex.charset import ANY as ANY_CHAR
 from services.grammar.regex.tree import Alt, Chars, Literal, Node, Repeat, Seq
@@ -48,23 +48,26 @@ from shared.errors import InvalidRegex, InvalidSchema, UnsupportedSchema
 # this many states (measured on the Qwen3.5 vocabulary: email mask p50 481 -> 7 us, uri 471 -> 14 us,
 # ipv6 156 -> 4 us, compile time comparable), else as the regex tree.
 EMIT_DFA_LIMIT = 2048
+# The united classes of a `join` tree overlap where the readings differ (U+FEFF is ECMA's \\s and
+# Python's \\S), which can make its subset construction explode (`(\\S+\\s+){0,99}`: 130,000
+# states, minutes): its automata stop here (an emptiness proof is then not made; a complement is
+# refused as too complex).
+BOUND_DFA_LIMIT = 2048
 
 
 @dataclass(frozen=True)
 class Readings:
-    """A pattern's or format's languages: ours (ECMA-262 / the RFC automaton) first, then the
-    validators' where it differs. `narrower`: ours is a subset of the validators' (a positive use
-    needs ours alone); `known`: the validators' language is known exactly (every pattern Python
-    reads; only `formats.VALIDATOR_FORMATS` among the formats)."""
+    """A pattern's or format's languages: `trees` holds ours (ECMA-262 / the RFC automaton)
+    first, then the validators' where it differs (for deciding finite values); `meet` matches
+    only strings every reading matches and `join` every string some reading matches, each one
+    tree (`regex.reading_bounds`; a product of the readings' automata can grow to tens of
+    thousands of states). `known`: the validators' language is known exactly (every pattern
+    Python reads; only `formats.VALIDATOR_FORMATS` among the formats)."""
 
     trees: tuple[Node, ...]
-    narrower: bool
+    meet: Node
+    join: Node
     known: bool
-
-    @property
-    def positive(self) -> tuple[Node, ...]:
-        """The trees a string satisfying the pattern must match (the intersection of these)."""
-        return self.trees[:1] if self.narrower else self.trees
 
 
 class PatternSupport:
@@ -110,31 +113,32 @@ class PatternSupport:
             return self._readings[key]
         ours = self.tree(pattern)
         if pattern.literal:
-            out = Readings((ours,), True, True)
-        elif pattern.whole:
+            out = Readings((ours,), ours, ours, True)
+        elif pattern.whole:  # ours is never wider than the validators' (formats.py)
             theirs = formats.VALIDATOR_FORMATS.get(pattern.fmt)
-            if theirs is None:
-                out = Readings((ours,), True, False)
-            else:
-                other = whole_tree(theirs)
-                out = Readings((ours,) if other == ours else (ours, other), True, True)
+            other = ours if theirs is None else whole_tree(theirs)
+            out = Readings((ours,) if other == ours else (ours, other), ours, other,
+                           theirs is not None)
         else:
             try:
                 python = search_tree(pattern.source, python=True)
+                meet, join = reading_bounds(pattern.source)
             except InvalidRegex as exc:
                 raise self.ctx.unsupported(pattern.pointer, "pattern: Python's re, which the "
                                            "validators use, reads it differently "
                                            f"({exc.message})") from None
             if python == ours:
-                out = Readings((ours,), True, True)
+                out = Readings((ours,), ours, ours, True)
             else:
-                out = Readings((ours, python), _narrower(ours, python), True)
+                out = Readings((ours, python), ours if _narrower(ours, python) else meet, join,
+                               True)
         self._readings[key] = out
         return out
 
     def tree_only(self, node: StringType) -> bool:
         """One positive pattern of one reading and no length: its tree is emitted directly."""
-        return _tree_only(node) and len(self.readings(node.patterns[0]).positive) == 1
+        return _tree_only(node) and self.readings(node.patterns[0]).meet == self.tree(
+            node.patterns[0])
 
     def pattern_check(self, pattern: Pattern, negated: bool = False) -> None:
         """Raise unless `pattern` parses in both readings; with `negated`, also unless its
@@ -162,17 +166,18 @@ class PatternSupport:
         try:
             positive = [p for p in node.patterns if not p.negated]
             dfas = [] if positive else [tree_dfa(Repeat(Chars(ANY_CHAR), 0, None))]
-            for p in positive:
-                for t in self.readings(p).positive:
-                    dfas.append(tree_dfa(t))
-                    if not dfas[-1].delta:
-                        raise ctx.unsupported(p.pointer, _empty(p))
+            for p in positive:  # only strings every reading matches
+                dfas.append(tree_dfa(self.readings(p).meet))
+                if not dfas[-1].delta:
+                    raise ctx.unsupported(p.pointer, _empty(p))
             dfa = intersect(tuple(dfas), node.min_length, node.max_length)
-            negative = []  # a negated pattern: neither reading may match
+            negative = []  # a negated pattern: no reading may match
             for p in node.patterns:
                 if p.negated:
                     self.pattern_check(p, negated=True)
-                    negative += [tree_dfa(t) for t in self.readings(p).trees]
+                    r = self.readings(p)
+                    negative.append(tree_dfa(r.join) if r.join == r.trees[0] else
+                                    tree_dfa(r.join, BOUND_DFA_LIMIT))
             negative = tuple(negative)
             if negative and dfa.delta:
                 dfa = combine((dfa,) + negative, lambda v: v[0] and not any(v[1:]))
@@ -196,18 +201,16 @@ class PatternSupport:
             if any(not r.known for r, _ in groups):
                 return None
             if len(groups) == 1 and not groups[0][1] and node.min_length == 0 and \
-                    node.max_length is None:  # one positive pattern: each reading's tree
-                return all(lower(t) is None for t in groups[0][0].trees)
-            dfas: list[Dfa] = []
-            spans = []
-            for r, negated in groups:
-                spans.append((len(dfas), len(dfas) + len(r.trees), negated))
-                dfas += [tree_dfa(t) for t in r.trees]
+                    node.max_length is None:  # one positive pattern: its tree
+                return lower(groups[0][0].join) is None
+            # every string some reading accepts: a positive pattern's join, a negated one's
+            # complement of its meet
+            dfas = tuple(tree_dfa(r.meet if neg else r.join, BOUND_DFA_LIMIT) for r, neg in groups)
 
-            def upper(v: tuple[bool, ...]) -> bool:  # satisfied in at least one reading each
-                return all(any(v[a:b]) if not neg else not all(v[a:b]) for a, b, neg in spans)
+            def upper(v: tuple[bool, ...]) -> bool:
+                return all(x != neg for x, (_, neg) in zip(v, groups))
 
-            either = combine(tuple(dfas), upper)
+            either = combine(dfas, upper)
             if either.delta and (node.min_length or node.max_length is not None):
                 either = intersect((either,), node.min_length, node.max_length)
             return not either.delta
