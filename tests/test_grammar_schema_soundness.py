@@ -214,6 +214,15 @@ def test_complements_of_every_string_are_no_value_not_an_error():
                   "then": {"type": "string", "format": "duration"}}, ["::1"], ["P1D", 1, "x"])
 
 
+def test_an_object_no_name_may_join_is_no_value():
+    """propertyNames that no string satisfies with minProperties 1: no object is valid (the
+    grammar wrote "{" then two NULs, found by the fuzzer)."""
+    for names in (False, {"type": "array"}):
+        assert_refused({"type": "object", "propertyNames": names, "minProperties": 1}, "")
+        assert_sound({"anyOf": [{"type": "object", "propertyNames": names, "minProperties": 1},
+                                {"type": "null"}]}, [{}, {"a": 1}], [None])
+
+
 # ---- numbers -----------------------------------------------------------------------------------
 
 def test_a_range_without_a_publishable_value_is_refused():

@@ -265,7 +265,8 @@ class Graph:
         if max_props is not None and (max_props < min_props or max_props < len(required)):
             return NEVER
         possible = sum(1 for _, v in out if not isinstance(v, NoValue))
-        if min_props > possible and isinstance(additional, NoValue) and not patterns:
+        free = not isinstance(names, NoValue) and (not isinstance(additional, NoValue) or patterns)
+        if min_props > possible and not free:  # propertyNames false: no undeclared name either
             return NEVER
         return obj
 
