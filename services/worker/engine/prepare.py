@@ -136,7 +136,7 @@ def _tool_stream(request: GenerateRequest, tool_spec: ToolSpec | None,
     codings = None
     if tool_spec is not None:
         if fmt.framing == qwen_xml.FRAMING:  # the value contract the grammar was built from
-            codings = argument_codings(tool_spec.allowed())
+            codings = argument_codings(tool_spec.allowed(), forced=tool_spec.forced)
         # With a JSON union the decoder still reads calls; JSON content has no opener.
         return fmt.stream(constrained=True, codings=codings)
     prompt = request.prompt
