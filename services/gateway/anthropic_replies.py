@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from services.gateway.choices import Results
+from services.gateway.cut_calls import is_cut, partial_object
 from services.gateway.generation import PromptCounts
 from services.gateway.sse import SSE
 from services.gateway.translate import Translated
@@ -51,7 +52,8 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
     if finished.content:
         content.append({"type": "text", "text": finished.content})
     content += [{"type": "tool_use", "id": tool_use_id(c.id), "name": c.name,
-                 "input": _arguments(c.arguments_json)} for c in finished.tool_calls]
+                 "input": partial_object(c.arguments_json) if is_cut(c) else
+                 _arguments(c.arguments_json)} for c in finished.tool_calls]
     return {"id": tr.request.request_id, "type": "message", "role": "assistant",
             "model": tr.request.model, "content": content, "stop_reason": stop_reason(finished),
             "stop_sequence": finished.stop_sequence,

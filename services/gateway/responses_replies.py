@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from services.gateway.choices import Results
+from services.gateway.cut_calls import is_cut
 from services.gateway.sse import SSE
 from services.gateway.translate import Translated
 from shared.errors import InternalError
@@ -78,8 +79,8 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
                                       "incomplete" if cut else "completed"))
     if finished.content or not finished.tool_calls:
         output.append(_message_item(_item_id("msg"), finished.content, status))
-    output += [_call_item(_item_id("fc"), c.id, c.name, c.arguments_json, "completed")
-               for c in finished.tool_calls]
+    output += [_call_item(_item_id("fc"), c.id, c.name, c.arguments_json,
+                          "incomplete" if is_cut(c) else "completed") for c in finished.tool_calls]
     return response_object(tr, created, status, output, results)
 
 
@@ -187,8 +188,11 @@ class Streamer:
 
     def finish(self, results: Results) -> list[SSE]:
         status = _status(results.first)
+        calls = results.first.tool_calls
+        cut_call = bool(calls) and is_cut(calls[-1]) and self.open is not None \
+            and self.open.get("call_id") == calls[-1].id
         out = self._close(status if self.open and self.open["type"] in ("message", "reasoning")
-                          else "completed")
+                          or cut_call else "completed")
         obj = response_object(self.tr, self.created, status, self.output, results)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + [self._ev(kind, response=obj)]
