@@ -50,7 +50,8 @@ def error_paths(body: dict) -> ErrorPaths:
     return ErrorPaths(
         content_schema=schema, constraint=constraint,
         tool_base="tools[{i}]", tool_fields={"parameters": "input_schema"},
-        aliases={"stop": "stop_sequences", "prompt": "messages", "constraint": constraint})
+        aliases={"stop": "stop_sequences", "prompt": "messages", "constraint": constraint,
+                 "thinking_budget": "thinking", "enable_thinking": "thinking"})
 
 
 def prompt_input(body: dict, limits: GatewayLimits,

@@ -23,6 +23,7 @@ from services.gateway.translate import (
     structured_outputs,
     structured_outputs_key,
     thinking_budget,
+    thinking_field,
     tool_definition,
     tool_policy,
 )
@@ -48,7 +49,9 @@ def error_paths(body: dict) -> ErrorPaths:
     constraint = f"structured_outputs.{key}" if key else "text.format"
     return ErrorPaths(
         content_schema="text.format.schema", constraint=constraint, tool_base="tools[{i}]",
-        aliases={"max_tokens": "max_output_tokens", "prompt": "input", "constraint": constraint})
+        aliases={"max_tokens": "max_output_tokens", "prompt": "input", "constraint": constraint,
+                 "thinking_budget": thinking_field(body, "reasoning.effort"),
+                 "enable_thinking": "reasoning.effort"})
 
 
 def translate(body: dict, request_id: str, limits: GatewayLimits,
