@@ -2,7 +2,8 @@
 
 `check_schema` validates the caller's schema and reduces its compositions (no xgrammar involved);
 `schema_to_grammar` emits our own EBNF for the reduced graph (xgrammar's converter silently loosens
-several rules: see notes/xgrammar-facts.md); `json_object_grammar` is the json_object mode.
+several rules, e.g. it drops keywords it does not enforce); `json_object_grammar` is the json_object
+mode.
 Errors are InvalidSchema (not a valid schema) or UnsupportedSchema (valid, outside the enforced
 subset), each with the RFC 6901 pointer into the caller's schema and the source/tool.
 """

@@ -225,7 +225,7 @@ class Engine:
                    if self.drafter else {})}
 
     def _admission(self) -> None:
-        """A bounded waiting queue: beyond it the caller is told to come back (issue 12). An
+        """A bounded waiting queue: beyond it the caller is told to come back (Overloaded). An
         admitted request counts as live from here on (`_preparing` until it is queued)."""
         lanes = self.program.max_batch
         with self._lock:

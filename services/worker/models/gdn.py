@@ -1,6 +1,6 @@
 """The Gated DeltaNet token mixer of Qwen3.5 (Hugging Face names: `linear_attn.in_proj_qkv`, ...).
 
-Per layer, for x: [B, T, hidden] (notes/models.md section 4):
+Per layer, for x: [B, T, hidden] (as transformers' Qwen3.5 computes it):
 
     y = [q; k; v] = silu(causal_conv1d(in_proj_qkv(x)))   depthwise, K taps, continuing the lane's window
     q, k      = l2norm(q) * dk^-1/2, l2norm(k)            float32, per key head
