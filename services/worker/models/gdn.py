@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import gdn_ref
+from services.settings import switch
 from services.worker.models.fused_linear import project
 from services.worker.models.qwen35_config import Qwen35Config
 
@@ -60,7 +61,7 @@ def chunk(q, k, v, g, beta, initial):
     if v.is_cuda:
         from kernels.gdn import gdn_chunk
 
-        return gdn_chunk(q, k, v, g, beta, initial)
+        return gdn_chunk(q, k, v, g, beta, initial, use_fla=switch("fla"))
     return gdn_ref.chunk_gated_delta_rule_ref(q, k, v, g, beta, initial)
 
 
