@@ -38,7 +38,8 @@ async def test_decode_graphs_equal_the_oracle(graphs):
         results = await asyncio.gather(*(collect(client, text_request(f"r{i}", p, greedy(n), rt.name))
                                          for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))))
         program = client.engine.program
-        captured = list(program._graphs.captured) if program._graphs is not None else []
+        graphs = program.forward.graphs
+        captured = list(graphs.captured) if graphs is not None else []
         ready = program._ready
     finally:
         await client.aclose()

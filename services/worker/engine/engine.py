@@ -38,7 +38,8 @@ from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
 from services.worker.program import BatchRow, PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request, RequestState
-from services.worker.spec import SpecCounters, check_backend, check_model, load_draft, make_drafter
+from services.worker.spec import (SpecCounters, captures_graphs, check_backend, check_model,
+                                  make_proposer)
 from shared.errors import (DeadlineExceeded, InternalError, InvalidRequest, Overloaded,
                            ServiceUnavailable)
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
@@ -114,11 +115,15 @@ class Engine:
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
                                max_drafts=config.num_draft_tokens if config.speculative else 0,
-                               mtp=config.speculative == "mtp",
-                               draft=load_draft(config.speculative, config.draft_model, runtime),
-                               cuda_graphs=config.cuda_graphs, prefix_cache=config.prefix_cache,
+                               cuda_graphs=config.cuda_graphs
+                               and captures_graphs(config.speculative),
+                               prefix_cache=config.prefix_cache,
                                kv_cache_tokens=config.kv_cache_tokens)
-        self.drafter = make_drafter(config.speculative, config.num_draft_tokens, self.program)
+        # The speculative proposer (None: ordinary decoding), built once over the Program's state;
+        # setting Engine.proposer to None later stops drafting (the Program's copy still aligns).
+        self.proposer = make_proposer(config, runtime, self.program.state)
+        if self.proposer is not None:
+            self.program.use(self.proposer)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
                                    on_admit=self.metrics.queue_seconds.observe,
                                    split_at_block=self.program.snapshot_block)
@@ -126,7 +131,7 @@ class Engine:
                                   self.speculation)
         self.steps = 0
         want = config.pipeline if config.pipeline is not None else self.program.cuda
-        self.pipeline = bool(want) and self.drafter is None and self.program.chainable
+        self.pipeline = bool(want) and self.proposer is None and self.program.chainable
         self._held: PendingBatch | None = None  # a sampled decode step not committed yet
         self.chained_steps = 0  # steps launched before the previous step's commit
         self._inbox: queue.Queue = queue.Queue()
@@ -222,7 +227,7 @@ class Engine:
                                  "hit_tokens": stats.hit_tokens, "evictions": stats.evictions},
                 **({"speculative": self.config.speculative,
                     "speculation": self.speculation.to_dict(self.program.draft_wait_seconds)}
-                   if self.drafter else {})}
+                   if self.proposer else {})}
 
     def _admission(self) -> None:
         """A bounded waiting queue: beyond it the caller is told to come back (issue 12). An
@@ -279,7 +284,7 @@ class Engine:
         if batch is None:
             self.post.flush()
             return False
-        if self.drafter is not None and batch.is_decode:
+        if self.proposer is not None and batch.is_decode:
             batch = self._draft(batch)
         self.steps += 1
         try:
@@ -385,9 +390,11 @@ class Engine:
         self.metrics.queue_depth.set(len(self.scheduler.waiting))
 
     def _draft(self, batch):
-        """Drafts on the host before the verify forward (n-gram: the host-launched route); the
-        time the rows waited for them is exposed."""
-        batch, seconds = self.drafter.attach(batch, self.program.max_len)
+        """The proposer's drafts (or, on the device route, draft limits) for the decode rows,
+        before the verify forward; the time the rows waited for them is exposed."""
+        start = time.perf_counter()
+        batch = self.proposer.attach(batch, self.program.max_len)
+        seconds = time.perf_counter() - start
         self.speculation.draft_seconds += seconds
         self.metrics.spec_draft_wait_seconds.inc(seconds)
         for row in batch.rows:
