@@ -111,7 +111,7 @@ async def test_pipeline_and_masked_sample_graph_publish_what_the_serial_engine_d
             requests += [text_request(f"f{i}", p, greedy(n), rt.name)
                          for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))]
             results = await asyncio.gather(*(collect(client, r) for r in requests))
-            chained = client.engine.chained_steps
+            chained = client.engine.pipeline.chained_steps
         finally:
             await client.aclose()
         return [(d, fin.content, fin.finish_reason, fin.usage) for d, fin in results], chained

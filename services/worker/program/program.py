@@ -188,10 +188,9 @@ class Program:
     # ---------------------------------------------------------------- one step
 
     @torch.inference_mode()
-    def step(self, batch: StepBatch, on_launch=None) -> PendingBatch:
-        """Forward, masks, sampling for every row of `batch` (at most B rows, distinct lanes).
-        `on_launch()`, when given, runs once the forward is launched (on CUDA the device is busy
-        then: host work placed there overlaps it)."""
+    def step(self, batch: StepBatch) -> PendingBatch:
+        """Forward, masks, sampling for every row of `batch` (at most B rows, distinct lanes): a
+        verification round when rows carry drafts or draft limits, else `launch` + `finish`."""
         rows = batch.rows
         assert 0 < len(rows) <= self.max_batch
         if any(r.draft_limit for r in rows):  # the proposer drafts on the device (rounds.py)
@@ -200,18 +199,7 @@ class Program:
         if batch.has_drafts:  # drafts fixed on the host (rounds.py)
             self._reserve(rows)
             return self._after(self.rounds.host(batch))
-        launched = self.launch(batch)
-        if on_launch is not None:
-            on_launch()
-        return self.finish(launched)
-
-    @property
-    def chainable(self) -> bool:
-        """Whether the Engine may launch decode step n+1 before committing step n (its pipeline,
-        engine.py): without drafts (a proposer aligns with every committed step). A dense model's
-        uncommitted KV writes lie past the frontier; a hybrid model's recurrent state is read from
-        the committed slot, so step n's device state is committed ahead (`commit_ahead`)."""
-        return self._proposer is None and self.max_drafts == 0
+        return self.finish(self.launch(batch))
 
     @property
     def recurrent(self) -> bool:
@@ -220,10 +208,9 @@ class Program:
 
     def commit_ahead(self, pending: PendingBatch) -> None:
         """Commit the device state of an ordinary decode step's rows (one fed token each) before
-        the commit path previews them: the Engine's pipeline launches the next step first, and a
-        hybrid model's next forward must read the state after this one. `commit(pending, ...)`
-        then skips the device part for these rows. A dense KV cache needs nothing. A row that
-        the commit path then does not commit (an aborted round) must be replayed (engine.py)."""
+        the commit path previews them, for a next step launched first (engine/pipeline.py) whose
+        forward must read the state after this one (a hybrid model's recurrent state; a dense KV
+        cache needs nothing). `commit(pending, ...)` then skips the device part for these rows."""
         if not _recurrent(self.state) or not pending.batch.rows:
             return
         rows = pending.batch.rows
