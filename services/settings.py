@@ -29,6 +29,7 @@ class Setting:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None  # the values a string setting may take
     has_flag: bool = True  # False: an operator switch, only its environment variable
+    many: bool = False  # a list: the flag takes one or more values, the variable a comma list
 
     @property
     def flag(self) -> str:
@@ -93,7 +94,10 @@ _TABLE = (
     Setting("kv_cache_tokens", int, None, "KV pool size in positions (blocks of 16); omitted: "
             "lanes x max_len; more leaves the prefix cache room beyond the lanes", "N"),
     Setting("no_prefix_cache", None, False, "turn the automatic prefix cache off (KV blocks of "
-            "equal prompt prefixes are then never reused; hybrid models run without it anyway)"),
+            "equal prompt prefixes are then never reused)"),
+    Setting("served_model_name", str, None, "the model names clients call it by (one or more; "
+            "the first is listed first); omitted: the --model value as given", "NAME",
+            many=True),
     Setting("no_pipeline", None, False, "launch each decode step only after the previous one's "
             "commit (on CUDA the next step's forward is launched first by default, so the commit's "
             "host work overlaps it; the CPU never pipelines)"),
@@ -176,6 +180,11 @@ def env_value(setting: Setting, default: Any) -> Any:
     raw = os.environ.get(setting.env)
     if raw is None:
         return default
+    if setting.many:
+        values = [v.strip() for v in raw.split(",") if v.strip()]
+        if not values:
+            raise UsageError(f"{setting.env}={raw!r}: expected one or more comma-separated values")
+        return [(setting.type or str)(v) for v in values]
     try:
         value = (setting.type or _bool)(raw)
     except ValueError as exc:
@@ -212,5 +221,8 @@ def add_settings(parser: argparse.ArgumentParser, *names: str, **defaults: Any) 
             parser.add_argument(s.flag, action="store_true", default=value, help=text)
         elif s.choices is not None:
             parser.add_argument(s.flag, choices=s.choices, default=value, help=text)
+        elif s.many:
+            parser.add_argument(s.flag, type=s.type, nargs="+", default=value, metavar=s.metavar,
+                                help=text)
         else:
             parser.add_argument(s.flag, type=s.type, default=value, metavar=s.metavar, help=text)
