@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from services.gateway.choices import Results
 from services.gateway.cut_calls import is_cut, partial_object
@@ -83,15 +83,25 @@ class Streamer:
         self.blocks = 0  # content blocks opened so far
         self.open: str | None = None  # "text" or "tool_use"
         self.open_call: int | None = None  # the worker's call index of an open tool_use block
+        self.counts: Callable[[], PromptCounts | None] = lambda: None
+        self.started = False  # message_start sent
 
     @staticmethod
     def _ev(kind: str, **data: Any) -> SSE:
         return SSE({"type": kind, **data}, event=kind)
 
-    def begin(self, counts: PromptCounts | None = None) -> list[SSE]:
-        """message_start with the prompt's real token count when the worker's Started event
-        gave it (else 0: the count arrives in message_delta)."""
-        counts = counts or PromptCounts()
+    def begin(self, counts: Callable[[], PromptCounts | None]) -> list[SSE]:
+        """Nothing yet: message_start waits for the first output (or the end), when the
+        worker's last Started event has given the prompt's real token count and the prefix
+        cache's share of it (the lookup runs when the request gets a lane)."""
+        self.counts = counts
+        return []
+
+    def _message_start(self) -> list[SSE]:
+        if self.started:
+            return []
+        self.started = True
+        counts = self.counts() or PromptCounts()
         message = {"id": self.tr.request.request_id, "type": "message", "role": "assistant",
                    "model": self.tr.request.model, "content": [], "stop_reason": None,
                    "stop_sequence": None,
@@ -111,7 +121,7 @@ class Streamer:
         return out + [self._ev("content_block_start", index=self.blocks - 1, content_block=block)]
 
     def event(self, event: Any, choice: int = 0) -> list[SSE]:
-        out: list[SSE] = []
+        out: list[SSE] = self._message_start()
         if isinstance(event, ReasoningDelta) and event.text:
             if self.open != "thinking":
                 out += self._start("thinking", _thinking_block(""))
@@ -140,7 +150,7 @@ class Streamer:
     def finish(self, results: Results) -> list[SSE]:
         finished = results.first
         usage = _usage(results.prompt_tokens, results.cached_tokens, results.completion_tokens)
-        return self._close() + [
+        return self._message_start() + self._close() + [
             self._ev("message_delta", delta={"stop_reason": stop_reason(finished),
                                              "stop_sequence": finished.stop_sequence},
                      usage=usage, infernix={"constraint": finished.constraint}),

@@ -24,6 +24,7 @@ from collections import deque
 
 from services.worker.program import BatchRow, Program, StepBatch
 from services.worker.request import Request, RequestState
+from shared.generation import Started
 
 
 class Scheduler:
@@ -74,6 +75,7 @@ class Scheduler:
             if job.admitted_at is None:
                 job.admitted_at = now
                 job.num_cached_prompt = min(job.num_cached, job.num_prompt_tokens)
+                _announce(job)
             self.resident.append(job)
         return preempted
 
@@ -140,3 +142,12 @@ class Scheduler:
             return StepBatch(tuple(BatchRow(j, (j.output_ids[-1],), j.num_cached, True)
                                    for j in decode))
         return None
+
+
+def _announce(job: Request) -> None:
+    """A second `Started` at first admission, now with the prompt tokens the prefix cache held
+    (the first, at submission, precedes the lookup), before any output event of the request."""
+    try:
+        job.sink(Started(job.num_prompt_tokens, job.num_cached_prompt))
+    except RuntimeError:  # the consumer's loop is closed: it is gone
+        job.cancel_requested = True
