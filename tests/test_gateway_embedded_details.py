@@ -106,3 +106,14 @@ async def test_message_start_usage_is_written_after_the_prefix_cache_lookup(clau
     assert start["cache_read_input_tokens"] > 0, start
     assert (start["input_tokens"], start["cache_read_input_tokens"]) == \
         (delta["input_tokens"], delta["cache_read_input_tokens"])
+
+
+async def test_anthropic_sdk_user_profile_and_workspace_are_accepted(claude):
+    """The anthropic SDK's `user_profile_id` and `workspace_id` travel as the headers
+    `anthropic-user-profile-id` and `anthropic-workspace-id` (attribution of the request, nothing
+    that changes the output): accepted, on messages and on count_tokens."""
+    ids = dict(user_profile_id="uprof_1", workspace_id="wrkspc_1")
+    message = await claude.messages.create(model="smollm2", max_tokens=2, messages=HI, **ids)
+    assert message.stop_reason in ("max_tokens", "end_turn")
+    count = await claude.messages.count_tokens(model="smollm2", messages=HI, **ids)
+    assert count.input_tokens > 0

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from typing import Any, Callable
 
@@ -62,9 +64,26 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
             "infernix": {"constraint": finished.constraint}}
 
 
-def _thinking_block(text: str) -> dict[str, Any]:
-    # No signature: this server's reasoning is plain text, sent back as it was published.
-    return {"type": "thinking", "thinking": text, "signature": ""}
+_SIGNATURE_PREFIX = "infernix-sha256:"
+
+
+def thinking_signature(text: str) -> str:
+    """The signature of a thinking block this server publishes: a digest of its text (an
+    integrity check that any gateway can repeat, not a secret), so a client that sends the block
+    back unchanged, as Anthropic clients do, is accepted and an edited one is told apart."""
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return _SIGNATURE_PREFIX + base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
+
+
+def signature_matches(text: str, signature: str) -> bool:
+    """False only for a signature this server issued for another text (others: not ours to
+    judge; the reasoning is passed to the chat template either way)."""
+    return not signature.startswith(_SIGNATURE_PREFIX) or signature == thinking_signature(text)
+
+
+def _thinking_block(text: str, signature: str | None = None) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text,
+            "signature": thinking_signature(text) if signature is None else signature}
 
 
 def _arguments(text: str) -> Any:
@@ -75,8 +94,9 @@ def _arguments(text: str) -> Any:
 
 
 class Streamer:
-    """message_start, content blocks (thinking_delta / text_delta / input_json_delta), message_delta with the
-    stop reason, usage and constraint report, message_stop; failures as `event: error`."""
+    """message_start, content blocks (thinking_delta and its closing signature_delta /
+    text_delta / input_json_delta), message_delta with the stop reason, usage and constraint
+    report, message_stop; failures as `event: error`."""
 
     def __init__(self, tr: Translated) -> None:
         self.tr = tr
@@ -85,6 +105,7 @@ class Streamer:
         self.open_call: int | None = None  # the worker's call index of an open tool_use block
         self.counts: Callable[[], PromptCounts | None] = lambda: None
         self.started = False  # message_start sent
+        self.thinking = ""  # the text of an open thinking block, for its signature
 
     @staticmethod
     def _ev(kind: str, **data: Any) -> SSE:
@@ -111,8 +132,13 @@ class Streamer:
     def _close(self) -> list[SSE]:
         if self.open is None:
             return []
+        out = []
+        if self.open == "thinking":  # its signature, once its text is whole
+            out.append(self._ev("content_block_delta", index=self.blocks - 1, delta={
+                "type": "signature_delta", "signature": thinking_signature(self.thinking)}))
+            self.thinking = ""
         self.open, self.open_call = None, None
-        return [self._ev("content_block_stop", index=self.blocks - 1)]
+        return out + [self._ev("content_block_stop", index=self.blocks - 1)]
 
     def _start(self, kind: str, block: dict) -> list[SSE]:
         out = self._close()
@@ -124,7 +150,8 @@ class Streamer:
         out: list[SSE] = self._message_start()
         if isinstance(event, ReasoningDelta) and event.text:
             if self.open != "thinking":
-                out += self._start("thinking", _thinking_block(""))
+                out += self._start("thinking", _thinking_block("", signature=""))
+            self.thinking += event.text
             out.append(self._ev("content_block_delta", index=self.blocks - 1,
                                 delta={"type": "thinking_delta", "thinking": event.text}))
         elif isinstance(event, TextDelta) and event.text:
