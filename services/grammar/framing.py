@@ -12,7 +12,9 @@ is one `ExcludeToken(...)` of the close token, the EOS ids and every other contr
 reasoning token is an ordinary token (xgrammar 0.2.8 masks `ExcludeToken(a) | ExcludeToken(b)` as
 their intersection, so the ids go in one terminal); the separator is a byte literal matched after
 the close token, so a token holding the separator's end and the content's start is legal. The
-thinking framing wraps the whole inner language, the union of JSON content and calls included.
+thinking framing wraps the whole inner language, the union of JSON content and calls included;
+around an XML tool grammar that may call, the reasoning may also end at once with a call (its
+opener is a control token no reasoning token is: an implicit end of reasoning, as Qwen3.5 writes).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from typing import TYPE_CHECKING, Union
 import xgrammar as xgr
 
 from services.grammar.regex.tree import ebnf_literal
-from shared.contract import OutputConstraint
+from shared.contract import OutputConstraint, ToolMode
 from shared.errors import InternalError, Unsupported
-from shared.frontends.formats import FORMATS, HERMES
+from shared.frontends.formats import FORMATS, HERMES, QWEN_XML
 from shared.frontends.frontend import RAW_FRAMING, split_framing
 from shared.frontends.thinking import SPECS, ThinkingSpec
 from shared.frontends.token_domain import TokenDomain
@@ -90,11 +92,37 @@ def inner_grammar(constraint: Compilable, inner: str, domain: TokenDomain) -> xg
         raise InternalError(f"converted XML tool grammar did not parse: {exc}") from None
 
 
+def _implicit_close_ebnf(spec: ThinkingSpec, constraint: "ToolSpec", domain: TokenDomain) -> str:
+    """The thinking framing around an XML tool grammar that may call: reasoning, then either the
+    close token, the separator and the tool language, or at once the call sequence. Qwen3.5 often
+    opens `<tool_call>` inside `<think>` without closing it; the opener is a control token no
+    reasoning token is, so it ends the reasoning implicitly (the PhaseDecoder reads it so)."""
+    from services.grammar.tools import embed
+    from services.grammar.xml_tools import xml_tool_grammar_ebnf
+
+    prefix = thinking_prefix_ebnf(spec, domain)  # validates the close token
+    head, reasoning = prefix.split("\n", 1)
+    try:
+        text = xml_tool_grammar_ebnf(constraint, domain)
+    except ValueError as e:  # the vocabulary lacks the format's control tokens
+        raise Unsupported(f"the XML tool format needs {e}", field="framing") from None
+    body, root = embed(text, "x_")
+    closed = head.removeprefix("root ::= ")
+    return f"root ::= {closed} {root} | reasoning x_calls\n{reasoning}{body}"
+
+
 def build_framed_grammar(constraint: Compilable, framing: str, domain: TokenDomain) -> xgr.Grammar:
     """The grammar of `constraint` under `framing` for `domain`. Raises Unsupported for a framing
     that does not fit and the inner conversion's typed errors."""
     check_framing(constraint, framing)
     thinking, inner = split_framing(framing)
+    if thinking is not None and inner == QWEN_XML.framing \
+            and constraint.choice.mode is not ToolMode.NONE:
+        text = _implicit_close_ebnf(SPECS[thinking], constraint, domain)
+        try:
+            return xgr.Grammar.from_ebnf(text)
+        except RuntimeError as exc:  # our conversion produced text xgrammar refuses: our bug
+            raise InternalError(f"framed XML tool grammar did not parse: {exc}") from None
     grammar = inner_grammar(constraint, inner, domain)
     if thinking is None:
         return grammar
