@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import xgrammar as xgr
 
-from services.grammar.bench_cases import GBNF
+from bench.grammar_cases import GBNF
 from services.grammar.gbnf.lexer import Lexer
 from services.grammar.gbnf.parser import parse_rules
 from services.grammar.gbnf.rewrite import optimize

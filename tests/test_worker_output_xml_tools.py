@@ -25,7 +25,7 @@ import jsonschema
 import pytest
 import torch
 
-from services.worker.runtime import ByteTokenizer, random_runtime
+from bench.random_weights import ByteTokenizer, random_runtime
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
 from shared.frontends.formats import QWEN_XML
 from shared.frontends.frontend import Frontend

@@ -260,33 +260,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     health.set_defaults(func=run_health)
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    """`infernix bench grammar` (its measurements live in services/grammar/bench.py)."""
-    p = sub.add_parser("grammar", help="constraint compile, mask, lookahead and sampling costs")
-    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=MODELS,
-                   help="default: smollm2 qwen3.5")
-    p.add_argument("--cases", nargs="*", help="only these case names (default: all)")
-    p.add_argument("--redis-url", default="",
-                   help="also measure the typical schemas through GrammarCache with this Redis "
-                        "(default: off)")
-    p.add_argument("--repeats", type=int, default=3, help="cold compiles per case (default: 3)")
-    p.add_argument("--case-budget-s", type=float, default=60.0,
-                   help="CPU seconds of walking per case before it is cut short (default: 60)")
-    p.add_argument("--sample-s", type=float, default=3.0,
-                   help="CPU seconds of random walks per case (0: skip; default: 3)")
-    p.add_argument("--sample-tokens", type=int, default=120,
-                   help="max tokens per random walk (default: 120)")
-    p.add_argument("--label", default="", help="a free-form label stored in the JSON (default: none)")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
-    p.set_defaults(func=_run_bench)
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from services.grammar.bench import run
-
-    return run(args)
-
-
 def add_compile_args(p: argparse.ArgumentParser, *, isolation: str) -> None:
     """The compile limits, cold slots and store policy (services/settings.py's table);
     `isolation` is this command's default for --compile-isolation."""
@@ -342,21 +315,3 @@ def run_serve(args: argparse.Namespace) -> int:
                       cache_bytes=args.grammar_cache_bytes, models=tuple(args.models),
                       metrics_port=args.metrics_port, config=config))
     return EXIT_OK
-
-
-def add_store_bench_parser(sub: argparse._SubParsersAction) -> None:
-    """`infernix bench grammar-store` (services/grammar/store_bench.py: the store policy's data)."""
-    p = sub.add_parser("grammar-store", help="stored grammar vs compile: the store policy's data")
-    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=MODELS,
-                   help="default: smollm2 qwen3.5")
-    p.add_argument("--redis-url", default="",
-                   help="also time the Redis round trip of each record (default: off)")
-    p.add_argument("--quick", action="store_true", help="fewer slow grammars")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
-    p.set_defaults(func=_run_store_bench)
-
-
-def _run_store_bench(args: argparse.Namespace) -> int:
-    from services.grammar.store_bench import run
-
-    return run(args)

@@ -107,7 +107,7 @@ def _from_ebnf(text: str, what: str) -> xgr.Grammar:
 
 
 # The JSON whitespace profile of a request that names none, per built-in model (measured with
-# scripts/json_whitespace_rates.py, docs/benchmarks.md "JSON whitespace": SmolLM2 valid JSON within
+# bench/json_whitespace.py, docs/benchmarks.md "JSON whitespace": SmolLM2 valid JSON within
 # 256 tokens any 49/60, indented 58/60, compact 60/60 but off the model's own layout, which the
 # design document warns against); other models get the contract's `any`.
 DEFAULT_WHITESPACE: dict[str, str] = {"smollm2": "indented"}

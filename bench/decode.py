@@ -2,7 +2,7 @@
 
 For each batch size B, one engine (`max_batch` = the largest B, CUDA graphs on CUDA) runs B
 concurrent greedy requests of a fixed `max_tokens`, first unconstrained, then each with a typical
-JSON Schema (`services.grammar.bench.SCHEMAS`, request i gets schema i mod 2). Per mode it reports
+JSON Schema (`bench.grammar.SCHEMAS`, request i gets schema i mod 2). Per mode it reports
 time to first token (p50 over requests), time per output token (p50 over requests of
 decode time / (tokens - 1)), throughput (all output tokens / wall time of the round) and the
 constraint report's CPU seconds (mask fills, accepts), plus constrained / unconstrained TPOT.
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from services.worker.bench.models import build_runtime, prompt_texts
-from services.worker.bench.stats import ratio as _ratio, schemas as _schemas, summary as _summary
+from bench.models import build_runtime, prompt_texts
+from bench.stats import ratio as _ratio, schemas as _schemas, summary as _summary
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime
@@ -201,7 +201,7 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
         runtime.model.fused = True
     breakdown = None
     if opts.breakdown:
-        from services.worker.bench.breakdown import step_breakdown
+        from bench.breakdown import step_breakdown
 
         breakdown = step_breakdown(runtime, opts.batch_sizes,
                                    [p for p in opts.paths if p != "serial"])  # model paths
@@ -209,7 +209,7 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     done = {"engine": engine}
     reference = None
     if opts.reference:
-        from services.worker.bench.reference import bench_reference
+        from bench.reference import bench_reference
 
         reference = bench_reference(runtime, opts, log,
                                      lambda rows: partial({**done, **rows}))

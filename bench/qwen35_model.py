@@ -2,7 +2,7 @@
 through a CUDA graph and eagerly, beside the memory floor (weight bytes read per step / measured
 device copy bandwidth). Writes JSON; no assertion about speed.
 
-    python -m services.worker.models.qwen35_bench --out qwen35_bench.json \
+    python -m bench.qwen35_model --out qwen35_bench.json \
         [--batches 1,8,32,64] [--prompt 512] [--steps 64] [--verify 16] [--layers 32] \
         [--compare-unfused]
 
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from services.worker.models.qwen35_runtime import random_qwen35
+from bench.random_weights import random_qwen35
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 10) -> float:
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the op-by-op layer path (model.fused = False) per batch")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("qwen35_bench needs CUDA", file=sys.stderr)
+        print("bench.qwen35_model needs CUDA", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     layer_types = tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(args.layers))

@@ -1,16 +1,26 @@
-"""The arguments of `infernix bench decode`, `infernix bench spec` and `infernix bench prefix`
-(imports nothing heavy:
-`--help` answers at once)."""
+"""The arguments of every `infernix bench ...` command (imports nothing heavy: `--help` answers
+at once); services/cli.py adds them with `add_parsers`, its one import of bench/."""
 
 from __future__ import annotations
 
 import argparse
 
+from shared.frontends import MODELS as GRAMMAR_MODELS
+
 MODELS = ("smollm2", "qwen3-8b-random", "qwen35-9b-random")
 
 
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Every bench command under `infernix bench`."""
+    add_bench_parser(sub)
+    add_store_bench_parser(sub)
+    add_parser(sub)
+    add_spec_parser(sub)
+    add_prefix_parser(sub)
+
+
 def _run(args: argparse.Namespace) -> int:
-    from services.worker.bench.decode import run
+    from bench.decode import run
 
     return run(args)
 
@@ -47,13 +57,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_spec(args: argparse.Namespace) -> int:
-    from services.worker.bench.spec import run
+    from bench.spec import run
 
     return run(args)
 
 
 def _run_prefix(args: argparse.Namespace) -> int:
-    from services.worker.bench.prefix import run
+    from bench.prefix import run
 
     return run(args)
 
@@ -100,3 +110,48 @@ def add_prefix_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=_run_prefix)
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """`infernix bench grammar` (its measurements live in bench/grammar.py)."""
+    p = sub.add_parser("grammar", help="constraint compile, mask, lookahead and sampling costs")
+    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=GRAMMAR_MODELS,
+                   help="default: smollm2 qwen3.5")
+    p.add_argument("--cases", nargs="*", help="only these case names (default: all)")
+    p.add_argument("--redis-url", default="",
+                   help="also measure the typical schemas through GrammarCache with this Redis "
+                        "(default: off)")
+    p.add_argument("--repeats", type=int, default=3, help="cold compiles per case (default: 3)")
+    p.add_argument("--case-budget-s", type=float, default=60.0,
+                   help="CPU seconds of walking per case before it is cut short (default: 60)")
+    p.add_argument("--sample-s", type=float, default=3.0,
+                   help="CPU seconds of random walks per case (0: skip; default: 3)")
+    p.add_argument("--sample-tokens", type=int, default=120,
+                   help="max tokens per random walk (default: 120)")
+    p.add_argument("--label", default="", help="a free-form label stored in the JSON (default: none)")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from bench.grammar import run
+
+    return run(args)
+
+
+def add_store_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """`infernix bench grammar-store` (bench/grammar_store.py: the store policy's data)."""
+    p = sub.add_parser("grammar-store", help="stored grammar vs compile: the store policy's data")
+    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=GRAMMAR_MODELS,
+                   help="default: smollm2 qwen3.5")
+    p.add_argument("--redis-url", default="",
+                   help="also time the Redis round trip of each record (default: off)")
+    p.add_argument("--quick", action="store_true", help="fewer slow grammars")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
+    p.set_defaults(func=_run_store_bench)
+
+
+def _run_store_bench(args: argparse.Namespace) -> int:
+    from bench.grammar_store import run
+
+    return run(args)

@@ -8,7 +8,7 @@ from typing import Any
 
 
 def schemas() -> list[dict]:
-    from services.grammar.bench import SCHEMAS
+    from bench.grammar import SCHEMAS
 
     return [schema for schema, _ in SCHEMAS]
 

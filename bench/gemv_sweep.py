@@ -3,12 +3,12 @@ its configs per shape, on CUDA. Writes JSON and prints a summary plus a `TUNED` 
 kernels/gemv.py. No assertion about speed; it does assert correctness (against F.linear), bit
 reproducibility and CUDA-graph capture.
 
-    python -m kernels.bench_gemv --out gemv_bench.json [--ms 1,2,4,8,16] [--repeats 50] \
+    python -m bench.gemv_sweep --out gemv_bench.json [--ms 1,2,4,8,16] [--repeats 50] \
         [--budget 150] [--no-sweep]
 
 Shapes: the Qwen3-8B linear layers after load-time fusion (q|k|v 6144 x 4096, o 4096 x 4096,
 gate|up 24576 x 4096, down 4096 x 12288, 36 layers; lm_head 248320 x 4096) and the Qwen3.5-9B ones
-(services.worker.models.qwen35_runtime.QWEN35_9B: GDN in_proj_qkv|z|a|b 12352 x 4096, out_proj
+(bench.random_weights.QWEN35_9B: GDN in_proj_qkv|z|a|b 12352 x 4096, out_proj
 4096 x 4096 in 24 layers; attention q(+gate)|k|v 10240 x 4096, o 4096 x 4096 in 8; the same MLP and
 lm_head).
 
@@ -50,7 +50,7 @@ QWEN3_8B = {"layers": 36, "per_layer": [("qkv", 6144, 4096), ("o", 4096, 4096), 
 def qwen35_9b() -> dict:
     """The Qwen3.5-9B linear shapes after fusion, from its config (gdn.py, qwen35_layers.py)."""
     try:
-        from services.worker.models.qwen35_runtime import QWEN35_9B as c
+        from bench.random_weights import QWEN35_9B as c
     except Exception:  # pragma: no cover - bench run outside the repo
         c = dict(vocab_size=248_320, hidden_size=4096, intermediate_size=12288,
                  layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(32)),
@@ -118,12 +118,12 @@ def splits_for(base: G.GemvConfig, N: int, K: int, sms: int) -> list[G.GemvConfi
 
 def copy_bandwidth() -> float:
     """Device copy bandwidth in bytes/s (read + write counted): the measure the decode benches
-    use (models/qwen35_bench.py on CUDA; bench/breakdown.py's host copy for --dry-run)."""
+    use (bench/qwen35_model.py on CUDA; bench/breakdown.py's host copy for --dry-run)."""
     if DEV == "cpu":
-        from services.worker.bench.breakdown import cpu_copy_bandwidth
+        from bench.breakdown import cpu_copy_bandwidth
 
         return cpu_copy_bandwidth(nbytes=64 << 20, repeats=1)
-    from services.worker.models.qwen35_bench import copy_bandwidth as device_copy_bandwidth
+    from bench.qwen35_model import copy_bandwidth as device_copy_bandwidth
 
     return device_copy_bandwidth(torch.device(DEV))
 

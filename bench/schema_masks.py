@@ -3,9 +3,9 @@ patterns, draft-04, if/then/else, oneOf, ...), measured side by side with plain 
 run (ratios, never absolute targets): compile time and the microseconds per
 `fill_next_token_bitmask` while walking valid outputs tokenised by the model's own tokenizer.
 
-    python scripts/schema_mask_bench.py --models smollm2 qwen3.5 --out bench-out/schema-masks.json
+    python -m bench.schema_masks --models smollm2 qwen3.5 --out bench-out/schema-masks.json
 
-Uses `services.grammar.bench.mask_fill_us` and `_tokenize` (the grammar bench's own helpers).
+Uses `bench.grammar.walk_fills` and `tokenize` (the grammar bench's own helpers).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from services.grammar.bench import _percentile, _tokenize, mask_fill_us
+from bench.grammar import _Budget, tokenize, walk_fills
 from services.grammar.compiler import ModelCompiler
 from services.grammar.schema import layout_values
 from shared.contract import OutputConstraint
@@ -68,13 +68,13 @@ def bench_model(model: str) -> dict:
     rows = []
     for name, schema, outputs in CASES:
         t0 = time.perf_counter()
-        compiled = compiler.compile(OutputConstraint.json_schema(schema)).grammar
+        compiled = compiler.compile(OutputConstraint.json_schema(schema, whitespace="any")).grammar
         compile_ms = (time.perf_counter() - t0) * 1000
         fills: list[float] = []
         for text in layout_values(schema, outputs):
-            fills += mask_fill_us(compiled, domain.size, _tokenize(model, text))
+            fills += walk_fills(compiled, tokenize(model, text), _Budget(60.0))
         rows.append({"case": name, "compile_ms": round(compile_ms, 1),
-                     "mask_us_p50": round(_percentile(fills, 0.5), 1),
+                     "mask_us_p50": round(statistics.median(fills), 1),
                      "mask_us_max": round(max(fills), 1), "tokens": len(fills)})
     base = statistics.median([rows[0]["mask_us_p50"], rows[1]["mask_us_p50"]])
     for row in rows:

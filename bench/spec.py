@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from services.worker.bench.decode import report_header, write_report
-from services.worker.bench.models import build_runtime
+from bench.decode import report_header, write_report
+from bench.models import build_runtime
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime
@@ -295,7 +295,7 @@ def _runtime(model: str, device: str) -> ModelRuntime:
         return build_runtime(model, device)
     import torch
 
-    from services.worker.bench.models import random_qwen35_runtime
+    from bench.random_weights import random_qwen35_runtime
 
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     return random_qwen35_runtime(dtype=dtype, device=device, mtp=True)

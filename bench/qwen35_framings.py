@@ -7,7 +7,7 @@ values); for the non-strict case also the ParameterNameConstraint's `apply` per 
 JSON schema grammar on the same JSON output is the baseline the thinking framing is compared with,
 side by side in one run.
 
-    python scripts/bench_qwen35_framings.py [--out FILE]
+    python -m bench.qwen35_framings [--out FILE]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`infernix bench grammar`: what constraints cost the CPU, per vocabulary and engine, as JSON.
 
-For every case of `services.grammar.bench_cases` and each vocabulary (single-threaded engines, CPU
+For every case of `bench.grammar_cases` and each vocabulary (single-threaded engines, CPU
 time of this process, so other jobs on a shared machine inflate nothing but the wall clock):
 
 - cold: compile (validate + convert + engine compile) and time to first mask (compile + matcher +
@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from services.grammar.bench_cases import SCHEMAS as _CASES
-from services.grammar.bench_cases import Case, all_cases
+from bench.grammar_cases import SCHEMAS as _CASES
+from bench.grammar_cases import Case, all_cases
 from services.grammar.engine import CompiledConstraint
 from shared.contract import ConstraintKind
 from shared.frontends import get_domain

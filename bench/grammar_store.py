@@ -1,4 +1,4 @@
-"""`infernix bench grammar-store` (also `python -m services.grammar.store_bench`): what a stored
+"""`infernix bench grammar-store` (also `python -m bench.grammar_store`): what a stored
 grammar costs against compiling it again, per grammar and vocabulary, as JSON.
 
 For each model and each grammar of a set spanning small to slow (typical response schemas,
@@ -40,7 +40,7 @@ def _optional_properties(n: int) -> dict[str, Any]:
 
 def grammars(quick: bool) -> list[tuple[str, OutputConstraint]]:
     """The benchmarked constraints, small to slow."""
-    from services.grammar.bench import SCHEMAS
+    from bench.grammar import SCHEMAS
 
     out = [(f"typical_schema_{i}", OutputConstraint.json_schema(s)) for i, (s, _) in
            enumerate(SCHEMAS)]
@@ -149,7 +149,7 @@ async def _isolation(domain) -> dict[str, float]:
     """A typical schema compiled in process, and in a compile child (verdict only; grammar sent
     back and deserialised), p50 of 5 each after a warm-up."""
     from services.grammar import records
-    from services.grammar.bench import SCHEMAS
+    from bench.grammar import SCHEMAS
     from services.grammar.compiler import ModelCompiler
     from services.grammar.isolation import CompilePool
 
@@ -247,7 +247,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m services.grammar.store_bench")
+    parser = argparse.ArgumentParser(prog="python -m bench.grammar_store")
     _arguments(parser)
     parsed = parser.parse_args()
     sys.exit(parsed.func(parsed))

@@ -1,6 +1,6 @@
 """How often the built-in model writes valid JSON within the token budget, per whitespace profile.
 
-    .venv/bin/python scripts/json_whitespace_rates.py --seeds 10 --out bench-out/json-ws.json
+    python -m bench.json_whitespace --seeds 10 --out bench-out/json-ws.json
 
 The README's examples (a city and its population; a person), each with every profile of the
 `structured_outputs` whitespace option, through the same in-process worker `infernix generate`

@@ -20,9 +20,9 @@ import sys
 import time
 from typing import Any
 
-from services.worker.bench.decode import _collect, report_header, write_report
-from services.worker.bench.models import build_runtime
-from services.worker.bench.stats import ms, p50, ratio
+from bench.decode import _collect, report_header, write_report
+from bench.models import build_runtime
+from bench.stats import ms, p50, ratio
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime

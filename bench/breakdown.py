@@ -13,7 +13,8 @@ Per batch size B and per model path (`fused`: the fused layer path of models/lay
   `forward_cpu_ms` (CPU only): the process's CPU time per forward, all threads, which contention
   from other processes inflates less than the wall clock (OpenMP spin-waits count in it);
 - `floor_ms`: every weight byte read once (the embedding's B rows), and a hybrid model's
-  recurrent state read and written once, at the measured device copy bandwidth (models/qwen35_bench.py's measures, one home; on the CPU a 512 MiB tensor copy).
+  recurrent state read and written once, at the measured device copy bandwidth
+  (bench/qwen35_model.py's measures, one home; on the CPU a 512 MiB tensor copy).
 
 The engine's TPOT from the same run minus forward and sample is the host's share of a step (the
 GPU idles then unless the host overlaps it): `decode.py` reports it as `host_ms` and the GPU idle
@@ -28,7 +29,7 @@ import time
 import torch
 
 from kernels.sampling_contract import SamplingParams
-from services.worker.models.qwen35_bench import (copy_bandwidth, cuda_ms, recurrent_state_bytes_per_step,
+from bench.qwen35_model import (copy_bandwidth, cuda_ms, recurrent_state_bytes_per_step,
                                                  weight_bytes_per_step)
 from services.worker.program.graphs import DecodeGraph
 

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from services.worker.bench.models import prompt_texts
-from services.worker.bench.stats import ratio as _ratio, schemas as _schemas, summary as _summary
+from bench.models import prompt_texts
+from bench.stats import ratio as _ratio, schemas as _schemas, summary as _summary
 from services.worker.models import KVCache
 from services.worker.runtime import ModelRuntime
 from shared.generation import PromptInput
 
 if TYPE_CHECKING:
-    from services.worker.bench.decode import DecodeBenchOptions
+    from bench.decode import DecodeBenchOptions
 
 def hf_reference_model(runtime: ModelRuntime):
     """A transformers CausalLM that adopts the runtime's weights (no copy on the same device and

@@ -1,6 +1,6 @@
 """Time the kernels against their torch references and SDPA at the Qwen3-8B shape; write JSON.
 
-    python -m kernels.bench_kernels --out bench_kernels.json [--quick] [--only attention,...]
+    python -m bench.kernel_speed --out bench_kernels.json [--quick] [--only attention,...]
 
 Shapes: hidden 4096, 32 q heads and 8 KV heads of 128, intermediate 12288, vocabulary 151,936, bf16,
 B in 1, 8, 32, 64 and contexts 1k-4k (paged KV, block 16, blocks shuffled); the fused greedy argmax
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     shape = TINY if args.tiny else QUICK if args.quick else Shape()
     if shape.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("bench_kernels needs a CUDA device (or --tiny)")
+        raise SystemExit("bench.kernel_speed needs a CUDA device (or --tiny)")
     import triton
     results: list = []
     started = time.time()

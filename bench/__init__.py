@@ -1,0 +1,3 @@
+"""Every benchmark, sweep and random-weight model fixture of Infernix. It imports the product
+(services/, shared/, kernels/); the product imports none of it, except services/cli.py adding the
+`infernix bench ...` commands from bench/cli.py."""
