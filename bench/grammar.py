@@ -38,7 +38,7 @@ import numpy as np
 
 from bench.grammar_cases import SCHEMAS as _CASES
 from bench.grammar_cases import Case, all_cases
-from services.grammar.engine import CompiledConstraint
+from services.grammar.engines.engine import CompiledConstraint
 from shared.contract import ConstraintKind
 from shared.frontends import get_domain
 
@@ -150,7 +150,7 @@ def lookahead_ratio(constraint: CompiledConstraint, tokens: list[int], budget: _
 
 def sample_rate(constraint: CompiledConstraint, seconds: float, max_tokens: int) -> dict[str, Any]:
     """`grammar sample` random walks for about `seconds` of CPU; tokens per CPU and wall second."""
-    from services.grammar.matching import random_walk
+    from services.grammar.engines.matching import random_walk
 
     rng = random.Random(0)
     tokens = walks = dead = 0
@@ -245,10 +245,10 @@ def _goals(row: dict[str, Any], model: str) -> dict[str, Any]:
 
 async def _cache_rows(model: str, redis_url: str, repeats: int) -> list[dict[str, Any]]:
     """The typical schemas through the real GrammarCache: cold, L1 hit, Redis hit."""
-    from services.grammar.cache import CacheConfig, GrammarCache, encode_blob
-    from services.grammar.limits import StorePolicy
+    from services.grammar.cache.grammar_cache import CacheConfig, GrammarCache, encode_blob
+    from services.grammar.cache.limits import StorePolicy
     from services.grammar.compiler import ModelCompiler
-    from services.grammar.store import RedisStore, StoreConfig
+    from services.grammar.cache.store import RedisStore, StoreConfig
 
     compiler = ModelCompiler(get_domain(model))
     rows = []
@@ -297,7 +297,7 @@ def _bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
     from services.grammar.compiler import BUILDABLE
 
     if "llguidance" in BUILDABLE:
-        from services.grammar.engine_llguidance import lltokenizer
+        from services.grammar.engines.engine_llguidance import lltokenizer
 
         t0 = _cpu()
         lltokenizer(domain)

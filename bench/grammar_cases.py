@@ -223,7 +223,7 @@ GBNF = [
 
 
 def _tool_cases() -> list[Case]:
-    from services.grammar.tools import ToolSpec
+    from services.grammar.tools.hermes import ToolSpec
 
     weather = ToolDefinition.create("get_weather", {
         "type": "object", "properties": {

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from services.grammar.limits import CompileLimits, StorePolicy
+from services.grammar.cache.limits import CompileLimits, StorePolicy
 from shared.contract import OutputConstraint
 from shared.frontends import get_domain
 
@@ -70,7 +70,7 @@ def _fit(points: list[tuple[float, float]]) -> dict[str, float]:
 
 
 async def _redis_round_trip(url: str, vocab: str, key: str, data: bytes) -> float:
-    from services.grammar.store import RedisStore, StoreConfig
+    from services.grammar.cache.store import RedisStore, StoreConfig
 
     store = RedisStore(StoreConfig(url, prefix=f"infernix:bench:{time.time_ns()}"))
     try:
@@ -86,7 +86,7 @@ async def _redis_round_trip(url: str, vocab: str, key: str, data: bytes) -> floa
 
 
 def bench_model(model: str, redis_url: str | None, quick: bool, policy: StorePolicy) -> dict:
-    from services.grammar import records
+    from services.grammar.cache import records
     from services.grammar.compiler import ModelCompiler, cache_key
 
     domain = get_domain(model)
@@ -148,10 +148,10 @@ def bench_model(model: str, redis_url: str | None, quick: bool, policy: StorePol
 async def _isolation(domain) -> dict[str, float]:
     """A typical schema compiled in process, and in a compile child (verdict only; grammar sent
     back and deserialised), p50 of 5 each after a warm-up."""
-    from services.grammar import records
+    from services.grammar.cache import records
     from bench.grammar import SCHEMAS
     from services.grammar.compiler import ModelCompiler
-    from services.grammar.isolation import CompilePool
+    from services.grammar.cache.isolation import CompilePool
 
     constraint = OutputConstraint.json_schema(SCHEMAS[0][0])
     compiler = ModelCompiler(domain)
@@ -182,7 +182,8 @@ async def _grpc_blob(domain) -> dict[str, Any]:
     with the blob, decompress, deserialise) and the decode part of it, p50 over 3 fresh workers."""
     import socket
 
-    from services.grammar.cache import CacheConfig, GrammarCache, ModelCaches, RecordCache
+    from services.grammar.cache.grammar_cache import (CacheConfig, GrammarCache, ModelCaches,
+                                                      RecordCache)
     from services.grammar.client import GrpcGrammarClient
     from services.grammar.compiler import ModelCompiler
     from services.grammar.service import create_server

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from bench.cli import MODELS
 from bench.random_weights import random_qwen3_runtime, random_qwen35_runtime
 from services.worker.runtime import ModelRuntime, load_runtime
 from shared.frontends.frontend import TiktokenTokenizer
@@ -28,7 +27,7 @@ def build_runtime(model: str, device: str) -> ModelRuntime:
                                     dtype=dtype, device=device)
     if model == "qwen35-9b-random":
         return random_qwen35_runtime(dtype=dtype, device=device)
-    raise ValueError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
+    raise ValueError(f"unknown model {model!r} (bench/cli.py's MODELS are the known ones)")
 
 
 def prompt_texts(runtime: ModelRuntime, count: int, tokens: int) -> list[str]:

@@ -124,7 +124,7 @@ def _exit_past_compile_threads() -> None:
     called without an active exception"): leave without waiting for it."""
     import os
 
-    from services.grammar.builders import running_compile_threads
+    from services.grammar.cache.builders import running_compile_threads
 
     if running_compile_threads():
         sys.stdout.flush()

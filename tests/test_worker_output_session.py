@@ -19,9 +19,9 @@ import torch
 import xgrammar as xgr
 
 from services.grammar.compiler import ModelCompiler
-from services.grammar.engine import MaskFiller
-from services.grammar.engine_xgrammar import XgrammarConstraint
-from services.grammar.matching import legal_ids
+from services.grammar.engines.batch import MaskFiller
+from services.grammar.engines.engine_xgrammar import XgrammarConstraint
+from services.grammar.engines.matching import legal_ids
 from services.worker.output.session import OutputSession, PositionState, filler_row
 from shared.contract import OutputConstraint
 from shared.errors import ConstraintDeadEnd, InternalError, InvalidRequest

@@ -229,7 +229,7 @@ def test_the_companion_clears_a_repeated_name_in_the_session_masks(served):
     tokens that would complete `n` again are illegal in the lookahead mask and in the batched
     ordinary fill, while the same grammar without the companion allows them."""
     from services.grammar.client import NameIndex, ParameterNameConstraint, in_process_client
-    from services.grammar.tools import ToolSpec
+    from services.grammar.tools.hermes import ToolSpec
     from services.worker.output.session import OutputSession
 
     runtime, _ = served

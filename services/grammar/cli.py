@@ -9,7 +9,7 @@ check   compiles each constraint and prints one JSON line per constraint:
         the `any` whitespace profile unless the line names one:
         "values_accepted", and as plain json.dumps text: "values_accepted_raw"). Schema lines
         list the keywords read as annotations ("annotations").
-sample  random walks through the legal masks (see services.grammar.matching.random_walk).
+sample  random walks through the legal masks (see services.grammar.engines.matching.random_walk).
 serve   the grpclib GrammarService.
 """
 
@@ -145,7 +145,7 @@ def _schema_report(schema: Any, values: list[Any], grammar: Any, accepts: Any) -
 def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from services.grammar.compiler import ModelCompiler
-    from services.grammar.matching import accepts
+    from services.grammar.engines.matching import accepts
 
     status = EXIT_OK
     if args.batch:
@@ -206,7 +206,7 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from services.grammar.compiler import ModelCompiler
-    from services.grammar.matching import random_walk
+    from services.grammar.engines.matching import random_walk
 
     try:
         [(_, constraint)] = constraints_from_args(args)  # files are read before the vocabulary
@@ -271,8 +271,8 @@ def add_compile_args(p: argparse.ArgumentParser, *, isolation: str) -> None:
 
 def cache_config_from_args(args: argparse.Namespace, **overrides: Any):
     """The CacheConfig that `add_compile_args` flags (and `overrides`) describe."""
-    from services.grammar.cache import CacheConfig
-    from services.grammar.limits import CompileLimits, StorePolicy
+    from services.grammar.cache.grammar_cache import CacheConfig
+    from services.grammar.cache.limits import CompileLimits, StorePolicy
 
     fields = dict(
         max_cold_compiles=args.max_cold_compiles, slot_wait_s=args.cold_slot_wait_s,

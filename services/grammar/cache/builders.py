@@ -3,7 +3,7 @@
 - trusted builds (a verdict Record says the grammar compiled within the limits and faster than it
   loads) run in a thread of this process: the cheapest way to get the grammar itself;
 - other builds run with `CacheConfig.isolation`: "process", in a killable child within
-  `CompileLimits` (`services.grammar.isolation`), or "thread", in a daemon thread of this process,
+  `CompileLimits` (`cache/isolation.py`), or "thread", in a daemon thread of this process,
   where only the deadline holds and only for the waiter: the request gets ConstraintTooComplex
   while the compile runs on, still holding its slot, and its result is dropped.
 
@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from services.grammar import records
-from services.grammar.isolation import CompilePool, Want
-from services.grammar.limits import ColdSlots, StorePolicy
-from services.grammar.records import BuildInfo, Record
+from services.grammar.cache import records
+from services.grammar.cache.isolation import CompilePool, Want
+from services.grammar.cache.limits import ColdSlots, StorePolicy
+from services.grammar.cache.records import BuildInfo, Record
 from shared.errors import ConstraintTooComplex
 from shared.logging import get_logger
 from shared.metrics import GrammarMetrics
@@ -32,7 +32,7 @@ from shared.metrics import GrammarMetrics
 log = get_logger(__name__)
 
 if TYPE_CHECKING:
-    from services.grammar.cache import CacheConfig
+    from services.grammar.cache.cache_types import CacheConfig
     from services.grammar.compiler import ModelCompiler
 
 

@@ -1,4 +1,5 @@
-"""The compile cache's configuration and the values it hands out (see `services.grammar.cache`)."""
+"""The compile cache's configuration and the values it hands out (see
+`services.grammar.cache.grammar_cache`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Generic, Literal, TypeVar
 
-from services.grammar.limits import CompileLimits, StorePolicy
-from services.grammar.records import Record
+from services.grammar.cache.limits import CompileLimits, StorePolicy
+from services.grammar.cache.records import Record
 from services.settings import default
 
 DEFAULT_CACHE_BYTES = default("grammar_cache_bytes")
@@ -90,7 +91,7 @@ Upstream = Callable[[str, Any, str], Awaitable[Remote]]  # (key, constraint, fra
 
 
 @dataclass
-class _Fill:  # what the task that fills one key found out
+class Fill:  # what the task that fills one key found out
     hit: Hit | None = None
     built: bool = False
     waited: bool = False
@@ -108,7 +109,7 @@ class _Fill:  # what the task that fills one key found out
                             self.service_fallback)
 
 
-class _LRU(Generic[V]):
+class LRU(Generic[V]):
     """Values by key, least recently used first, within a byte budget."""
 
     def __init__(self, budget: int, size: Callable[[V], int]) -> None:

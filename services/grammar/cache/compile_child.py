@@ -1,4 +1,4 @@
-"""The compile child: `python -m services.grammar.compile_child`, one per cold-compile slot.
+"""The compile child: `python -m services.grammar.cache.compile_child`, one per cold-compile slot.
 
 It reads length-prefixed pickled messages on stdin and answers on the stdout it had at start
 (file descriptor 1 is pointed at stderr, so nothing a library prints can corrupt the protocol):
@@ -11,7 +11,7 @@ It reads length-prefixed pickled messages on stdin and answers on the stdout it 
 
 `want` is "always" (the caller needs the grammar itself: it is serialised whatever the policy),
 "stored" (the blob only when the store policy keeps it; serialised only when it might) or "never"
-(the verdict of the footprint alone). The parent (`services.grammar.isolation`) enforces the deadline and
+(the verdict of the footprint alone). The parent (`isolation.py`) enforces the deadline and
 the memory budget by killing this process; it also dies with its parent (PR_SET_PDEATHSIG).
 """
 
@@ -71,7 +71,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     _die_with_parent()
 
-    from services.grammar import records
+    from services.grammar.cache import records
     from services.grammar.compiler import ModelCompiler
     from shared.errors import InfernixError, InternalError
 

@@ -22,7 +22,7 @@ A request's value comes from the first of:
 A Record without a blob is a verdict: the grammar compiled within the limits and faster than it
 loads, so a GrammarCache compiles it itself in a thread ("trusted"). Every other build (unknown
 cost) runs with `isolation`: "process" (a killable child within `CompileLimits`, see
-`services.grammar.isolation`) or "thread" (in process: only the waiter's deadline holds).
+`services.grammar.cache.isolation`) or "thread" (in process: only the waiter's deadline holds).
 A build takes one of `max_cold_compiles` slots (`ColdSlots`); hits never do; a request waits at
 most `slot_wait_s` for one and then gets `Overloaded`. Typed errors of a build reach every waiter
 unchanged; only `ConstraintTooComplex` is remembered. A writer publishes the key's Record (with
@@ -35,14 +35,15 @@ import asyncio
 import time
 from typing import Any, Mapping
 
-from services.grammar import records
-from services.grammar.builders import BuildOutcome
-from services.grammar.cache_types import (DEFAULT_CACHE_BYTES, CacheConfig, Cached, CompileStats,
-                                          Hit, Remote, Upstream, UpstreamUnavailable, _Fill)
+from services.grammar.cache import records
+from services.grammar.cache.builders import BuildOutcome
+from services.grammar.cache.cache_types import (DEFAULT_CACHE_BYTES, CacheConfig, Cached,
+                                                CompileStats, Fill, Hit, Remote, Upstream,
+                                                UpstreamUnavailable)
 from services.grammar.compiler import ModelCompiler
-from services.grammar.keycache import _KeyCache, _ms_since
-from services.grammar.records import Record
-from services.grammar.store import RedisStore, StoreConfig
+from services.grammar.cache.keycache import KeyCache, ms_since
+from services.grammar.cache.records import Record
+from services.grammar.cache.store import RedisStore, StoreConfig
 from shared.errors import InvalidRequest
 from shared.frontends.token_domain import TokenDomain
 from shared.logging import get_logger
@@ -57,7 +58,7 @@ __all__ = ["DEFAULT_CACHE_BYTES", "CacheConfig", "Cached", "CompileStats", "Gram
            "encode_blob"]
 
 
-class GrammarCache(_KeyCache[Any]):
+class GrammarCache(KeyCache[Any]):
     """Compiled grammars for matchers (workers, embedded mode). Use from one event loop."""
 
     def _size(self, value: Any) -> int:
@@ -68,7 +69,7 @@ class GrammarCache(_KeyCache[Any]):
         """`fetch`: the compiled grammar of `constraint` as `.grammar` (see `fetch`)."""
         return await self.fetch(constraint, framing=framing, upstream=upstream)
 
-    async def _value_of(self, record: Record, constraint: Any, fill: _Fill) -> Any | None:
+    async def _value_of(self, record: Record, constraint: Any, fill: Fill) -> Any | None:
         if record.blob is None:  # a verdict: cheaper to compile here than to load
             if constraint is None:
                 return None
@@ -80,10 +81,10 @@ class GrammarCache(_KeyCache[Any]):
         except Exception as exc:  # noqa: BLE001 - a corrupt or foreign blob: build instead
             log.warning("grammar_blob_unreadable", model=self.model, error=type(exc).__name__)
             return None
-        fill.hit, fill.load_ms = "redis", _ms_since(start)
+        fill.hit, fill.load_ms = "redis", ms_since(start)
         return grammar
 
-    async def _from_build(self, constraint: Any, fill: _Fill, *,
+    async def _from_build(self, constraint: Any, fill: Fill, *,
                           trusted: bool = False) -> tuple[Any, BuildOutcome]:
         outcome = await self.builder.build(constraint, want="always", trusted=trusted)
         fill.built, fill.local_build, fill.hit = True, True, None
@@ -92,7 +93,7 @@ class GrammarCache(_KeyCache[Any]):
         return outcome.grammar, outcome
 
 
-class RecordCache(_KeyCache[Record]):
+class RecordCache(KeyCache[Record]):
     """Records for the grammar service: verdicts and the blobs it ships. Use from one loop."""
 
     verdicts_are_values = True
@@ -104,11 +105,11 @@ class RecordCache(_KeyCache[Record]):
         """`fetch`: the Record of `constraint` as `.record` (see `fetch`)."""
         return await self.fetch(constraint, framing=framing)
 
-    async def _value_of(self, record: Record, constraint: Any, fill: _Fill) -> Record | None:
+    async def _value_of(self, record: Record, constraint: Any, fill: Fill) -> Record | None:
         fill.hit = "redis"
         return record
 
-    async def _from_build(self, constraint: Any, fill: _Fill) -> tuple[Record, BuildOutcome]:
+    async def _from_build(self, constraint: Any, fill: Fill) -> tuple[Record, BuildOutcome]:
         outcome = await self.builder.build(constraint, want="stored", trusted=False)
         fill.built, fill.local_build, fill.hit = True, True, None
         fill.compile_ms, fill.queue_ms = outcome.info.compile_ms, outcome.queue_ms
@@ -118,7 +119,7 @@ class RecordCache(_KeyCache[Record]):
 class ModelCaches:
     """One cache per served model, sharing one Redis store (or none: in-process only)."""
 
-    def __init__(self, caches: Mapping[str, _KeyCache], store: RedisStore | None = None) -> None:
+    def __init__(self, caches: Mapping[str, KeyCache], store: RedisStore | None = None) -> None:
         self._caches = dict(caches)
         self.store = store
 
@@ -126,7 +127,7 @@ class ModelCaches:
     def open(cls, domains: Mapping[str, TokenDomain], *, redis_url: str | None = None,
              config: CacheConfig = CacheConfig(), redis_budget_bytes: int | None = None,
              metrics: GrammarMetrics | None = None,
-             cache_type: type[_KeyCache] = GrammarCache) -> "ModelCaches":
+             cache_type: type[KeyCache] = GrammarCache) -> "ModelCaches":
         """Caches of `cache_type` for `domains` (model name -> token domain). Without
         `redis_url` nothing is shared; `redis_budget_bytes` defaults to `config.cache_bytes`."""
         metrics = metrics if metrics is not None else GrammarMetrics()
@@ -149,7 +150,7 @@ class ModelCaches:
                                  f"{', '.join(self._caches) or '(none)'}", field="model")
         return cache
 
-    def values(self) -> list[_KeyCache]:
+    def values(self) -> list[KeyCache]:
         return list(self._caches.values())
 
     async def shutdown(self) -> None:

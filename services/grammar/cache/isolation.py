@@ -2,7 +2,7 @@
 
 xgrammar's compile is C++ that Python cannot interrupt, and a legal schema can make it run for
 minutes or grow to gigabytes. Each cold-compile slot of a model has one long-lived child
-(`services.grammar.compile_child`) holding the model's vocabulary index. The parent sends it a
+(`services.grammar.cache.compile_child`) holding the model's vocabulary index. The parent sends it a
 constraint and watches it: past `CompileLimits.deadline_s`, or with its resident memory grown by
 more than `CompileLimits.memory_bytes` since the compile began, the child is killed (SIGKILL) and
 the request gets `ConstraintTooComplex` naming the limit; the next compile starts a fresh child.
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from services.grammar.limits import CompileLimits, StorePolicy
-from services.grammar.records import BuildInfo
+from services.grammar.cache.limits import CompileLimits, StorePolicy
+from services.grammar.cache.records import BuildInfo
 from shared.errors import ConstraintTooComplex, InternalError, error_from_dict
 from shared.frontends.token_domain import TokenDomain
 from shared.logging import get_logger
@@ -75,7 +75,7 @@ class _Child:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.grammar.compile_child",
+            sys.executable, "-m", "services.grammar.cache.compile_child",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
         await self.send(("init", domain, policy))
         kind, _ = await self.receive()

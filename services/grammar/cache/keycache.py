@@ -1,6 +1,6 @@
 """One flight per key: L1, upstream, Redis records, build locks and publishing, for both caches.
 
-`_KeyCache` is the logic that `GrammarCache` and `RecordCache` (`services.grammar.cache`, whose
+`KeyCache` is the logic that `GrammarCache` and `RecordCache` (`cache/grammar_cache.py`, whose
 docstring describes the lookup order) share; they say what a value is.
 """
 
@@ -11,12 +11,12 @@ import time
 from collections import OrderedDict
 from typing import Any, Generic
 
-from services.grammar.builders import BuildOutcome, Builder
-from services.grammar.cache_types import (CacheConfig, Cached, CompileStats, Upstream,
-                                          UpstreamUnavailable, V, _Fill, _LRU)
+from services.grammar.cache.builders import BuildOutcome, Builder
+from services.grammar.cache.cache_types import (CacheConfig, Cached, CompileStats, Upstream,
+                                          UpstreamUnavailable, V, Fill, LRU)
 from services.grammar.compiler import Framed, ModelCompiler, cache_key, framed, framing_of
-from services.grammar.records import Record
-from services.grammar.store import RedisStore, StoreUnavailable
+from services.grammar.cache.records import Record
+from services.grammar.cache.store import RedisStore, StoreUnavailable
 from shared.errors import ConstraintTooComplex, Overloaded, RequestError, ServiceUnavailable
 from shared.frontends.token_domain import TokenDomain
 from shared.logging import get_logger
@@ -25,7 +25,7 @@ from shared.metrics import GrammarMetrics
 log = get_logger(__name__)
 
 
-class _KeyCache(Generic[V]):
+class KeyCache(Generic[V]):
     """The shared logic; subclasses say what a value is (`_size`, `_value_of`, `_from_build`)."""
 
     def __init__(self, compiler: ModelCompiler, *, model: str | None = None,
@@ -37,7 +37,7 @@ class _KeyCache(Generic[V]):
         self.config = config
         self.metrics = metrics if metrics is not None else GrammarMetrics()
         self.builder = Builder(compiler, config, self.metrics, self.model)
-        self._l1: _LRU[V] = _LRU(config.cache_bytes, self._size)
+        self._l1: LRU[V] = LRU(config.cache_bytes, self._size)
         self._flights: dict[str, asyncio.Task] = {}
         self._publishing: set[asyncio.Task] = set()  # records being written to Redis
         self._rejected: OrderedDict[str, tuple[ConstraintTooComplex, float]] = OrderedDict()
@@ -49,11 +49,11 @@ class _KeyCache(Generic[V]):
     def _size(self, value: V) -> int:
         raise NotImplementedError
 
-    async def _value_of(self, record: Record, constraint: Any, fill: _Fill) -> V | None:
+    async def _value_of(self, record: Record, constraint: Any, fill: Fill) -> V | None:
         """The value of a Record found in Redis or upstream; None when unusable."""
         raise NotImplementedError
 
-    async def _from_build(self, constraint: Any, fill: _Fill) -> tuple[V, BuildOutcome]:
+    async def _from_build(self, constraint: Any, fill: Fill) -> tuple[V, BuildOutcome]:
         raise NotImplementedError
 
     # -- public ------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ class _KeyCache(Generic[V]):
         if value is not None:
             self.metrics.count_compile(self.model, "l1")
             return Cached(key, value, CompileStats("l1", False, False, 0.0,
-                                                   total_ms=_ms_since(start)))
+                                                   total_ms=ms_since(start)))
         self._check_rejected(key)
         task = self._flights.get(key)
         owner = task is None
@@ -114,7 +114,7 @@ class _KeyCache(Generic[V]):
         except (RequestError, ServiceUnavailable):
             self.metrics.count_compile(self.model, "error")
             raise
-        total = _ms_since(start)
+        total = ms_since(start)
         if not owner:
             self.metrics.count_compile(self.model, "shared")
             return Cached(key, value, CompileStats(None, False, True, 0.0, total_ms=total,
@@ -149,7 +149,7 @@ class _KeyCache(Generic[V]):
         record = None if data is None else await self._decode_record(key, data)
         if record is None or (record.blob is None and not self.verdicts_are_values):
             return None
-        value = await self._value_of(record, None, _Fill())
+        value = await self._value_of(record, None, Fill())
         if value is not None:
             self._put_l1(key, value)
         return value
@@ -191,8 +191,8 @@ class _KeyCache(Generic[V]):
         return task
 
     async def _fill(self, key: str, constraint: Any, framing: str,
-                    upstream: Upstream | None) -> tuple[V, _Fill]:
-        fill = _Fill()
+                    upstream: Upstream | None) -> tuple[V, Fill]:
+        fill = Fill()
         value = None
         if upstream is not None:
             try:
@@ -234,7 +234,7 @@ class _KeyCache(Generic[V]):
                 pass
 
     async def _from_store(self, key: str, data: bytes | None, constraint: Any,
-                          fill: _Fill) -> V | None:
+                          fill: Fill) -> V | None:
         record = None if data is None else await self._decode_record(key, data)
         if record is None:
             return None
@@ -243,7 +243,7 @@ class _KeyCache(Generic[V]):
             await self._discard(key, ValueError("blob did not load"))
         return value
 
-    async def _fill_shared(self, key: str, constraint: Any, fill: _Fill) -> V | None:
+    async def _fill_shared(self, key: str, constraint: Any, fill: Fill) -> V | None:
         """A Redis record, or a build under the key's lock. Raises StoreUnavailable only before
         building; returns None when the caller should build in process (read-only mode)."""
         store, vocab = self.store, self.domain.vocab_id
@@ -336,5 +336,5 @@ class _KeyCache(Generic[V]):
 
 
 
-def _ms_since(start: float) -> float:
+def ms_since(start: float) -> float:
     return (time.perf_counter() - start) * 1000.0

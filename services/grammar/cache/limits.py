@@ -1,7 +1,7 @@
 """Bounds on cold compiles: the compile limits, the store policy and the cold-compile slots.
 
 - `CompileLimits`: every compile gets a deadline and a memory budget. They are enforced where a
-  compile can be stopped, a child process (`services.grammar.isolation`); a compile that goes
+  compile can be stopped, a child process (`services.grammar.cache.isolation`); a compile that goes
   past either is killed and the request gets `ConstraintTooComplex` naming the limit.
 - `StorePolicy`: a compiled grammar is kept (Redis, the service's L1) and shipped to workers only
   when loading it is predicted to be at least `min_speedup` times faster than compiling it

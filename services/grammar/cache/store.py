@@ -2,7 +2,7 @@
 
 Layout (all names start with `prefix`, default "infernix:grammar"):
 
-- `{prefix}:{vocab_id}:{format}:g:{key}`    an encoded `services.grammar.records.Record`: the build
+- `{prefix}:{vocab_id}:{format}:g:{key}`    an encoded `cache.records.Record`: the build
                                             verdict and, when the store policy keeps it, the blob;
 - `{prefix}:{vocab_id}:{format}:lock:{key}` the build lock of that key (SET NX PX, a random token);
 - `{prefix}:lru` (sorted set: blob name -> logical clock of its last use), `{prefix}:size` (hash:
@@ -34,7 +34,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from services.grammar.records import BLOB_FORMAT
+from services.grammar.cache.records import BLOB_FORMAT
 from shared.logging import get_logger
 
 log = get_logger(__name__)

@@ -3,8 +3,8 @@
 Two engines run constraints (the rule that picks one per compiled grammar: docs/constraint-engines.md):
 
 - `xgrammar` (engine of record): GBNF with token terminals, regex, choice, tool framing, and every
-  grammar the other engine does not take (`services.grammar.engine_xgrammar`);
-- `llguidance`: JSON Schema and json_object content (`services.grammar.engine_llguidance`), a
+  grammar the other engine does not take (`engine_xgrammar.py`);
+- `llguidance`: JSON Schema and json_object content (`engine_llguidance.py`), a
   lexer-based engine whose bitmasks have the same packed layout.
 
 Nothing outside `services/grammar/` needs to know which one runs. The contract every engine keeps:
@@ -43,8 +43,8 @@ Matcher (one request's state; one thread at a time):
     with Token(id) (xgrammar only), and never an EOS id where the language cannot end.
 
 fill_masks(matchers, out, rows, filler)   several matchers' fill_mask in one call (the Program's
-                                     batched ordinary decode step); `filler` is a MaskFiller,
-                                     which owns each engine's thread pool.
+                                     batched ordinary decode step; engines/batch.py); `filler`
+                                     is a MaskFiller, which owns each engine's thread pool.
 
 Lookahead for K drafts (design document section 7) is the caller's loop over fill_mask /
 accept_token and one rollback(accepted); both engines' rollback is O(tokens rolled back).
@@ -147,49 +147,5 @@ def lookahead_extent(out: Any, row: int, drafts: Sequence[int], domain: TokenDom
     return n
 
 
-class MaskFiller:
-    """Batched mask fills for matchers of any engine (one per Program; not thread-safe).
-
-    `max_threads`: each engine's worker threads for a batch ("auto": the engines' defaults)."""
-
-    def __init__(self, max_threads: int | str = "auto") -> None:
-        self.max_threads = max_threads
-        self._pools: dict[str, Any] = {}
-
-    def pool(self, engine: str) -> Any:
-        if engine not in self._pools:
-            if engine == XGRAMMAR:
-                from services.grammar.engine_xgrammar import batch_pool
-            else:
-                from services.grammar.engine_llguidance import batch_pool
-            self._pools[engine] = batch_pool(self.max_threads)
-        return self._pools[engine]
-
-
-def fill_masks(matchers: Sequence[Matcher], out: Any, rows: Sequence[int],
-               filler: MaskFiller) -> None:
-    """`matchers[k].fill_mask(out, rows[k])` for every k, in one call per engine.
-
-    `out`: [N, ceil(V/32)] int32 contiguous CPU buffer; rows must be distinct. Raises
-    InternalError on a wrong buffer or row."""
-    if len(matchers) != len(rows):
-        raise InternalError(f"{len(matchers)} matchers for {len(rows)} rows")
-    if len(set(rows)) != len(rows):
-        raise InternalError("fill_masks rows must be distinct")
-    by_engine: dict[str, tuple[list[Matcher], list[int]]] = {}
-    for m, r in zip(matchers, rows):
-        group = by_engine.setdefault(m.engine, ([], []))
-        group[0].append(m)
-        group[1].append(r)
-    for engine, (ms, rs) in by_engine.items():
-        if engine == XGRAMMAR:
-            from services.grammar.engine_xgrammar import batch_fill
-        elif engine == LLGUIDANCE:
-            from services.grammar.engine_llguidance import batch_fill
-        else:
-            raise InternalError(f"unknown constraint engine {engine!r}")
-        batch_fill(filler.pool(engine), ms, out, rs)
-
-
-__all__ = ["CompiledConstraint", "ENGINES", "LLGUIDANCE", "MaskFiller", "Matcher", "XGRAMMAR",
-           "buffer_address", "check_mask_buffer", "fill_masks", "lookahead_extent"]
+__all__ = ["CompiledConstraint", "ENGINES", "LLGUIDANCE", "Matcher", "XGRAMMAR", "buffer_address",
+           "check_mask_buffer", "lookahead_extent"]

@@ -1,4 +1,4 @@
-"""The llguidance engine behind `services.grammar.engine`'s interface.
+"""The llguidance engine behind `services.grammar.engines.engine`'s interface.
 
 The vocabulary (`lltokenizer(domain)`, built once per domain, ~1 s for Qwen3.5): every id's raw
 bytes; EOS, control, never-generable ids and the padding rows past the token list are llguidance
@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import llguidance as llg
 
-from services.grammar.engine import (
+from services.grammar.engines.engine import (
     LLGUIDANCE, CompiledConstraint, Matcher, buffer_address, check_mask_buffer, lookahead_extent,
 )
 from shared.errors import InternalError

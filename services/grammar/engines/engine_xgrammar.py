@@ -1,4 +1,4 @@
-"""The xgrammar engine behind `services.grammar.engine`'s interface.
+"""The xgrammar engine behind `services.grammar.engines.engine`'s interface.
 
 A `CompiledGrammar` compiled against `TokenDomain.tokenizer_info()` (the domain's explicit special
 classes: EOS as stop tokens, control tokens reachable only by Token(id), never-generable ids with
@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 import xgrammar as xgr
 
-from services.grammar.engine import (
+from services.grammar.engines.engine import (
     XGRAMMAR, CompiledConstraint, Matcher, buffer_address, check_mask_buffer, lookahead_extent,
 )
 from shared.errors import InternalError

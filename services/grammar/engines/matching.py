@@ -2,7 +2,7 @@
 
 Used by the CLI (`grammar check --instances`, `grammar sample`), the benchmark and the tests. These
 are the same matcher operations the worker performs per token, run on the CPU, through the engine
-interface (`services.grammar.engine`); a bare xgrammar `CompiledGrammar` is accepted too (tests
+interface (`engines/engine.py`); a bare xgrammar `CompiledGrammar` is accepted too (tests
 compile some directly).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import xgrammar as xgr
 
-from services.grammar.engine import CompiledConstraint, Matcher
+from services.grammar.engines.engine import CompiledConstraint, Matcher
 from shared.frontends.token_domain import TokenDomain
 
 
@@ -23,7 +23,7 @@ def _matcher(compiled: CompiledConstraint | xgr.CompiledGrammar, domain: TokenDo
              ) -> Matcher:
     if isinstance(compiled, CompiledConstraint):
         return compiled.matcher()
-    from services.grammar.engine_xgrammar import XgrammarConstraint
+    from services.grammar.engines.engine_xgrammar import XgrammarConstraint
 
     if domain is None:
         raise TypeError("a bare xgrammar CompiledGrammar needs its token domain")

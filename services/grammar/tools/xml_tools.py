@@ -1,5 +1,5 @@
 """The tool grammar of the Qwen3.5 XML format (literals and value rules: shared/frontends/formats/
-qwen_xml.py), from the same `ToolSpec` as the Hermes grammar (services/grammar/tools.py).
+qwen_xml.py), from the same `ToolSpec` as the Hermes grammar (services/grammar/tools/hermes.py).
 
 A call is `Token(<tool_call>) "\\n<function=NAME>\\n" ARGS "</function>\\n" Token(</tool_call>)`;
 further calls follow after one newline; once in the call sequence only further calls and EOS are
@@ -31,8 +31,8 @@ from services.grammar.regex.tree import ebnf_literal
 from services.grammar.schema import make_emitter, schema_to_ebnf, tool_argument_parts
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import NoValue, ObjectType, ReducedSchema
-from services.grammar.tools import ToolSpec, embed
-from services.grammar.xml_values import JSON, MIXED, NEVER, RAW, RawStrings, parameter_kind, \
+from services.grammar.tools.hermes import ToolSpec, embed
+from services.grammar.tools.xml_values import JSON, MIXED, NEVER, RAW, RawStrings, parameter_kind, \
     resolve
 from shared.contract import ConstraintKind, ToolDefinition, ToolMode
 from shared.frontends.formats.qwen_xml import (
