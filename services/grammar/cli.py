@@ -21,6 +21,7 @@ import random
 import sys
 from typing import Any, Iterable, TextIO
 
+from services.constraint_flags import add_constraint_args, constraints_from_args, read_text_file
 from services.settings import UsageError, add_settings, default, switch
 from shared.contract import OutputConstraint
 from shared.errors import InfernixError, InvalidRequest
@@ -28,54 +29,6 @@ from shared.frontends import MODELS, get_domain
 
 EXIT_OK = 0
 EXIT_REJECTED = 2
-
-
-def add_constraint_args(p: argparse.ArgumentParser, *, many_files: bool) -> None:
-    nargs = "+" if many_files else None
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--json-schema-file", nargs=nargs, metavar="F", help="JSON Schema file(s)")
-    group.add_argument("--grammar-file", nargs=nargs, metavar="F", help="GBNF file(s), entry rule root")
-    group.add_argument("--regex", metavar="R", help="whole-content regex")
-    group.add_argument("--choice", action="append", metavar="C", help="one literal option; repeat")
-    group.add_argument("--json-object", action="store_true", help="any JSON object")
-    p.add_argument("--json-whitespace", choices=("any", "compact", "indented"), default=None,
-                   help="whitespace between JSON tokens: any (runs of at most 32), compact "
-                        "(none) or indented (2-space layout); default: the model's default")
-
-
-def _read(path: str) -> str:
-    """The text of a file the command line names; raises UsageError (one line, exit 2)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not UTF-8 text: {exc}") from None
-
-
-def constraints_from_args(args: argparse.Namespace) -> list[tuple[str, OutputConstraint]]:
-    """(label, constraint) pairs; raises InfernixError for bad sources."""
-
-    def listify(v: Any) -> list[str]:
-        return v if isinstance(v, list) else [v]
-
-    ws = getattr(args, "json_whitespace", None)
-    if args.json_schema_file:
-        return [(f, OutputConstraint.json_schema(_read(f), whitespace=ws))
-                for f in listify(args.json_schema_file)]
-    if args.grammar_file:
-        return [(f, OutputConstraint.grammar(_read(f))) for f in listify(args.grammar_file)]
-    if args.regex is not None:
-        return [("regex", OutputConstraint.regex(args.regex))]
-    if args.choice:
-        return [("choice", OutputConstraint.choice(args.choice))]
-    if args.json_object:
-        return [("json_object", OutputConstraint.json_object(whitespace=ws))]
-    raise InvalidRequest(
-        "give one constraint: --json-schema-file, --grammar-file, --regex, --choice or --json-object",
-        field="constraint",
-    )
 
 
 def constraint_from_batch_line(obj: Any) -> OutputConstraint:
@@ -111,7 +64,7 @@ def _error_json(exc: InfernixError) -> dict[str, Any]:
 
 def _read_instances(path: str) -> list[str]:
     out = []
-    for n, line in enumerate(_read(path).splitlines()):
+    for n, line in enumerate(read_text_file(path).splitlines()):
         if not line.strip():
             continue
         try:
@@ -149,7 +102,7 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     status = EXIT_OK
     if args.batch:
-        lines: Iterable[str] = [ln for ln in _read(args.batch).splitlines() if ln.strip()]
+        lines: Iterable[str] = [ln for ln in read_text_file(args.batch).splitlines() if ln.strip()]
         compiler = ModelCompiler(get_domain(args.model))
         for line in lines:
             result: dict[str, Any]
