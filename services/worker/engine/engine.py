@@ -120,8 +120,7 @@ class Engine:
                                kv_cache_tokens=config.kv_cache_tokens)
         self.drafter = make_drafter(config.speculative, config.num_draft_tokens, self.program)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
-                                   on_admit=self.metrics.queue_seconds.observe,
-                                   split_at_block=self.program.snapshot_block)
+                                   on_admit=self.metrics.queue_seconds.observe)
         self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget,
                                   self.speculation)
         self.steps = 0
@@ -219,7 +218,8 @@ class Engine:
                 "steps": self.steps,
                 "prefix_cache": {"enabled": self.program.prefix_cache,
                                  "hit_rate": round(stats.hit_rate, 4),
-                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions},
+                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions,
+                                 "state_snapshots": stats.snapshots},
                 **({"speculative": self.config.speculative,
                     "speculation": self.speculation.to_dict(self.program.draft_wait_seconds)}
                    if self.drafter else {})}
