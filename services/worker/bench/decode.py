@@ -254,7 +254,8 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     if breakdown is not None:
         targets.update(_issue14_targets(rows, first))
     return {"results": rows, "reference": None if reference is None else {
-        "max_tokens": reference["max_tokens"], "logits_check": reference["logits_check"]},
+        "max_tokens": reference["max_tokens"], "warmup": reference["warmup"],
+        "logits_check": reference["logits_check"]},
             "targets": targets, "breakdown": None if breakdown is None else {
                 k: v for k, v in breakdown.items() if k != "rows"}}
 
