@@ -53,7 +53,7 @@ class DecodeBenchOptions:
     warmup_tokens: int = 4  # output tokens of the warm-up rounds, >= 2
     compare_unfused: bool = False  # also run the op-by-op model path + general greedy sampling
     compare_serial: bool = False  # also run the fused path with the engine's pipeline off
-    breakdown: bool = False  # the device step breakdown and memory floor (bench/breakdown.py)
+    breakdown: bool = False  # the device step breakdown and memory floor (its breakdown.py)
 
     @property
     def paths(self) -> tuple[str, ...]:
