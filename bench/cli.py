@@ -17,6 +17,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_parser(sub)
     add_spec_parser(sub)
     add_prefix_parser(sub)
+    # bench/serve.py imports only aiohttp at run time: its parser is cheap to build
+    from bench.serve import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -9,20 +9,11 @@ of tests/import_graph.py (every import statement, module-level and function-leve
 - bench/ imports downwards only: no module of the product imports it, except services/cli.py
   adding the `infernix bench ...` commands from bench/cli.py;
 - "no import cycles": none between modules, and none between rooms (a folder, or a module beside
-  sub-folders) beyond KNOWN_ROOM_CYCLES, which lists the cycles still being taken apart."""
+  sub-folders)."""
 
 from __future__ import annotations
 
 from tests import import_graph as ig
-
-# Room cycles still being taken apart; each entry says which imports make it. A cycle not listed
-# fails; a listed one that is gone fails too, so the list only shrinks.
-KNOWN_ROOM_CYCLES = [
-    # Program.__init__ builds the MTP and DFlash proposers (function-level imports of spec.mtp
-    # and spec.dflash), and spec/ reads program/batch.py's StepBatch.
-    ["services.worker.program", "services.worker.spec"],
-]
-
 
 def _runtime_edges():
     return [e for e in ig.edges() if not e.type_checking]
@@ -92,12 +83,9 @@ def test_no_import_cycle_between_modules():
     assert ig.cycles(ig.graph()) == []
 
 
-def test_no_import_cycle_between_rooms_but_the_known():
+def test_no_import_cycle_between_rooms():
     found = ig.cycles(ig.room_graph())
     edges = ig.room_edges()
-    new = [c for c in found if c not in KNOWN_ROOM_CYCLES]
     detail = "\n".join(_where(es) for (a, b), es in sorted(edges.items())
-                       for c in new if a in c and b in c)
-    assert not new, f"room cycles {new}:\n{detail}"
-    gone = [c for c in KNOWN_ROOM_CYCLES if c not in found]
-    assert not gone, f"these cycles are gone: take them off KNOWN_ROOM_CYCLES: {gone}"
+                       for c in found if a in c and b in c)
+    assert not found, f"room cycles {found}:\n{detail}"

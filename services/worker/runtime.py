@@ -112,8 +112,7 @@ def _load_hf_runtime(path: str, *, device: str | torch.device,
     from services.worker.models.hf_loading import load_hf_model
     from services.worker.models.qwen35_loading import is_qwen35_checkpoint
 
-    if is_qwen35_checkpoint(path):  # hybrid GDN model: its own loader (the frontend: the
-        # checkpoint's own tokenizer files and template, else the built-in Qwen3.5 one)
+    if is_qwen35_checkpoint(path):  # hybrid GDN model: its own loader
         from services.worker.models.qwen35_loading import load_qwen35_model
 
         model, config = load_qwen35_model(path, dtype, device)
