@@ -46,8 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="default: 1 (CPU), 1 8 (CUDA)")
     p.add_argument("--reference-max-tokens", type=int, metavar="N", help="default: --max-tokens")
     p.add_argument("--compare-unfused", action="store_true",
-                   help="first run the engine on the op-by-op model path with the general greedy "
-                   "sampler (the before), then the fused path, in one run")
+                   help="first run the engine on the op-by-op model path (the reference the fused "
+                   "path is tested against), then the fused path, in one run")
     p.add_argument("--compare-serial", action="store_true",
                    help="also run the fused path with the engine's pipeline off (launch step n+1 "
                    "only after step n's commit), before the pipelined one, in one run")

@@ -51,14 +51,14 @@ class DecodeBenchOptions:
     reference_max_tokens: int | None = None  # None: max_tokens
     cuda_graphs: bool = True  # our engine's decode graphs (CUDA only)
     warmup_tokens: int = 4  # output tokens of the warm-up rounds, >= 2
-    compare_unfused: bool = False  # also run the op-by-op model path + general greedy sampling
+    compare_unfused: bool = False  # also run the op-by-op model path (the model's reference)
     compare_serial: bool = False  # also run the fused path with the engine's pipeline off
     breakdown: bool = False  # the device step breakdown and memory floor (its breakdown.py)
 
     @property
     def paths(self) -> tuple[str, ...]:
-        """Engine paths the rounds run, the befores first: "unfused" (op-by-op model, general
-        greedy sampler, no pipeline), "serial" (fused model, the pipeline off), "fused" (the
+        """Engine paths the rounds run, the befores first: "unfused" (op-by-op model, no
+        pipeline; the greedy sampler as in production), "serial" (fused model, the pipeline off), "fused" (the
         production path: the fused model path and, on CUDA, the engine's pipeline) always."""
         return (("unfused",) if self.compare_unfused else ()) + \
             (("serial",) if self.compare_serial else ()) + ("fused",)
@@ -151,7 +151,6 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
     if hasattr(model, "fused"):
         model.fused = path != "unfused"  # before the engine captures its graphs
     client = open_in_process(runtime, config)
-    client.engine.program.sampler.fast_greedy = path != "unfused"
     try:
         for schema in schemas:  # compile outside every timed round
             await client.engine.grammar.compile(OutputConstraint.json_schema(schema), model=runtime.name)

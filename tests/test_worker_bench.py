@@ -86,7 +86,7 @@ def test_bench_decode_command_line():
 
 def test_bench_decode_compares_the_unfused_path():
     """Issue 14: before and after from one run. `compare_unfused` runs the engine first on the
-    op-by-op model path with the general greedy sampler, then on the fused path: both produce
+    op-by-op model path, then on the fused path: both produce
     the same greedy texts, and the report carries the per-mode speedup."""
     domain = byte_domain()
     runtime = random_qwen3_runtime(domain, ByteTokenizer(domain), name="tiny-qwen3", shape=TINY,
