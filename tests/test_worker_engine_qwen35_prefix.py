@@ -17,12 +17,19 @@ import torch
 
 from services.worker.runtime import load_runtime
 from shared.contract import OutputConstraint
-from shared.generation import ChatMessage, GenerateRequest, PromptInput, RequestOptions, SamplingParams
+from shared.generation import (
+    ChatMessage,
+    GenerateRequest,
+    PromptInput,
+    RequestOptions,
+    SamplingParams,
+)
 from tests.qwen35_support import assert_close, hf_causal_lm
 from tests.worker_support import collect, greedy, open_client
 
-WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima mike "
-         "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
+         "juliett", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo",
+         "sierra", "tango", "uniform", "victor", "whiskey", "xray", "yankee", "zulu")
 SYSTEM = "You are a careful assistant. Rules: " + " ".join(
     f"{WORDS[i % 26]}-{i}" for i in range(60))  # ~300 tokens rendered
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],

@@ -26,8 +26,13 @@ from services.worker.bench.stats import ms, p50, ratio
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime
-from shared.generation import (ChatMessage, GenerateRequest, PromptInput, RequestOptions,
-                               SamplingParams)
+from shared.generation import (
+    ChatMessage,
+    GenerateRequest,
+    PromptInput,
+    RequestOptions,
+    SamplingParams,
+)
 
 _TOPICS = ("lighthouses", "glaciers", "printing presses", "river deltas", "clockmakers",
            "salt marshes", "observatories", "canal locks")
