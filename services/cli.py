@@ -5,7 +5,7 @@
     infernix grammar check|sample|serve|health
     infernix worker serve|health        the gRPC worker
     infernix gateway serve --worker ADDR [--worker ADDR ...]
-    infernix bench grammar|decode|spec|prefix  benchmarks writing JSON
+    infernix bench grammar|decode|spec|prefix|serve  benchmarks writing JSON
 
 Every flag is also an environment variable named after it: --redis-url is INFERNIX_REDIS_URL.
 Building the parser imports nothing heavy (no torch, xgrammar or transformers): `--help` answers
@@ -18,7 +18,7 @@ import argparse
 import asyncio
 import sys
 
-from services.settings import UsageError, add_settings
+from services.settings import UsageError, add_settings, switch
 
 ENDPOINTS = "OpenAI /v1/chat/completions, /v1/responses; Anthropic /v1/messages"
 
@@ -157,15 +157,13 @@ def run_worker_health(args: argparse.Namespace) -> int:
 
 
 def run_gateway_serve(args: argparse.Namespace) -> int:
-    import os
-
     from services.gateway import serve as serve_gateway
     from services.gateway.pool import WorkerPool
     from services.worker.remote import GrpcWorkerClient
     from shared.logging import configure_logging
 
     configure_logging(args.log_level)
-    addresses = args.worker or [a for a in os.environ.get("INFERNIX_WORKERS", "").split(",") if a]
+    addresses = args.worker or [a for a in switch("workers").split(",") if a]
     if not addresses:
         raise UsageError("gateway serve: give at least one --worker HOST:PORT "
                          "(or INFERNIX_WORKERS=HOST:PORT,...)")
@@ -238,7 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     decode_bench_cli.add_parser(bsub)
     decode_bench_cli.add_spec_parser(bsub)
     decode_bench_cli.add_prefix_parser(bsub)
+    _add_serve_bench_parser(bsub)
     return parser
+
+
+def _add_serve_bench_parser(bsub) -> None:
+    # bench/serve.py imports only aiohttp at run time: its parser is cheap to build
+    from bench.serve import add_parser
+
+    add_parser(bsub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -234,7 +234,8 @@ def test_the_companion_clears_a_repeated_name_in_the_session_masks(served):
 
     runtime, _ = served
     domain = runtime.domain
-    spec = ToolSpec(TOOLS, ToolChoice.named("note"))
+    # auto: a forced call would follow note's schema, whose declared order forbids repeats itself
+    spec = ToolSpec(TOOLS, ToolChoice(ToolMode.AUTO, ("note",)))
     grammar = in_process_client({"x": domain})
     compiled = asyncio.run(grammar.compile(spec, model="x", framing=QWEN_XML.framing)).grammar
     names = ParameterNameConstraint(NameIndex.of(domain), domain.special_id("<tool_call>"),

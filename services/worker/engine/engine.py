@@ -126,8 +126,7 @@ class Engine:
         if self.proposer is not None:
             self.program.use(self.proposer)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
-                                   on_admit=self.metrics.queue_seconds.observe,
-                                   split_at_block=self.program.snapshot_block)
+                                   on_admit=self.metrics.queue_seconds.observe)
         self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget,
                                   self.speculation)
         self.steps = 0
@@ -216,13 +215,14 @@ class Engine:
                 "steps": self.steps,
                 "prefix_cache": {"enabled": self.program.prefix_cache,
                                  "hit_rate": round(stats.hit_rate, 4),
-                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions},
+                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions,
+                                 "state_snapshots": stats.snapshots},
                 **({"speculative": self.config.speculative,
                     "speculation": self.speculation.to_dict(self.program.draft_wait_seconds)}
                    if self.proposer else {})}
 
     def _admission(self) -> None:
-        """A bounded waiting queue: beyond it the caller is told to come back (issue 12). An
+        """A bounded waiting queue: beyond it the caller is told to come back (Overloaded). An
         admitted request counts as live from here on (`_preparing` until it is queued)."""
         lanes = self.program.max_batch
         with self._lock:

@@ -89,9 +89,16 @@ def check_options(request: GenerateRequest, frontend: Frontend) -> ToolSpec | No
     forbidden, a text opener cannot).
 
     Raises InvalidToolDefinition / InvalidRequest (tools, tool_choice, stop_token_ids),
-    Unsupported (tools with a raw text prompt), ConflictingConstraint (stop strings or stop ids
-    with a constrained output, a GBNF/regex/choice constraint with active tools)."""
+    Unsupported (tools with a raw text prompt, thinking asked of a model without it),
+    ConflictingConstraint (stop strings or stop ids with a constrained output, a
+    GBNF/regex/choice constraint with active tools)."""
     options, prompt = request.options, request.prompt
+    if frontend.thinking is None:  # the control would change nothing: refused, never ignored
+        for name, asked in (("thinking_budget", options.thinking_budget is not None),
+                            ("enable_thinking", prompt.enable_thinking is True)):
+            if asked:
+                raise Unsupported(f"model {frontend.name!r} has no thinking mode: a thinking or "
+                                  "reasoning setting cannot apply to it", field=name)
     domain = frontend.domain
     tool_spec = None
     if prompt.tools:
@@ -123,7 +130,8 @@ def _tool_stream(request: GenerateRequest, tool_spec: ToolSpec | None,
     if tool_spec is not None:
         # The value contract the grammar was built from. With a JSON union the decoder still
         # reads calls; JSON content has no opener.
-        codings = argument_codings(tool_spec.allowed()) if fmt.coded_arguments else None
+        codings = argument_codings(tool_spec.allowed(), forced=tool_spec.forced) \
+            if fmt.coded_arguments else None
         return fmt.stream(constrained=True, codings=codings)
     prompt = request.prompt
     if prompt.tools and request.options.tool_choice.mode is not ToolMode.NONE:

@@ -28,11 +28,8 @@ from services.worker.request import Request
 
 class Scheduler:
     def __init__(self, prefill_chunk: int, preempt_after_s: float | None = None,
-                 on_admit=None, split_at_block: int | None = None) -> None:
+                 on_admit=None) -> None:
         self.prefill_chunk = prefill_chunk
-        # Hybrid models with the prefix cache: a prompt's chunks end once at its last full block
-        # (block size), where the recurrent state is snapshotted (program/blocks.py).
-        self.split_at_block = split_at_block
         self.preempt_after_s = preempt_after_s
         self.on_admit = on_admit  # on_admit(seconds waited): queue-time metrics
         self.waiting: deque[Request] = deque()
@@ -71,13 +68,6 @@ class Scheduler:
             self.resident.append(job)
         return preempted
 
-    def _chunk_limit(self, job: Request, budget: int) -> int:
-        bs = self.split_at_block
-        if bs is None or job.output_ids:
-            return budget
-        boundary = (job.prefill_end - 1) // bs * bs
-        return min(budget, boundary - job.num_cached) if job.num_cached < boundary else budget
-
     @staticmethod
     def _cached_prefix(program: Program, lane: int, job: Request) -> int:
         # A fresh request recomputes at least its last prompt token, whose logits it samples its
@@ -111,8 +101,8 @@ class Scheduler:
     def schedule(self) -> StepBatch | None:
         """The next step's rows, or None when nothing is resident."""
         # Shortest remaining prompt first: a short request admitted beside a long prompt is
-        # prefilled in the next prefill step instead of after the long one's last chunk (issue 12
-        # item 7: a long prompt delays others by at most one chunk). Resident rows are bounded by
+        # prefilled in the next prefill step instead of after the long one's last chunk (a long
+        # prompt delays others by at most one chunk). Resident rows are bounded by
         # the lanes, so the long prompt still gets the rest of every step's budget.
         prefill = sorted((j for j in self.resident if j.in_prefill),
                          key=lambda j: j.prefill_end - j.num_cached)
@@ -123,7 +113,7 @@ class Scheduler:
             for j in prefill:
                 if budget <= 0:
                     break
-                chunk = tuple(j.next_input(self._chunk_limit(j, budget)))
+                chunk = tuple(j.next_input(budget))
                 budget -= len(chunk)
                 end = j.num_cached + len(chunk)
                 rows.append(BatchRow(j, chunk, j.num_cached,

@@ -16,7 +16,7 @@ from services.worker.models.qwen35 import Qwen35Model
 from services.worker.models.qwen35_config import Qwen35Config
 from services.worker.models.rope import RopeConfig
 
-# The Qwen3.5-9B text model (notes/models.md section 1; transformers' Qwen3_5TextConfig defaults).
+# The Qwen3.5-9B text model (transformers' Qwen3_5TextConfig defaults).
 QWEN35_9B: dict[str, Any] = dict(
     vocab_size=248_320, hidden_size=4096, intermediate_size=12288,
     layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(32)),
