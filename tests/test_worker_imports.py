@@ -44,7 +44,7 @@ def test_the_program_names_no_speculative_backend():
 def test_prepare_names_no_tool_format():
     """What differs between tool formats (codings, the name constraint, the stream's type) is the
     ToolFormat's (shared/frontends/formats/): request preparation imports no format module."""
-    graph = module_imports(ROOT)
+    graph = ig.graph(runtime_only=False)
     formats = {m for m in graph["services.worker.engine.prepare"]
                if m.startswith("shared.frontends.formats.")}
     assert formats == set()
