@@ -118,6 +118,9 @@ def add_prefix_parser(sub: argparse._SubParsersAction) -> None:
                    help="output tokens per request (default: 8)")
     p.add_argument("--prefill-chunk", type=int, default=512,
                    help="engine prefill chunk (default: 512)")
+    p.add_argument("--chat", action="store_true",
+                   help="the document as the system message and each question as the user's "
+                   "(through the chat template) instead of one raw text")
     p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=_run_prefix)

@@ -17,12 +17,19 @@ import torch
 
 from services.worker.runtime import load_runtime
 from shared.contract import OutputConstraint
-from shared.generation import ChatMessage, GenerateRequest, PromptInput, RequestOptions, SamplingParams
+from shared.generation import (
+    ChatMessage,
+    GenerateRequest,
+    PromptInput,
+    RequestOptions,
+    SamplingParams,
+)
 from tests.qwen35_support import assert_close, hf_causal_lm
 from tests.worker_support import collect, greedy, open_client
 
-WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima mike "
-         "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
+         "juliett", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo",
+         "sierra", "tango", "uniform", "victor", "whiskey", "xray", "yankee", "zulu")
 SYSTEM = "You are a careful assistant. Rules: " + " ".join(
     f"{WORDS[i % 26]}-{i}" for i in range(60))  # ~300 tokens rendered
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
@@ -129,3 +136,21 @@ def test_cut_states_equal_the_state_after_feeding_the_prefix_alone(runtime):
         torch.testing.assert_close(state.snap_conv[0, slot], alone.conv[0, committed],
                                    rtol=1e-12, atol=1e-12)
         assert_close(state.snap_conv[:, slot], alone.conv[:, committed], 1e-5, f"{row}@{t}")
+
+
+def test_bench_prefix_chat_finds_most_of_each_shared_system_prompt(runtime):
+    """`infernix bench prefix --chat` (the H200 measures the target with it): every hit, the
+    first one after each cold request included, reports >= 90% of the tokens it shares with the
+    cold prompt as cached."""
+    import argparse
+    import asyncio
+
+    from bench.prefix import _rounds
+
+    args = argparse.Namespace(prefix_tokens=300, repeats=2, hits=2, max_tokens=3,
+                              prefill_chunk=512, chat=True)
+    report = asyncio.run(_rounds(runtime, args, lambda line: None))
+    assert [c["cached_tokens"] for c in report["cold"]] == [0, 0]
+    assert len(report["hits"]) == 4 and all(h["shared_tokens"] >= 280 for h in report["hits"])
+    assert report["targets"]["cached_ge_90pct_of_shared"], report["hits"]
+    assert report["cached_over_shared_min"] >= 0.9
