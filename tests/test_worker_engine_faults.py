@@ -9,9 +9,12 @@ running".
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from shared.contract import ToolChoice, ToolDefinition
+from shared.errors import InternalError
 from shared.frontends.formats import hermes
 from shared.generation import ChatMessage, FinishReason, GenerateRequest, PromptInput
 from tests.worker_support import collect, greedy, open_client, text_request, tiny_runtime
@@ -37,5 +40,85 @@ async def test_a_tool_decoder_bug_fails_its_request_and_the_engine_keeps_serving
         _, after = await collect(client, text_request("after", "hello", greedy(3), runtime.name))
         assert after.finish_reason is FinishReason.LENGTH and after.error is None
         assert client.engine.health()["status"] == "ok"
+    finally:
+        await client.aclose()
+
+
+# ---------------------------------------------------------------- a matcher that raises
+
+from services.grammar import engine_llguidance  # noqa: E402
+from shared.contract import OutputConstraint  # noqa: E402
+
+HEALTHY = {
+    "json": OutputConstraint.json_schema({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12}}, "required": ["name"]}),
+    "regex": OutputConstraint.regex("[a-z]{3,20}"),
+    "free": None,
+}
+POISONED = OutputConstraint.json_schema({"type": "string", "enum": ["poison", "pill"]})
+
+
+def _poison(monkeypatch, where: str) -> None:
+    """Matchers of the POISONED grammar (llguidance: its Lark text names "poison") raise from
+    llguidance itself, as the row limit did: in the batched mask fill (the engine's check after
+    the fill) or in accepting a produced token; every other matcher is untouched."""
+
+    class Poisoned(engine_llguidance.LlguidanceMatcher):
+        checks = accepts = 0
+
+        def _check(self) -> None:
+            self.checks += 1
+            if where == "fill" and self.checks >= 3:  # the first: the initial mask at prepare
+                raise InternalError("llguidance matcher failed: Parser Error: Current row has "
+                                    "5001 items; max is 2000")
+            super()._check()
+
+        def accept_token(self, token: int) -> bool:
+            self.accepts += 1
+            if where == "accept" and self.accepts >= 2:
+                raise RuntimeError("injected: the engine raised while accepting")
+            return super().accept_token(token)
+
+    original = engine_llguidance.LlguidanceConstraint.matcher
+    monkeypatch.setattr(engine_llguidance.LlguidanceConstraint, "matcher",
+                        lambda self: Poisoned(self) if "poison" in self.lark else original(self))
+
+
+async def _run_together(client, runtime, names) -> dict:
+    async def one(name):
+        constraint = POISONED if name == "poisoned" else HEALTHY[name]
+        return await collect(client, text_request(name, f"{name}:", greedy(24, constraint=constraint),
+                                                  runtime.name))
+    results = await asyncio.gather(*(one(n) for n in names))
+    return dict(zip(names, results))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("where", ["fill", "accept"])
+async def test_a_matcher_that_raises_fails_only_its_own_row(monkeypatch, where):
+    """The seed's per-row dead end: "The failed row commits zero tokens this round ... the Engine
+    completes the request with an error ... The other rows complete the batch commit." A matcher
+    failure at decode time (the llguidance row limit, an engine bug) is that row's: the poisoned
+    row fails typed, the healthy rows beside it in the same steps (llguidance, xgrammar and
+    unconstrained) publish exactly what they publish without it, and the engine keeps serving."""
+    runtime = tiny_runtime()
+    client = open_client(runtime, max_batch=4, max_len=256)
+    try:
+        alone = await _run_together(client, runtime, list(HEALTHY))
+        _poison(monkeypatch, where)
+        steps = client.engine.steps
+        together = await _run_together(client, runtime, [*HEALTHY, "poisoned"])
+        assert client.engine.steps > steps
+        for name in HEALTHY:
+            assert together[name][1].error is None, together[name][1].error
+            assert "".join(together[name][0]) == "".join(alone[name][0]), name
+            assert together[name][1].finish_reason is alone[name][1].finish_reason
+        _, failed = together["poisoned"]
+        assert failed.finish_reason is FinishReason.ERROR
+        assert failed.error["type"] == "InternalError"
+        assert "the constraint engine failed at output position" in failed.error["message"]
+        assert client.engine.health()["status"] == "ok"
+        again = await _run_together(client, runtime, ["json"])
+        assert "".join(again["json"][0]) == "".join(alone["json"][0])
     finally:
         await client.aclose()

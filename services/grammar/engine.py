@@ -42,9 +42,11 @@ Matcher (one request's state; one thread at a time):
     A matcher never admits control, never-generable or padding ids unless its grammar names them
     with Token(id) (xgrammar only), and never an EOS id where the language cannot end.
 
-fill_masks(matchers, out, rows, filler)   several matchers' fill_mask in one call (the Program's
+fill_masks(matchers, out, rows, filler) -> {k: exception}
+                                     several matchers' fill_mask in one call (the Program's
                                      batched ordinary decode step); `filler` is a MaskFiller,
-                                     which owns each engine's thread pool.
+                                     which owns each engine's thread pool. The matchers that
+                                     failed come back by index: a failure is its row's alone.
 
 Lookahead for K drafts (design document section 7) is the caller's loop over fill_mask /
 accept_token and one rollback(accepted); both engines' rollback is O(tokens rolled back).
@@ -167,8 +169,11 @@ class MaskFiller:
 
 
 def fill_masks(matchers: Sequence[Matcher], out: Any, rows: Sequence[int],
-               filler: MaskFiller) -> None:
-    """`matchers[k].fill_mask(out, rows[k])` for every k, in one call per engine.
+               filler: MaskFiller) -> dict[int, Exception]:
+    """`matchers[k].fill_mask(out, rows[k])` for every k, in one call per engine. Returns the
+    matchers that failed, by index k, with their exceptions (a matcher's failure is its own
+    row's: when an engine's batched call raises, its matchers are filled one at a time to find
+    which).
 
     `out`: [N, ceil(V/32)] int32 contiguous CPU buffer; rows must be distinct. Raises
     InternalError on a wrong buffer or row."""
@@ -176,19 +181,30 @@ def fill_masks(matchers: Sequence[Matcher], out: Any, rows: Sequence[int],
         raise InternalError(f"{len(matchers)} matchers for {len(rows)} rows")
     if len(set(rows)) != len(rows):
         raise InternalError("fill_masks rows must be distinct")
-    by_engine: dict[str, tuple[list[Matcher], list[int]]] = {}
-    for m, r in zip(matchers, rows):
-        group = by_engine.setdefault(m.engine, ([], []))
-        group[0].append(m)
-        group[1].append(r)
-    for engine, (ms, rs) in by_engine.items():
+    if matchers:  # a wrong buffer is the caller's bug, not a row's failure
+        check_mask_buffer(out, matchers[0].domain)  # type: ignore[attr-defined]
+        for r in rows:
+            buffer_address(out, r)
+    by_engine: dict[str, list[int]] = {}
+    for k, m in enumerate(matchers):
+        by_engine.setdefault(m.engine, []).append(k)
+    failed: dict[int, Exception] = {}
+    for engine, ks in by_engine.items():
         if engine == XGRAMMAR:
             from services.grammar.engine_xgrammar import batch_fill
         elif engine == LLGUIDANCE:
             from services.grammar.engine_llguidance import batch_fill
         else:
             raise InternalError(f"unknown constraint engine {engine!r}")
-        batch_fill(filler.pool(engine), ms, out, rs)
+        try:
+            batch_fill(filler.pool(engine), [matchers[k] for k in ks], out, [rows[k] for k in ks])
+        except Exception:
+            for k in ks:
+                try:
+                    matchers[k].fill_mask(out, rows[k])
+                except Exception as exc:
+                    failed[k] = exc
+    return failed
 
 
 __all__ = ["CompiledConstraint", "ENGINES", "LLGUIDANCE", "MaskFiller", "Matcher", "XGRAMMAR",

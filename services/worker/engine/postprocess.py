@@ -12,9 +12,9 @@ before the worker idles; on the CPU at the end of each step. Each stream's order
 
 Failure rules (design document, section 5):
 - a row whose request was cancelled commits nothing of the round and finishes as cancelled;
-- a row whose result is a constraint dead end or non-finite logits commits zero tokens and
-  finishes with its error, while the other rows commit (in a verification round too, however
-  many drafts it verified);
+- a row whose result is a constraint dead end or non-finite logits, or whose matcher raised
+  (filling its mask or accepting its tokens), commits zero tokens and finishes with its error,
+  while the other rows commit (in a verification round too, however many drafts it verified);
 - a verification row commits the model state of its anchor and accepted prefix only (`_kept`);
 - when a preview fails (the matcher refuses a token its own mask allowed), every preview of the
   batch is restored and the round aborts: nothing commits, the failing row finishes with the
@@ -126,6 +126,8 @@ class Postprocessor:
                 result = self._shortest_stop(job, tokens if cut is None else tokens[:cut])
             if result.failure is not None:
                 round_.failures[i] = result.failure
+                if result.row_only:  # the matcher itself failed: its row alone, zero tokens
+                    continue
                 round_.aborted_by = i
                 return round_
             stop_id = cut is not None and result.accepted == cut
