@@ -19,6 +19,8 @@ Failure rules (design document, section 5):
 - when a preview fails (the matcher refuses a token its own mask allowed), every preview of the
   batch is restored and the round aborts: nothing commits, the failing row finishes with the
   internal error, the others run the same step again;
+- a row whose publication fails (the tool decoder raises reading committed tokens) finishes
+  with the typed error; the other rows publish as usual;
 - when the Program commit fails, no matcher state is confirmed and nothing of the round is
   published: every row of the batch finishes with the internal error.
 """
@@ -179,7 +181,8 @@ class Postprocessor:
                 preview = round_.previews[i]
                 if job.first_token_at is None:
                     job.first_token_at = now
-                self._emit(job, preview.tokens[:preview.result.accepted])
+                if not self._emit(job, preview.tokens[:preview.result.accepted]):
+                    continue  # its publication failed: that request alone ended with the error
                 if preview.result.terminated or preview.stop_id or job.output.stopped:
                     self.finish(job, FinishReason.STOP)
                 elif preview.result.length_cut:
@@ -206,15 +209,24 @@ class Postprocessor:
         job.append_forced(forced)
         job.session.confirm()
         self.metrics.forced_closes.inc()
-        self._emit(job, forced)
-        if result.length_cut:
+        if self._emit(job, forced) and result.length_cut:
             self.finish(job, FinishReason.LENGTH)
 
     # ---------------------------------------------------------------- publication
 
-    def _emit(self, job: Request, tokens: list[int]) -> None:
-        for event in job.output.feed(tokens):
+    def _emit(self, job: Request, tokens: list[int]) -> bool:
+        """Publish committed tokens; False when reading them failed (a decoder bug, a tool stream
+        that cannot read a call): that request ends with the typed error, never the batch."""
+        try:
+            events = job.output.feed(tokens)
+        except Exception as exc:
+            log.exception("publication_failed", request_id=job.request_id)
+            self.finish(job, FinishReason.ERROR, exc if isinstance(exc, InternalError) else
+                        InternalError(f"publishing the output failed: {type(exc).__name__}: {exc}"))
+            return False
+        for event in events:
             self._send(job, event)
+        return True
 
     def _send(self, job: Request, event: GenerationEvent) -> None:
         for gone in self._outbox.add(job.sink, event, job):  # held until flush()
@@ -235,10 +247,10 @@ class Postprocessor:
             for event in output.finish(complete=session.ended_normally):
                 self._send(job, event)
         except InternalError as exc:  # the grammar confirmed a call the decoder cannot read
-            reason, error = FinishReason.ERROR, exc
+            reason, error = FinishReason.ERROR, error or exc
         except Exception as exc:  # a decoder bug fails this request, never the engine thread
             log.exception("tool_stream_finish_failed", request_id=job.request_id)
-            reason, error = FinishReason.ERROR, InternalError(
+            reason, error = FinishReason.ERROR, error or InternalError(
                 f"reading the tool calls failed: {type(exc).__name__}: {exc}")
         calls = output.tool_calls()
         if calls and reason is FinishReason.STOP:

@@ -137,8 +137,8 @@ def _tool_stream(request: GenerateRequest, tool_spec: ToolSpec | None,
     if tool_spec is not None:
         if fmt.framing == qwen_xml.FRAMING:  # the value contract the grammar was built from
             codings = argument_codings(tool_spec.allowed())
-        # With a JSON union the decoder still reads calls; JSON content has no opener.
-        return fmt.stream(constrained=True, codings=codings)
+        # With a JSON union (content OR calls) a call opens only at the start of the output.
+        return fmt.stream(constrained=True, codings=codings, union=tool_spec.content is not None)
     prompt = request.prompt
     if prompt.tools and request.options.tool_choice.mode is not ToolMode.NONE:
         if fmt.framing == qwen_xml.FRAMING:
