@@ -13,3 +13,17 @@ from __future__ import annotations
 
 class IntegrityError(RuntimeError):
     """A runtime integrity failure (see the module docstring); never a request's error."""
+
+
+def check_membership(batch, resident) -> None:
+    """A step's rows are resident requests, each in its own lane (design document: "From unit
+    admission until the PendingBatch is consumed, membership, sequences, block tables and buffers
+    stay stable"); anything else is a broken batch membership: IntegrityError."""
+    lanes = set()
+    members = {id(job) for job in resident}
+    for row in batch.rows:
+        job = row.request
+        if id(job) not in members or job.lane is None or job.lane in lanes:
+            raise IntegrityError(f"broken batch membership: request {job.request_id!r} "
+                                 f"(lane {job.lane}) is not a distinct resident row")
+        lanes.add(job.lane)

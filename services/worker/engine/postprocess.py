@@ -22,7 +22,8 @@ Failure rules (design document, section 5):
 - a row whose publication fails (the tool decoder raises reading committed tokens) finishes
   with the typed error; the other rows publish as usual;
 - when the Program commit fails, no matcher state is confirmed and nothing of the round is
-  published: every row of the batch finishes with the internal error.
+  published; the device state is unknown, so it raises IntegrityError: the Engine's
+  unavailable boundary fails every live request typed and rebuilds the Program.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request, RequestState
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import Outbox
+from services.worker.integrity import IntegrityError
 from services.worker.spec.drafter import SpecCounters
 from shared.errors import InfernixError, InternalError
 from shared.generation import Finished, FinishReason, GenerationEvent, Usage
@@ -91,12 +93,12 @@ class Postprocessor:
                 if not row.request.cancel_requested and i not in round_.failures}
         try:
             self.program.commit(pending, kept)
-        except Exception as exc:  # nothing confirmed, nothing published
-            log.exception("program_commit_failed")
+        except Exception as exc:  # nothing confirmed, nothing published; the device state of
+            log.exception("program_commit_failed")  # the rows is unknown: an integrity failure
             for i in round_.previews:
                 rows[i].request.session.discard()
-            self.fail_batch(pending.batch, InternalError(f"commit failed: {exc}"))
-            return
+            raise IntegrityError(f"the Program commit failed: {type(exc).__name__}: {exc}") \
+                from exc
         for i, n in kept.items():
             self._confirm(pending, i, round_.previews.get(i), n)
         self._publish(pending.batch, round_)
