@@ -404,8 +404,7 @@ class Engine:
         self.pipeline.drop()
         error = ServiceUnavailable(f"the worker lost its integrity and is recovering: {exc}",
                                    service="worker", retry_after_s=5.0)
-        self._take_inbox(block=False)
-        for job in self.scheduler.live():
+        for job in self.scheduler.live():  # (the inbox's requests go to the new Program)
             job.lane = None  # the lanes go with the old Program
             self.post.finish(job, FinishReason.ERROR, error)
         self.post.flush()
