@@ -27,3 +27,22 @@ def check_membership(batch, resident) -> None:
             raise IntegrityError(f"broken batch membership: request {job.request_id!r} "
                                  f"(lane {job.lane}) is not a distinct resident row")
         lanes.add(job.lane)
+
+
+def step_failure(exc: BaseException):
+    """What a Program step that raised means for its rows: the device out of memory fails them
+    with ServiceUnavailable (the worker's capacity, retried elsewhere; the process serves on);
+    a device error that leaves its state unknown (an illegal memory access, a lost device) is an
+    integrity failure (IntegrityError: the unavailable boundary, whose rebuild fails while the
+    device is gone, so health stays unavailable); anything else is the step's InternalError."""
+    import torch
+
+    from shared.errors import InternalError, ServiceUnavailable
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return ServiceUnavailable(f"the device ran out of memory during this step: "
+                                  f"{str(exc)[:200]}", service="worker", retry_after_s=1.0)
+    accelerator = getattr(torch, "AcceleratorError", ())
+    if isinstance(exc, accelerator) or "CUDA error" in str(exc):
+        raise IntegrityError(f"the device failed: {type(exc).__name__}: {exc}") from exc
+    return InternalError(f"the batch step failed: {exc}")

@@ -37,7 +37,7 @@ from services.worker.engine.postprocess import Postprocessor
 from services.worker.engine.prepare import prepare
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
-from services.worker.integrity import IntegrityError, check_membership
+from services.worker.integrity import IntegrityError, check_membership, step_failure
 from services.worker.program import PendingBatch, Program, StepBatch
 from services.worker.request import Request
 from services.worker.spec import (SpecCounters, captures_graphs, check_backend, check_model,
@@ -343,7 +343,7 @@ class Engine:
             raise  # the unavailable boundary (_run)
         except Exception as exc:
             log.exception("program_step_failed")
-            self.post.fail_batch(batch, InternalError(f"the batch step failed: {exc}"))
+            self.post.fail_batch(batch, step_failure(exc))
             self.post.flush()
             return None
         return pending
