@@ -422,6 +422,39 @@ async def test_full_worker_queues_answer_429_with_retry_after(stack):
 
 
 @pytest.mark.asyncio
+async def test_rolling_restarts_lose_nothing_and_fail_nothing(stack):
+    """Issue: "With two workers and the grammar service, restarting each in turn under a steady
+    mixed load (the load test's mix) loses 0 requests and fails 0 (streams on a worker being
+    drained finish; new requests go to the other)." Each is stopped gracefully (SIGTERM: a
+    worker drains) and started again, one after the other, while the mix runs."""
+    gateway = stack.gateway
+    await _until_async(lambda: stack.resident(), lambda counts: sum(counts) == 0)
+    began = time.perf_counter()
+    phases: dict[str, float] = {}
+    stop = asyncio.Event()
+    load = asyncio.ensure_future(run_mix(gateway.url, stop=stop, concurrency=4, seed=26,
+                                         max_tokens=12, timeout_s=60))
+    await asyncio.sleep(2.0)  # the mix warms the caches
+    for name, process in (("worker1", stack.workers[0]), ("worker2", stack.workers[1]),
+                          ("grammar", stack.grammar)):
+        await asyncio.to_thread(process.stop)  # SIGTERM; the graceful stop's own bound
+        phases[f"{name}_stopped"] = round(time.perf_counter() - began, 1)
+        process.start()
+        await process.wait_healthy()
+        if process is not stack.grammar:
+            await gateway.until_workers_healthy(2)
+        phases[f"{name}_back"] = round(time.perf_counter() - began, 1)
+        await asyncio.sleep(1.0)  # the mix runs on the whole stack again
+    stop.set()
+    outcomes = await asyncio.wait_for(load, 90)
+    summary = summarize(outcomes)
+    print(json.dumps({"rolling_restarts": {"phases_s": phases, **summary}}, indent=2))
+    assert summary["lost"] == 0 and summary["untyped"] == 0, summary["bad"]
+    assert summary["typed"] == 0, summary["typed_codes"]
+    assert summary["ok"] >= 20, summary
+
+
+@pytest.mark.asyncio
 async def test_a_mixed_load_loses_nothing_while_redis_grammar_and_a_worker_are_killed(stack):
     redis, grammar, gateway = stack.redis, stack.grammar, stack.gateway
     began = time.perf_counter()
