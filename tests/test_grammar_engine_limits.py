@@ -15,8 +15,8 @@ import llguidance as llg
 import pytest
 
 from services.grammar.compiler import ModelCompiler, build_lark
-from services.grammar.engine import LLGUIDANCE, XGRAMMAR
-from services.grammar.engine_llguidance import (
+from services.grammar.engines.engine import LLGUIDANCE, XGRAMMAR
+from services.grammar.engines.engine_llguidance import (
     MAX_ITEMS_IN_ROW, ROW_ITEMS_BUDGET, lltokenizer, row_items_bound,
 )
 from shared.contract import OutputConstraint

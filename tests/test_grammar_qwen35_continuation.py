@@ -16,10 +16,10 @@ import json
 
 import xgrammar as xgr
 
-from services.grammar.engine_xgrammar import XgrammarConstraint
-from services.grammar.framing import build_framed_grammar
-from services.grammar.tools import ToolSpec
-from services.grammar.xml_tools import argument_codings
+from services.grammar.engines.engine_xgrammar import XgrammarConstraint
+from services.grammar.compiler import build_framed_grammar
+from services.grammar.tools.hermes import ToolSpec
+from services.grammar.tools.xml_tools import argument_codings
 from services.worker.output.session import OutputSession
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition
 from shared.frontends import get_frontend

@@ -49,7 +49,7 @@ async def test_a_tool_decoder_bug_fails_its_request_and_the_engine_keeps_serving
 
 # ---------------------------------------------------------------- a matcher that raises
 
-from services.grammar import engine_llguidance  # noqa: E402
+from services.grammar.engines import engine_llguidance  # noqa: E402
 from shared.contract import OutputConstraint  # noqa: E402
 
 HEALTHY = {

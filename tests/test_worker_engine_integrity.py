@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from services.grammar import engine_llguidance
+from services.grammar.engines import engine_llguidance
 from services.worker.engine import engine as engine_module
 from services.worker.program import Program, StepBatch
 from shared.contract import OutputConstraint
