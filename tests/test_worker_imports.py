@@ -41,6 +41,15 @@ def test_the_program_names_no_speculative_backend():
     assert reached == set()
 
 
+def test_prepare_names_no_tool_format():
+    """What differs between tool formats (codings, the name constraint, the stream's type) is the
+    ToolFormat's (shared/frontends/formats/): request preparation imports no format module."""
+    graph = ig.graph(runtime_only=False)
+    formats = {m for m in graph["services.worker.engine.prepare"]
+               if m.startswith("shared.frontends.formats.")}
+    assert formats == set()
+
+
 if __name__ == "__main__":
     found = _worker(runtime_only=False)
     print("module cycles:", ig.cycles(found))
