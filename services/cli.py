@@ -174,7 +174,8 @@ def run_gateway_serve(args: argparse.Namespace) -> int:
         try:
             await serve_gateway(host=args.host, port=args.port, worker=pool,
                                 api_keys=_api_keys(args),
-                                ignore_unknown_fields=args.ignore_unknown_fields)
+                                ignore_unknown_fields=args.ignore_unknown_fields,
+                                drain_seconds=args.drain_seconds)
         finally:
             await pool.aclose()
 
@@ -224,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = sub.add_parser("gateway", help="the HTTP gateway")
     gsub = gateway.add_subparsers(dest="gateway_command", required=True, metavar="COMMAND")
     gserve = gsub.add_parser("serve", help="serve OpenAI/Anthropic HTTP in front of gRPC workers")
-    add_settings(gserve, "host", "port", "api_keys", "ignore_unknown_fields", "log_level")
+    add_settings(gserve, "host", "port", "api_keys", "ignore_unknown_fields", "log_level",
+                 "drain_seconds")
     gserve.add_argument("--worker", action="append", metavar="HOST:PORT",
                         help="a worker address; repeat for several (env INFERNIX_WORKERS=a,b)")
     gserve.set_defaults(func=run_gateway_serve)

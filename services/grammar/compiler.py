@@ -20,7 +20,7 @@ import xgrammar as xgr
 
 from services.grammar.engines import engine_llguidance, engine_xgrammar
 from services.grammar.engines.engine import LLGUIDANCE, XGRAMMAR, CompiledConstraint
-from services.grammar.engines.engine_llguidance import LlguidanceConstraint
+from services.grammar.engines.engine_llguidance import BeyondLimits, LlguidanceConstraint
 from services.grammar.engines.engine_xgrammar import XgrammarConstraint
 from services.grammar.framing import check_framing, thinking_prefix_ebnf
 from services.grammar.regex.tree import ebnf_literal
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 Compilable = Union[OutputConstraint, "ToolSpec"]
 
 # Bumped whenever a conversion changes the language a source compiles to: old cache entries die.
-CONVERTER_VERSION = "2"
+CONVERTER_VERSION = "3"
 # The framing of a bare content constraint: the constrained bytes are the whole output.
 RAW_FRAMING = "raw"
 
@@ -261,8 +261,9 @@ class ModelCompiler:
     def compile(self, constraint: "Compilable", framing: str | None = None, *,
                 engine: str | None = None) -> CompileOutcome:
         """Validate, convert and compile under `framing` (default the source's own) on `engine`
-        (default: `choose_engine`; a framed source and a schema form only the xgrammar emission
-        writes compile on xgrammar); single-threaded inside, safe to call from many threads.
+        (default: `choose_engine`; a framed source, a schema form only the xgrammar emission
+        writes and a grammar that could outgrow one of llguidance's decode-time limits compile on
+        xgrammar, which has none); single-threaded inside, safe to call from many threads.
         Raises the typed RequestErrors of validation."""
         if isinstance(constraint, Framed):
             constraint, framing = constraint.source, constraint.framing
@@ -275,7 +276,7 @@ class ModelCompiler:
             try:
                 built = LlguidanceConstraint(build_lark(constraint, self.domain), self.domain)
                 return CompileOutcome(built, (time.perf_counter() - start) * 1000.0)
-            except NeedsXgrammar:
+            except (NeedsXgrammar, BeyondLimits):  # a form, or a decode-time limit, of llguidance
                 engine = XGRAMMAR
         if engine != XGRAMMAR:
             raise InternalError(f"constraint engine {engine!r} cannot build this constraint")

@@ -42,9 +42,12 @@ Matcher (one request's state; one thread at a time):
     A matcher never admits control, never-generable or padding ids unless its grammar names them
     with Token(id) (xgrammar only), and never an EOS id where the language cannot end.
 
-fill_masks(matchers, out, rows, filler)   several matchers' fill_mask in one call (the Program's
+fill_masks(matchers, out, rows, filler) -> {k: exception}
+                                     several matchers' fill_mask in one call (the Program's
                                      batched ordinary decode step; engines/batch.py); `filler`
-                                     is a MaskFiller, which owns each engine's thread pool.
+                                     is a MaskFiller, which owns each engine's thread pool. The
+                                     matchers that failed come back by index: a failure is its
+                                     row's alone.
 
 Lookahead for K drafts (design document section 7) is the caller's loop over fill_mask /
 accept_token and one rollback(accepted); both engines' rollback is O(tokens rolled back).

@@ -21,6 +21,7 @@ Where llguidance and the contract differ, the wrapper restores the contract:
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -33,6 +34,19 @@ from shared.errors import InternalError
 from shared.frontends.token_domain import TokenDomain
 
 TAG = LLGUIDANCE + "\n"
+
+# llguidance's parser limit on the Earley items of one row (its `max_items_in_row` default; it is
+# checked only when a row is built, i.e. at decode time: "Current row has 5001 items; max is
+# 2000"). A grammar whose static bound (`row_items_bound`) reaches half of it is not built here:
+# the other half is the margin for the items a row holds beside one prediction.
+MAX_ITEMS_IN_ROW = 2000
+ROW_ITEMS_BUDGET = MAX_ITEMS_IN_ROW // 2
+
+
+class BeyondLimits(Exception):
+    """The grammar could exceed one of llguidance's decode-time limits: the compiler builds it on
+    xgrammar instead, which has none (a limit llguidance checks only at decode time would fail
+    the request there, after a compile that succeeded)."""
 
 
 class _Vocabulary:
@@ -175,10 +189,14 @@ class LlguidanceConstraint(CompiledConstraint):
     engine = LLGUIDANCE
 
     def __init__(self, lark: str, domain: TokenDomain) -> None:
-        """Validate `lark` against the domain's vocabulary. Raises InternalError (llguidance's
-        message) when it does not build: a converter bug, or a grammar past llguidance's limits."""
+        """Validate `lark` against the domain's vocabulary. Raises BeyondLimits when a row of its
+        parse could outgrow `ROW_ITEMS_BUDGET`, InternalError (llguidance's message) when it does
+        not build: a converter bug, or a grammar past llguidance's limits."""
         self.lark = lark
         self.domain = domain
+        rows = row_items_bound(lark)
+        if rows > ROW_ITEMS_BUDGET:
+            raise BeyondLimits(f"up to {rows} Earley items in one row (budget {ROW_ITEMS_BUDGET})")
         grammar = llg.LLMatcher.grammar_from_lark(lark)
         self._template = llg.LLMatcher(lltokenizer(domain), grammar, log_level=0)
         if self._template.is_error():  # the constructor reports grammar errors this way
@@ -221,3 +239,129 @@ def batch_fill(pool: llg.LLExecutor, matchers: Sequence[Matcher], out: Any,
                                  base, domain.mask_words * 4, out.shape[0])
     for m in matchers:
         m._check()  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- the static row bound
+
+_LEX = re.compile(r'\s+|("(?:[^"\\]|\\.)*")|(/(?:[^/\\]|\\.)*/)|([A-Za-z_][A-Za-z0-9_]*)'
+                  r'|(\{\d*,?\d*\})|([|()?*+&~])')
+
+
+def _parse(body: str) -> list:
+    """A rule body as alternatives of sequences; a symbol is a name, "lit" (a lexeme), a nested
+    alternative list (a group) or ("opt", symbol) for a nullable repetition."""
+    tokens = [m.group(0) for m in _LEX.finditer(body) if not m.group(0).isspace()]
+    pos = 0
+
+    def alts() -> list:
+        nonlocal pos
+        out = [seq()]
+        while pos < len(tokens) and tokens[pos] == "|":
+            pos += 1
+            out.append(seq())
+        return out
+
+    def seq() -> list:
+        nonlocal pos
+        items: list = []
+        while pos < len(tokens) and tokens[pos] not in "|)":
+            tok = tokens[pos]
+            pos += 1
+            if tok == "(":
+                item: Any = alts()
+                pos += 1  # ")"
+            elif tok in "&~":
+                continue  # lexeme algebra: still one lexeme
+            elif tok[0] in "\"/":
+                item = "lit"
+            else:
+                item = tok if tok[0].islower() or tok[0] == "_" else "lit"
+            while pos < len(tokens) and (tokens[pos] in "?*+" or tokens[pos][0] == "{"):
+                q = tokens[pos]
+                pos += 1
+                if q in "?*" or q[1:2] in ("0", ","):
+                    item = ("opt", item)
+            items.append(item)
+        return items
+
+    return alts()
+
+
+def row_items_bound(lark: str, cap: int = MAX_ITEMS_IN_ROW) -> int:
+    """The most Earley items one prediction can add to a row of `lark` (our converters' Lark:
+    `name: body` rules, upper-case lexemes): over every nonterminal, the productions of every
+    nonterminal reachable through leading (nullable-prefixed) positions, each group and nullable
+    repetition counted as its own nonterminal, as llguidance's grammar compiler makes them.
+    Counting stops past `cap` (the answer is then some number above it)."""
+    rules: dict[str, list] = {}
+    for line in lark.splitlines():
+        name, sep, body = line.partition(":")
+        name = name.strip()
+        if sep and re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+            rules[name] = _parse(body)
+    empty: set[str] = set()  # the nullable rules
+
+    def nullable(sym: Any) -> bool:
+        if isinstance(sym, tuple):
+            return True
+        if isinstance(sym, list):
+            return any(all(nullable(s) for s in prod) for prod in sym)
+        return sym in empty
+
+    changed = True
+    while changed:  # the fixpoint of the nullable rules
+        changed = False
+        for name, prods in rules.items():
+            if name not in empty and nullable(prods):
+                empty.add(name)
+                changed = True
+
+    def predicted(prods: list, covered: set[str]) -> int:
+        # the productions predicted with `prods`: its own, then those of each production's
+        # leading symbols up to the first one that cannot be empty
+        seen: set[int] = set()
+        stack, total = [prods], 0
+        while stack and total <= cap:
+            group = stack.pop()
+            if id(group) in seen:
+                continue
+            seen.add(id(group))
+            total += len(group)
+            for prod in group:
+                for sym in prod:
+                    inner = sym
+                    if isinstance(sym, tuple):
+                        total += 2  # the repetition's own (empty | more) productions
+                        inner = sym[1]
+                    if isinstance(inner, list):
+                        stack.append(inner)
+                    elif isinstance(inner, str) and inner in rules:
+                        covered.add(inner)
+                        stack.append(rules[inner])
+                    if not nullable(sym):
+                        break
+        return total
+
+    # A rule predicted at the start of another is counted inside the other's (larger) closure:
+    # start from the rules nothing predicts first, then whatever they do not reach (cycles).
+    def first(prods: list, out: set[str]) -> None:  # the rules `prods` predicts directly
+        for prod in prods:
+            for sym in prod:
+                inner = sym[1] if isinstance(sym, tuple) else sym
+                if isinstance(inner, list):
+                    first(inner, out)
+                elif isinstance(inner, str) and inner in rules:
+                    out.add(inner)
+                if not nullable(sym):
+                    break
+
+    led: set[str] = set()
+    for prods in rules.values():
+        first(prods, led)
+    best, covered = 0, set()
+    for name in sorted(rules, key=lambda n: n in led):
+        if name not in covered:
+            best = max(best, predicted(rules[name], covered))
+            if best > cap:
+                break
+    return best

@@ -128,11 +128,11 @@ def _tool_stream(request: GenerateRequest, tool_spec: ToolSpec | None,
     tools are declared but nothing is enforced, absent without active tools."""
     fmt = runtime.frontend.tool_format
     if tool_spec is not None:
-        # The value contract the grammar was built from. With a JSON union the decoder still
-        # reads calls; JSON content has no opener.
+        # The value contract the grammar was built from. With a JSON union (content OR calls) a
+        # call opens only at the start of the output.
         codings = argument_codings(tool_spec.allowed(), forced=tool_spec.forced) \
             if fmt.coded_arguments else None
-        return fmt.stream(constrained=True, codings=codings)
+        return fmt.stream(constrained=True, codings=codings, union=tool_spec.content is not None)
     prompt = request.prompt
     if prompt.tools and request.options.tool_choice.mode is not ToolMode.NONE:
         codings = argument_codings(prompt.tools) if fmt.coded_arguments else None

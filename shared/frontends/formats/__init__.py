@@ -7,8 +7,9 @@ output decoding both read the same module, so what is enforced, rendered and par
 - Qwen XML (qwen_xml.py, qwen_xml_stream.py): Qwen3.5's; the opener and closer are control
   tokens, named by id in grammars and received by the decoder as `Control` pieces.
 
-A format's stream (a `ToolStream`) is built as `stream(constrained=bool, codings=...)` and fed
-content pieces (`str` or `Control`, shared/frontends/pieces.py) with `feed`, then
+A format's stream (a `ToolStream`) is built as `stream(constrained=bool, codings=...,
+union=bool)` (`union`: the constrained output is JSON content OR calls, so a call opens only at
+its start) and fed content pieces (`str` or `Control`, shared/frontends/pieces.py) with `feed`, then
 `finish(complete=)`; it returns protocol events and afterwards holds `tool_calls()` and `text()`.
 `codings` (tool name -> `qwen_xml.ArgumentCoding`) is the value-decoding contract of a format
 whose values need one (`coded_arguments`); Hermes ignores it. What differs between formats is
@@ -58,7 +59,7 @@ class ToolFormat:
     call_open: str  # the spelling of the text or control token that opens a call
     opener_is_token: bool  # True: the opener is a control token, matched by id only
     render_call: Callable[[str, str], str]  # (name, arguments_json) -> the call's canonical text
-    stream: Callable[..., ToolStream]  # stream(constrained=bool, codings=None): a new decoder
+    stream: Callable[..., ToolStream]  # stream(constrained=, codings=, union=): a new decoder
     # The declarations' text in the system turn and one tool result's text, for renderers that
     # write them themselves (ChatML); None where the model's chat template writes them.
     render_tools_section: Callable | None = None
