@@ -159,8 +159,8 @@ def test_bench_prefix_chat_finds_most_of_each_shared_system_prompt(runtime):
 @pytest.mark.asyncio
 async def test_concurrent_prompts_sharing_a_system_prompt_equal_the_uncached_outputs(runtime):
     """Two lanes prefill the same system prompt at once (their forwards cut at the same
-    boundaries; one snapshot is kept per boundary), then later questions hit; every output
-    equals the cache-off one."""
+    boundaries; one snapshot is kept per boundary), then later questions hit (usage and metrics
+    say so); every output equals the cache-off one."""
     import asyncio
 
     questions = ("First?", "Second?", "Third?", "Fourth?")
@@ -173,6 +173,9 @@ async def test_concurrent_prompts_sharing_a_system_prompt_equal_the_uncached_out
             first = await asyncio.gather(*(collect(client, r) for r in reqs[:2]))
             later = await asyncio.gather(*(collect(client, r) for r in reqs[2:]))
             outs[enabled] = first + later
+            metrics = client.engine.metrics  # the hit and the snapshots show in the metrics
+            assert (metrics.state_snapshots._value.get() > 0) == enabled
+            assert (metrics.prefix_hit_tokens._value.get() >= 512) == enabled
         finally:
             await client.aclose()
     assert all(fin.usage.cached_tokens >= 256 for _, fin in outs[True][2:])
