@@ -124,7 +124,7 @@ def _exit_past_compile_threads() -> None:
     called without an active exception"): leave without waiting for it."""
     import os
 
-    from services.grammar.builders import running_compile_threads
+    from services.grammar.cache.builders import running_compile_threads
 
     if running_compile_threads():
         sys.stdout.flush()
@@ -188,7 +188,7 @@ def run_gateway_serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from services.grammar import cli as grammar_cli
     from services.worker import cli as worker_cli
-    from services.worker.bench import cli as decode_bench_cli
+    from bench import cli as bench_cli  # the product's one import of bench/: its commands
 
     parser = argparse.ArgumentParser(prog="infernix", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -231,20 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks writing JSON")
     bsub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
-    grammar_cli.add_bench_parser(bsub)
-    grammar_cli.add_store_bench_parser(bsub)
-    decode_bench_cli.add_parser(bsub)
-    decode_bench_cli.add_spec_parser(bsub)
-    decode_bench_cli.add_prefix_parser(bsub)
-    _add_serve_bench_parser(bsub)
+    bench_cli.add_parsers(bsub)
     return parser
-
-
-def _add_serve_bench_parser(bsub) -> None:
-    # bench/serve.py imports only aiohttp at run time: its parser is cheap to build
-    from bench.serve import add_parser
-
-    add_parser(bsub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -119,7 +119,7 @@ class GrammarProcess:
 
 def worker_client(service: GrammarProcess, redis_url: str | None, **config):
     """A worker's GrpcGrammarClient: read-only caches on the SmolLM2 vocabulary, fast retries."""
-    from services.grammar.cache import CacheConfig, ModelCaches
+    from services.grammar.cache.grammar_cache import CacheConfig, ModelCaches
     from services.grammar.client import GrpcGrammarClient
     from shared.frontends import get_domain
 

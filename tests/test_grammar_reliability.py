@@ -22,8 +22,8 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from services.grammar.limits import CompileLimits
-from services.grammar.matching import accepts
+from services.grammar.cache.limits import CompileLimits
+from services.grammar.engines.matching import accepts
 from shared.contract import OutputConstraint
 from shared.errors import ConstraintTooComplex, GrammarServiceUnavailable, Overloaded
 from shared.proto import grammar_pb2 as pb

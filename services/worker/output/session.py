@@ -1,6 +1,6 @@
 """OutputSession: one request's grammar matcher transactions.
 
-One session per request. The compiled constraint (services/grammar/engine.py: either engine, the
+One session per request. The compiled constraint (grammar/engines/engine.py: either engine, the
 session never knows which) is shared between requests; the matcher,
 and any pending preview belong to this session alone, and only the Engine's worker thread calls
 it. A session built without a grammar (an unconstrained request) only checks that produced tokens

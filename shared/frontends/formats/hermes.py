@@ -1,6 +1,6 @@
 """The Hermes tool-call format (the built-in default model's): literals, rendering and the
-incremental parser, in one home for the grammar service's tool grammar (services/grammar/tools.py)
-and the worker's output decoding alike.
+incremental parser, in one home for the grammar service's tool grammar
+(services/grammar/tools/hermes.py) and the worker's output decoding alike.
 
 A call is the canonical text the chat template renders and the grammar enforces:
 
