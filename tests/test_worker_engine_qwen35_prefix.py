@@ -145,7 +145,7 @@ def test_bench_prefix_chat_finds_most_of_each_shared_system_prompt(runtime):
     import argparse
     import asyncio
 
-    from services.worker.bench.prefix import _rounds
+    from bench.prefix import _rounds
 
     args = argparse.Namespace(prefix_tokens=300, repeats=2, hits=2, max_tokens=3,
                               prefill_chunk=512, chat=True)
