@@ -94,7 +94,7 @@ _TABLE = (
     Setting("kv_cache_tokens", int, None, "KV pool size in positions (blocks of 16); omitted: "
             "lanes x max_len; more leaves the prefix cache room beyond the lanes", "N"),
     Setting("no_prefix_cache", None, False, "turn the automatic prefix cache off (KV blocks of "
-            "equal prompt prefixes are then never reused)"),
+            "equal prompt prefixes are then never reused, nor a hybrid model's state snapshots)"),
     Setting("served_model_name", str, None, "the model names clients call it by (one or more; "
             "the first is listed first); omitted: the --model value as given", "NAME",
             many=True),

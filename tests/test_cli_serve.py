@@ -46,7 +46,7 @@ def test_serve_help_says_the_prefix_cache_serves_hybrid_models():
     serve = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices
                  and "serve" in a.choices).choices["serve"]
     text = serve.format_help()
-    assert "hybrid" not in text and "--served-model-name NAME [NAME ...]" in text
+    assert "run without it" not in text and "--served-model-name NAME [NAME ...]" in text
 
 
 def _get(url: str) -> dict:

@@ -25,7 +25,7 @@ import jsonschema
 import pytest
 import torch
 
-from services.worker.runtime import ByteTokenizer, random_runtime
+from bench.random_weights import ByteTokenizer, random_runtime
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
 from shared.frontends.formats import QWEN_XML
 from shared.frontends.frontend import Frontend
@@ -229,7 +229,7 @@ def test_the_companion_clears_a_repeated_name_in_the_session_masks(served):
     tokens that would complete `n` again are illegal in the lookahead mask and in the batched
     ordinary fill, while the same grammar without the companion allows them."""
     from services.grammar.client import NameIndex, ParameterNameConstraint, in_process_client
-    from services.grammar.tools import ToolSpec
+    from services.grammar.tools.hermes import ToolSpec
     from services.worker.output.session import OutputSession
 
     runtime, _ = served
@@ -252,9 +252,11 @@ def test_the_companion_clears_a_repeated_name_in_the_session_masks(served):
     rows = torch.zeros(4, domain.mask_words, dtype=torch.int32)
     sessions[0].lookahead((), rows[0:1])
     sessions[1].lookahead((), rows[1:2])
-    from services.grammar.client import MaskFiller
+    from services.worker.program.masks import MaskBuffers
 
-    OutputSession.fill_ordinary(sessions, rows, [2, 3], MaskFiller("auto"), [len(ids)] * 2)
+    masks = MaskBuffers(domain, 2, 0, torch.device("cpu"))  # the batched fill of two rows
+    masks.fill_ordinary(sessions, [len(ids)] * 2)
+    rows[2:4] = masks.host[:, 0]
 
     def legal(row, t):
         return bool((int(row[t >> 5]) >> (t & 31)) & 1)
