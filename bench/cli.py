@@ -37,11 +37,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--batch-sizes", type=int, nargs="+", metavar="B",
                    help="default: 1 8 32 (CPU), 1 8 32 64 (CUDA)")
-    p.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (default: 32)")
+    p.add_argument("--max-tokens", type=int, default=32,
+                   help="output tokens per request (default: 32)")
     p.add_argument("--prompt-tokens", type=int, default=64,
                    help="prompt tokens per request (default: 64)")
     p.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time Hugging Face generate (+ xgrammar's HF logits processor; default: on)")
+                   help="also time Hugging Face generate (+ xgrammar's HF logits processor; "
+                   "default: on)")
     p.add_argument("--reference-batch-sizes", type=int, nargs="+", metavar="B",
                    help="default: 1 (CPU), 1 8 (CUDA)")
     p.add_argument("--reference-max-tokens", type=int, metavar="N", help="default: --max-tokens")
@@ -100,17 +102,22 @@ def add_spec_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_prefix_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prefix", help="TTFT of a long shared prefix, cold and as a prefix-cache hit",
+    p = sub.add_parser("prefix",
+                       help="TTFT of a long shared prefix, cold and as a prefix-cache hit",
                        description="Greedy requests that share a ~2,000-token document: the first "
                        "prefills it all (cold), later ones find its KV blocks cached (hit); TTFT, "
                        "cached tokens and TPOT of both, and a round with the cache off, as JSON.")
     p.add_argument("--model", choices=MODELS, default="smollm2", help="default: smollm2")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--prefix-tokens", type=int, default=2000, help="shared prefix length (default: 2000)")
-    p.add_argument("--repeats", type=int, default=2, help="distinct documents, one cold request each (default: 2)")
+    p.add_argument("--prefix-tokens", type=int, default=2000,
+                   help="shared prefix length (default: 2000)")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="distinct documents, one cold request each (default: 2)")
     p.add_argument("--hits", type=int, default=2, help="hit requests per document (default: 2)")
-    p.add_argument("--max-tokens", type=int, default=8, help="output tokens per request (default: 8)")
-    p.add_argument("--prefill-chunk", type=int, default=512, help="engine prefill chunk (default: 512)")
+    p.add_argument("--max-tokens", type=int, default=8,
+                   help="output tokens per request (default: 8)")
+    p.add_argument("--prefill-chunk", type=int, default=512,
+                   help="engine prefill chunk (default: 512)")
     p.add_argument("--chat", action="store_true",
                    help="the document as the system message and each question as the user's "
                    "(through the chat template) instead of one raw text")
@@ -135,7 +142,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                    help="CPU seconds of random walks per case (0: skip; default: 3)")
     p.add_argument("--sample-tokens", type=int, default=120,
                    help="max tokens per random walk (default: 120)")
-    p.add_argument("--label", default="", help="a free-form label stored in the JSON (default: none)")
+    p.add_argument("--label", default="",
+                   help="a free-form label stored in the JSON (default: none)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=_run_bench)
 

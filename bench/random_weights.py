@@ -77,22 +77,25 @@ def random_runtime(domain: TokenDomain, *, name: str | None = None, hidden_size:
     decoder = decoder.to(device).eval().requires_grad_(False)
     decoder.fuse_projections()
     name = name or domain.name
-    return ModelRuntime(name, decoder, config, Frontend(name, domain, ByteTokenizer(domain)), defaults)
+    return ModelRuntime(name, decoder, config, Frontend(name, domain, ByteTokenizer(domain)),
+                        defaults)
 
 
 # The Qwen3.5-9B text model (transformers' Qwen3_5TextConfig defaults).
 QWEN35_9B: dict[str, Any] = dict(
     vocab_size=248_320, hidden_size=4096, intermediate_size=12288,
-    layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(32)),
+    layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                      for i in range(32)),
     num_heads=16, num_kv_heads=4, head_dim=256, rotary_dim=64, linear_num_key_heads=16,
-    linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
-    rms_norm_eps=1e-6, max_position_embeddings=262_144, rope=RopeConfig(theta=1e7), tie_word_embeddings=False,
+    linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=262_144,
+    rope=RopeConfig(theta=1e7), tie_word_embeddings=False,
 )
 
 
 @torch.no_grad()
-def random_qwen35(*, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda", seed: int = 0,
-                  mtp: bool = False, **overrides: Any) -> Qwen35Model:
+def random_qwen35(*, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
+                  seed: int = 0, mtp: bool = False, **overrides: Any) -> Qwen35Model:
     """A random-weight Qwen35Model of QWEN35_9B's shape with `overrides` (Qwen35Config fields,
     e.g. num_layers via layer_types), in eval mode on `device`. Linear weights ~ N(0, 1/fan_in),
     embeddings ~ N(0, 1), norms at their identity, A_log = log U(1, 16), dt_bias 1, drawn from
@@ -119,7 +122,8 @@ def random_qwen35(*, dtype: torch.dtype = torch.bfloat16, device: torch.device |
 
 @torch.no_grad()
 def random_qwen3_runtime(domain: TokenDomain, tokenizer, *, name: str = "qwen3-8b-random",
-                         shape: dict[str, int] = QWEN3_8B_SHAPE, max_position_embeddings: int = 4096,
+                         shape: dict[str, int] = QWEN3_8B_SHAPE,
+                         max_position_embeddings: int = 4096,
                          seed: int = 0, dtype: torch.dtype = torch.bfloat16,
                          device: str | torch.device = "cuda") -> ModelRuntime:
     """A random-weight Qwen3 model (q/k RMSNorm, RoPE theta 1e6, untied head) of `shape` (default
@@ -151,4 +155,5 @@ def random_qwen35_runtime(*, name: str = "qwen35-9b-random", dtype: torch.dtype 
 
     model = random_qwen35(dtype=dtype, device=device, **overrides)
     return ModelRuntime(name, model, model.config,
-                        Frontend(name, get_domain("qwen3.5"), TiktokenTokenizer(qwen35_tokenizer())))
+                        Frontend(name, get_domain("qwen3.5"),
+                                 TiktokenTokenizer(qwen35_tokenizer())))

@@ -42,7 +42,7 @@ from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime
 from services.worker.spec import ContextProposer
-from services.worker.spec.oracle import OracleProposer
+from bench.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.generation import (ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions,
                                SamplingParams)

@@ -49,7 +49,8 @@ def constraints_from_args(args: argparse.Namespace) -> list[tuple[str, OutputCon
         return [(f, OutputConstraint.json_schema(read_text_file(f), whitespace=ws))
                 for f in listify(args.json_schema_file)]
     if args.grammar_file:
-        return [(f, OutputConstraint.grammar(read_text_file(f))) for f in listify(args.grammar_file)]
+        return [(f, OutputConstraint.grammar(read_text_file(f)))
+                for f in listify(args.grammar_file)]
     if args.regex is not None:
         return [("regex", OutputConstraint.regex(args.regex))]
     if args.choice:

@@ -145,7 +145,7 @@ def test_bench_prefix_chat_finds_most_of_each_shared_system_prompt(runtime):
     import argparse
     import asyncio
 
-    from services.worker.bench.prefix import _rounds
+    from bench.prefix import _rounds
 
     args = argparse.Namespace(prefix_tokens=300, repeats=2, hits=2, max_tokens=3,
                               prefill_chunk=512, chat=True)
@@ -154,3 +154,30 @@ def test_bench_prefix_chat_finds_most_of_each_shared_system_prompt(runtime):
     assert len(report["hits"]) == 4 and all(h["shared_tokens"] >= 280 for h in report["hits"])
     assert report["targets"]["cached_ge_90pct_of_shared"], report["hits"]
     assert report["cached_over_shared_min"] >= 0.9
+
+
+@pytest.mark.asyncio
+async def test_concurrent_prompts_sharing_a_system_prompt_equal_the_uncached_outputs(runtime):
+    """Two lanes prefill the same system prompt at once (their forwards cut at the same
+    boundaries; one snapshot is kept per boundary), then later questions hit (usage and metrics
+    say so); every output equals the cache-off one."""
+    import asyncio
+
+    questions = ("First?", "Second?", "Third?", "Fourth?")
+    outs = {}
+    for enabled in (True, False):
+        client = open_client(runtime, max_batch=2, max_len=512, prefill_chunk=64,
+                             prefix_cache=enabled)
+        try:
+            reqs = [_chat(f"c{i}", q, greedy(5), runtime.name) for i, q in enumerate(questions)]
+            first = await asyncio.gather(*(collect(client, r) for r in reqs[:2]))
+            later = await asyncio.gather(*(collect(client, r) for r in reqs[2:]))
+            outs[enabled] = first + later
+            metrics = client.engine.metrics  # the hit and the snapshots show in the metrics
+            assert (metrics.state_snapshots._value.get() > 0) == enabled
+            assert (metrics.prefix_hit_tokens._value.get() >= 512) == enabled
+        finally:
+            await client.aclose()
+    assert all(fin.usage.cached_tokens >= 256 for _, fin in outs[True][2:])
+    for (_, a), (_, b) in zip(outs[True], outs[False]):
+        assert a.content == b.content

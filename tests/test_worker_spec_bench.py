@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from bench.spec import SpecBenchOptions, _bench, _targets, task_prompts
-from services.worker.spec.oracle import OracleProposer
+from bench.oracle import OracleProposer
 from tests.worker_support import tiny_runtime
 
 

@@ -57,7 +57,8 @@ def inline_small(rules: list[Rule]) -> list[Rule]:
 def hoist_trailing(rules: list[Rule]) -> list[Rule]:
     """`S ::= A W` with W a trailing repetition that may be empty (`statement ::= (...) ws`)
     becomes `S ::= A`, and every use of S becomes `S W`: the same language, and W now sits in
-    front of whatever follows S, where rewrite.py's repetition rewrite can take that into its rule."""
+    front of whatever follows S, where rewrite.py's repetition rewrite can take that into its
+    rule."""
     bodies = {r.name: r.body for r in rules}
     keep = {"root"} | {r.name for r in rules if r.lookahead is not None} | \
         reachable([r.lookahead for r in rules if r.lookahead is not None], bodies)

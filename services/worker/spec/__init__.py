@@ -11,7 +11,6 @@ configuration) and hands it to the Program, which names no backend.
     ngram.py     prompt-lookup copy from the request's own context (any model)
     mtp.py       the Qwen3.5 MTP module, k steps, aligned after every step
     dflash.py    DFlash / DFlash2 draft models (models/dflash.py) conditioned on target layers
-    oracle.py    the target's own recorded continuation (benchmarks and tests only)
     counters.py  the engine's speculation counters
 """
 

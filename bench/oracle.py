@@ -1,4 +1,5 @@
-"""The oracle proposer of the benchmarks and tests: it proposes the target's own continuation,
+"""The oracle drafter of the benchmarks and tests (wrapped in the worker's ContextProposer by
+bench/spec.py and the tests): it proposes the target's own continuation,
 recorded in a first pass (a greedy run without speculation), so a round accepts every draft and
 measures the machinery alone (verification forward, K+1 masks, acceptance, commit). It never
 serves real requests: `infernix serve` has no flag for it.
