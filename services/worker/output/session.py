@@ -239,7 +239,8 @@ class OutputSession:
         row.copy_(_filler(self.domain.size))
         return LookaheadResult((PositionState.DEAD_END,), position, dead_end_at=0)
 
-    def failed(self, exc: BaseException, row: torch.Tensor, *, position: int = 0) -> LookaheadResult:
+    def failed(self, exc: BaseException, row: torch.Tensor, *,
+               position: int = 0) -> LookaheadResult:
         """This session's row of a batched fill whose matcher raised: a DeadEnd at position 0
         carrying the typed failure (`_fail`); `row` becomes the filler row."""
         row.copy_(_filler(self.domain.size))
