@@ -6,7 +6,10 @@ greedy requests each. Per task and mode (unconstrained, constrained) a baseline 
 speculation runs first and records every request's tokens; then, per backend and K, an engine
 with `--speculative` runs the same requests:
 
-- `ngram`: the real n-gram copy proposer (real acceptance on a real model);
+- `ngram`: the real n-gram copy proposer (real acceptance on a real model), with grammar drafts
+  on constrained rows (spec/grammar.py) as served;
+- `ngram-alone`: the n-gram copy proposer without grammar drafts (what `ngram` is compared to);
+- `grammar`: grammar drafts alone (`--speculative grammar`: constrained rows only);
 - `oracle`: the target's own greedy continuation recorded by the baseline round, so every draft
   is accepted and the round measures the machinery alone (verify forward, K+1 masks,
   acceptance, commit). Random weights accept almost nothing, so this is the honest machinery
@@ -41,13 +44,13 @@ from services.worker.bench.models import build_runtime
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime
-from services.worker.spec import HostDrafter
+from services.worker.spec import HostDrafter, NgramProposer
 from services.worker.spec.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.generation import (ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions,
                                SamplingParams)
 
-BACKENDS = ("ngram", "oracle", "mtp", "dflash", "dflash2")
+BACKENDS = ("ngram", "ngram-alone", "grammar", "oracle", "mtp", "dflash", "dflash2")
 DEFAULT_BACKENDS = ("ngram", "oracle")
 TASKS = ("extract", "rewrite")
 
@@ -174,8 +177,8 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
                  k: int, oracle: OracleProposer | None, record: dict | None,
                  tag: str, drafts: dict | None = None) -> dict[str, Any]:
     max_len = 1024
-    speculative = None if backend is None else backend if backend in ("mtp", "dflash", "dflash2") \
-        else "ngram"
+    speculative = None if backend is None else backend \
+        if backend in ("grammar", "mtp", "dflash", "dflash2") else "ngram"
     config = EngineConfig(max_batch=opts.batch_size, max_len=max_len, prefill_chunk=1024,
                           cuda_graphs=opts.cuda_graphs, speculative=speculative,
                           num_draft_tokens=k,
@@ -189,6 +192,8 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
                                _requests(runtime, prompts, schema, 4, f"w{tag}")))
         if backend == "oracle":
             drafter = HostDrafter.from_context(oracle, k)
+        elif backend == "ngram-alone":
+            drafter = HostDrafter.from_context(NgramProposer(), k)
         engine.drafter = drafter
         if drafter is not None:  # a speculated warm-up too: verify graphs are captured lazily
             await asyncio.gather(*(_finished(client, r) for r in

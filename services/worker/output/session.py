@@ -15,6 +15,8 @@ Transactions (design document, section 5):
   budget left that the Request passes, decoder) and fixes the accepted prefix; `confirm()` commits
   it after the Program commit succeeded (nothing there can fail), `discard()` returns to the mark. `preview_forced(tokens)` does the same for a
   fixed control string. A lookahead while a preview is pending is an internal error.
+- `probe()` opens a temporary walk (probe.py) for a proposer; closing it rolls back to the
+  committed matcher.
 
 Mask rows and position states: positions.py (the engines leave bits past the domain size zero;
 non-Ready positions get the filler row).
@@ -48,6 +50,7 @@ from services.worker.output.report import (
 from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
     LookaheadResult, PositionState, filler as _filler, filler_row, int32,
 )
+from services.worker.output.probe import MatcherProbe
 from services.worker.output.text import decode
 from shared.errors import InternalError, InvalidRequest
 from shared.frontends.token_domain import TokenDomain
@@ -120,6 +123,7 @@ class OutputSession:
         self._matcher: Matcher | None = None
         self._names = names if compiled is not None else None
         self._pending: _Pending | None = None
+        self._probing = False  # a MatcherProbe is open
         self._held = b""  # committed bytes of an unfinished character, not yet published
         self._eos = False  # EOS committed
         self._cut = False  # ended by the budget or an interruption
@@ -249,6 +253,19 @@ class OutputSession:
                 results.append(LookaheadResult((PositionState.DEAD_END,), position, dead_end_at=0))
         return results
 
+    def probe(self) -> MatcherProbe:
+        """A temporary walk from the committed matcher (probe.py); use it as a context manager.
+        Raises InternalError for an unconstrained or finished session, or while a preview or
+        another probe is open."""
+        self._check_idle("probe")
+        if self._matcher is None:
+            raise InternalError("probe needs a constrained session")
+        self._probing = True
+        return MatcherProbe(self._matcher, self._names, self.domain, self._close_probe)
+
+    def _close_probe(self) -> None:
+        self._probing = False
+
     # ---------------------------------------------------------------- previews
 
     def preview(self, tokens: Sequence[int], *, limit: int | None = None,
@@ -354,6 +371,8 @@ class OutputSession:
     def _check_idle(self, what: str, *, allow_finished: bool = False) -> None:
         if self._pending is not None:
             raise InternalError(f"{what} while a preview is pending")
+        if self._probing:
+            raise InternalError(f"{what} while a probe is open")
         if self.finished and not allow_finished:
             raise InternalError(f"{what} after the output finished")
 

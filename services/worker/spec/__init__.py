@@ -1,10 +1,12 @@
-"""Speculative proposers (n-gram copy, MTP, DFlash, DFlash2).
+"""Speculative proposers (grammar drafts, n-gram copy, MTP, DFlash, DFlash2).
 
 Proposers produce drafts (and, for DFlash2, the sparse q over their candidates), never masks: the
 target is constrained, drafts are not. The Program's verify stage (program/verify.py) fills K+1
 lookahead masks along each row's proposal chain and verifies the drafts. Chosen by a plain
 if/elif on the engine's configuration (`make_drafter`).
 
+    grammar.py  the text a constrained row's grammar forces, canonically tokenized; composed
+                with the n-gram or MTP drafts of the same row (any model)
     ngram.py    prompt-lookup copy from the request's own context (any model)
     mtp.py      the Qwen3.5 MTP module, k steps, aligned after every step
     dflash.py   DFlash / DFlash2 draft models (models/dflash.py) conditioned on target layers
@@ -16,10 +18,11 @@ if/elif on the engine's configuration (`make_drafter`).
 from __future__ import annotations
 
 from services.worker.spec.drafter import HostDrafter, Proposal, SpecCounters
+from services.worker.spec.grammar import GrammarProposer
 from services.worker.spec.ngram import NgramProposer
 from shared.errors import Unsupported
 
-BACKENDS = ("ngram", "mtp", "dflash", "dflash2")  # what --speculative names
+BACKENDS = ("grammar", "ngram", "mtp", "dflash", "dflash2")  # what --speculative names
 
 
 def check_backend(backend: str | None, draft_model: str | None) -> None:
@@ -34,7 +37,7 @@ def check_backend(backend: str | None, draft_model: str | None) -> None:
     if backend not in BACKENDS:
         raise Unsupported(f"speculative backend {backend!r} is unknown (expected one of "
                           f"{', '.join(BACKENDS)})", field="speculative")
-    if backend in ("ngram", "mtp") and draft_model is not None:
+    if backend in ("grammar", "ngram", "mtp") and draft_model is not None:
         raise Unsupported(f"the {backend} backend takes no draft model", field="draft_model")
     if backend in ("dflash", "dflash2") and draft_model is None:
         raise Unsupported(f"--speculative {backend} needs --draft-model DIR", field="draft_model")
@@ -89,9 +92,13 @@ def load_draft(backend: str | None, path: str | None, runtime):
 
 def make_drafter(backend: str | None, num_draft_tokens: int, program) -> HostDrafter | None:
     """The drafter of a checked backend (None: no speculation); MTP drafts come from the
-    Program's MTP proposer (filled after every step)."""
+    Program's MTP proposer (filled after every step); `grammar` drafts a constrained row's
+    forced text (spec/grammar.py)."""
     if backend is None:
         return None
+    encode = program.runtime.tokenizer.encode
+    if backend == "grammar":
+        return HostDrafter(GrammarProposer(encode).propose, num_draft_tokens)
     if backend == "ngram":
         return HostDrafter.from_context(NgramProposer(), num_draft_tokens)
     if backend == "mtp":
@@ -101,5 +108,5 @@ def make_drafter(backend: str | None, num_draft_tokens: int, program) -> HostDra
     raise Unsupported(f"speculative backend {backend!r} is not implemented", field="speculative")
 
 
-__all__ = ["BACKENDS", "HostDrafter", "Proposal", "NgramProposer", "SpecCounters",
+__all__ = ["BACKENDS", "GrammarProposer", "HostDrafter", "Proposal", "NgramProposer", "SpecCounters",
            "check_backend", "check_model", "load_draft", "make_drafter"]
