@@ -18,7 +18,7 @@ if/elif on the engine's configuration (`make_drafter`).
 from __future__ import annotations
 
 from services.worker.spec.drafter import HostDrafter, Proposal, SpecCounters
-from services.worker.spec.grammar import GrammarProposer
+from services.worker.spec.grammar import GrammarProposer, chain_other, context_other
 from services.worker.spec.ngram import NgramProposer
 from shared.errors import Unsupported
 
@@ -92,17 +92,19 @@ def load_draft(backend: str | None, path: str | None, runtime):
 
 def make_drafter(backend: str | None, num_draft_tokens: int, program) -> HostDrafter | None:
     """The drafter of a checked backend (None: no speculation); MTP drafts come from the
-    Program's MTP proposer (filled after every step); `grammar` drafts a constrained row's
-    forced text (spec/grammar.py)."""
+    Program's MTP proposer (filled after every step). A constrained row's forced text is drafted
+    by the grammar (spec/grammar.py) with n-gram and MTP, and alone with `grammar`."""
     if backend is None:
         return None
     encode = program.runtime.tokenizer.encode
     if backend == "grammar":
         return HostDrafter(GrammarProposer(encode).propose, num_draft_tokens)
     if backend == "ngram":
-        return HostDrafter.from_context(NgramProposer(), num_draft_tokens)
+        other = context_other(NgramProposer())
+        return HostDrafter(GrammarProposer(encode, other).propose, num_draft_tokens)
     if backend == "mtp":
-        return HostDrafter(program.proposer.propose, num_draft_tokens)
+        other = chain_other(program.proposer.propose)
+        return HostDrafter(GrammarProposer(encode, other).propose, num_draft_tokens)
     if backend in ("dflash", "dflash2"):  # drafted on the device in the round's Forward
         return HostDrafter(None, min(num_draft_tokens, program.proposer.k), device=True)
     raise Unsupported(f"speculative backend {backend!r} is not implemented", field="speculative")

@@ -112,8 +112,9 @@ def compose(probe, encode: Encode, k: int,
     """At most k drafts for a constrained row: the grammar's forced drafts, and between forced
     runs `other(drafts_so_far, n)`'s (at most n drafts continuing the committed output and
     drafts_so_far; None: grammar drafts only). Another proposer's draft that the grammar refuses
-    ends the round (the target would reject it); where the grammar forces text again after one
-    of them, the grammar drafts it."""
+    stays a proposal (drafts are never constrained) and ends the round: the target rejects it
+    and nothing after it is reachable; where the grammar forces text again after one of the
+    other's drafts, the grammar drafts it."""
     drafts: list[int] = []
     while len(drafts) < k:
         grown = len(drafts)
@@ -121,9 +122,9 @@ def compose(probe, encode: Encode, k: int,
         if other is None or len(drafts) >= k or probe.terminated:
             break
         for t in other(tuple(drafts), k - len(drafts)):
-            if not probe.accept(t):
-                return drafts
             drafts.append(t)
+            if not probe.accept(t):
+                return drafts  # the target rejects it; nothing after it is reachable
             if probe.terminated or probe.forced_bytes():
                 break
         if len(drafts) == grown:
