@@ -150,7 +150,7 @@ def test_compose_fills_between_forced_runs(frontend, compiled):
     """The other proposer drafts the free text; the grammar drafts the forced run after it; an
     illegal proposal of the other stays a proposal ("Drafts are never constrained; the target
     is.") and ends the round."""
-    encode, domain = frontend.tokenizer.encode, frontend.domain
+    encode = frontend.tokenizer.encode
     text = json.dumps(INSTANCE, indent=2)
     cut = text.index('"A-10293"') + 1
     session = session_after(frontend, compiled, encode(text[:cut]))

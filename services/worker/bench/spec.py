@@ -8,7 +8,7 @@ with `--speculative` runs the same requests:
 
 - `ngram`: the real n-gram copy proposer (real acceptance on a real model), with grammar drafts
   on constrained rows (spec/grammar.py) as served;
-- `ngram-alone`: the n-gram copy proposer without grammar drafts (what `ngram` is compared to);
+- `ngram-alone`: the n-gram copy proposer (layout-aware, spec/layout.py) without grammar drafts;
 - `grammar`: grammar drafts alone (`--speculative grammar`: constrained rows only);
 - `oracle`: the target's own greedy continuation recorded by the baseline round, so every draft
   is accepted and the round measures the machinery alone (verify forward, K+1 masks,
@@ -193,7 +193,8 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
         if backend == "oracle":
             drafter = HostDrafter.from_context(oracle, k)
         elif backend == "ngram-alone":
-            drafter = HostDrafter.from_context(NgramProposer(), k)
+            drafter = HostDrafter.from_context(NgramProposer(
+                token_bytes=runtime.domain.token_bytes, encode=runtime.tokenizer.encode), k)
         engine.drafter = drafter
         if drafter is not None:  # a speculated warm-up too: verify graphs are captured lazily
             await asyncio.gather(*(_finished(client, r) for r in

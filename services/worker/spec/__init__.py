@@ -100,7 +100,8 @@ def make_drafter(backend: str | None, num_draft_tokens: int, program) -> HostDra
     if backend == "grammar":
         return HostDrafter(GrammarProposer(encode).propose, num_draft_tokens)
     if backend == "ngram":
-        other = context_other(NgramProposer())
+        other = context_other(NgramProposer(token_bytes=program.runtime.domain.token_bytes,
+                                            encode=encode))
         return HostDrafter(GrammarProposer(encode, other).propose, num_draft_tokens)
     if backend == "mtp":
         other = chain_other(program.proposer.propose)
@@ -110,5 +111,5 @@ def make_drafter(backend: str | None, num_draft_tokens: int, program) -> HostDra
     raise Unsupported(f"speculative backend {backend!r} is not implemented", field="speculative")
 
 
-__all__ = ["BACKENDS", "GrammarProposer", "HostDrafter", "Proposal", "NgramProposer", "SpecCounters",
-           "check_backend", "check_model", "load_draft", "make_drafter"]
+__all__ = ["BACKENDS", "GrammarProposer", "HostDrafter", "Proposal", "NgramProposer",
+           "SpecCounters", "check_backend", "check_model", "load_draft", "make_drafter"]
