@@ -2,15 +2,15 @@
 
     python -m kernels.bench_kernels --out bench_kernels.json [--quick] [--only attention,...]
 
-Shapes: hidden 4096, 32 q heads and 8 KV heads of 128, intermediate 12288, vocabulary 151,936,
-bf16, B in 1, 8, 32, 64 and contexts 1k-4k (paged KV, block 16, blocks shuffled); the fused
-greedy argmax (`--only sampling_greedy`) at vocabulary 248,320 and B in 1, 8, 64. Every case runs
-each implementation side by side in one process and reports microseconds per call two ways:
-`us_graph`, the GPU time of 20 calls captured in one CUDA graph (no launch overhead: the decode
-graph's view), and `us_eager`, back-to-back eager calls (launch overhead included). `host_sync`
-says whether an implementation synchronises with the host (torch's sync debug mode): those (the
-references of attention, sampling and acceptance) get no graph figure, and a kernel path that did
-would be a bug for issue 14. `max_abs_diff` compares each output with the case's first
+Shapes: hidden 4096, 32 q heads and 8 KV heads of 128, intermediate 12288, vocabulary 151,936, bf16,
+B in 1, 8, 32, 64 and contexts 1k-4k (paged KV, block 16, blocks shuffled); the fused greedy argmax
+(`--only sampling_greedy`) at vocabulary 248,320 and B in 1, 8, 64. Every case runs each
+implementation side by side in one process and reports microseconds per call two ways: `us_graph`,
+the GPU time of 20 calls captured in one CUDA graph (no launch overhead: the decode graph's view),
+and `us_eager`, back-to-back eager calls (launch overhead included). `host_sync` says whether an
+implementation synchronises with the host (torch's sync debug mode): those (the references of
+attention, sampling and acceptance) get no graph figure, and a kernel path that did would be a bug
+(the decode graph cannot capture a sync). `max_abs_diff` compares each output with the case's first
 implementation. Ratios come from the same run; no figure here is asserted by any test. `--tiny`
 (tiny shapes, any device, wall-clock timing on CPU) lets a CPU test run the whole script under
 Triton's interpreter.

@@ -1,5 +1,6 @@
-"""Mask-fill cost of the JSON Schema constructs of issue 8, measured side by side with plain
-baselines in one run (ratios, never absolute targets): compile time and the microseconds per
+"""Mask-fill cost of the JSON Schema constructs beyond plain types and properties (formats,
+patterns, draft-04, if/then/else, oneOf, ...), measured side by side with plain baselines in one
+run (ratios, never absolute targets): compile time and the microseconds per
 `fill_next_token_bitmask` while walking valid outputs tokenised by the model's own tokenizer.
 
     python scripts/schema_mask_bench.py --models smollm2 qwen3.5 --out bench-out/schema-masks.json

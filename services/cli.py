@@ -18,7 +18,7 @@ import argparse
 import asyncio
 import sys
 
-from services.settings import UsageError, add_settings
+from services.settings import UsageError, add_settings, switch
 
 ENDPOINTS = "OpenAI /v1/chat/completions, /v1/responses; Anthropic /v1/messages"
 
@@ -157,15 +157,13 @@ def run_worker_health(args: argparse.Namespace) -> int:
 
 
 def run_gateway_serve(args: argparse.Namespace) -> int:
-    import os
-
     from services.gateway import serve as serve_gateway
     from services.gateway.pool import WorkerPool
     from services.worker.remote import GrpcWorkerClient
     from shared.logging import configure_logging
 
     configure_logging(args.log_level)
-    addresses = args.worker or [a for a in os.environ.get("INFERNIX_WORKERS", "").split(",") if a]
+    addresses = args.worker or [a for a in switch("workers").split(",") if a]
     if not addresses:
         raise UsageError("gateway serve: give at least one --worker HOST:PORT "
                          "(or INFERNIX_WORKERS=HOST:PORT,...)")

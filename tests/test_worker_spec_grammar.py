@@ -135,7 +135,7 @@ def test_proposing_leaves_the_matcher_where_it_was(frontend, compiled):
 
     job = Job()
     job.session = session
-    drafts = GrammarProposer(encode).propose(job, 8)
+    drafts = GrammarProposer(encode, 8).propose(job, 8)
     assert drafts
     a = torch.zeros((1, domain.mask_words), dtype=torch.int32)
     b = a.clone()
@@ -206,13 +206,13 @@ def longest_match(domain):
 
 
 async def _engine_outputs(runtime, speculative, k=4, max_tokens=40, encode=None):
-    from services.worker.spec import GrammarProposer, HostDrafter
+    from services.worker.spec import GrammarProposer
     from tests.worker_support import collect, greedy, open_client, text_request
 
     config = {"speculative": speculative, "num_draft_tokens": k} if speculative else {}
     client = open_client(runtime, max_batch=4, max_len=192, **config)
     if encode is not None:
-        client.engine.drafter = HostDrafter(GrammarProposer(encode).propose, k)
+        client.engine.proposer = GrammarProposer(encode, k)
     tokens = {}
     client.engine.finish_listeners.append(
         lambda job: tokens.__setitem__(job.request_id, tuple(job.output_ids)))

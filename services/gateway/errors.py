@@ -108,9 +108,9 @@ def code_of(err: InfernixError) -> str:
     return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))
 
 
-# Errors that are neither the client's fault nor a bug, by type name (and by a class's `fault`),
-# so the mapping holds for the classes issue 12 adds to shared/errors.py whether or not this branch
-# has them: a queue or slot that is full (429) and a dependency that is down (503). Both carry a
+# Errors that are neither the client's fault nor a bug, by a class's `fault` and also by type name
+# (names that shared/errors.py may not define, matched so a peer's error of that name still maps):
+# a queue or slot that is full (429) and a dependency that is down (503). Both carry a
 # Retry-After (`retry_after_s` when the error has it, else DEFAULT_RETRY_AFTER_S).
 BUSY_TYPES = frozenset({"Overloaded", "QueueFull", "TooManyRequests", "WorkerOverloaded",
                         "CompileSlotTimeout", "CompileQueueFull"})

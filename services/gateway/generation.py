@@ -36,7 +36,7 @@ class PromptCounts:
 
 def prompt_counts(event: Any) -> PromptCounts | None:
     """The counts of a `Started` event, None for any other event. Matched by the type's name so
-    that the gateway works before and after `shared.generation.Started` exists (issue 11)."""
+    that the gateway also reads a worker whose events carry no `shared.generation.Started`."""
     if type(event).__name__ != "Started":
         return None
     return PromptCounts(int(getattr(event, "prompt_tokens", 0) or 0),

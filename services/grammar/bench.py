@@ -17,7 +17,7 @@ time of this process, so other jobs on a shared machine inflate nothing but the 
 JSON cases are measured on every engine side by side ("chosen" marks the one the rule picks);
 other cases on the engine the rule picks. A case whose work exceeds `--case-budget-s` of CPU time
 stops walking early and says so (`truncated`). With `--redis-url`, the typical schemas also go
-through the real GrammarCache (cold / L1 hit / Redis hit), as issue 2 measured.
+through the real GrammarCache (cold / L1 hit / Redis hit).
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def bench_case(compiler: Any, model: str, case: Case, engine: str, args: argpars
 
 
 def _goals(row: dict[str, Any], model: str) -> dict[str, Any]:
-    """Each goal of issue 15 that applies to this row: the measured value and whether it is met."""
+    """Each of `GOALS` that applies to this row: the measured value and whether it is met."""
     out: dict[str, Any] = {}
     if model == "qwen3.5":
         for walk in ("cold", "warm"):
@@ -244,7 +244,7 @@ def _goals(row: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 async def _cache_rows(model: str, redis_url: str, repeats: int) -> list[dict[str, Any]]:
-    """The typical schemas through the real GrammarCache: cold, L1 hit, Redis hit (issue 2)."""
+    """The typical schemas through the real GrammarCache: cold, L1 hit, Redis hit."""
     from services.grammar.cache import CacheConfig, GrammarCache, encode_blob
     from services.grammar.limits import StorePolicy
     from services.grammar.compiler import ModelCompiler

@@ -1,9 +1,9 @@
 """The constraints `infernix bench grammar` measures, each with outputs a user would get from it.
 
-Categories (issue 15's goal rows): typical response schemas; strings with maxLength 60 and 1000
-(with minLength); strings with pattern; GBNF written the way llama.cpp users write it (a JSON
-grammar with the classic string rule, an array of objects, a C-like language, arithmetic, a list,
-free English- and Japanese-like text); Hermes tool grammars. The GBNF texts are written in the
+Categories (the rows `GOALS` in bench.py judges): typical response schemas; strings with maxLength
+60 and 1000 (with minLength); strings with pattern; GBNF written the way llama.cpp users write it (a
+JSON grammar with the classic string rule, an array of objects, a C-like language, arithmetic, a
+list, free English- and Japanese-like text); Hermes tool grammars. The GBNF texts are written in the
 llama.cpp dialect (empty alternatives, `{m,n}`, dashed names) as users bring them.
 """
 

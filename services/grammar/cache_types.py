@@ -8,8 +8,9 @@ from typing import Any, Awaitable, Callable, Generic, Literal, TypeVar
 
 from services.grammar.limits import CompileLimits, StorePolicy
 from services.grammar.records import Record
+from services.settings import default
 
-DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_CACHE_BYTES = default("grammar_cache_bytes")
 Hit = Literal["l1", "redis", "service"]
 V = TypeVar("V")
 
@@ -17,16 +18,16 @@ V = TypeVar("V")
 @dataclass(frozen=True)
 class CacheConfig:
     cache_bytes: int = DEFAULT_CACHE_BYTES  # L1 budget (grammar_cache_bytes), in bytes
-    max_cold_compiles: int = 2  # concurrent builds per model
+    max_cold_compiles: int = default("max_cold_compiles")  # concurrent builds per model
     lock_ttl_ms: int = 10_000  # Redis build lock; renewed every third of it while building
     poll_s: float = 0.02  # first wait between polls for another replica's build (x1.5, max 0.25)
     max_wait_s: float = 120.0  # after waiting this long on a live lock, build anyway
     read_only: bool = False  # never write Redis or take locks (a worker's cache)
-    slot_wait_s: float = 10.0  # a request waits this long for a cold slot, then gets Overloaded
+    slot_wait_s: float = default("cold_slot_wait_s")  # wait for a cold slot, then Overloaded
     limits: CompileLimits = CompileLimits()
-    isolation: Literal["thread", "process"] = "thread"  # where builds of unknown cost run
+    isolation: Literal["thread", "process"] = default("compile_isolation")  # where builds run
     policy: StorePolicy = StorePolicy()
-    reject_ttl_s: float = 600.0  # how long a key stopped by a compile limit stays refused
+    reject_ttl_s: float = default("compile_reject_ttl_s")  # a key a limit stopped stays refused
 
     def __post_init__(self) -> None:
         for name in ("cache_bytes", "max_cold_compiles", "lock_ttl_ms"):

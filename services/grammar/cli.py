@@ -21,7 +21,7 @@ import random
 import sys
 from typing import Any, Iterable, TextIO
 
-from services.settings import UsageError, add_settings
+from services.settings import UsageError, add_settings, default, switch
 from shared.contract import OutputConstraint
 from shared.errors import InfernixError, InvalidRequest
 from shared.frontends import MODELS, get_domain
@@ -248,8 +248,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     serve = gsub.add_parser("serve", help="run the gRPC GrammarService")
     add_settings(serve, "host", "port", "redis_url", "grammar_cache_bytes", "metrics_port",
                  "log_level", port=50051)
-    serve.add_argument("--models", nargs="+", default=env("MODELS", "smollm2").split(","),
-                       choices=MODELS, help="models to serve (default: smollm2; env INFERNIX_MODELS=a,b)")
+    serve.add_argument("--models", nargs="+", default=switch("models").split(","), choices=MODELS,
+                       help=f"models to serve (default: {default('models')}; env INFERNIX_MODELS=a,b)")
     add_compile_args(serve, isolation="process")
     serve.set_defaults(func=run_serve)
 
@@ -288,43 +288,12 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def add_compile_args(p: argparse.ArgumentParser, *, isolation: str) -> None:
-    """The compile limits, cold slots and store policy (each also an INFERNIX_* variable);
+    """The compile limits, cold slots and store policy (services/settings.py's table);
     `isolation` is this command's default for --compile-isolation."""
-    from services.grammar import limits
-
-    p.add_argument("--compile-deadline-s", type=float,
-                   default=float(env("COMPILE_DEADLINE_S", str(limits.DEFAULT_DEADLINE_S))),
-                   help="a cold compile running longer is stopped: ConstraintTooComplex "
-                        f"(default {limits.DEFAULT_DEADLINE_S:g})")
-    p.add_argument("--compile-memory-bytes", type=int,
-                   default=int(env("COMPILE_MEMORY_BYTES", str(limits.DEFAULT_MEMORY_BYTES))),
-                   help="a cold compile growing its process by more is stopped (default 2 GiB)")
-    p.add_argument("--max-cold-compiles", type=int, default=int(env("MAX_COLD_COMPILES", "2")),
-                   help="cold compiles at once per model (default 2)")
-    p.add_argument("--cold-slot-wait-s", type=float, default=float(env("COLD_SLOT_WAIT_S", "10")),
-                   help="a request waits this long for a cold slot, then gets Overloaded "
-                        "(default 10)")
-    p.add_argument("--compile-isolation", choices=("process", "thread"),
-                   default=env("COMPILE_ISOLATION", isolation),
-                   help=f"where cold compiles of unknown cost run (default {isolation}; only "
-                        "'process' enforces the memory budget and stops a runaway compile)")
-    p.add_argument("--grammar-store-min-speedup", type=float,
-                   default=float(env("GRAMMAR_STORE_MIN_SPEEDUP", str(limits.DEFAULT_MIN_SPEEDUP))),
-                   help="store and ship a compiled grammar only when it loads this many times "
-                        "faster than it compiles; 0 stores all (default "
-                        f"{limits.DEFAULT_MIN_SPEEDUP:g})")
-    p.add_argument("--grammar-load-ms-per-mb", type=float,
-                   default=float(env("GRAMMAR_LOAD_MS_PER_MB", str(limits.DEFAULT_LOAD_MS_PER_MB))),
-                   help="predicted load time per MB of compiled footprint (measured by "
-                        f"`infernix bench grammar-store`; default {limits.DEFAULT_LOAD_MS_PER_MB:g})")
-    p.add_argument("--compile-reject-ttl-s", type=float,
-                   default=float(env("COMPILE_REJECT_TTL_S", "600")),
-                   help="a constraint stopped by a compile limit is refused at once for this "
-                        "long, without taking a cold slot (default 600; 0: never remembered)")
-    p.add_argument("--grammar-load-ms-fixed", type=float,
-                   default=float(env("GRAMMAR_LOAD_MS_FIXED", str(limits.DEFAULT_LOAD_MS_FIXED))),
-                   help="predicted fixed cost of one load, in ms (default "
-                        f"{limits.DEFAULT_LOAD_MS_FIXED:g})")
+    add_settings(p, "compile_deadline_s", "compile_memory_bytes", "max_cold_compiles",
+                 "cold_slot_wait_s", "compile_isolation", "grammar_store_min_speedup",
+                 "grammar_load_ms_per_mb", "compile_reject_ttl_s", "grammar_load_ms_fixed",
+                 compile_isolation=isolation)
 
 
 def cache_config_from_args(args: argparse.Namespace, **overrides: Any):
@@ -343,16 +312,8 @@ def cache_config_from_args(args: argparse.Namespace, **overrides: Any):
 
 
 def add_client_args(p: argparse.ArgumentParser) -> None:
-    """A worker's GrpcGrammarClient settings (each also an INFERNIX_* variable)."""
-    p.add_argument("--grammar-timeout-s", type=float, default=float(env("GRAMMAR_TIMEOUT_S", "120")),
-                   help="deadline of one Compile call to the grammar service (default 120)")
-    p.add_argument("--grammar-retry-s", type=float, default=float(env("GRAMMAR_RETRY_S", "2")),
-                   help="while the grammar service is unreachable, try it again this often "
-                        "(default 2)")
-    p.add_argument("--grammar-fallback", choices=("on", "off"),
-                   default=env("GRAMMAR_FALLBACK", "on"),
-                   help="on: serve without the grammar service while it is unreachable (Redis, "
-                        "in-process builds); off: answer GrammarServiceUnavailable (default on)")
+    """A worker's GrpcGrammarClient settings (services/settings.py's table)."""
+    add_settings(p, "grammar_timeout_s", "grammar_retry_s", "grammar_fallback")
 
 
 def client_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -367,14 +328,6 @@ def run_health(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from services.grammar.health import check
 
     return check(args.address, args.timeout, out)
-
-
-def env(name: str, default: str | None) -> str | None:
-    """Every setting is also an environment variable named after its flag: --redis-url is
-    INFERNIX_REDIS_URL."""
-    import os
-
-    return os.environ.get(f"INFERNIX_{name}", default)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from services.grammar.cache import CompileStats, ModelCaches, Remote, UpstreamUnavailable
 from services.grammar.service import constraint_to_request, record_from_reply, stats_from_proto
+from services.settings import default
 from shared.contract import OutputConstraint
 from shared.errors import GrammarServiceUnavailable, InternalError
 from shared.logging import get_logger
@@ -118,9 +119,10 @@ class GrpcGrammarClient(GrammarClient):
     Health call `health()` makes. `fallback` False forbids serving without the service: while
     it is unreachable, a grammar not in L1 fails with GrammarServiceUnavailable (503)."""
 
-    def __init__(self, host: str, port: int, caches: ModelCaches, *, timeout_s: float = 120.0,
-                 retry_s: float = 2.0, probe_timeout_s: float = 1.0,
-                 fallback: bool = True) -> None:
+    def __init__(self, host: str, port: int, caches: ModelCaches, *,
+                 timeout_s: float = default("grammar_timeout_s"),
+                 retry_s: float = default("grammar_retry_s"), probe_timeout_s: float = 1.0,
+                 fallback: bool = default("grammar_fallback") == "on") -> None:
         if timeout_s <= 0 or retry_s < 0 or probe_timeout_s <= 0:
             raise ValueError("GrpcGrammarClient needs timeout_s > 0, retry_s >= 0, "
                              "probe_timeout_s > 0")

@@ -10,7 +10,6 @@ rejection is a typed RequestError raised before an engine sees the source.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from services.grammar.engine import LLGUIDANCE, XGRAMMAR, CompiledConstraint
 from services.grammar.engine_llguidance import LlguidanceConstraint
 from services.grammar.engine_xgrammar import XgrammarConstraint
 from services.grammar.regex.tree import ebnf_literal
+from services.settings import UsageError, switch
 from shared.contract import ConstraintKind, OutputConstraint
 from shared.errors import InternalError, InvalidGrammar
 from shared.frontends.token_domain import TokenDomain
@@ -162,10 +162,10 @@ def json_engine() -> str:
     """The engine of JSON content: llguidance unless the operator sets INFERNIX_JSON_ENGINE to
     xgrammar (the engine of record for everything; read at each compile, also in compile
     children). Raises InternalError for another value."""
-    value = os.environ.get("INFERNIX_JSON_ENGINE", LLGUIDANCE)
-    if value not in (LLGUIDANCE, XGRAMMAR):
-        raise InternalError(f"INFERNIX_JSON_ENGINE must be {LLGUIDANCE} or {XGRAMMAR}, got {value!r}")
-    return value
+    try:
+        return switch("json_engine")
+    except UsageError as exc:
+        raise InternalError(str(exc)) from None
 
 
 def build_lark(constraint: OutputConstraint, domain: TokenDomain) -> str:

@@ -24,15 +24,17 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from services.settings import default
 from shared.errors import Overloaded
 
-DEFAULT_DEADLINE_S = 30.0
-DEFAULT_MEMORY_BYTES = 2 << 30
-# Decompress + deserialise per MB of serialised JSON: the bench measured 21 to 52 ms/MB over both
-# vocabularies (docs/benchmarks.md, "Grammar store policy"); the default sits at the top of that.
-DEFAULT_LOAD_MS_PER_MB = 50.0
-DEFAULT_LOAD_MS_FIXED = 1.0
-DEFAULT_MIN_SPEEDUP = 4.0
+# The defaults are services/settings.py's. Decompress + deserialise per MB of serialised JSON: the
+# bench measured 21 to 52 ms/MB over both vocabularies (docs/benchmarks.md, "Grammar store
+# policy"); the default load_ms_per_mb sits at the top of that.
+DEFAULT_DEADLINE_S = default("compile_deadline_s")
+DEFAULT_MEMORY_BYTES = default("compile_memory_bytes")
+DEFAULT_LOAD_MS_PER_MB = default("grammar_load_ms_per_mb")
+DEFAULT_LOAD_MS_FIXED = default("grammar_load_ms_fixed")
+DEFAULT_MIN_SPEEDUP = default("grammar_store_min_speedup")
 
 
 @dataclass(frozen=True)

@@ -145,9 +145,10 @@ def _load_hf_runtime(path: str, *, device: str | torch.device,
     from services.worker.models.qwen35_loading import is_qwen35_checkpoint
 
     if is_qwen35_checkpoint(path):  # hybrid GDN model: its own loader
-        from services.worker.models.qwen35_runtime import load_qwen35_runtime
+        from services.worker.models.qwen35_loading import load_qwen35_model
 
-        return load_qwen35_runtime(path, device=device, dtype=dtype)
+        model, config = load_qwen35_model(path, dtype, device)
+        return ModelRuntime(path, model, config, get_frontend(path))
     frontend = get_frontend(path)
     decoder, config = load_hf_model(path, dtype, device)
     return ModelRuntime(path, decoder, config, frontend)

@@ -6,7 +6,7 @@ the document on an engine with an empty cache for it (cold: the whole prompt is 
 `hits` requests ask other questions after the same document (a hit: the document's full KV blocks
 come from the cache; the question and at least the last prompt token are prefilled). It reports
 TTFT (submission to first token, the engine's own timing) of cold and hit requests, their ratio
-(issue 13's target: a hit under 10% of cold), the cached tokens each hit reported in its usage, and
+(the target: a hit under 10% of cold), the cached tokens each hit reported in its usage, and
 decode TPOT of both (paged KV must leave TPOT unchanged within noise; `infernix bench decode`
 compares it across builds). A last round repeats one cold and one hit prompt with the cache off,
 so cold and off are also seen side by side. The built-in SmolLM2 runs on the CPU by default.

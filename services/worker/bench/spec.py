@@ -44,7 +44,7 @@ from services.worker.bench.models import build_runtime
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime
-from services.worker.spec import HostDrafter, NgramProposer
+from services.worker.spec import ContextProposer, NgramProposer
 from services.worker.spec.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.generation import (ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions,
@@ -187,15 +187,15 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
     engine = client.engine
     try:
         # Warm-up (compiles the schema, first kernels, decode graphs) outside the timed round.
-        drafter, engine.drafter = engine.drafter, None
+        drafter, engine.proposer = engine.proposer, None
         await asyncio.gather(*(_finished(client, r) for r in
                                _requests(runtime, prompts, schema, 4, f"w{tag}")))
         if backend == "oracle":
-            drafter = HostDrafter.from_context(oracle, k)
+            drafter = ContextProposer(oracle, k)
         elif backend == "ngram-alone":
-            drafter = HostDrafter.from_context(NgramProposer(
+            drafter = ContextProposer(NgramProposer(
                 token_bytes=runtime.domain.token_bytes, encode=runtime.tokenizer.encode), k)
-        engine.drafter = drafter
+        engine.proposer = drafter
         if drafter is not None:  # a speculated warm-up too: verify graphs are captured lazily
             await asyncio.gather(*(_finished(client, r) for r in
                                    _requests(runtime, prompts, schema, 2 * k + 4, f"v{tag}")))

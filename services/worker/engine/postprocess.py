@@ -35,7 +35,7 @@ from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request, RequestState
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import Outbox
-from services.worker.spec.drafter import SpecCounters
+from services.worker.spec.counters import SpecCounters
 from shared.errors import InfernixError, InternalError
 from shared.generation import Finished, FinishReason, GenerationEvent, Usage
 from shared.logging import get_logger

@@ -117,8 +117,8 @@ class Scheduler:
     def schedule(self) -> StepBatch | None:
         """The next step's rows, or None when nothing is resident."""
         # Shortest remaining prompt first: a short request admitted beside a long prompt is
-        # prefilled in the next prefill step instead of after the long one's last chunk (issue 12
-        # item 7: a long prompt delays others by at most one chunk). Resident rows are bounded by
+        # prefilled in the next prefill step instead of after the long one's last chunk (a long
+        # prompt delays others by at most one chunk). Resident rows are bounded by
         # the lanes, so the long prompt still gets the rest of every step's budget.
         prefill = sorted((j for j in self.resident if j.in_prefill),
                          key=lambda j: j.prefill_end - j.num_cached)

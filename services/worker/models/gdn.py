@@ -1,6 +1,6 @@
 """The Gated DeltaNet token mixer of Qwen3.5 (Hugging Face names: `linear_attn.in_proj_qkv`, ...).
 
-Per layer, for x: [B, T, hidden] (notes/models.md section 4):
+Per layer, for x: [B, T, hidden] (as transformers' Qwen3.5 computes it):
 
     y = [q; k; v] = silu(causal_conv1d(in_proj_qkv(x)))   depthwise, K taps, continuing the lane's window
     q, k      = l2norm(q) * dk^-1/2, l2norm(k)            float32, per key head
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import gdn_ref
+from services.settings import switch
 from services.worker.models.fused_linear import project
 from services.worker.models.qwen35_config import Qwen35Config
 
@@ -60,7 +61,7 @@ def chunk(q, k, v, g, beta, initial):
     if v.is_cuda:
         from kernels.gdn import gdn_chunk
 
-        return gdn_chunk(q, k, v, g, beta, initial)
+        return gdn_chunk(q, k, v, g, beta, initial, use_fla=switch("fla"))
     return gdn_ref.chunk_gated_delta_rule_ref(q, k, v, g, beta, initial)
 
 

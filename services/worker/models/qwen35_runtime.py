@@ -1,9 +1,7 @@
-"""Qwen3.5 models as the worker serves them: a checkpoint directory's runtime, and random-weight
-models of a given shape for tests and benchmarks (structure only, never a quality claim).
+"""Random-weight Qwen3.5 models of a given shape for tests and benchmarks (structure only, never
+a quality claim); a checkpoint directory's runtime is services/worker/runtime.py's `load_runtime`
+(weights by models/qwen35_loading.py, the Frontend from `get_frontend(path)`).
 
-- `load_qwen35_runtime(path)`: weights by models/qwen35_loading.py; the Frontend from
-  `get_frontend(path)`: the checkpoint's own tokenizer files and template when it has them, else
-  the built-in Qwen3.5 frontend (shared/frontends/__init__.py).
 - `random_qwen35(dtype=, device=, **overrides)`: a Qwen35Model of the 9B text shape (32 layers,
   hidden 4096, 24 GDN + 8 attention, the real vocabulary) unless overridden, built on `device`.
 """
@@ -18,7 +16,7 @@ from services.worker.models.qwen35 import Qwen35Model
 from services.worker.models.qwen35_config import Qwen35Config
 from services.worker.models.rope import RopeConfig
 
-# The Qwen3.5-9B text model (notes/models.md section 1; transformers' Qwen3_5TextConfig defaults).
+# The Qwen3.5-9B text model (transformers' Qwen3_5TextConfig defaults).
 QWEN35_9B: dict[str, Any] = dict(
     vocab_size=248_320, hidden_size=4096, intermediate_size=12288,
     layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(32)),
@@ -54,13 +52,3 @@ def random_qwen35(*, dtype: torch.dtype = torch.bfloat16, device: torch.device |
     model.fuse_projections()
     return model.eval().requires_grad_(False)
 
-
-def load_qwen35_runtime(path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """The ModelRuntime of Qwen3.5 checkpoint directory `path` (see the module docstring).
-    Raises what `load_qwen35_model` and the frontend loaders raise."""
-    from services.worker.models.qwen35_loading import load_qwen35_model
-    from services.worker.runtime import ModelRuntime
-    from shared.frontends import get_frontend
-
-    model, config = load_qwen35_model(path, dtype, device)
-    return ModelRuntime(path, model, config, get_frontend(path))

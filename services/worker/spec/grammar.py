@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from services.worker.spec.proposer import HostProposer
+
 Encode = Callable[[str], list[int]]
 
 
@@ -132,37 +134,26 @@ def compose(probe, encode: Encode, k: int,
     return drafts
 
 
-class GrammarProposer:
-    """`propose(job, k)` for the host drafter: a constrained row's grammar drafts composed with
-    `other` (`other(job, drafts, n)`: at most n drafts continuing the row's committed output and
-    `drafts`; None: grammar drafts alone); an unconstrained row gets `other`'s drafts alone.
-    `encode`: the target's tokenizer (the Frontend's `encode`)."""
+class GrammarProposer(HostProposer):
+    """The host-route proposer of grammar drafts (spec/proposer.py), `k` per row and round.
+    `encode`: the target's tokenizer (the Frontend's). `inner`: the row's other host proposer
+    (n-gram copy, MTP) or None; its `reads` and `after_step` are the wrapper's, its drafts fill
+    the positions between forced runs (`compose`), and an unconstrained row gets its drafts
+    alone."""
 
-    def __init__(self, encode: Encode, other=None) -> None:
+    def __init__(self, encode: Encode, k: int, inner: HostProposer | None = None) -> None:
+        super().__init__(k)
         self.encode = encode
-        self.other = other
+        self.inner = inner
+        self.reads = None if inner is None else inner.reads
 
-    def propose(self, job, k: int) -> list[int]:
-        session = job.session
-        other = self.other
+    def propose(self, job, n: int):
+        session, inner = job.session, self.inner
         if not session.constrained or session.finished:
-            return list(other(job, (), k)) if other is not None and k > 0 else []
+            return inner.propose(job, n) if inner is not None else []
+        other = None if inner is None else lambda drafts, m: inner.propose_after(job, drafts, m)
         with session.probe() as probe:
-            return compose(probe, self.encode, k,
-                           None if other is None else lambda drafts, n: other(job, drafts, n))
+            return compose(probe, self.encode, n, other)
 
-
-def context_other(proposer):
-    """`other` of a context proposer (n-gram copy): it sees the prompt, the committed output and
-    the drafts before its own."""
-    return lambda job, drafts, n: proposer.propose(
-        job.prompt_ids + tuple(job.output_ids) + tuple(drafts), n)
-
-
-def chain_other(propose):
-    """`other` of a chain proposer (MTP: `propose(job, n)` drafts from the committed output): its
-    drafts fill a position only while the drafts before it are its own chain's."""
-    def other(job, drafts, n):
-        chain = propose(job, len(drafts) + n)
-        return chain[len(drafts):] if list(chain[:len(drafts)]) == list(drafts) else []
-    return other
+    def after_step(self, pending, hidden) -> float:
+        return 0.0 if self.inner is None else self.inner.after_step(pending, hidden)
