@@ -275,3 +275,24 @@ def test_a_rejected_grammar_draft_leaves_the_matcher_as_plain_decoding(frontend,
     assert torch.equal(a, b)
     assert drafts_at(frontend, session) == drafts_at(frontend, fresh)
     assert forced.startswith(domain.token_bytes[other])
+
+
+def test_propose_after_continues_a_context_or_an_own_chain():
+    """Composition asks the other proposer for drafts after the round's earlier ones: a context
+    proposer (n-gram) sees them as context; a chain drafted from the committed output (MTP)
+    continues only where they are its own first drafts."""
+    from services.worker.spec import ContextProposer, HostProposer, NgramProposer
+
+    class Job:
+        prompt_ids = (5, 6, 7, 5)
+        output_ids: list = []
+
+    class Chain(HostProposer):
+        def propose(self, job, n):
+            return [1, 2, 3, 4][:n]
+
+    chain = Chain(4)
+    assert chain.propose_after(Job, (1, 2), 2) == [3, 4]
+    assert chain.propose_after(Job, (9,), 2) == []
+    ngram = ContextProposer(NgramProposer(min_n=2, max_n=2), 4)
+    assert ngram.propose_after(Job, (6,), 3) == [7, 5, 6]  # [5, 6] matched at the start
