@@ -118,7 +118,8 @@ def splits_for(base: G.GemvConfig, N: int, K: int, sms: int) -> list[G.GemvConfi
 
 def copy_bandwidth() -> float:
     """Device copy bandwidth in bytes/s (read + write counted): the measure the decode benches
-    use (models/qwen35_bench.py on CUDA; bench/breakdown.py's host copy for --dry-run)."""
+    use (models/qwen35_bench.py on CUDA; for --dry-run the host copy of
+    services/worker/bench/breakdown.py)."""
     if DEV == "cpu":
         from services.worker.bench.breakdown import cpu_copy_bandwidth
 

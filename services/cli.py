@@ -5,7 +5,7 @@
     infernix grammar check|sample|serve|health
     infernix worker serve|health        the gRPC worker
     infernix gateway serve --worker ADDR [--worker ADDR ...]
-    infernix bench grammar|decode|spec|prefix  benchmarks writing JSON
+    infernix bench grammar|decode|spec|prefix|serve  benchmarks writing JSON
 
 Every flag is also an environment variable named after it: --redis-url is INFERNIX_REDIS_URL.
 Building the parser imports nothing heavy (no torch, xgrammar or transformers): `--help` answers
@@ -236,7 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     decode_bench_cli.add_parser(bsub)
     decode_bench_cli.add_spec_parser(bsub)
     decode_bench_cli.add_prefix_parser(bsub)
+    _add_serve_bench_parser(bsub)
     return parser
+
+
+def _add_serve_bench_parser(bsub) -> None:
+    # bench/serve.py imports only aiohttp at run time: its parser is cheap to build
+    from bench.serve import add_parser
+
+    add_parser(bsub)
 
 
 def main(argv: list[str] | None = None) -> int:

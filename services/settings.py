@@ -93,7 +93,7 @@ _TABLE = (
     Setting("kv_cache_tokens", int, None, "KV pool size in positions (blocks of 16); omitted: "
             "lanes x max_len; more leaves the prefix cache room beyond the lanes", "N"),
     Setting("no_prefix_cache", None, False, "turn the automatic prefix cache off (KV blocks of "
-            "equal prompt prefixes are then never reused; hybrid models run without it anyway)"),
+            "equal prompt prefixes are then never reused, nor a hybrid model's state snapshots)"),
     Setting("no_pipeline", None, False, "launch each decode step only after the previous one's "
             "commit (on CUDA the next step's forward is launched first by default, so the commit's "
             "host work overlaps it; the CPU never pipelines)"),

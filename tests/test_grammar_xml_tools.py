@@ -274,3 +274,41 @@ async def test_framings_compile_through_the_cache_under_their_own_keys() -> None
         with pytest.raises(Unsupported) as err:
             await cache.compile(source, framing=framing)
         assert err.value.field == "framing"
+
+
+def test_forced_calls_follow_a_non_strict_schema_in_xml(compiler) -> None:
+    """A forced call is constrained by its schema whether or not `strict` is set, in the XML
+    format too (declared order, required present, the root closed to its declared parameters),
+    and the decoder's coding follows the same classification (a string parameter is raw text);
+    a schema the XML format cannot enforce exactly falls back to the loose arguments for a
+    non-strict tool and stays refused for a strict one."""
+    from shared.errors import UnsupportedSchema
+
+    note = {"type": "object", "properties": {"text": {"type": "string"},
+                                             "n": {"type": "integer"}}, "required": ["text"]}
+    tools = (ToolDefinition.create("note", note),)
+    d = xml_domain()
+    forced = compiler.compile_grammar(build_framed_grammar(
+        ToolSpec(tools, ToolChoice.named("note")), "qwen-xml-v1", d))
+    good = "<parameter=text>\nhi\n</parameter>\n<parameter=n>\n2\n</parameter>\n"
+    assert _accepts(forced, _call_tokens("note", good))
+    for bad in ("<parameter=n>\n2\n</parameter>\n",  # text is required
+                "<parameter=n>\n2\n</parameter>\n<parameter=text>\nhi\n</parameter>\n",  # order
+                "<parameter=text>\nhi\n</parameter>\n<parameter=x>\n1\n</parameter>\n",
+                "<parameter=text>\nhi\n</parameter>\n<parameter=n>\nmany\n</parameter>\n"):
+        assert not _accepts(forced, _call_tokens("note", bad)), bad
+    coding = argument_codings(tools, forced=True)["note"]
+    assert coding.strict and coding.raw == frozenset({"text"})
+    assert not argument_codings(tools)["note"].strict  # auto: the loose coding, as before
+    auto = compiler.compile_grammar(build_framed_grammar(ToolSpec(tools, ToolChoice()),
+                                                         "qwen-xml-v1", d))
+    loose_call = "<parameter=x>\n1\n</parameter>\n"
+    assert _accepts(auto, _call_tokens("note", loose_call))
+    mixed = {"type": "object", "properties": {"v": {"type": ["string", "integer"]}}}
+    fallback = compiler.compile_grammar(build_framed_grammar(
+        ToolSpec((ToolDefinition.create("m", mixed),), ToolChoice.named("m")), "qwen-xml-v1", d))
+    assert _accepts(fallback, _call_tokens("m", loose_call))
+    assert not argument_codings((ToolDefinition.create("m", mixed),), forced=True)["m"].strict
+    with pytest.raises(UnsupportedSchema):
+        build_framed_grammar(ToolSpec((ToolDefinition.create("m", mixed, strict=True),),
+                                      ToolChoice.named("m")), "qwen-xml-v1", d)

@@ -234,7 +234,8 @@ def test_the_companion_clears_a_repeated_name_in_the_session_masks(served):
 
     runtime, _ = served
     domain = runtime.domain
-    spec = ToolSpec(TOOLS, ToolChoice.named("note"))
+    # auto: a forced call would follow note's schema, whose declared order forbids repeats itself
+    spec = ToolSpec(TOOLS, ToolChoice(ToolMode.AUTO, ("note",)))
     grammar = in_process_client({"x": domain})
     compiled = asyncio.run(grammar.compile(spec, model="x", framing=QWEN_XML.framing)).grammar
     names = ParameterNameConstraint(NameIndex.of(domain), domain.special_id("<tool_call>"),
@@ -251,9 +252,11 @@ def test_the_companion_clears_a_repeated_name_in_the_session_masks(served):
     rows = torch.zeros(4, domain.mask_words, dtype=torch.int32)
     sessions[0].lookahead((), rows[0:1])
     sessions[1].lookahead((), rows[1:2])
-    from services.grammar.client import MaskFiller
+    from services.worker.program.masks import MaskBuffers
 
-    OutputSession.fill_ordinary(sessions, rows, [2, 3], MaskFiller("auto"), [len(ids)] * 2)
+    masks = MaskBuffers(domain, 2, 0, torch.device("cpu"))  # the batched fill of two rows
+    masks.fill_ordinary(sessions, [len(ids)] * 2)
+    rows[2:4] = masks.host[:, 0]
 
     def legal(row, t):
         return bool((int(row[t >> 5]) >> (t & 31)) & 1)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from services.gateway.cut_calls import CallTracker
 from services.gateway.metrics import GatewayMetrics
 from shared.errors import InternalError
 from shared.generation import (
@@ -56,6 +57,7 @@ class Generation:
         self._stream: Any = None
         self._first: GenerationEvent | None = None
         self._refused = False  # generate raised before its first event: nothing to cancel
+        self._calls = CallTracker()
 
     async def start(self) -> None:
         """Submit and wait for the first event (raises what `generate` raises)."""
@@ -72,8 +74,9 @@ class Generation:
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
         """The events up to and including Finished (a Started event is read into `counts`, not
-        yielded); raises InternalError if the stream ends early, and whatever the worker raises
-        if it fails mid-stream."""
+        yielded; a call the token limit cut is added to Finished's calls, as a CutCall, since its
+        events have been yielded); raises InternalError if the stream ends early, and whatever the
+        worker raises if it fails mid-stream."""
         assert self._first is not None, "start() first"
         event: GenerationEvent | None = self._first
         while event is not None:
@@ -86,10 +89,12 @@ class Generation:
                                   ToolCallArgumentsDelta)):
                 if self.first_output_at is None:
                     self.first_output_at = time.perf_counter()
-            yield event
+                self._calls.see(event)
             if isinstance(event, Finished):
-                self.finished = event
+                self.finished = event = self._calls.complete(event)
+                yield event
                 return
+            yield event
             event = await self._next()
 
     async def _next(self) -> GenerationEvent:

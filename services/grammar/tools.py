@@ -13,7 +13,10 @@ EOS are legal. The three independent choices of the design document:
   model's format has no dedicated token, so the opener is text: a spelled opener always starts a
   call, which is how the output decoder reads it too);
 - arguments: a strict tool's ARGS is its argument schema's grammar (the root must reduce to a
-  closed object); a non-strict tool's ARGS is any JSON object;
+  closed object); a forced call (`required`, a named choice) to a non-strict tool follows its
+  schema too, with the root closed to its declared properties (`enforced_parameters`), and falls
+  back to any JSON object when that schema cannot be enforced exactly; any other non-strict
+  tool's ARGS is any JSON object;
 - call policy: `auto` = free text then zero or more calls; `required` = one or more calls from the
   start; `parallel=False` = at most one call; `none` = content only (no grammar of its own).
 
@@ -31,7 +34,7 @@ from shared.contract import (
     ConstraintKind, OutputConstraint, ToolChoice, ToolConstraints, ToolDefinition, ToolMode,
     canonical_json,
 )
-from shared.errors import ConflictingConstraint, SchemaSource
+from shared.errors import ConflictingConstraint, InvalidSchema, SchemaSource, UnsupportedSchema
 
 from shared.frontends.formats.hermes import (  # noqa: F401 - FRAMING and CALL_OPEN are public here
     ARGS_PREFIX, CALL_OPEN, CALL_SUFFIX, FRAMING, NAME_PREFIX,
@@ -40,7 +43,8 @@ from shared.frontends.formats.hermes import (  # noqa: F401 - FRAMING and CALL_O
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """Everything that defines a tool grammar. Non-strict schemas are not part of its identity."""
+    """Everything that defines a tool grammar. Non-strict schemas are part of its identity only
+    when the choice forces a call (then they constrain the arguments)."""
 
     tools: tuple[ToolDefinition, ...]
     choice: ToolChoice
@@ -50,10 +54,20 @@ class ToolSpec:
         names = self.choice.allowed_names
         return tuple(t for t in self.tools if names is None or t.name in names)
 
+    @property
+    def forced(self) -> bool:
+        """The choice forces a call (`required`, a named choice, Anthropic `any`/`tool`): every
+        tool's schema then constrains its arguments, strict or not."""
+        return self.choice.mode is ToolMode.REQUIRED
+
+    def schema_of(self, tool: ToolDefinition) -> object | None:
+        """The schema that constrains `tool`'s arguments, None when nothing does."""
+        return tool.parameters if tool.strict or self.forced else None
+
     def canonical_source(self) -> str:
-        """The cache identity: allowed names, strict schemas, call policy and content."""
+        """The cache identity: allowed names, enforced schemas, call policy and content."""
         return canonical_json({
-            "tools": [[t.name, t.strict, t.parameters if t.strict else None] for t in self.allowed()],
+            "tools": [[t.name, t.strict, self.schema_of(t)] for t in self.allowed()],
             "mode": self.choice.mode.value,
             "parallel": self.choice.parallel,
             "content": None if self.content is None else
@@ -65,7 +79,7 @@ class ToolSpec:
         c = self.content
         return canonical_json({
             "tools": [{"name": t.name, "strict": t.strict,
-                       "parameters": t.parameters if t.strict else None} for t in self.allowed()],
+                       "parameters": self.schema_of(t)} for t in self.allowed()],
             "mode": self.choice.mode.value,
             "parallel": self.choice.parallel,
             "content": None if c is None else {"kind": c.kind.value, "source": c.source,
@@ -172,14 +186,43 @@ def embed(ebnf: str, prefix: str) -> tuple[str, str]:
     return _IDENT.sub(rename, ebnf), prefix + "root"
 
 
-def _schema_ebnf(schema: object, *, index: int, name: str, strict: bool) -> str:
+def enforced_parameters(tool: ToolDefinition) -> object:
+    """The schema a forced call's arguments follow: a strict tool's as given; a non-strict one's
+    with the root object closed to its declared properties unless it says `additionalProperties`
+    itself (every output still satisfies the schema, and a model that would keep inventing
+    properties must end the call; a tool without parameters gets `{}`)."""
+    schema = tool.parameters
+    if tool.strict or not isinstance(schema, dict) or "additionalProperties" in schema:
+        return schema
+    if schema.get("type") != "object" and "properties" not in schema:
+        return schema
+    return {**schema, "additionalProperties": False}
+
+
+def loose_fallback(tool: ToolDefinition, forced: bool, build):
+    """`build(schema)` for a tool whose arguments follow a schema; for a forced non-strict tool
+    whose schema cannot be enforced exactly, None (the caller's looser grammar: any arguments of
+    the format), since the strict flag alone decides what is refused."""
+    try:
+        return build(enforced_parameters(tool))
+    except (UnsupportedSchema, InvalidSchema):
+        if tool.strict or not forced:
+            raise
+        return None
+
+
+def _schema_ebnf(tool: ToolDefinition, *, index: int, forced: bool) -> str:
     from services.grammar.schema import reduce_tool_arguments, schema_to_ebnf
 
-    if not strict:
+    def build(schema: object) -> str:
+        reduce_tool_arguments(schema, tool_index=index, tool_name=tool.name)
+        return schema_to_ebnf(schema, source=SchemaSource.TOOL_ARGUMENTS, tool_index=index,
+                              tool_name=tool.name)
+
+    if not (tool.strict or forced):
         return schema_to_ebnf({"type": "object"})
-    reduce_tool_arguments(schema, tool_index=index, tool_name=name)
-    return schema_to_ebnf(schema, source=SchemaSource.TOOL_ARGUMENTS, tool_index=index,
-                          tool_name=name)
+    text = loose_fallback(tool, forced, build)
+    return schema_to_ebnf({"type": "object"}) if text is None else text
 
 
 def tool_grammar_ebnf(spec: ToolSpec, *, whitespace: str = "any") -> str:
@@ -191,8 +234,7 @@ def tool_grammar_ebnf(spec: ToolSpec, *, whitespace: str = "any") -> str:
     index_of = {t.name: i for i, t in enumerate(spec.tools)}
     for tool in spec.allowed():
         i = index_of[tool.name]
-        body, root = embed(_schema_ebnf(tool.parameters, index=i, name=tool.name,
-                                        strict=tool.strict), f"t{i}_")
+        body, root = embed(_schema_ebnf(tool, index=i, forced=spec.forced), f"t{i}_")
         lines.append(body)
         head = ebnf_literal(f"{CALL_OPEN}\n{NAME_PREFIX}{tool.name}{ARGS_PREFIX}")
         call_alts.append(f"{head} {root} {ebnf_literal(CALL_SUFFIX)}")

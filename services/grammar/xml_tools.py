@@ -9,8 +9,10 @@ legal. The three independent choices of the design document:
   control tokens, so no text rule matches them and a spelled `<tool_call>` is text), the framing,
   and the allowed names;
 - arguments: a strict tool's parameters in declared order, required ones present, each value a
-  raw string (pure string parameters) or a JSON value of its schema (xml_values.py); a non-strict
-  tool's arguments are any parameters with any representable name (no '>' or line break) and any
+  raw string (pure string parameters) or a JSON value of its schema (xml_values.py); a forced
+  call to a non-strict tool follows its schema the same way (root closed to its declared
+  properties: tools.enforced_parameters), or the loose arguments below when that schema cannot be
+  enforced exactly; any other non-strict tool's arguments are any parameters with any representable name (no '>' or line break) and any
   value text without the delimiter; that each name appears once in a call is the
   ParameterNameConstraint companion's part (param_names.py), not the grammar's;
 - call policy: `auto` = free text, then zero or more calls; `required` = one or more calls from
@@ -31,7 +33,7 @@ from services.grammar.regex.tree import ebnf_literal
 from services.grammar.schema import make_emitter, schema_to_ebnf, tool_argument_parts
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import NoValue, ObjectType, ReducedSchema
-from services.grammar.tools import ToolSpec, embed
+from services.grammar.tools import ToolSpec, embed, enforced_parameters, loose_fallback
 from services.grammar.xml_values import JSON, MIXED, NEVER, RAW, RawStrings, parameter_kind, \
     resolve
 from shared.contract import ConstraintKind, ToolDefinition, ToolMode
@@ -45,13 +47,16 @@ _NAME_CLASS = ebnf_class(CharSet.chars(">\n\r").invert())
 
 
 def _strict_parameters(tool: ToolDefinition, index: int, prefix: str,
-                       raw: RawStrings | None = None) -> tuple[list[tuple[str, str, str, bool]], str]:
-    """[(name, kind, value expression, required)] in declared order and the rules they use.
+                       raw: RawStrings | None = None, *, schema: object = None
+                       ) -> tuple[list[tuple[str, str, str, bool]], str]:
+    """[(name, kind, value expression, required)] in declared order and the rules they use, of
+    `schema` (default: the tool's parameters).
 
     Raises InvalidSchema / UnsupportedSchema (source tool_arguments, the tool's index and name)
     for a root that is not a closed object, a parameter mixing string with other types, a name
     the framing cannot carry, or a raw value set that cannot be represented."""
-    reduced, graph, patterns, ctx = tool_argument_parts(tool.parameters, tool_index=index,
+    schema = tool.parameters if schema is None else schema
+    reduced, graph, patterns, ctx = tool_argument_parts(schema, tool_index=index,
                                                         tool_name=tool.name)
     root = resolve(reduced.root, reduced)
     assert isinstance(root, ObjectType)
@@ -92,11 +97,30 @@ _NAME_END = ebnf_literal(">\n")
 _VALUE_END = ebnf_literal(VALUE_END + "\n")
 
 
-def _arguments(tool: ToolDefinition, index: int, raw: RawStrings) -> tuple[str, str]:
+def _enforced(tool: ToolDefinition, index: int, forced: bool, raw: RawStrings | None = None):
+    """`_strict_parameters` of the schema that constrains the tool's arguments, None when none
+    does (a non-strict tool that is not forced, or forced with a schema that cannot be enforced
+    exactly: its arguments are then the loose ones). A failed attempt leaves `raw` unchanged."""
+    if not (tool.strict or forced):
+        return None
+    scratch = None if raw is None else raw.copy()
+
+    def build(schema: object):
+        return _strict_parameters(tool, index, f"t{index}_", scratch, schema=schema)
+
+    built = loose_fallback(tool, forced, build)
+    if built is not None and raw is not None:
+        raw.adopt(scratch)
+    return built
+
+
+def _arguments(tool: ToolDefinition, index: int, raw: RawStrings,
+               forced: bool) -> tuple[str, str]:
     """(ARGS expression, rules) of one tool; raw string rules go to the shared `raw`."""
-    if not tool.strict:
+    built = _enforced(tool, index, forced, raw)
+    if built is None:
         return "xml_loose", ""
-    params, rules = _strict_parameters(tool, index, f"t{index}_", raw)
+    params, rules = built
     parts = []
     for name, _, expr, req in params:
         one = f"{ebnf_literal(PARAM_OPEN + name)} {_NAME_END} {expr} {_VALUE_END}"
@@ -130,7 +154,7 @@ def xml_tool_grammar_ebnf(spec: ToolSpec, domain: TokenDomain) -> str:
     index_of = {t.name: i for i, t in enumerate(spec.tools)}
     call_alts = []
     for tool in spec.allowed():
-        args, rules = _arguments(tool, index_of[tool.name], raw)
+        args, rules = _arguments(tool, index_of[tool.name], raw, spec.forced)
         lines.append(rules)
         head = ebnf_literal(f"{CALL_HEAD}{tool.name}>\n")
         call_alts.append(f"Token({open_id}) {head} {args} {ebnf_literal(CALL_TAIL)} "
@@ -156,16 +180,19 @@ def xml_tool_grammar_ebnf(spec: ToolSpec, domain: TokenDomain) -> str:
     return f"root ::= {top}\n" + "\n".join(lines) + "\n"
 
 
-def argument_codings(tools: tuple[ToolDefinition, ...]) -> dict[str, ArgumentCoding]:
-    """Tool name -> the value-decoding contract of the XML decoder: a strict tool's raw string
-    parameters (classified exactly as its grammar is built), a non-strict tool's declared types.
-    Raises the grammar's schema errors for a strict tool it cannot build."""
+def argument_codings(tools: tuple[ToolDefinition, ...], *,
+                     forced: bool = False) -> dict[str, ArgumentCoding]:
+    """Tool name -> the value-decoding contract of the XML decoder: the raw string parameters of
+    a tool whose schema constrains its arguments (classified exactly as its grammar is built; a
+    forced call's too), a loose tool's declared types. Raises the grammar's schema errors for a
+    strict tool it cannot build."""
     out: dict[str, ArgumentCoding] = {}
     for i, tool in enumerate(tools):
-        if not tool.strict:
+        built = _enforced(tool, i, forced)
+        if built is None:
             out[tool.name] = hint_coding(tool.parameters)
             continue
-        params, _ = _strict_parameters(tool, i, f"t{i}_")  # the grammar's own classification
+        params, _ = built  # the grammar's own classification
         out[tool.name] = ArgumentCoding(strict=True,
                                         raw=frozenset(n for n, kind, _, _ in params if kind == RAW))
     return out

@@ -106,6 +106,18 @@ class RawStrings:
         self.ctx, self.patterns = ctx, patterns
         return self
 
+    def copy(self) -> "RawStrings":
+        """A scratch copy to build into; `adopt` keeps what it built."""
+        other = RawStrings(self.prefix, self.ctx, self.patterns)
+        other.rules = dict(self.rules)
+        other._automaton = {k: dict(v) for k, v in self._automaton.items()}
+        return other
+
+    def adopt(self, other: "RawStrings") -> None:
+        """Take the rules a scratch copy built."""
+        self.rules, self._automaton = other.rules, other._automaton
+        self.ctx, self.patterns = other.ctx, other.patterns
+
     def unbounded(self) -> str:
         """The rule for any text without the delimiter."""
         return self._state(0, 0, None)

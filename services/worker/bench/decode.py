@@ -53,7 +53,7 @@ class DecodeBenchOptions:
     warmup_tokens: int = 4  # output tokens of the warm-up rounds, >= 2
     compare_unfused: bool = False  # also run the op-by-op model path + general greedy sampling
     compare_serial: bool = False  # also run the fused path with the engine's pipeline off
-    breakdown: bool = False  # the device step breakdown and memory floor (bench/breakdown.py)
+    breakdown: bool = False  # the device step breakdown and memory floor (its breakdown.py)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -254,7 +254,8 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     if breakdown is not None:
         targets.update(_speed_targets(rows, first))
     return {"results": rows, "reference": None if reference is None else {
-        "max_tokens": reference["max_tokens"], "logits_check": reference["logits_check"]},
+        "max_tokens": reference["max_tokens"], "warmup": reference["warmup"],
+        "logits_check": reference["logits_check"]},
             "targets": targets, "breakdown": None if breakdown is None else {
                 k: v for k, v in breakdown.items() if k != "rows"}}
 

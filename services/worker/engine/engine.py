@@ -126,8 +126,7 @@ class Engine:
         if self.proposer is not None:
             self.program.use(self.proposer)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
-                                   on_admit=self.metrics.queue_seconds.observe,
-                                   split_at_block=self.program.snapshot_block)
+                                   on_admit=self.metrics.queue_seconds.observe)
         self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget,
                                   self.speculation)
         self.steps = 0
@@ -171,17 +170,9 @@ class Engine:
         self._check_running()
         self._admission()  # from here it counts as live: a burst cannot all pass at once
         try:
-            ready = await prepare(request, runtime=self.runtime, grammar=self.grammar,
-                                  max_len=self.program.max_len, submitted=submitted)
             stream = RequestStream(asyncio.get_running_loop(), request.request_id)
-            job = Request(
-                request_id=request.request_id, prompt_ids=ready.prompt_ids,
-                sampling=ready.sampling, seed=ready.seed, session=ready.session,
-                sink=stream.push, max_new_tokens=ready.max_new_tokens, output=ready.output,
-                stop_token_ids=frozenset(request.options.stop_token_ids),
-                deadline=ready.deadline, timeout_s=request.options.timeout_s,
-                submitted_at=submitted, thinking_budget=ready.thinking_budget,
-                constraint_kind=ready.constraint_kind)
+            job = await prepare(request, runtime=self.runtime, grammar=self.grammar,
+                                max_len=self.program.max_len, submitted=submitted, sink=stream)
             self._check_running()  # compilation may have outlived the engine
             with self._lock:
                 if request.request_id in self._live:
@@ -192,7 +183,7 @@ class Engine:
             with self._lock:
                 self._preparing -= 1
         job.enqueued_at = time.monotonic()  # an expired deadline is retired by the next step
-        stream.push(Started(len(ready.prompt_ids)))
+        stream.push(Started(job.num_prompt_tokens))
         self._inbox.put(job)
         return stream
 
@@ -224,7 +215,8 @@ class Engine:
                 "steps": self.steps,
                 "prefix_cache": {"enabled": self.program.prefix_cache,
                                  "hit_rate": round(stats.hit_rate, 4),
-                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions},
+                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions,
+                                 "state_snapshots": stats.snapshots},
                 **({"speculative": self.config.speculative,
                     "speculation": self.speculation.to_dict(self.program.draft_wait_seconds)}
                    if self.proposer else {})}

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from services.worker.output.session import PreviewResult
 from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
-from services.worker.request import Request, RequestState
+from services.worker.request import Request
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import Outbox
 from services.worker.spec.counters import SpecCounters
@@ -243,9 +243,8 @@ class Postprocessor:
             reason = FinishReason.TOOL_CALLS
         if job.lane is not None:
             self.program.release_lane(job.lane)
-            job.lane = None
         self.scheduler.remove(job)
-        job.state = RequestState.TERMINAL
+        job.finish()
         self._on_terminal(job)
         report = session.report()
         if report is not None and output.branch is not None:

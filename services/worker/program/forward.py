@@ -36,6 +36,9 @@ class Forward:
         self.host_inputs = torch.zeros(max_batch, 3, dtype=torch.int64,
                                        pin_memory=device.type == "cuda")  # [B, 3]
         self.last_graph = None  # the decode graph the current step replays, if any
+        # a hybrid model's block manager when prompt chunks snapshot the recurrent state inside
+        # their forward (blocks.py `plan_snapshots`, the state's `cut_next`)
+        self.snapshots = None
         self._kept: list[torch.Tensor] = []  # [n_i, T_i, H'] what the proposer reads
 
     def reset(self) -> None:
@@ -144,6 +147,10 @@ class Forward:
         fed = torch.tensor([len(r.tokens) for r in rows], dtype=torch.int64)  # [n]
         lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)  # [n]
         kv_len = max(r.start for r in rows) + width
+        if not every and self.snapshots is not None:
+            self.state.cut_next([(i, t, slot) for i, r in enumerate(rows)
+                                 for t, slot in self.snapshots.plan_snapshots(
+                                     r.request.lane, r.request.prompt_ids, r.start, r.end)])
         index = None if every else (fed - 1)[:, None].to(dev)
         out = self.logits(tokens.to(dev), positions.to(dev), lanes.to(dev), kv_len=kv_len,
                           logit_index=index, num_tokens=fed.to(dev))  # [n, 1|T, V]

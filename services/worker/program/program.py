@@ -62,8 +62,9 @@ class Program:
     graphs on CUDA (default True; ignored on CPU). Raises ValueError for a capacity that does not
     fit. `prefix_cache`: the automatic prefix cache (blocks.py; default on).
     `kv_cache_tokens`: KV pool positions, at least (and by default) every lane's full length.
-    `state_snapshots`: a hybrid model's recurrent-state snapshot slots (default 2 x max_batch).
-    A speculative proposer is handed over once by `use`."""
+    `state_snapshots`: a hybrid model's recurrent-state snapshot slots (default 2 x max_batch, at
+    least 8), paid from `kv_budget_bytes` when max_len comes from it. A speculative proposer is
+    handed over once by `use`."""
 
     def __init__(self, runtime: ModelRuntime, *, max_batch: int, max_len: int | None = None,
                  kv_budget_bytes: int = 256 << 20, max_drafts: int = 0,
@@ -81,8 +82,14 @@ class Program:
         self._use_graphs = self.cuda and cuda_graphs
         lanes = max_batch + (1 if self._use_graphs else 0)  # + the scratch lane of padding rows
         cap = runtime.config.max_position_embeddings
+        # A hybrid model's prefix-cache snapshots are paid from the same budget as the lanes.
+        snapshot_bytes = getattr(self.model, "snapshot_bytes", None)
+        snapshots = max(8, 2 * max_batch) if state_snapshots is None else state_snapshots
         if max_len is None:
-            max_len = self.model.max_len_for_budget(lanes, kv_budget_bytes, runtime.dtype)
+            paid = snapshots * snapshot_bytes(runtime.dtype) \
+                if snapshot_bytes is not None and prefix_cache else 0
+            max_len = self.model.max_len_for_budget(lanes, max(kv_budget_bytes - paid, 0),
+                                                    runtime.dtype)
         max_len = min(max_len, cap)
         num_blocks = None
         if kv_cache_tokens is not None:  # room beyond the lanes for the prefix cache
@@ -94,18 +101,19 @@ class Program:
         self.max_len = self.state.max_len
         self.prefix_cache = prefix_cache
         kv = _kv(self.state)
-        recurrent, snapshots = None, 0
+        recurrent = None
         if _recurrent(self.state) and prefix_cache:
             recurrent = self.state
-            snapshots = 2 * max_batch if state_snapshots is None else state_snapshots
             self.state.allocate_snapshots(snapshots)
-        # A hybrid model's prompt chunks end once at the prompt's last full block (a snapshot).
-        self.snapshot_block = kv.block_size if recurrent is not None else None
+        else:
+            snapshots = 0
         self.blocks = BlockManager(kv, max_batch, identity=model_identity(runtime),
                                    enabled=self.prefix_cache, recurrent=recurrent,
-                                   snapshots=snapshots)
+                                   snapshots=snapshots, special_ids=self.domain.special_ids)
         log.info("kv_pool", blocks=kv.num_blocks, block_size=kv.block_size, max_len=self.max_len,
-                 bytes=kv.nbytes, prefix_cache=self.prefix_cache, state_snapshots=snapshots)
+                 bytes=kv.nbytes, prefix_cache=self.prefix_cache, state_snapshots=snapshots,
+                 snapshot_bytes=snapshots * snapshot_bytes(runtime.dtype)
+                 if snapshots and snapshot_bytes is not None else 0)
         self.masks = MaskBuffers(self.domain, max_batch, max_drafts, self.device)
         self.sampler = Sampler(self.domain, self.device)
         verifier = Verifier(self.domain, self.device, self.masks, self.sampler,
@@ -119,6 +127,8 @@ class Program:
         self._ahead: StepBatch | None = None  # the step whose device state commit_ahead committed
         self._ready = ReadyEvent() if self.cuda else None
         self.forward = Forward(self.model, self.state, self.max_len, max_batch, self.device)
+        if self.blocks.snapshots:
+            self.forward.snapshots = self.blocks
         self.rounds = Rounds(self.forward, verifier, max_batch=max_batch, max_drafts=max_drafts,
                              ready=self._ready)
         self._proposer = None  # aligned with and drafting after every step (`use`)
@@ -311,8 +321,7 @@ class Program:
             fed = tuple(row.tokens)
             if k > len(fed):  # drafts made on the device (DFlash): the accepted ones are the result's
                 fed += tuple(pending.results[i].tokens[:k - len(fed)])
-            self.blocks.commit(row.request.lane, row.start, fed[:k],
-                               snapshot=row.start + k <= row.request.num_prompt_tokens)
+            self.blocks.commit(row.request.lane, row.start, fed[:k])
 
     def close(self) -> None:
         """Destroy graphs before the event and buffers they reference."""

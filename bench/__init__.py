@@ -1,0 +1,1 @@
+"""Benchmarks run by `infernix bench ...` (each writes JSON; docs/benchmarks.md holds results)."""
