@@ -67,7 +67,7 @@ def add_spec_parser(sub: argparse._SubParsersAction) -> None:
                    help="default: smollm2 (qwen35-9b-random: with its MTP module, for --backends "
                    "mtp)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--tasks", nargs="+", choices=("extract", "rewrite"),
+    p.add_argument("--tasks", nargs="+", choices=("extract", "rewrite", "forms"),
                    default=["extract", "rewrite"], help="default: extract rewrite")
     p.add_argument("--backends", nargs="+", choices=("ngram", "ngram-alone", "grammar", "oracle",
                                                      "mtp", "dflash", "dflash2"),
