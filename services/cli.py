@@ -124,7 +124,7 @@ def _exit_past_compile_threads() -> None:
     called without an active exception"): leave without waiting for it."""
     import os
 
-    from services.grammar.builders import running_compile_threads
+    from services.grammar.cache.builders import running_compile_threads
 
     if running_compile_threads():
         sys.stdout.flush()
@@ -174,7 +174,8 @@ def run_gateway_serve(args: argparse.Namespace) -> int:
         try:
             await serve_gateway(host=args.host, port=args.port, worker=pool,
                                 api_keys=_api_keys(args),
-                                ignore_unknown_fields=args.ignore_unknown_fields)
+                                ignore_unknown_fields=args.ignore_unknown_fields,
+                                drain_seconds=args.drain_seconds)
         finally:
             await pool.aclose()
 
@@ -188,7 +189,7 @@ def run_gateway_serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from services.grammar import cli as grammar_cli
     from services.worker import cli as worker_cli
-    from services.worker.bench import cli as decode_bench_cli
+    from bench import cli as bench_cli  # the product's one import of bench/: its commands
 
     parser = argparse.ArgumentParser(prog="infernix", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -224,27 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = sub.add_parser("gateway", help="the HTTP gateway")
     gsub = gateway.add_subparsers(dest="gateway_command", required=True, metavar="COMMAND")
     gserve = gsub.add_parser("serve", help="serve OpenAI/Anthropic HTTP in front of gRPC workers")
-    add_settings(gserve, "host", "port", "api_keys", "ignore_unknown_fields", "log_level")
+    add_settings(gserve, "host", "port", "api_keys", "ignore_unknown_fields", "log_level",
+                 "drain_seconds")
     gserve.add_argument("--worker", action="append", metavar="HOST:PORT",
                         help="a worker address; repeat for several (env INFERNIX_WORKERS=a,b)")
     gserve.set_defaults(func=run_gateway_serve)
 
     bench = sub.add_parser("bench", help="benchmarks writing JSON")
     bsub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
-    grammar_cli.add_bench_parser(bsub)
-    grammar_cli.add_store_bench_parser(bsub)
-    decode_bench_cli.add_parser(bsub)
-    decode_bench_cli.add_spec_parser(bsub)
-    decode_bench_cli.add_prefix_parser(bsub)
-    _add_serve_bench_parser(bsub)
+    bench_cli.add_parsers(bsub)
     return parser
-
-
-def _add_serve_bench_parser(bsub) -> None:
-    # bench/serve.py imports only aiohttp at run time: its parser is cheap to build
-    from bench.serve import add_parser
-
-    add_parser(bsub)
 
 
 def main(argv: list[str] | None = None) -> int:

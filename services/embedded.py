@@ -65,7 +65,7 @@ def open_grammar(model: str, *, redis_url: str | None = None, service: str | Non
     CacheConfig (default: CacheConfig(), read-only on Redis when a service is named);
     `client_options`: GrpcGrammarClient keywords (timeouts, fallback). Raises InvalidRequest for
     an unknown model name."""
-    from services.grammar.cache import CacheConfig, ModelCaches
+    from services.grammar.cache.grammar_cache import CacheConfig, ModelCaches
     from services.grammar.client import GrpcGrammarClient, in_process_client
     from shared.frontends import get_domain
     from shared.metrics import GrammarMetrics

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import services.worker.bench.reference as reference
+import bench.reference as reference
 
 
 def test_every_timed_round_follows_an_untimed_one_of_the_same_shape(monkeypatch):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from services.grammar.compiler import ModelCompiler
-from services.grammar.matching import legal_ids
+from services.grammar.engines.matching import legal_ids
 from services.grammar.schema.emit import WHITESPACE_PROFILES
 from shared.contract import OutputConstraint
 from tests.support import byte_domain

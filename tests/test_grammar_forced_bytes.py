@@ -1,4 +1,4 @@
-"""The matcher's forced bytes (services/grammar/engine.py), on both engines.
+"""The matcher's forced bytes (services/grammar/engines/engine.py), on both engines.
 
 Contract: `forced_bytes()` is "the bytes every continuation of the output so far starts with (the
 grammar forces them, across rules ...); b"" where the next byte is free, or the output ended.
@@ -16,7 +16,7 @@ import random
 import numpy as np
 import pytest
 
-from services.grammar.matching import legal_ids
+from services.grammar.engines.matching import legal_ids
 from shared.contract import OutputConstraint
 from tests.test_grammar_engine_diff import SCHEMAS, both, compiler
 

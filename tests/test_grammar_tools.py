@@ -1,4 +1,4 @@
-"""The Hermes tool contract: grammar (services/grammar/tools.py) and output decoder
+"""The Hermes tool contract: grammar (services/grammar/tools/hermes.py) and output decoder
 (services/worker/tool_stream.py), checked with random legal walks and the jsonschema library.
 
 Design document: "Auto allows zero or more calls; Required at least one; parallel=false limits it to
@@ -18,8 +18,8 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 
-from services.grammar.matching import accepts, random_walk
-from services.grammar.tools import CALL_OPEN, ToolSpec, needs_tool_grammar, tool_grammar_ebnf
+from services.grammar.engines.matching import accepts, random_walk
+from services.grammar.tools.hermes import CALL_OPEN, ToolSpec, needs_tool_grammar, tool_grammar_ebnf
 from shared.frontends.formats.hermes import ToolStream
 from shared.contract import (
     OutputConstraint, ToolChoice, ToolConstraints, ToolDefinition, ToolMode,
@@ -172,10 +172,10 @@ def test_tool_spec_travels_and_caches_like_a_content_constraint() -> None:
     tool framing, allowed names and strict schemas, and the spec survives the wire unchanged."""
     import asyncio
 
-    from services.grammar.cache import GrammarCache
+    from services.grammar.cache.grammar_cache import GrammarCache
     from services.grammar.compiler import ModelCompiler
     from services.grammar.service import constraint_from_request, constraint_to_request
-    from services.grammar.tools import FRAMING
+    from services.grammar.tools.hermes import FRAMING
 
     spec = ToolSpec(TOOLS, ToolChoice.named("lookup"))
     wire = constraint_to_request(spec, model="smollm2")

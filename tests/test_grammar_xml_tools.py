@@ -1,5 +1,5 @@
-"""The Qwen3.5 XML tool grammar (services/grammar/xml_tools.py) under every output framing, judged
-by an independent reader of the format (tests/xml_walks.py), jsonschema, and the production decoder
+"""The Qwen3.5 XML tool grammar (services/grammar/tools/xml_tools.py) under every output framing,
+judged by an independent reader of the format (tests/xml_walks.py), jsonschema, and the production decoder
 (shared/frontends/formats/qwen_xml_stream.py) reading the same walks.
 
 Design document: "Strict arguments use explicit physical framing ... The two \\n are the framing
@@ -21,10 +21,10 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 
-from services.grammar.framing import build_framed_grammar
-from services.grammar.matching import legal_ids
-from services.grammar.tools import ToolSpec
-from services.grammar.xml_tools import argument_codings
+from services.grammar.compiler import build_framed_grammar
+from services.grammar.engines.matching import legal_ids
+from services.grammar.tools.hermes import ToolSpec
+from services.grammar.tools.xml_tools import argument_codings
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
 from shared.frontends.formats.qwen_xml_stream import ToolStream
 from shared.frontends.thinking import CONTENT, QWEN_THINK, REASONING, PhaseDecoder, \
@@ -244,7 +244,7 @@ def test_strict_language(body, ok, compiler) -> None:
 def test_none_is_a_grammar_only_where_the_opener_is_a_token() -> None:
     """`none` forbids generating the opener: with a control-token opener (XML) that takes a
     grammar of free text (unless a content constraint owns the output); Hermes stays free."""
-    from services.grammar.tools import needs_tool_grammar
+    from services.grammar.tools.hermes import needs_tool_grammar
 
     none = ToolChoice(ToolMode.NONE)
     assert needs_tool_grammar(LOOSE, none, None, opener_is_token=True)
@@ -258,7 +258,7 @@ def test_none_is_a_grammar_only_where_the_opener_is_a_token() -> None:
 async def test_framings_compile_through_the_cache_under_their_own_keys() -> None:
     """The framing is part of the cache identity; a framing that does not fit the source is a
     typed error naming the field."""
-    from services.grammar.cache import GrammarCache
+    from services.grammar.cache.grammar_cache import GrammarCache
     from services.grammar.compiler import ModelCompiler
     from shared.errors import Unsupported
 

@@ -9,7 +9,7 @@ Which tokens count as paths (a token is a maximal run of letters, digits and `_ 
 are removed first, and a `<placeholder>` reads as `*`):
 
 - rooted: the token's first component is a top-level folder of the repository followed by `/`
-  (`services/grammar/cache/`, `kernels/bench_*.py`, `tests/test_<component>.py`): it must exist
+  (`services/grammar/cache/`, `bench/*.py`, `tests/test_<component>.py`): it must exist
   at that place (a folder with or without its final `/`), `*` matching within one component;
 - relative: the token has a `/` and ends in a file name with a source extension (.py .pyi .md
   .proto .jinja .sh .toml), e.g. `program/verify.py` in the README's worker row or

@@ -92,8 +92,8 @@ def test_a_switch_has_no_flag():
 def test_configuration_defaults_are_the_tables():
     """"Defaults are written once": the classes a flag configures take the table's default."""
     from services.embedded import WorkerSettings
-    from services.grammar.cache_types import CacheConfig
-    from services.grammar.limits import CompileLimits, StorePolicy
+    from services.grammar.cache.cache_types import CacheConfig
+    from services.grammar.cache.limits import CompileLimits, StorePolicy
 
     worker = WorkerSettings()
     for name in ("model", "device", "lanes", "max_len", "prefill_chunk", "num_draft_tokens"):

@@ -106,7 +106,8 @@ async def test_pipelined_engine_publishes_exactly_what_the_unpipelined_one_does(
     plain, engine_plain = await _run(runtime, False, **config)
     piped, engine_piped = await _run(runtime, True, **config)
     assert engine_plain.pipeline.chained_steps == 0 and not engine_plain.pipeline.enabled
-    assert engine_piped.pipeline.enabled and engine_piped.pipeline.chained_steps > 0  # the pipeline really ran
+    assert engine_piped.pipeline.enabled
+    assert engine_piped.pipeline.chained_steps > 0  # the pipeline really ran
     assert plain.keys() == piped.keys()
     for rid in plain:
         assert piped[rid] == plain[rid], rid
@@ -271,7 +272,7 @@ async def test_a_failed_chained_launch_commits_the_held_step_then_fails_its_rows
     launch, before = program.launch, {}
 
     def failing(batch):
-        if client.engine.pipeline.chained_steps == 3:  # output tokens committed before the held step's
+        if client.engine.pipeline.chained_steps == 3:  # output committed before the held step's
             before.update({r.request.request_id: r.request.num_output_tokens for r in batch.rows})
             raise RuntimeError("injected launch failure")
         return launch(batch)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from services.worker.output.publication import Publication
 from services.worker.output.stop_strings import StopStrings
-from services.worker.runtime import ByteTokenizer
+from bench.random_weights import ByteTokenizer
 from shared.frontends.formats.qwen_xml_stream import ToolStream
 from shared.frontends.thinking import CONTENT, QWEN_THINK, REASONING, PhaseDecoder, ThinkingFraming
 from shared.generation import ReasoningDelta, TextDelta, ToolCallArgumentsDelta, ToolCallStart

@@ -254,7 +254,7 @@ async def test_speculative_rounds_stop_at_the_thinking_budget(served):
     one-token decoding's. The proposer drafts transformers' greedy continuation *without* a budget,
     so uncapped drafts would all be accepted past the budget."""
     from services.worker.spec import ContextProposer
-    from services.worker.spec.oracle import OracleProposer
+    from bench.oracle import OracleProposer
 
     hf, runtime = served
     prompt = list(runtime.prepare(PromptInput(messages=QUESTION)).token_ids)

@@ -19,8 +19,8 @@ import torch
 import xgrammar as xgr
 
 from services.grammar.compiler import ModelCompiler
-from services.grammar.engine_xgrammar import XgrammarConstraint
-from services.grammar.matching import legal_ids
+from services.grammar.engines.engine_xgrammar import XgrammarConstraint
+from services.grammar.engines.matching import legal_ids
 from services.worker.output.session import OutputSession, PositionState, filler_row
 from services.worker.program.masks import MaskBuffers
 from shared.contract import OutputConstraint

@@ -25,7 +25,7 @@ import jsonschema
 import pytest
 import torch
 
-from services.worker.runtime import ByteTokenizer, random_runtime
+from bench.random_weights import ByteTokenizer, random_runtime
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
 from shared.frontends.formats import QWEN_XML
 from shared.frontends.frontend import Frontend
@@ -229,7 +229,7 @@ def test_the_companion_clears_a_repeated_name_in_the_session_masks(served):
     tokens that would complete `n` again are illegal in the lookahead mask and in the batched
     ordinary fill, while the same grammar without the companion allows them."""
     from services.grammar.client import NameIndex, ParameterNameConstraint, in_process_client
-    from services.grammar.tools import ToolSpec
+    from services.grammar.tools.hermes import ToolSpec
     from services.worker.output.session import OutputSession
 
     runtime, _ = served

@@ -215,7 +215,7 @@ def test_hybrid_hits_resume_at_the_deepest_boundary_with_a_snapshot():
     # the lane where the shared blocks end (the branch point) and its prefill snapshots there
     other = prompt[:32] + [500 + i for i in range(28)]
     assert m.attach(1, other, limit=59) == 0
-    assert _prefill(m, rec, 1, other, 0, 60) == [32, 48]
+    assert _prefill(m, rec, 1, other, 0, 60) == [32, 48]  # the branch point first
     m.release(1)
     assert m.stats.snapshots == 2
     assert m.attach(0, prompt[:32] + [900] * 20, limit=51) == 32
@@ -239,7 +239,7 @@ def test_special_tokens_place_snapshots_at_message_boundaries():
     system = list(range(1, 38))  # a message opened at 0 and the next one at 38
     first = [0] + system + [0] + [100 + i for i in range(20)]
     assert _prefill(m, rec, 0, first, 0, 30) == []  # the boundary before 38 (32) is past 30
-    assert _prefill(m, rec, 0, first, 30, 59) == [32, 48]  # 38 -> 32, then the last full block
+    assert _prefill(m, rec, 0, first, 30, 59) == [48, 32]  # the last full block, then 38 -> 32
     m.release(0)
     second = [0] + system + [0] + [300 + i for i in range(10)]
     assert m.attach(1, second, limit=len(second) - 1) == 32
@@ -306,3 +306,19 @@ def test_program_pool_grows_to_kv_cache_tokens_never_below_the_lanes():
     assert Program(runtime, max_batch=2, max_len=64, kv_cache_tokens=10).blocks.cache.num_blocks == 9
     big = Program(runtime, max_batch=2, max_len=64, kv_cache_tokens=1000)
     assert big.blocks.cache.num_blocks == 1 + 63 and big.blocks.free_blocks == 63
+
+
+def test_snapshot_boundaries_are_ordered_by_value_and_capped():
+    """snapshots.py: the branch point, the last full block, the blocks before special tokens,
+    the grid; at most MAX_CUTS a forward (each cut is one more recurrence segment per layer)."""
+    from services.worker.program.snapshots import MAX_CUTS, boundaries
+
+    prompt = [0] * 300  # a special token everywhere: one candidate per block
+    got = boundaries(prompt, 0, 300, 300, block_size=BS, interval=64, special_ids={0},
+                     branch=96)
+    assert got[:3] == [96, 288, 16] and len(got) == MAX_CUTS and len(set(got)) == len(got)
+    plain = boundaries(list(range(1, 301)), 0, 300, 300, block_size=BS, interval=64,
+                       special_ids={0}, branch=None)
+    assert plain == [288, 64, 128, 192, 256]
+    assert boundaries(prompt, 100, 200, 300, block_size=BS, interval=0, special_ids=set(),
+                      branch=None) == []  # the last full block (288) is past this forward

@@ -88,7 +88,7 @@ async def test_pipeline_and_masked_sample_graph_publish_what_the_serial_engine_d
     import torch
 
     from services.worker.program.graphs import DecodeGraph
-    from services.worker.runtime import random_runtime
+    from bench.random_weights import random_runtime
     from tests.support import byte_domain
 
     rt = random_runtime(byte_domain(), dtype=torch.float32, device="cuda", seed=3)

@@ -23,7 +23,7 @@ import torch
 
 from services.worker.engine import Engine, EngineConfig
 from services.worker.spec import ContextProposer, NgramProposer, check_backend
-from services.worker.spec.oracle import OracleProposer
+from bench.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.errors import Unsupported
 from shared.generation import RequestOptions, SamplingParams

@@ -1,4 +1,4 @@
-"""`infernix bench spec` (services/worker/bench/spec.py) on a tiny random model: the report's
+"""`infernix bench spec` (bench/spec.py) on a tiny random model: the report's
 shape, greedy equality with the baseline in every run, and the oracle proposer's acceptance (the
 target's own recorded continuation is always accepted). No timing is asserted."""
 
@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from services.worker.bench.spec import SpecBenchOptions, _bench, _targets, task_prompts
-from services.worker.spec.oracle import OracleProposer
+from bench.spec import SpecBenchOptions, _bench, _targets, task_prompts
+from bench.oracle import OracleProposer
 from tests.worker_support import tiny_runtime
 
 
@@ -67,8 +67,9 @@ def test_bench_spec_options_are_checked():
 def test_bench_spec_mtp_rounds_on_a_tiny_qwen35():
     import torch
 
-    from services.worker.models.qwen35_runtime import random_qwen35
-    from services.worker.runtime import ByteTokenizer, ModelRuntime
+    from bench.random_weights import random_qwen35
+    from bench.random_weights import ByteTokenizer
+    from services.worker.runtime import ModelRuntime
     from shared.frontends.frontend import Frontend
     from tests.support import byte_domain
     from tests.test_worker_spec_mtp import SHAPE
@@ -92,8 +93,8 @@ def test_bench_spec_forms_compile_and_force_text():
     import json
 
     from services.grammar.compiler import ModelCompiler
-    from services.worker.bench.forms import FORMS
-    from services.worker.bench.spec import task_prompts
+    from bench.forms import FORMS
+    from bench.spec import task_prompts
     from shared.contract import OutputConstraint
     from tests.support import byte_domain
 

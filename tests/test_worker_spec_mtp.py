@@ -16,10 +16,10 @@ import asyncio
 import pytest
 import torch
 
-from services.worker.models.qwen35_runtime import random_qwen35
-from services.worker.runtime import ByteTokenizer, ModelRuntime
+from bench.random_weights import ByteTokenizer, random_qwen35
+from services.worker.runtime import ModelRuntime
 from services.worker.spec import ContextProposer
-from services.worker.spec.oracle import OracleProposer
+from bench.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.errors import Unsupported
 from shared.frontends.frontend import Frontend

@@ -14,7 +14,7 @@ from functools import lru_cache
 import torch
 import xgrammar as xgr
 
-from services.grammar.param_names import NameIndex, ParameterNameConstraint
+from services.grammar.tools.param_names import NameIndex, ParameterNameConstraint
 from shared.frontends.token_domain import TokenDomain
 
 FRAMING_BYTES = frozenset(b"\n</>=")

@@ -9,7 +9,7 @@ check   compiles each constraint and prints one JSON line per constraint:
         the `any` whitespace profile unless the line names one:
         "values_accepted", and as plain json.dumps text: "values_accepted_raw"). Schema lines
         list the keywords read as annotations ("annotations").
-sample  random walks through the legal masks (see services.grammar.matching.random_walk).
+sample  random walks through the legal masks (see services.grammar.engines.matching.random_walk).
 serve   the grpclib GrammarService.
 """
 
@@ -21,6 +21,7 @@ import random
 import sys
 from typing import Any, Iterable, TextIO
 
+from services.constraint_flags import add_constraint_args, constraints_from_args, read_text_file
 from services.settings import UsageError, add_settings, default, switch
 from shared.contract import OutputConstraint
 from shared.errors import InfernixError, InvalidRequest
@@ -28,54 +29,6 @@ from shared.frontends import MODELS, get_domain
 
 EXIT_OK = 0
 EXIT_REJECTED = 2
-
-
-def add_constraint_args(p: argparse.ArgumentParser, *, many_files: bool) -> None:
-    nargs = "+" if many_files else None
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--json-schema-file", nargs=nargs, metavar="F", help="JSON Schema file(s)")
-    group.add_argument("--grammar-file", nargs=nargs, metavar="F", help="GBNF file(s), entry rule root")
-    group.add_argument("--regex", metavar="R", help="whole-content regex")
-    group.add_argument("--choice", action="append", metavar="C", help="one literal option; repeat")
-    group.add_argument("--json-object", action="store_true", help="any JSON object")
-    p.add_argument("--json-whitespace", choices=("any", "compact", "indented"), default=None,
-                   help="whitespace between JSON tokens: any (runs of at most 32), compact "
-                        "(none) or indented (2-space layout); default: the model's default")
-
-
-def _read(path: str) -> str:
-    """The text of a file the command line names; raises UsageError (one line, exit 2)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not UTF-8 text: {exc}") from None
-
-
-def constraints_from_args(args: argparse.Namespace) -> list[tuple[str, OutputConstraint]]:
-    """(label, constraint) pairs; raises InfernixError for bad sources."""
-
-    def listify(v: Any) -> list[str]:
-        return v if isinstance(v, list) else [v]
-
-    ws = getattr(args, "json_whitespace", None)
-    if args.json_schema_file:
-        return [(f, OutputConstraint.json_schema(_read(f), whitespace=ws))
-                for f in listify(args.json_schema_file)]
-    if args.grammar_file:
-        return [(f, OutputConstraint.grammar(_read(f))) for f in listify(args.grammar_file)]
-    if args.regex is not None:
-        return [("regex", OutputConstraint.regex(args.regex))]
-    if args.choice:
-        return [("choice", OutputConstraint.choice(args.choice))]
-    if args.json_object:
-        return [("json_object", OutputConstraint.json_object(whitespace=ws))]
-    raise InvalidRequest(
-        "give one constraint: --json-schema-file, --grammar-file, --regex, --choice or --json-object",
-        field="constraint",
-    )
 
 
 def constraint_from_batch_line(obj: Any) -> OutputConstraint:
@@ -111,7 +64,7 @@ def _error_json(exc: InfernixError) -> dict[str, Any]:
 
 def _read_instances(path: str) -> list[str]:
     out = []
-    for n, line in enumerate(_read(path).splitlines()):
+    for n, line in enumerate(read_text_file(path).splitlines()):
         if not line.strip():
             continue
         try:
@@ -145,11 +98,11 @@ def _schema_report(schema: Any, values: list[Any], grammar: Any, accepts: Any) -
 def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from services.grammar.compiler import ModelCompiler
-    from services.grammar.matching import accepts
+    from services.grammar.engines.matching import accepts
 
     status = EXIT_OK
     if args.batch:
-        lines: Iterable[str] = [ln for ln in _read(args.batch).splitlines() if ln.strip()]
+        lines: Iterable[str] = [ln for ln in read_text_file(args.batch).splitlines() if ln.strip()]
         compiler = ModelCompiler(get_domain(args.model))
         for line in lines:
             result: dict[str, Any]
@@ -206,7 +159,7 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from services.grammar.compiler import ModelCompiler
-    from services.grammar.matching import random_walk
+    from services.grammar.engines.matching import random_walk
 
     try:
         [(_, constraint)] = constraints_from_args(args)  # files are read before the vocabulary
@@ -260,33 +213,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     health.set_defaults(func=run_health)
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    """`infernix bench grammar` (its measurements live in services/grammar/bench.py)."""
-    p = sub.add_parser("grammar", help="constraint compile, mask, lookahead and sampling costs")
-    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=MODELS,
-                   help="default: smollm2 qwen3.5")
-    p.add_argument("--cases", nargs="*", help="only these case names (default: all)")
-    p.add_argument("--redis-url", default="",
-                   help="also measure the typical schemas through GrammarCache with this Redis "
-                        "(default: off)")
-    p.add_argument("--repeats", type=int, default=3, help="cold compiles per case (default: 3)")
-    p.add_argument("--case-budget-s", type=float, default=60.0,
-                   help="CPU seconds of walking per case before it is cut short (default: 60)")
-    p.add_argument("--sample-s", type=float, default=3.0,
-                   help="CPU seconds of random walks per case (0: skip; default: 3)")
-    p.add_argument("--sample-tokens", type=int, default=120,
-                   help="max tokens per random walk (default: 120)")
-    p.add_argument("--label", default="", help="a free-form label stored in the JSON (default: none)")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
-    p.set_defaults(func=_run_bench)
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from services.grammar.bench import run
-
-    return run(args)
-
-
 def add_compile_args(p: argparse.ArgumentParser, *, isolation: str) -> None:
     """The compile limits, cold slots and store policy (services/settings.py's table);
     `isolation` is this command's default for --compile-isolation."""
@@ -298,8 +224,8 @@ def add_compile_args(p: argparse.ArgumentParser, *, isolation: str) -> None:
 
 def cache_config_from_args(args: argparse.Namespace, **overrides: Any):
     """The CacheConfig that `add_compile_args` flags (and `overrides`) describe."""
-    from services.grammar.cache import CacheConfig
-    from services.grammar.limits import CompileLimits, StorePolicy
+    from services.grammar.cache.grammar_cache import CacheConfig
+    from services.grammar.cache.limits import CompileLimits, StorePolicy
 
     fields = dict(
         max_cold_compiles=args.max_cold_compiles, slot_wait_s=args.cold_slot_wait_s,
@@ -342,21 +268,3 @@ def run_serve(args: argparse.Namespace) -> int:
                       cache_bytes=args.grammar_cache_bytes, models=tuple(args.models),
                       metrics_port=args.metrics_port, config=config))
     return EXIT_OK
-
-
-def add_store_bench_parser(sub: argparse._SubParsersAction) -> None:
-    """`infernix bench grammar-store` (services/grammar/store_bench.py: the store policy's data)."""
-    p = sub.add_parser("grammar-store", help="stored grammar vs compile: the store policy's data")
-    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=MODELS,
-                   help="default: smollm2 qwen3.5")
-    p.add_argument("--redis-url", default="",
-                   help="also time the Redis round trip of each record (default: off)")
-    p.add_argument("--quick", action="store_true", help="fewer slow grammars")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
-    p.set_defaults(func=_run_store_bench)
-
-
-def _run_store_bench(args: argparse.Namespace) -> int:
-    from services.grammar.store_bench import run
-
-    return run(args)

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Union
 
-import xgrammar as xgr
-
 from services.grammar.regex.tree import ebnf_literal
 from shared.contract import OutputConstraint
 from shared.errors import InternalError, Unsupported
@@ -30,7 +28,7 @@ from shared.frontends.thinking import SPECS, ThinkingSpec
 from shared.frontends.token_domain import TokenDomain
 
 if TYPE_CHECKING:
-    from services.grammar.tools import ToolSpec
+    from services.grammar.tools.hermes import ToolSpec
 
 Compilable = Union[OutputConstraint, "ToolSpec"]
 
@@ -69,34 +67,3 @@ def thinking_prefix_ebnf(spec: ThinkingSpec, domain: TokenDomain) -> str:
     excluded = sorted({close} | domain.eos_ids | domain.control_ids)
     return (f"root ::= reasoning Token({close}) {ebnf_literal(spec.separator.decode())}\n"
             f"reasoning ::= \"\" | ExcludeToken({', '.join(map(str, excluded))}) reasoning\n")
-
-
-def inner_grammar(constraint: Compilable, inner: str, domain: TokenDomain) -> xgr.Grammar:
-    """The language inside the framing: the content constraint, or the tool grammar of the
-    format `inner`."""
-    from services.grammar.compiler import build_grammar
-
-    if isinstance(constraint, OutputConstraint) or inner == HERMES.framing:
-        return build_grammar(constraint, domain)
-    from services.grammar.xml_tools import xml_tool_grammar_ebnf
-
-    try:
-        text = xml_tool_grammar_ebnf(constraint, domain)
-    except ValueError as e:  # the vocabulary lacks the format's control tokens
-        raise Unsupported(f"the XML tool format needs {e}", field="framing") from None
-    try:
-        return xgr.Grammar.from_ebnf(text)
-    except RuntimeError as exc:  # our conversion produced text xgrammar refuses: our bug
-        raise InternalError(f"converted XML tool grammar did not parse: {exc}") from None
-
-
-def build_framed_grammar(constraint: Compilable, framing: str, domain: TokenDomain) -> xgr.Grammar:
-    """The grammar of `constraint` under `framing` for `domain`. Raises Unsupported for a framing
-    that does not fit and the inner conversion's typed errors."""
-    check_framing(constraint, framing)
-    thinking, inner = split_framing(framing)
-    grammar = inner_grammar(constraint, inner, domain)
-    if thinking is None:
-        return grammar
-    prefix = xgr.Grammar.from_ebnf(thinking_prefix_ebnf(SPECS[thinking], domain))
-    return xgr.Grammar.concat(prefix, grammar)

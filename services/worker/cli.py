@@ -25,7 +25,7 @@ import sys
 import uuid
 from typing import Any, TextIO
 
-from services.grammar.cli import add_constraint_args, constraints_from_args
+from services.constraint_flags import add_constraint_args, constraints_from_args
 from services.settings import SETTINGS, UsageError, add_settings, env_value
 from shared.contract import OutputConstraint
 from shared.errors import InfernixError, InternalError, InvalidRequest

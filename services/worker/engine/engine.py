@@ -37,6 +37,7 @@ from services.worker.engine.postprocess import Postprocessor
 from services.worker.engine.prepare import prepare
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
+from services.worker.integrity import IntegrityError, check_membership, step_failure
 from services.worker.program import PendingBatch, Program, StepBatch
 from services.worker.request import Request
 from services.worker.spec import (SpecCounters, captures_graphs, check_backend, check_model,
@@ -113,6 +114,20 @@ class Engine:
         self.speculation = SpecCounters()
         self.finish_listeners: list = []  # fn(request) on the worker thread as each one ends
         self._draft_wait_seen = 0.0  # Program.draft_wait_seconds already in the metrics
+        self.steps = 0
+        self._build()
+        self._inbox: queue.Queue = queue.Queue()
+        self._live: dict[str, Request] = {}
+        self._lock = threading.Lock()  # guards _live and _preparing across threads
+        self._preparing = 0  # admitted requests still in prepare (tokenizing, compiling)
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._unavailable: str | None = None  # an integrity failure, until the Program is rebuilt
+        self._mean_duration_s = 1.0
+
+    def _build(self) -> None:
+        """The Program and what holds it (at start, and to recover from an integrity failure)."""
+        config, runtime = self.config, self.runtime
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
                                max_drafts=config.num_draft_tokens if config.speculative else 0,
@@ -129,17 +144,9 @@ class Engine:
                                    on_admit=self.metrics.queue_seconds.observe)
         self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget,
                                   self.speculation)
-        self.steps = 0
         want = config.pipeline if config.pipeline is not None else self.program.cuda
         self.pipeline = Pipeline(self.program, self.scheduler, self.post,
                                  enabled=bool(want) and self.proposer is None)
-        self._inbox: queue.Queue = queue.Queue()
-        self._live: dict[str, Request] = {}
-        self._lock = threading.Lock()  # guards _live and _preparing across threads
-        self._preparing = 0  # admitted requests still in prepare (tokenizing, compiling)
-        self._thread: threading.Thread | None = None
-        self._running = False
-        self._mean_duration_s = 1.0
 
     # ---------------------------------------------------------------- caller side
 
@@ -174,6 +181,11 @@ class Engine:
             job = await prepare(request, runtime=self.runtime, grammar=self.grammar,
                                 max_len=self.program.max_len, submitted=submitted, sink=stream)
             self._check_running()  # compilation may have outlived the engine
+            if job.expired(time.monotonic()):  # the seed: "after the library call returns and
+                # before queueing, the deadline and Engine state are checked again"
+                self.metrics.rejected.labels(reason="deadline").inc()
+                raise DeadlineExceeded(f"the request did not finish within {job.timeout_s} s "
+                                       "(its preparation took the time)", timeout_s=job.timeout_s)
             with self._lock:
                 if request.request_id in self._live:
                     raise InvalidRequest(f"request id {request.request_id!r} is already running",
@@ -208,7 +220,11 @@ class Engine:
 
     def health(self) -> dict:
         stats = self.program.blocks.stats
-        return {"status": "ok" if self._running else "stopped", "model": self.runtime.name,
+        status = "ok" if self._running else "stopped"
+        if self._running and self._unavailable is not None:
+            status = "unavailable"
+        return {"status": status, "model": self.runtime.name,
+                **({"unavailable": self._unavailable} if self._unavailable else {}),
                 "device": str(self.program.device), "max_batch": self.program.max_batch,
                 "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
                 "waiting": len(self.scheduler.waiting), "preparing": self._preparing,
@@ -240,6 +256,9 @@ class Engine:
         if not self._running:  # stopped (or its thread failed): another worker may serve it
             raise ServiceUnavailable("the engine is not running", service="worker",
                                      retry_after_s=1.0)
+        if self._unavailable is not None:  # recovering from an integrity failure
+            raise ServiceUnavailable(f"the engine is recovering from an integrity failure "
+                                     f"({self._unavailable})", service="worker", retry_after_s=5.0)
 
     def _forget(self, job: Request) -> None:
         with self._lock:
@@ -304,6 +323,7 @@ class Engine:
         fails as a whole fails its rows and commits nothing: None."""
         self.steps += 1
         try:
+            check_membership(batch, self.scheduler.resident)
             if batch.has_drafts:
                 pending = self.program.step(batch)
                 self.post.flush()
@@ -311,9 +331,11 @@ class Engine:
                 launched = self.program.launch(batch)
                 self.post.flush()
                 pending = self.program.finish(launched)
+        except IntegrityError:
+            raise  # the unavailable boundary (_run)
         except Exception as exc:
             log.exception("program_step_failed")
-            self.post.fail_batch(batch, InternalError(f"the batch step failed: {exc}"))
+            self.post.fail_batch(batch, step_failure(exc))
             self.post.flush()
             return None
         return pending
@@ -340,6 +362,8 @@ class Engine:
             while self._take_inbox(block=self.scheduler.idle):
                 try:
                     self.step()
+                except IntegrityError as exc:
+                    self._unavailable_boundary(exc)
                 except Exception as exc:  # a bug: fail what is resident, keep serving
                     log.exception("engine_step_failed")
                     self.pipeline.drop()
@@ -358,6 +382,32 @@ class Engine:
                 self.post.finish(job, FinishReason.CANCELLED)
             self.post.flush()
             self.program.close()
+
+    def _unavailable_boundary(self, exc: IntegrityError) -> None:
+        """The design document's unavailable boundary: after an integrity failure (a Program
+        commit that could not complete, a matcher that could not roll back, a broken batch
+        membership) nothing of the Program's state is trusted. New requests are refused
+        (ServiceUnavailable: a gateway's pool routes elsewhere) and health says "unavailable";
+        every live request fails typed with what it had published; then the Program is built
+        anew (lanes, KV pool, prefix cache) and the engine serves again. A rebuild that fails
+        leaves it unavailable."""
+        log.error("engine_integrity_failure", error=str(exc))
+        self._unavailable = str(exc)
+        self.pipeline.drop()
+        error = ServiceUnavailable(f"the worker lost its integrity and is recovering: {exc}",
+                                   service="worker", retry_after_s=5.0)
+        for job in self.scheduler.live():  # (the inbox's requests go to the new Program)
+            job.lane = None  # the lanes go with the old Program
+            self.post.finish(job, FinishReason.ERROR, error)
+        self.post.flush()
+        try:
+            self.program.close()
+            self._build()
+        except Exception:
+            log.exception("engine_recovery_failed")
+            return
+        self._unavailable = None
+        log.info("engine_recovered")
 
     def _take_inbox(self, *, block: bool) -> bool:
         """Move new requests into the waiting queue; False when asked to stop. Held events are

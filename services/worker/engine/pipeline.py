@@ -23,11 +23,11 @@ step n's results before anything of step n+1 is drafted).
 
 from __future__ import annotations
 
+from services.worker.integrity import IntegrityError, step_failure
 from services.worker.engine.postprocess import Postprocessor
 from services.worker.engine.scheduler import Scheduler
 from services.worker.program import BatchRow, PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import RequestState
-from shared.errors import InternalError
 from shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -106,11 +106,13 @@ class Pipeline:
         program.commit_ahead(held)  # a hybrid model's next forward reads step n's state
         try:
             launched = program.launch(batch)
+        except IntegrityError:
+            raise  # the Engine's unavailable boundary
         except Exception as exc:  # step n still commits; its rows then fail
             log.exception("program_step_failed")
             self.commit(held)
             live = tuple(r for r in batch.rows if r.request.state is RequestState.RESIDENT)
-            post.fail_batch(StepBatch(live), InternalError(f"the batch step failed: {exc}"))
+            post.fail_batch(StepBatch(live), step_failure(exc))
             post.flush()
             return
         self.commit(held)
@@ -124,10 +126,11 @@ class Pipeline:
                     self.scheduler.pause(job, program)
         try:
             pending = program.finish(launched, keep)
+        except IntegrityError:
+            raise
         except Exception as exc:
             log.exception("program_step_failed")
-            post.fail_batch(StepBatch(tuple(batch.rows[i] for i in keep)),
-                            InternalError(f"the batch step failed: {exc}"))
+            post.fail_batch(StepBatch(tuple(batch.rows[i] for i in keep)), step_failure(exc))
             post.flush()
             return
         self.hold_or_commit(pending)

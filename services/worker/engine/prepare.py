@@ -23,8 +23,7 @@ from services.worker.request import Request
 from services.worker.runtime import ModelRuntime, resolve_sampling
 from shared.contract import ToolMode, validate_tools
 from shared.errors import ConflictingConstraint, ConstraintDeadEnd, InvalidRequest, Unsupported
-from shared.frontends.formats import qwen_xml
-from shared.frontends.formats.hermes import ToolStream
+from shared.frontends.formats import ToolStream
 from shared.frontends.frontend import Frontend, PreparedPrompt
 from shared.frontends.thinking import REASONING
 from shared.generation import GenerateRequest
@@ -128,32 +127,33 @@ def _tool_stream(request: GenerateRequest, tool_spec: ToolSpec | None,
     """The call decoder of the model's tool format: constrained with a tool grammar, free when
     tools are declared but nothing is enforced, absent without active tools."""
     fmt = runtime.frontend.tool_format
-    codings = None
     if tool_spec is not None:
-        if fmt.framing == qwen_xml.FRAMING:  # the value contract the grammar was built from
-            codings = argument_codings(tool_spec.allowed(), forced=tool_spec.forced)
-        # With a JSON union the decoder still reads calls; JSON content has no opener.
-        return fmt.stream(constrained=True, codings=codings)
+        # The value contract the grammar was built from. With a JSON union (content OR calls) a
+        # call opens only at the start of the output.
+        codings = argument_codings(tool_spec.allowed(), forced=tool_spec.forced) \
+            if fmt.coded_arguments else None
+        return fmt.stream(constrained=True, codings=codings, union=tool_spec.content is not None)
     prompt = request.prompt
     if prompt.tools and request.options.tool_choice.mode is not ToolMode.NONE:
-        if fmt.framing == qwen_xml.FRAMING:
-            codings = argument_codings(prompt.tools)
+        codings = argument_codings(prompt.tools) if fmt.coded_arguments else None
         return fmt.stream(constrained=False, codings=codings)
     return None
 
 
 def _name_constraint(tool_spec: ToolSpec | None,
                      frontend: Frontend) -> ParameterNameConstraint | None:
-    """The ParameterNameConstraint companion of an XML tool grammar with a non-strict tool that
-    can be called (design document: it "runs only when a non-strict tool is declared"; strict
-    arguments follow their declared order, which forbids repeats already)."""
-    if tool_spec is None or frontend.tool_format.framing != qwen_xml.FRAMING \
-            or tool_spec.choice.mode is ToolMode.NONE \
+    """The ParameterNameConstraint companion of a tool grammar whose format guards argument
+    names (`ToolFormat.name_guard`) with a non-strict tool that can be called (design document:
+    it "runs only when a non-strict tool is declared"; strict arguments follow their declared
+    order, which forbids repeats already)."""
+    guard = frontend.tool_format.name_guard
+    if tool_spec is None or guard is None or tool_spec.choice.mode is ToolMode.NONE \
             or all(t.strict for t in tool_spec.allowed()):
         return None
     domain = frontend.domain
-    return ParameterNameConstraint(NameIndex.of(domain), domain.special_id(qwen_xml.CALL_OPEN),
-                                   domain.special_id(qwen_xml.CALL_CLOSE))
+    opener, closer = guard
+    return ParameterNameConstraint(NameIndex.of(domain), domain.special_id(opener),
+                                   domain.special_id(closer))
 
 
 def _constraint_kind(request: GenerateRequest, tool_spec: ToolSpec | None) -> str:

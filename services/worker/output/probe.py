@@ -81,10 +81,12 @@ class MatcherProbe:
         return out
 
     def close(self) -> None:
-        self.rollback(self._accepted)
         on_close, self._on_close = self._on_close, None
-        if on_close is not None:
-            on_close()
+        try:
+            self.rollback(self._accepted)
+        finally:  # a matcher that raised still releases the session (its next fill reports it)
+            if on_close is not None:
+                on_close()
 
     def __enter__(self) -> "MatcherProbe":
         return self

@@ -1,6 +1,6 @@
 """OutputSession: one request's grammar matcher transactions.
 
-One session per request. The compiled constraint (services/grammar/engine.py: either engine, the
+One session per request. The compiled constraint (grammar/engines/engine.py: either engine, the
 session never knows which) is shared between requests; the matcher,
 and any pending preview belong to this session alone, and only the Engine's worker thread calls
 it. A session built without a grammar (an unconstrained request) only checks that produced tokens
@@ -49,6 +49,7 @@ from services.worker.output.positions import (  # noqa: F401 - PositionState, fi
     LookaheadResult, PositionState, filler as _filler, filler_row, int32,
 )
 from services.worker.output.probe import MatcherProbe
+from services.worker.integrity import IntegrityError
 from shared.errors import InternalError, InvalidRequest
 from shared.frontends.token_domain import TokenDomain
 
@@ -61,6 +62,7 @@ class PreviewResult:
     terminated: bool = False  # EOS accepted: a normal completion
     length_cut: bool = False  # the output budget ran out at the end of the accepted prefix
     failure: InternalError | None = None  # an illegal token; the session is back at its mark
+    row_only: bool = False  # the matcher itself failed: this row fails, the others commit
 
 
 @dataclass
@@ -121,6 +123,7 @@ class OutputSession:
         self._eos = False  # EOS committed
         self._cut = False  # ended by the budget or an interruption
         self._scratch: torch.Tensor | None = None  # [1, ceil(V/32)] for can_continue
+        self._broken: InternalError | None = None  # the matcher failed (its state is lost)
         if compiled is None:
             return
         vocab = compiled.domain.size
@@ -173,6 +176,7 @@ class OutputSession:
         illegal_at = eos_at = dead_at = None
         accepted = 0
         start = time.perf_counter()
+        failure = None
         try:
             for i in range(n + 1):
                 # out[i]: [ceil(V/32)] int32, the legal set after committed + drafts[:i]
@@ -202,14 +206,17 @@ class OutputSession:
                     break
             if i < n:  # positions after the stop are Unreachable
                 out[i + 1:n + 1].copy_(filler.expand(n - i, -1))
-        finally:
-            mid = time.perf_counter()
-            self._counters.mask_seconds += mid - start
-            if accepted:
-                matcher.rollback(accepted)
-                if self._names is not None:
-                    self._names.rollback(accepted)
-                self._counters.rollback_seconds += time.perf_counter() - mid
+        except Exception as exc:  # the engine failed on this row's state: only its row fails
+            failure = self._fail(exc, position + accepted)
+        mid = time.perf_counter()
+        self._counters.mask_seconds += mid - start
+        if failure is not None:  # a DeadEnd at position 0 carrying the failure; no rollback
+            out[:n + 1].copy_(filler.expand(n + 1, -1))
+            return LookaheadResult((PositionState.DEAD_END,) + (PositionState.UNREACHABLE,) * n,
+                                   position, dead_end_at=0, failure=failure)
+        if accepted:
+            self._rollback(accepted)
+            self._counters.rollback_seconds += time.perf_counter() - mid
         return LookaheadResult(tuple(states), position, illegal_at, eos_at, dead_at)
 
     def fill_matcher(self) -> Matcher:
@@ -238,16 +245,23 @@ class OutputSession:
 
     def probe(self) -> MatcherProbe:
         """A temporary walk from the committed matcher (probe.py); use it as a context manager.
-        Raises InternalError for an unconstrained or finished session, or while a preview or
-        another probe is open."""
+        Raises InternalError for an unconstrained, finished or failed session, or while a preview
+        or another probe is open."""
         self._check_idle("probe")
-        if self._matcher is None:
-            raise InternalError("probe needs a constrained session")
+        if self._matcher is None or self._broken is not None:
+            raise InternalError("probe needs a constrained session whose matcher works")
         self._probing = True
         return MatcherProbe(self._matcher, self._names, self.domain, self._close_probe)
 
     def _close_probe(self) -> None:
         self._probing = False
+
+    def failed(self, exc: BaseException, row: torch.Tensor, *, position: int = 0) -> LookaheadResult:
+        """This session's row of a batched fill whose matcher raised: a DeadEnd at position 0
+        carrying the typed failure (`_fail`); `row` becomes the filler row."""
+        row.copy_(_filler(self.domain.size))
+        return LookaheadResult((PositionState.DEAD_END,), position, dead_end_at=0,
+                               failure=self._fail(exc, position))
 
     # ---------------------------------------------------------------- previews
 
@@ -303,27 +317,31 @@ class OutputSession:
         terminated = False
         failure: InternalError | None = None
         start = time.perf_counter()
-        for token in map(int, tokens):
-            if not forced and limit is not None and accepted >= limit:
-                break
-            if matcher is not None:
-                if not matcher.accept_token(token):
-                    failure = InternalError(f"the matcher refused produced token {token} at output "
-                                            f"position {position + accepted}")
+        try:
+            for token in map(int, tokens):
+                if not forced and limit is not None and accepted >= limit:
                     break
-                matcher_tokens += 1
-                if self._names is not None:
-                    self._names.accept(token)
-                terminated = matcher.is_terminated()
-            elif not domain.is_ordinary(token) and token not in domain.eos_ids \
-                    and token not in domain.control_ids:
-                failure = InternalError(f"produced token {token} is never generable")
-                break
-            else:
-                terminated = token in domain.eos_ids
-            accepted += 1
-            if terminated:
-                break
+                if matcher is not None:
+                    if not matcher.accept_token(token):
+                        failure = InternalError(f"the matcher refused produced token {token} at "
+                                                f"output position {position + accepted}")
+                        break
+                    matcher_tokens += 1
+                    if self._names is not None:
+                        self._names.accept(token)
+                    terminated = matcher.is_terminated()
+                elif not domain.is_ordinary(token) and token not in domain.eos_ids \
+                        and token not in domain.control_ids:
+                    failure = InternalError(f"produced token {token} is never generable")
+                    break
+                else:
+                    terminated = token in domain.eos_ids
+                accepted += 1
+                if terminated:
+                    break
+        except Exception as exc:  # the engine failed on this row's state: only its row fails
+            self._counters.accept_seconds += time.perf_counter() - start
+            return PreviewResult(0, failure=self._fail(exc, position + accepted), row_only=True)
         self._counters.accept_seconds += time.perf_counter() - start
         if failure is not None:
             self._rollback_preview(matcher_tokens)
@@ -335,10 +353,26 @@ class OutputSession:
     def _rollback_preview(self, matcher_tokens: int) -> None:
         if matcher_tokens and self._matcher is not None:
             start = time.perf_counter()
-            self._matcher.rollback(matcher_tokens)
-            if self._names is not None:
-                self._names.rollback(matcher_tokens)
+            self._rollback(matcher_tokens)
             self._counters.discard_seconds += time.perf_counter() - start
+
+    def _rollback(self, n: int) -> None:
+        """Undo the matcher's last n tokens. A matcher that cannot is an integrity failure (the
+        committed baseline is lost), never a request's error: IntegrityError."""
+        try:
+            self._matcher.rollback(n)  # type: ignore[union-attr]
+            if self._names is not None:
+                self._names.rollback(n)
+        except Exception as exc:
+            raise IntegrityError(f"the matcher could not roll back {n} tokens: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+
+    def _fail(self, exc: BaseException, position: int) -> InternalError:
+        """The matcher raised: its state is lost, so this request fails (typed) and its matcher
+        is never called again; the other rows of the step go on."""
+        self._broken = InternalError(f"the constraint engine failed at output position "
+                                     f"{position}: {type(exc).__name__}: {str(exc)[:300]}")
+        return self._broken
 
     def _check_idle(self, what: str, *, allow_finished: bool = False) -> None:
         if self._pending is not None:
@@ -401,5 +435,5 @@ class OutputSession:
         if self._matcher is None:
             return None
         self._check_idle("report", allow_finished=True)
-        return self._counters.snapshot(branch=self.branch, complete=self._matcher.is_completed(),
-                                       terminated=self._eos)
+        complete = self._broken is None and self._matcher.is_completed()
+        return self._counters.snapshot(branch=self.branch, complete=complete, terminated=self._eos)

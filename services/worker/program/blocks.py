@@ -91,7 +91,7 @@ class BlockManager:
 
     def __init__(self, cache: KVCache, lanes: int, *, identity: str, enabled: bool = True,
                  recurrent=None, snapshots: int = 0, special_ids=frozenset(),
-                 snapshot_interval: int = 256) -> None:
+                 snapshot_interval: int = 512) -> None:
         assert lanes <= cache.lanes
         self.cache = cache
         self.block_size = cache.block_size

@@ -82,10 +82,11 @@ class MaskBuffers:
         # wall time is split evenly over the sessions' reports.
         matchers = [s.fill_matcher() for s in sessions]
         start = time.perf_counter()
-        fill_masks(matchers, flat, list(rows), self._filler)
+        failed = fill_masks(matchers, flat, list(rows), self._filler)  # a failure is its row's
         share = (time.perf_counter() - start) / len(sessions)
-        return [s.filled(flat[r], seconds=share, position=p)
-                for s, r, p in zip(sessions, rows, positions)]
+        return [s.failed(failed[k], flat[r], position=p) if k in failed else
+                s.filled(flat[r], seconds=share, position=p)
+                for k, (s, r, p) in enumerate(zip(sessions, rows, positions))]
 
     def upload(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy the first m rows to the device (on the current stream); returns (masks, mask_row)."""

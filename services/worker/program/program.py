@@ -158,9 +158,9 @@ class Program:
         self.forward.graphs = DecodeGraphs(
             self.model, self.state, self.max_batch, scratch_lane=self.max_batch,
             keep_hidden=keep_hidden,
-            sample_stage=lambda: sampler.greedy_in_graph if sampler.fast_greedy else None,
+            sample_stage=lambda: sampler.greedy_in_graph,
             masked_stage=lambda: (sampler.masked_greedy_in_graph, masks.device_masks)
-            if sampler.fast_greedy and sampler.graph_masked else None)
+            if sampler.graph_masked else None)
         if self.max_drafts > 0:
             self.forward.verify_graphs = DecodeGraphs(
                 self.model, self.state, self.max_batch, scratch_lane=self.max_batch,

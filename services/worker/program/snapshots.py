@@ -12,11 +12,15 @@ scheduler never ends a chunk for a snapshot. The boundaries are, in order of val
 
 - the branch point: at admission a prompt that found cached KV blocks beyond its deepest snapshot
   (another prompt shares that prefix) snapshots where the shared blocks end;
+- the prompt's last full block before its last token: an exact repeat, a Replay, or the next turn
+  of the conversation (which extends the whole prompt) resumes there;
 - the block boundary at or before every special token of the prompt: chat templates open and close
   every message with one, so the boundary before a new message is where the next prompt with the
   same system prompt and tools (and another question) diverges;
-- the prompt's last full block before its last token: an exact repeat (or a Replay) resumes there;
-- every `interval` positions: shared prefixes of raw prompts.
+- every `interval` positions (512 by default): shared prefixes of raw prompts.
+
+At most `MAX_CUTS` per row and forward, in that order: every cut splits each GDN layer's
+recurrence of the forward once more (one more chunk-kernel launch per layer on CUDA).
 
 A snapshot is worth something only while every KV block of its chain is cached: evicting such a
 block drops the snapshots that cover it (`covering`), and cached blocks that no snapshot covers are
@@ -144,10 +148,13 @@ class SnapshotIndex:
                 self._on_cover(c, False)
 
 
+MAX_CUTS = 8  # per row and forward: each cut is one more segment of every GDN layer's recurrence
+
+
 def boundaries(tokens, start: int, end: int, limit: int, *, block_size: int, interval: int,
-               special_ids, branch: int | None) -> list[int]:
+               special_ids, branch: int | None, max_cuts: int = MAX_CUTS) -> list[int]:
     """The block boundaries in (start, min(end, limit)] a hybrid model snapshots at (the module
-    docstring's policy, most valuable first). `tokens`: the prompt (`limit` tokens: snapshots
+    docstring's policy, most valuable first, at most `max_cuts`). `tokens`: the prompt (`limit` tokens: snapshots
     stay inside it)."""
     bs, top = block_size, min(end, limit)
     if top <= start:
@@ -160,11 +167,11 @@ def boundaries(tokens, start: int, end: int, limit: int, *, block_size: int, int
 
     if branch is not None:
         want(branch)
+    want((limit - 1) // bs * bs)
     for p in range(start, min(limit, top + bs)):  # the block at or before each special token
         if int(tokens[p]) in special_ids:
             want(p // bs * bs)
-    want((limit - 1) // bs * bs)
     if interval > 0:
         for b in range((start // interval + 1) * interval, top + 1, interval):
             want(b)
-    return out
+    return out[:max_cuts]

@@ -14,7 +14,6 @@ configuration) and hands it to the Program, which names no backend.
                  copy modulo JSON layout
     mtp.py       the Qwen3.5 MTP module, k steps, aligned after every step
     dflash.py    DFlash / DFlash2 draft models (models/dflash.py) conditioned on target layers
-    oracle.py    the target's own recorded continuation (benchmarks and tests only)
     counters.py  the engine's speculation counters
 """
 

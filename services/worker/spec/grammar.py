@@ -26,6 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from services.worker.spec.proposer import HostProposer
+from shared.logging import get_logger
+
+log = get_logger(__name__)
 
 Encode = Callable[[str], list[int]]
 
@@ -152,8 +155,12 @@ class GrammarProposer(HostProposer):
         if not session.constrained or session.finished:
             return inner.propose(job, n) if inner is not None else []
         other = None if inner is None else lambda drafts, m: inner.propose_after(job, drafts, m)
-        with session.probe() as probe:
-            return compose(probe, self.encode, n, other)
+        try:
+            with session.probe() as probe:
+                return compose(probe, self.encode, n, other)
+        except Exception:  # a matcher that raised: no drafts; the row's next mask fill reports it
+            log.warning("grammar_drafts_failed", request_id=job.request_id, exc_info=True)
+            return []
 
     def after_step(self, pending, hidden) -> float:
         return 0.0 if self.inner is None else self.inner.after_step(pending, hidden)
