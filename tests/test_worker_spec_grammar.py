@@ -296,3 +296,27 @@ def test_propose_after_continues_a_context_or_an_own_chain():
     assert chain.propose_after(Job, (9,), 2) == []
     ngram = ContextProposer(NgramProposer(min_n=2, max_n=2), 4)
     assert ngram.propose_after(Job, (6,), 3) == [7, 5, 6]  # [5, 6] matched at the start
+
+
+def test_a_matcher_that_raises_in_a_probe_drafts_nothing_and_releases_the_session(
+        frontend, compiled):
+    """Drafts are optional: a constraint engine that raises while the grammar drafter walks gives
+    no drafts, and the session takes its next lookahead (where a real failure is reported)."""
+    encode, domain = frontend.tokenizer.encode, frontend.domain
+    session = session_after(frontend, compiled, encode("{"))
+
+    class Job:
+        request_id = "r"
+
+    job = Job()
+    job.session = session
+    matcher = session._matcher
+    real = matcher.forced_bytes
+    matcher.forced_bytes = lambda: (_ for _ in ()).throw(RuntimeError("engine failure"))
+    try:
+        assert GrammarProposer(encode, 4).propose(job, 4) == []
+    finally:
+        matcher.forced_bytes = real
+    masks = torch.zeros((1, domain.mask_words), dtype=torch.int32)
+    session.lookahead((), masks)  # not "while a probe is open"
+    assert GrammarProposer(encode, 4).propose(job, 4)  # and drafts again
