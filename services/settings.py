@@ -65,8 +65,8 @@ def _address(text: str) -> str:
 
 def _speculative(text: str) -> str:
     value = text.strip().lower()
-    if value not in ("ngram", "mtp", "dflash", "dflash2"):
-        raise ValueError(f"expected ngram, mtp, dflash or dflash2, got {text!r}")
+    if value not in ("grammar", "ngram", "mtp", "dflash", "dflash2"):
+        raise ValueError(f"expected grammar, ngram, mtp, dflash or dflash2, got {text!r}")
     return value
 
 
@@ -119,9 +119,11 @@ _TABLE = (
             "run before the rest are cancelled", "SECONDS"),
     Setting("metrics_port", int, 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
     Setting("log_level", _log_level, "INFO", "log level: DEBUG, INFO, WARNING or ERROR"),
-    Setting("speculative", _speculative, None, "speculative decoding backend: ngram (n-gram copy "
-            "from the request's own context), mtp (a Qwen3.5 model's MTP module), dflash or "
-            "dflash2 (a draft model, --draft-model, on a dense target); omitted: off", "BACKEND"),
+    Setting("speculative", _speculative, None, "speculative decoding backend: grammar (the text "
+            "a constraint forces), ngram (n-gram copy from the request's own context), mtp (a "
+            "Qwen3.5 model's MTP module; ngram and mtp add grammar drafts on constrained rows), "
+            "dflash or dflash2 (a draft model, --draft-model, on a dense target); omitted: off",
+            "BACKEND"),
     Setting("draft_model", str, None, "checkpoint directory of the draft model (dflash, dflash2)",
             "DIR"),
     Setting("num_draft_tokens", _positive, 4, "drafts per request and round with --speculative",
