@@ -6,7 +6,7 @@ Runs the public entry points at the Qwen3-8B / Qwen3.5 shapes on CPU tensors wit
 intercepted (nothing executes), then compiles each distinct launch (argument types, constexprs,
 num_warps, num_stages) to a cubin for `cuda:<arch>` with Triton's bundled ptxas. It catches type,
 shape and lowering errors that the interpreter cannot see (for example tensor-core dot operand
-types). It does not check numerics or speed: the gpu-marked tests and kernels/bench_kernels.py do.
+types). It does not check numerics or speed: the gpu-marked tests and bench/kernel_speed.py do.
 """
 
 from __future__ import annotations

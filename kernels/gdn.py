@@ -8,7 +8,7 @@ S from `state[src[b]]` (zeros where reset[b]), runs the T tokens in registers, a
 `state[dst[b]]` (src == dst updates in place). Rows with skip[b] != 0 read and write nothing.
 
 `gdn_chunk` is long prefill: fla-core's chunked kernel (`fla.ops.gated_delta_rule`, the `gpu`
-extra) for bfloat16 / float16 values when it is importable and INFERNIX_FLA is not "0", otherwise
+extra) for bfloat16 / float16 values when it is importable and the caller allows it, otherwise
 the torch chunked form (`chunk_gated_delta_rule_ref`). Float32 always takes the torch form: fla's
 tl.dot calls leave the input precision at Triton's default, TF32 on tensor cores, so with float32
 inputs its result is only TF32-accurate (about 1e-3 relative on the state; on an H200 that moved the
@@ -22,7 +22,6 @@ before triton is first imported; the tests run it in a child process, as for ker
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 
 import torch
@@ -155,9 +154,7 @@ def gdn_replay(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Te
 
 @functools.cache
 def _fla_chunk():
-    """fla-core's chunked kernel, or None when it is not installed or INFERNIX_FLA=0."""
-    if os.environ.get("INFERNIX_FLA", "1") == "0":
-        return None
+    """fla-core's chunked kernel, or None when it is not installed."""
     try:
         with warnings.catch_warnings():  # a third-party import's own deprecation notices
             warnings.simplefilter("ignore")
@@ -168,14 +165,16 @@ def _fla_chunk():
 
 
 def gdn_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-              initial: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+              initial: torch.Tensor, *, use_fla: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrence over a long chunk from dense initial states (prefill).
 
     q, k: [B, T, Hk, dk] normalised as for `gdn_recurrent`; v: [B, T, Hv, dv]; g, beta: [B, T, Hv]
     float32; initial: [B, Hv, dk, dv] float32. Returns (o: [B, T, Hv, dv] in v's dtype, final
-    state [B, Hv, dk, dv] float32). fla-core's kernel on CUDA for 16-bit v when installed, else
-    the torch chunked form (always for float32: fla's dots would run in TF32, module docstring)."""
-    fla = _fla_chunk() if v.is_cuda and v.dtype in (torch.bfloat16, torch.float16) else None
+    state [B, Hv, dk, dv] float32). fla-core's kernel on CUDA for 16-bit v when installed and
+    `use_fla` (the worker's INFERNIX_FLA switch), else the torch chunked form (always for float32:
+    fla's dots would run in TF32, module docstring)."""
+    fla = _fla_chunk() if use_fla and v.is_cuda and v.dtype in (torch.bfloat16, torch.float16) \
+        else None
     if fla is None:
         return chunk_gated_delta_rule_ref(q, k, v, g, beta, initial)
     o, final = fla(q.to(v.dtype), k.to(v.dtype), v, g, beta.to(v.dtype), scale=1.0, initial_state=initial,

@@ -2,7 +2,7 @@
 depthwise causal conv in front of it. They run on any device; the CPU tests compare the Triton
 kernels (kernels/gdn.py, kernels/conv.py) and the chunked form against `gated_delta_rule_ref`.
 
-The recurrence, per value head, as notes/models.md section 4 states it (S is d_k x d_v, float32):
+The recurrence, per value head, as the Gated DeltaNet paper states it (S is d_k x d_v, float32):
 
     for t in 0..T-1:
         S   = exp(g[t]) * S                      # decay, g <= 0

@@ -23,7 +23,7 @@ Triton's CPU interpreter (3.9) multiplies bf16 tiles wrongly in tl.dot, so under
 the dot tiles are converted to float32 first (as kernels/paged_attention.py does).
 
 Configs come from `pick_config(M, N, K)`, a fixed heuristic plus a table of measured configs per
-shape (`TUNED`, filled from `python -m kernels.bench_gemv`), not triton.autotune: the decode forward
+shape (`TUNED`, filled from `python -m bench.gemv_sweep`), not triton.autotune: the decode forward
 runs inside CUDA graphs, where autotune's benchmarking must not run. `gemv_ref` is the torch
 reference (float32 F.linear rounded once to x's dtype). `linear(x, weight, bias)` dispatches to the
 kernel on CUDA for bf16/fp16 with <= 16 rows and a contiguous weight, else to F.linear.
@@ -179,8 +179,8 @@ def choose_split(M: int, N: int, K: int, block_n: int, block_k: int, sms: int = 
 
 
 # Measured best configs, keyed (N, K) -> {row bucket: GemvConfig}; a bucket is next_power_of_2(M).
-# Filled from `python -m kernels.bench_gemv` on the target GPU (empty: the heuristic alone).
-# Measured on one H200 (2026-12-01, `python -m kernels.bench_gemv --budget 60`, CUDA-graph replays,
+# Filled from `python -m bench.gemv_sweep` on the target GPU (empty: the heuristic alone).
+# Measured on one H200 (2026-12-01, `python -m bench.gemv_sweep --budget 60`, CUDA-graph replays,
 # weights rotated past L2): the best swept config of each (N, K) and row bucket where it beat
 # F.linear (cuBLAS) by >= 3%, with its speedup. `linear` takes the kernel only for these.
 TUNED: dict[tuple[int, int], dict[int, GemvConfig]] = {

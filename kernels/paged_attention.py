@@ -173,7 +173,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         (default block_table.shape[1] * block_size). num_splits: S, default `choose_splits`.
     out: [B, T, H, D] in q's dtype (any strides, unit last), default a new contiguous tensor.
     block_n, num_warps, num_stages: tuning (KV tile, default 64 for D <= 128 else 32; Triton's
-        warps and pipeline stages); kernels/bench_kernels.py sweeps them.
+        warps and pipeline stages); bench/kernel_speed.py sweeps them.
     Returns out. Raises ValueError for inconsistent shapes, dtypes or devices. No host sync."""
     check_cache(k_cache, v_cache, block_table)
     _, bs, hkv, d = k_cache.shape

@@ -10,7 +10,7 @@ K and V as views):
 
 - Rows are the batch rows of one call (gather a per-lane table with `table[lanes]` first); a row's
   blocks need not be contiguous or ordered, and several rows may name the same physical block: a
-  prefix cache shares full blocks of equal token prefixes between lanes (issue 13). Shared blocks
+  prefix cache shares full blocks of equal token prefixes between lanes. Shared blocks
   are read-only by construction: a row only writes positions after its cached prefix, which lie in
   blocks it owns; the allocator (not these kernels) guarantees that.
 - A kernel reads `block_table[b, j]` only for blocks that hold a position it needs (j <=

@@ -1,7 +1,7 @@
 """Per-row sampling parameters that live on the device across decode steps.
 
 Building `SamplingParams` every step costs host work and pageable copies that block the host until
-the forward ends (issue 14). `DeviceSamplingParams` keeps the parameters of the batch's rows in one
+the forward ends. `DeviceSamplingParams` keeps the parameters of the batch's rows in one
 device buffer of fixed capacity, written only when the batch's membership (or order) changes, with
 one asynchronous copy from pinned memory; between changes the only per-step update is the logical
 output position, advanced on the device by each row's committed count (1 for ordinary decoding,

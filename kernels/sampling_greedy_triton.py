@@ -111,7 +111,7 @@ def _greedy_combine_kernel(value_ptr, index_ptr, flags_ptr, token_ptr, status_pt
 
 def default_block(rows: int) -> int:
     """Columns per program: 2048 at every batch size. Measured on an H200 at V = 248,320, bf16,
-    graph-replayed (`python -m kernels.bench_kernels --only sampling_greedy`): 2048 was the
+    graph-replayed (`python -m bench.kernel_speed --only sampling_greedy`): 2048 was the
     fastest block at B = 1, 8 and 64, masked or not (B = 64 masked: 41 us at 2048, 44 at 4096,
     65 at 8192; the torch path 319 us). `rows` stays for a shape-dependent choice."""
     return 2048

@@ -1,4 +1,4 @@
-"""Build, check and summarise the held-out JSON Schema corpus (issue 8).
+"""Build, check and summarise the held-out JSON Schema corpus (docs/schema-corpus.md).
 
     # 1. build the corpus from a JSONSchemaBench snapshot (a git directory, e.g. the one the
     #    search tool's fetch of guidance-ai/jsonschemabench gives), labelled by `jsonschema`:

@@ -5,7 +5,7 @@
     infernix grammar check|sample|serve|health
     infernix worker serve|health        the gRPC worker
     infernix gateway serve --worker ADDR [--worker ADDR ...]
-    infernix bench grammar|decode|spec|prefix  benchmarks writing JSON
+    infernix bench grammar|decode|spec|prefix|serve  benchmarks writing JSON
 
 Every flag is also an environment variable named after it: --redis-url is INFERNIX_REDIS_URL.
 Building the parser imports nothing heavy (no torch, xgrammar or transformers): `--help` answers
@@ -18,9 +18,10 @@ import argparse
 import asyncio
 import sys
 
-from services.settings import UsageError, add_settings
+from services.settings import UsageError, add_settings, switch
 
-ENDPOINTS = "OpenAI /v1/chat/completions, /v1/responses; Anthropic /v1/messages"
+ENDPOINTS = ("OpenAI /v1/chat/completions, /v1/responses, /v1/completions, /v1/models; "
+             "Anthropic /v1/messages")
 
 
 def _addresses(values: list[str]) -> list[tuple[str, int]]:
@@ -39,6 +40,25 @@ def _api_keys(args: argparse.Namespace) -> frozenset[str]:
 
 def _say(line: str) -> None:
     print(f"infernix: {line}", file=sys.stderr, flush=True)
+
+
+def _check_port(host: str, port: int) -> None:
+    """A port another process holds is a one-line usage error before anything loads (binding
+    as the server will, with SO_REUSEADDR, so a socket in TIME_WAIT does not count)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise UsageError(f"--host {host}: {exc.strerror or exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise UsageError(f"--port {port}: cannot listen on {host}:{port}: "
+                             f"{exc.strerror or exc}") from None
 
 
 def _worker_settings(cls, args: argparse.Namespace):
@@ -66,17 +86,24 @@ def run_serve(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     settings = _worker_settings(WorkerSettings, args)
+    _check_port(args.host, args.port)
+    names = tuple(args.served_model_name or ())
 
     async def main() -> None:
         registry = CollectorRegistry()  # one /metrics for the gateway, engine and grammar cache
         _say(f"loading {settings.model} on {settings.device} ...")
         worker = await asyncio.to_thread(open_worker, settings, registry=registry)
+        if names:
+            from services.gateway.aliases import AliasedWorker
+
+            worker = AliasedWorker(worker, settings.model, names)
+        served = ", ".join(names or (settings.model,))
         try:
             await serve_gateway(host=args.host, port=args.port, worker=worker,
                                 api_keys=_api_keys(args), registry=registry,
                                 ignore_unknown_fields=args.ignore_unknown_fields,
                                 on_ready=lambda: _say(
-                                    f"serving {settings.model} on http://{args.host}:{args.port} "
+                                    f"serving {served} on http://{args.host}:{args.port} "
                                     f"({ENDPOINTS})"))
         finally:
             await worker.aclose()
@@ -95,6 +122,7 @@ def run_worker_serve(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     settings = _worker_settings(WorkerSettings, args)
+    _check_port(args.host, args.port)
     registry = CollectorRegistry()
     serve_metrics(args.metrics_port, registry, args.host)
 
@@ -124,7 +152,7 @@ def _exit_past_compile_threads() -> None:
     called without an active exception"): leave without waiting for it."""
     import os
 
-    from services.grammar.builders import running_compile_threads
+    from services.grammar.cache.builders import running_compile_threads
 
     if running_compile_threads():
         sys.stdout.flush()
@@ -157,26 +185,26 @@ def run_worker_health(args: argparse.Namespace) -> int:
 
 
 def run_gateway_serve(args: argparse.Namespace) -> int:
-    import os
-
     from services.gateway import serve as serve_gateway
     from services.gateway.pool import WorkerPool
     from services.worker.remote import GrpcWorkerClient
     from shared.logging import configure_logging
 
     configure_logging(args.log_level)
-    addresses = args.worker or [a for a in os.environ.get("INFERNIX_WORKERS", "").split(",") if a]
+    addresses = args.worker or [a for a in switch("workers").split(",") if a]
     if not addresses:
         raise UsageError("gateway serve: give at least one --worker HOST:PORT "
                          "(or INFERNIX_WORKERS=HOST:PORT,...)")
     workers = _addresses(addresses)
+    _check_port(args.host, args.port)
 
     async def main() -> None:
         pool = WorkerPool([GrpcWorkerClient(host, port) for host, port in workers])
         try:
             await serve_gateway(host=args.host, port=args.port, worker=pool,
                                 api_keys=_api_keys(args),
-                                ignore_unknown_fields=args.ignore_unknown_fields)
+                                ignore_unknown_fields=args.ignore_unknown_fields,
+                                drain_seconds=args.drain_seconds)
         finally:
             await pool.aclose()
 
@@ -190,7 +218,7 @@ def run_gateway_serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from services.grammar import cli as grammar_cli
     from services.worker import cli as worker_cli
-    from services.worker.bench import cli as decode_bench_cli
+    from bench import cli as bench_cli  # the product's one import of bench/: its commands
 
     parser = argparse.ArgumentParser(prog="infernix", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -199,8 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run Infernix on its embedded default (CPU, in-memory)",
                            description="The gateway, a worker and the grammar service in one "
                            "process: OpenAI- and Anthropic-compatible HTTP.")
-    add_settings(serve, "host", "port", "api_keys", "ignore_unknown_fields", "model", "device",
-                 "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "kv_cache_tokens",
+    add_settings(serve, "host", "port", "api_keys", "ignore_unknown_fields", "model",
+                 "served_model_name", "device", "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "kv_cache_tokens",
                  "no_prefix_cache", "no_pipeline", "log_level", "speculative", "draft_model", "num_draft_tokens")
     serve.set_defaults(func=run_serve)
 
@@ -226,18 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = sub.add_parser("gateway", help="the HTTP gateway")
     gsub = gateway.add_subparsers(dest="gateway_command", required=True, metavar="COMMAND")
     gserve = gsub.add_parser("serve", help="serve OpenAI/Anthropic HTTP in front of gRPC workers")
-    add_settings(gserve, "host", "port", "api_keys", "ignore_unknown_fields", "log_level")
+    add_settings(gserve, "host", "port", "api_keys", "ignore_unknown_fields", "log_level",
+                 "drain_seconds")
     gserve.add_argument("--worker", action="append", metavar="HOST:PORT",
                         help="a worker address; repeat for several (env INFERNIX_WORKERS=a,b)")
     gserve.set_defaults(func=run_gateway_serve)
 
     bench = sub.add_parser("bench", help="benchmarks writing JSON")
     bsub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
-    grammar_cli.add_bench_parser(bsub)
-    grammar_cli.add_store_bench_parser(bsub)
-    decode_bench_cli.add_parser(bsub)
-    decode_bench_cli.add_spec_parser(bsub)
-    decode_bench_cli.add_prefix_parser(bsub)
+    bench_cli.add_parsers(bsub)
     return parser
 
 

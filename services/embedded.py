@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.settings import default
 from shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -21,19 +22,20 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    model: str = "smollm2"  # built-in name or checkpoint directory
-    device: str = "cpu"  # torch device
-    lanes: int = 4  # resident lanes, >= 1
-    max_len: int = 2048  # positions per lane, >= 2
-    prefill_chunk: int = 512  # prompt tokens per prefill step (all rows together), >= 1
-    preempt_after_s: float | None = None  # preemption for long-waiting requests; None: off
-    max_waiting: int | None = None  # bounded waiting queue; None: 4 x lanes
-    speculative: str | None = None  # speculative backend (services/worker/spec); None: off
-    draft_model: str | None = None  # draft checkpoint directory (dflash, dflash2)
-    num_draft_tokens: int = 4  # K, >= 1
-    prefix_cache: bool = True  # the automatic prefix cache
-    pipeline: bool = True  # on CUDA: launch decode step n+1 before committing step n
-    kv_cache_tokens: int | None = None  # KV pool positions; None: lanes x max_len
+    # Defaults: services/settings.py's table (the flags' own).
+    model: str = default("model")  # built-in name or checkpoint directory
+    device: str = default("device")  # torch device
+    lanes: int = default("lanes")  # resident lanes, >= 1
+    max_len: int = default("max_len")  # positions per lane, >= 2
+    prefill_chunk: int = default("prefill_chunk")  # prompt tokens per prefill step (all rows), >= 1
+    preempt_after_s: float | None = default("preempt_after")  # None: no preemption
+    max_waiting: int | None = default("max_waiting")  # bounded waiting queue; None: 4 x lanes
+    speculative: str | None = default("speculative")  # backend (services/worker/spec); None: off
+    draft_model: str | None = default("draft_model")  # draft checkpoint (dflash, dflash2)
+    num_draft_tokens: int = default("num_draft_tokens")  # K, >= 1
+    prefix_cache: bool = not default("no_prefix_cache")  # the automatic prefix cache
+    pipeline: bool = not default("no_pipeline")  # CUDA: launch step n+1 before committing step n
+    kv_cache_tokens: int | None = default("kv_cache_tokens")  # KV positions; None: lanes x max_len
 
     def __post_init__(self) -> None:
         for name, low in (("lanes", 1), ("max_len", 2), ("prefill_chunk", 1),
@@ -63,7 +65,7 @@ def open_grammar(model: str, *, redis_url: str | None = None, service: str | Non
     CacheConfig (default: CacheConfig(), read-only on Redis when a service is named);
     `client_options`: GrpcGrammarClient keywords (timeouts, fallback). Raises InvalidRequest for
     an unknown model name."""
-    from services.grammar.cache import CacheConfig, ModelCaches
+    from services.grammar.cache.grammar_cache import CacheConfig, ModelCaches
     from services.grammar.client import GrpcGrammarClient, in_process_client
     from shared.frontends import get_domain
     from shared.metrics import GrammarMetrics

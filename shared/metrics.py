@@ -161,7 +161,14 @@ class WorkerMetrics:
         self.kv_blocks = Gauge(
             "infernix_worker_kv_blocks", "KV pool blocks by state (available: free or evictable; "
             "cached: in the prefix cache, referenced or not)", ["state"], registry=self.registry)
-        self._prefix_seen = (0, 0, 0)
+        self.state_snapshots = Gauge(
+            "infernix_worker_prefix_cache_state_snapshots", "Recurrent-state snapshots a hybrid "
+            "model's prefix cache holds (each resumes prompts at one block boundary)",
+            registry=self.registry)
+        self.snapshot_evictions = Counter(
+            "infernix_worker_prefix_cache_snapshot_evictions_total", "Recurrent-state snapshots "
+            "dropped for a slot or with the KV blocks they need", registry=self.registry)
+        self._prefix_seen = (0, 0, 0, 0)
         self.forced_closes = Counter(
             "infernix_worker_thinking_forced_closes_total",
             "Reasoning phases closed by the thinking budget (the close sequence forced)",
@@ -170,15 +177,17 @@ class WorkerMetrics:
     def prefix_cache(self, stats, *, free_blocks: int, cached_blocks: int) -> None:
         """Bring the prefix-cache metrics up to `stats` (a program/blocks.PrefixCacheStats with
         cumulative counts)."""
-        seen = (stats.lookup_tokens, stats.hit_tokens, stats.evictions)
+        seen = (stats.lookup_tokens, stats.hit_tokens, stats.evictions, stats.snapshot_evictions)
         for counter, now, before in zip((self.prefix_lookup_tokens, self.prefix_hit_tokens,
-                                         self.prefix_evictions), seen, self._prefix_seen):
+                                         self.prefix_evictions, self.snapshot_evictions), seen,
+                                        self._prefix_seen):
             if now > before:
                 counter.inc(now - before)
         self._prefix_seen = seen
         self.prefix_hit_rate.set(stats.hit_rate)
         self.kv_blocks.labels(state="available").set(free_blocks)
         self.kv_blocks.labels(state="cached").set(cached_blocks)
+        self.state_snapshots.set(stats.snapshots)
 
     def finished(self, constraint: str, outcome: str, *, ttft: float | None, tpot: float | None,
                  mask_seconds: float, prompt_tokens: int, completion_tokens: int) -> None:

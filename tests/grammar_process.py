@@ -37,8 +37,10 @@ UNBOUNDED_GRAMMARS = {"INFERNIX_MAX_GRAMMAR_BYTES": str(10 ** 9), "INFERNIX_JSON
 
 
 class GrammarProcess:
-    def __init__(self, redis_url: str | None, *flags: str, model: str = "smollm2") -> None:
+    def __init__(self, redis_url: str | None, *flags: str, model: str = "smollm2",
+                 env: dict[str, str] | None = None) -> None:
         self.redis_url = redis_url
+        self.env = UNBOUNDED_GRAMMARS if env is None else env  # {}: the product's defaults
         self.flags = flags
         self.model = model
         self.port = free_port()
@@ -58,7 +60,8 @@ class GrammarProcess:
             command += ["--redis-url", self.redis_url]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
-                                         env={**os.environ, **UNBOUNDED_GRAMMARS})
+                                         env={**{k: v for k, v in os.environ.items()
+                                                 if k not in UNBOUNDED_GRAMMARS}, **self.env})
 
     async def wait_healthy(self, timeout: float = 180.0) -> dict:
         from services.grammar.health import ask
@@ -98,6 +101,22 @@ class GrammarProcess:
                 raise AssertionError(f"health never reached the condition: {health}")
             await asyncio.sleep(0.05)
 
+    def tree_rss_bytes(self) -> int:
+        """Resident memory of the service and its compile children now (Linux /proc)."""
+        assert self.proc is not None
+        total, pending = 0, [self.proc.pid]
+        while pending:
+            pid = pending.pop()
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+                total += 1024 * int(next(line.split()[1] for line in status.splitlines()
+                                         if line.startswith("VmRSS:")))
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    pending += [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, StopIteration):
+                continue  # a child that just ended
+        return total
+
     def metric(self, name: str, **labels: str) -> float:
         """A sample of the service's /metrics (0 when absent)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
@@ -119,7 +138,7 @@ class GrammarProcess:
 
 def worker_client(service: GrammarProcess, redis_url: str | None, **config):
     """A worker's GrpcGrammarClient: read-only caches on the SmolLM2 vocabulary, fast retries."""
-    from services.grammar.cache import CacheConfig, ModelCaches
+    from services.grammar.cache.grammar_cache import CacheConfig, ModelCaches
     from services.grammar.client import GrpcGrammarClient
     from shared.frontends import get_domain
 

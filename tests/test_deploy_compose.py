@@ -181,6 +181,56 @@ def test_compose_file_declares_the_four_services_with_health_checks() -> None:
         assert all(k.startswith("INFERNIX_") for k in (service.get("environment") or {}))
 
 
+# What a service needs beyond its drain to end: cancelling the rest with their terminal events,
+# closing its server, leaving the interpreter.
+STOP_MARGIN_S = 10.0
+
+
+def _seconds(text: str) -> float:
+    """A compose duration ("45s", "1m30s", "500ms")."""
+    import re
+
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", str(text))
+    assert parts and "".join(n + u for n, u in parts) == str(text), text
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def _drain_of(service: dict, monkeypatch) -> float:
+    """How long the service's command drains on SIGTERM, read from the code: the command line
+    parsed by the CLI's own parser under the service's environment (a command without a drain
+    setting stops at once)."""
+    from services.cli import build_parser
+
+    with monkeypatch.context() as m:
+        for key, value in (service.get("environment") or {}).items():
+            m.setenv(key, str(value))
+        for key in [k for k in os.environ if k.startswith("INFERNIX_")
+                    and k not in (service.get("environment") or {})]:
+            m.delenv(key)
+        args = build_parser().parse_args(service["command"][1:])
+    return float(getattr(args, "drain_seconds", 0.0) or 0.0)
+
+
+def test_every_service_may_finish_its_drain_before_docker_kills_it(monkeypatch) -> None:
+    """Issue: "`docker compose stop` loses the gateway's streams. The gateway drains for 30 s on
+    SIGTERM, but its compose service has no `stop_grace_period` (Docker's default is 10 s) ...
+    A test reads `docker-compose.yml` and checks that every service's grace period exceeds its
+    drain." Docker sends SIGKILL once the grace period (default 10 s) ends."""
+    services = _compose()["services"]
+    checked = []
+    for name, service in services.items():
+        if service.get("command", [""])[0] != "infernix":
+            continue  # redis: no drain (nothing saved: --save "")
+        drain = _drain_of(service, monkeypatch)
+        grace = _seconds(service.get("stop_grace_period", "10s"))
+        assert grace >= drain + STOP_MARGIN_S, (name, grace, drain)
+        checked.append((name, drain))
+    drains = dict(checked)
+    assert set(drains) == {"grammar", "worker", "gateway"}
+    assert drains["worker"] > 0 and drains["gateway"] > 0  # both drain; the grammar service not
+
+
 def test_requests_flow_through_the_compose_services(stack: Stack) -> None:
     """The openai SDK against the gateway: plain chat, and a JSON Schema response validated with
     jsonschema; then a second worker process finds the schema's grammar in Redis."""

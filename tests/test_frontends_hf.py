@@ -19,7 +19,7 @@ import xgrammar as xgr
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from services.grammar.compiler import ModelCompiler
-from services.grammar.matching import legal_ids
+from services.grammar.engines.matching import legal_ids
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import load_runtime

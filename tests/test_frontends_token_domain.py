@@ -14,7 +14,7 @@ import random
 import pytest
 import xgrammar as xgr
 
-from services.grammar.matching import legal_ids
+from services.grammar.engines.matching import legal_ids
 from shared.frontends import get_domain
 from shared.frontends.token_domain import TokenDomain
 

@@ -15,13 +15,13 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
-from services.grammar import records
-from services.grammar.cache import CacheConfig, GrammarCache
+from services.grammar.cache import records
+from services.grammar.cache.grammar_cache import CacheConfig, GrammarCache
 from services.grammar.compiler import ModelCompiler, cache_key
-from services.grammar.limits import StorePolicy
-from services.grammar.matching import accepts
-from services.grammar.records import Record
-from services.grammar.store import RedisStore, StoreConfig
+from services.grammar.cache.limits import StorePolicy
+from services.grammar.engines.matching import accepts
+from services.grammar.cache.records import Record
+from services.grammar.cache.store import RedisStore, StoreConfig
 from shared.contract import OutputConstraint
 from shared.errors import InvalidGrammar, RequestError
 from tests.support import byte_domain

@@ -8,7 +8,7 @@ import random
 import pytest
 import xgrammar as xgr
 
-from services.grammar import matching
+from services.grammar.engines import matching
 from services.grammar.compiler import build_grammar
 from shared.contract import OutputConstraint
 from shared.errors import InvalidChoice

@@ -118,7 +118,7 @@ def test_serve_flags_and_environment_build_the_cache_config(monkeypatch) -> None
     import argparse
 
     from services.grammar.cli import add_compile_args, cache_config_from_args
-    from services.grammar.limits import CompileLimits, StorePolicy
+    from services.grammar.cache.limits import CompileLimits, StorePolicy
 
     monkeypatch.setenv("INFERNIX_COMPILE_DEADLINE_S", "7.5")
     monkeypatch.setenv("INFERNIX_COMPILE_MEMORY_BYTES", "123456789")

@@ -1,4 +1,5 @@
-"""The constraint-engine interface (services/grammar/engine.py), the same contract on both engines.
+"""The constraint-engine interface (services/grammar/engines/engine.py), the same contract on both
+engines.
 
 Design document, section 5/7: "Rollback uses the matcher's own rollback, never a replay"; a refused
 draft leaves the committed state; "bits of the last word beyond V are zero"; EOS is legal exactly
@@ -17,8 +18,8 @@ import pytest
 import torch
 
 from services.grammar.compiler import ModelCompiler, choose_engine
-from services.grammar.engine import MaskFiller, fill_masks
-from services.grammar.matching import legal_ids
+from services.grammar.engines.batch import MaskFiller, fill_masks
+from services.grammar.engines.matching import legal_ids
 from shared.contract import OutputConstraint
 from shared.errors import InternalError
 from tests.support import byte_domain
@@ -166,7 +167,7 @@ def test_serialized_constraints_load_to_the_same_language(compiled, engine):
 def test_the_engine_rule():
     """docs/constraint-engines.md: JSON content on llguidance, everything else on xgrammar (and
     everything on xgrammar while the worker still builds xgrammar matchers itself)."""
-    from services.grammar.tools import ToolSpec
+    from services.grammar.tools.hermes import ToolSpec
     from shared.contract import ToolChoice
 
     json_kinds = [OutputConstraint.json_object(), OutputConstraint.json_schema({"type": "string"})]

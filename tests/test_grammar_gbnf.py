@@ -12,7 +12,7 @@ import re
 import pytest
 import xgrammar as xgr
 
-from services.grammar import matching
+from services.grammar.engines import matching
 from services.grammar.compiler import build_grammar
 from services.grammar.gbnf import gbnf_to_ebnf
 from shared.contract import OutputConstraint

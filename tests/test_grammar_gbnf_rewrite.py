@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import xgrammar as xgr
 
-from services.grammar.bench_cases import GBNF
+from bench.grammar_cases import GBNF
 from services.grammar.gbnf.lexer import Lexer
 from services.grammar.gbnf.parser import parse_rules
 from services.grammar.gbnf.rewrite import optimize
-from services.grammar.matching import legal_ids
+from services.grammar.engines.matching import legal_ids
 from services.grammar.regex.tree import Chars, to_ebnf
 from tests.gbnf_oracle import CFG
 from tests.support import byte_domain

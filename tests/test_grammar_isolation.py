@@ -11,11 +11,11 @@ import asyncio
 
 import pytest
 
-from services.grammar import records
+from services.grammar.cache import records
 from services.grammar.compiler import ModelCompiler
-from services.grammar.isolation import CompilePool
-from services.grammar.limits import ColdSlots, CompileLimits, StorePolicy
-from services.grammar.matching import accepts
+from services.grammar.cache.isolation import CompilePool
+from services.grammar.cache.limits import ColdSlots, CompileLimits, StorePolicy
+from services.grammar.engines.matching import accepts
 from shared.contract import OutputConstraint
 from shared.errors import ConstraintTooComplex, InvalidGrammar, Overloaded
 from tests.grammar_process import UNBOUNDED_GRAMMARS, optional_properties

@@ -1,4 +1,4 @@
-"""The ParameterNameConstraint companion (services/grammar/param_names.py) with real xgrammar
+"""The ParameterNameConstraint companion (services/grammar/tools/param_names.py) with real xgrammar
 matchers of the XML tool grammar.
 
 Design document: "the grammar session carries a companion ... that follows the canonical framing
@@ -21,10 +21,10 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from services.grammar.framing import build_framed_grammar
-from services.grammar.matching import legal_ids
-from services.grammar.param_names import NameIndex, ParameterNameConstraint
-from services.grammar.tools import ToolSpec
+from services.grammar.compiler import build_framed_grammar
+from services.grammar.engines.matching import legal_ids
+from services.grammar.tools.param_names import NameIndex, ParameterNameConstraint
+from services.grammar.tools.hermes import ToolSpec
 from shared.contract import ToolChoice, ToolDefinition
 from shared.frontends.qwen35 import qwen35_domain
 from tests.qwen_support import ordinary_ids, qwen_compiler, xml_domain

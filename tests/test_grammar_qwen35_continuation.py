@@ -16,10 +16,10 @@ import json
 
 import xgrammar as xgr
 
-from services.grammar.engine_xgrammar import XgrammarConstraint
-from services.grammar.framing import build_framed_grammar
-from services.grammar.tools import ToolSpec
-from services.grammar.xml_tools import argument_codings
+from services.grammar.engines.engine_xgrammar import XgrammarConstraint
+from services.grammar.compiler import build_framed_grammar
+from services.grammar.tools.hermes import ToolSpec
+from services.grammar.tools.xml_tools import argument_codings
 from services.worker.output.session import OutputSession
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition
 from shared.frontends import get_frontend
@@ -54,8 +54,9 @@ def test_content_prefix_as_bytes() -> None:
     suffix = ordinary_ids(' "Shanghai"}')
     result = session.preview(suffix + [min(frontend.domain.eos_ids)])
     session.confirm()
-    assert result.terminated and result.text == ' "Shanghai"}'
-    assert json.loads(prepared.prefix.decode() + result.text) == {"name": "Shanghai"}
+    assert result.terminated and result.accepted == len(suffix) + 1
+    text = b"".join(frontend.domain.token_bytes[t] for t in suffix).decode()
+    assert json.loads(prepared.prefix.decode() + text) == {"name": "Shanghai"}
 
 
 def test_tool_prefix_as_tokens_continues_the_unfinished_call() -> None:

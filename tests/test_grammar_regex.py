@@ -10,7 +10,7 @@ import unicodedata
 import pytest
 import xgrammar as xgr
 
-from services.grammar import matching
+from services.grammar.engines import matching
 from services.grammar.regex import normalize_regex, regex_to_ebnf
 from services.grammar.regex import charset
 from shared.errors import InvalidRegex

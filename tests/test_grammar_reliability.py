@@ -22,8 +22,8 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from services.grammar.limits import CompileLimits
-from services.grammar.matching import accepts
+from services.grammar.cache.limits import CompileLimits
+from services.grammar.engines.matching import accepts
 from shared.contract import OutputConstraint
 from shared.errors import ConstraintTooComplex, GrammarServiceUnavailable, Overloaded
 from shared.proto import grammar_pb2 as pb
@@ -235,6 +235,51 @@ async def test_a_compile_that_outgrows_its_memory_budget_is_stopped(redis_server
         assert ok.stats.built
         assert service.metric("infernix_grammar_compile_limit_stops_total",
                               limit="compile_memory_bytes") == 1
+    finally:
+        service.stop()
+
+
+@pytest.mark.asyncio
+async def test_the_heavy_optional_properties_schema_ends_within_the_default_budgets(stub_of):
+    """Issue: "the 92 KB schema with 2,000 optional properties that grew the grammar service to
+    18.5 GB in an earlier round must now end within the compile memory budget (typed
+    ConstraintTooComplex or compiled), with the service's peak RSS stated; a real-process test."
+    The service runs with the product's defaults (no lifted limit, process isolation); its
+    memory, children included, is sampled while the compile runs."""
+    from services.grammar.limits import DEFAULT_DEADLINE_S, DEFAULT_MEMORY_BYTES
+
+    service = GrammarProcess(None, env={})
+    service.start()
+    await service.wait_healthy()
+    stub = stub_of(service)
+    try:
+        warm = await stub.Compile(schema_request({"type": "object", "properties": {
+            "id": {"type": "integer"}}}))  # the compile child is up: its start is not measured
+        assert warm.stats.built
+        baseline = service.tree_rss_bytes()
+        peak = baseline
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        call = asyncio.ensure_future(stub.Compile(schema_request(optional_properties(2000))))
+        while not call.done():
+            peak = max(peak, service.tree_rss_bytes())
+            await asyncio.sleep(0.02)
+        elapsed = loop.time() - began
+        try:
+            reply = call.result()
+            outcome = "compiled" if reply.stats.built else "hit"
+        except GRPCError as exc:
+            error = typed_error(exc)
+            assert isinstance(error, ConstraintTooComplex), error
+            outcome = f"ConstraintTooComplex ({error.limit})"
+        print(json.dumps({"outcome": outcome, "seconds": round(elapsed, 2),
+                          "service_rss_baseline_mb": round(baseline / 1e6),
+                          "service_peak_rss_mb": round(peak / 1e6)}))
+        assert elapsed < DEFAULT_DEADLINE_S
+        assert peak - baseline < DEFAULT_MEMORY_BYTES
+        ok = await stub.Compile(pb.CompileRequest(model="smollm2", kind="choice",
+                                                  choices=["still", "serving"]))
+        assert ok.stats.built
     finally:
         service.stop()
 

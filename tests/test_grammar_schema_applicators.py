@@ -12,7 +12,7 @@ import zlib
 import jsonschema
 import pytest
 
-from services.grammar.matching import accepts, random_walk
+from services.grammar.engines.matching import accepts, random_walk
 from services.grammar.schema import check_schema, layout_values
 from shared.errors import UnsupportedSchema
 from tests.support import byte_domain

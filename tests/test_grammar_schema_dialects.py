@@ -7,7 +7,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from services.grammar.matching import accepts
+from services.grammar.engines.matching import accepts
 from services.grammar.schema import check_schema, layout_values
 from shared.errors import InvalidSchema, UnsupportedSchema
 from tests.test_grammar_schema_walks import compile_schema

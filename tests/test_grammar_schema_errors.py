@@ -102,7 +102,7 @@ def test_pattern_and_length_hold_together(schema):
     """'XML excludes and schema pattern/length must hold together': a pattern is never dropped or
     allowed to override a length; through the string-automaton intersection both hold."""
     from tests.test_grammar_schema_walks import compile_schema
-    from services.grammar.matching import accepts
+    from services.grammar.engines.matching import accepts
 
     compiled = compile_schema(schema)
     v = jsonschema.Draft202012Validator(schema)

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 
-from services.grammar.matching import accepts
+from services.grammar.engines.matching import accepts
 from services.grammar.schema import check_schema, schema_to_grammar
 from shared.errors import UnsupportedSchema
 from tests.support import byte_domain

@@ -25,7 +25,7 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 
-from services.grammar.matching import accepts, random_walk
+from services.grammar.engines.matching import accepts, random_walk
 from services.grammar.schema import check_schema, schema_to_grammar
 from shared.errors import UnsupportedSchema
 from tests.support import byte_domain

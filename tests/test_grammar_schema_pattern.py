@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 
-from services.grammar.matching import accepts, random_walk
+from services.grammar.engines.matching import accepts, random_walk
 from services.grammar.schema import schema_to_grammar
 from shared.errors import InvalidSchema, UnsupportedSchema
 from shared.frontends.token_domain import TokenDomain

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 
-from services.grammar.matching import accepts, random_walk
+from services.grammar.engines.matching import accepts, random_walk
 from services.grammar.schema import schema_to_grammar
 from shared.contract import OutputConstraint
 from shared.errors import InvalidRequest, UnsupportedSchema

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 
-from services.grammar.matching import accepts, random_walk
+from services.grammar.engines.matching import accepts, random_walk
 from services.grammar.schema import json_object_grammar, schema_to_grammar
 from tests.support import byte_domain
 

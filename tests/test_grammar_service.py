@@ -14,14 +14,14 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from services.grammar.cache import CacheConfig, GrammarCache, ModelCaches, RecordCache
+from services.grammar.cache.grammar_cache import CacheConfig, GrammarCache, ModelCaches, RecordCache
 from services.grammar.client import GrpcGrammarClient, InProcessGrammarClient
 from services.grammar.compiler import ModelCompiler, cache_key
-from services.grammar.limits import StorePolicy
-from services.grammar.matching import accepts
-from services.grammar.records import Record
+from services.grammar.cache.limits import StorePolicy
+from services.grammar.engines.matching import accepts
+from services.grammar.cache.records import Record
 from services.grammar.service import create_server, serve
-from services.grammar.store import RedisStore, StoreConfig
+from services.grammar.cache.store import RedisStore, StoreConfig
 from shared.contract import OutputConstraint
 from shared.errors import (
     ConstraintTooComplex,

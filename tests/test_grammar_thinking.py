@@ -22,9 +22,9 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from services.grammar.framing import build_framed_grammar
-from services.grammar.matching import legal_ids
-from services.grammar.engine_xgrammar import XgrammarConstraint
+from services.grammar.compiler import build_framed_grammar
+from services.grammar.engines.matching import legal_ids
+from services.grammar.engines.engine_xgrammar import XgrammarConstraint
 from services.worker.output.session import OutputSession
 from shared.contract import OutputConstraint
 from shared.frontends import get_frontend

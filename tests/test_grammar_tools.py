@@ -1,4 +1,4 @@
-"""The Hermes tool contract: grammar (services/grammar/tools.py) and output decoder
+"""The Hermes tool contract: grammar (services/grammar/tools/hermes.py) and output decoder
 (services/worker/tool_stream.py), checked with random legal walks and the jsonschema library.
 
 Design document: "Auto allows zero or more calls; Required at least one; parallel=false limits it to
@@ -18,8 +18,8 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 
-from services.grammar.matching import accepts, random_walk
-from services.grammar.tools import CALL_OPEN, ToolSpec, needs_tool_grammar, tool_grammar_ebnf
+from services.grammar.engines.matching import accepts, random_walk
+from services.grammar.tools.hermes import CALL_OPEN, ToolSpec, needs_tool_grammar, tool_grammar_ebnf
 from shared.frontends.formats.hermes import ToolStream
 from shared.contract import (
     OutputConstraint, ToolChoice, ToolConstraints, ToolDefinition, ToolMode,
@@ -172,10 +172,10 @@ def test_tool_spec_travels_and_caches_like_a_content_constraint() -> None:
     tool framing, allowed names and strict schemas, and the spec survives the wire unchanged."""
     import asyncio
 
-    from services.grammar.cache import GrammarCache
+    from services.grammar.cache.grammar_cache import GrammarCache
     from services.grammar.compiler import ModelCompiler
     from services.grammar.service import constraint_from_request, constraint_to_request
-    from services.grammar.tools import FRAMING
+    from services.grammar.tools.hermes import FRAMING
 
     spec = ToolSpec(TOOLS, ToolChoice.named("lookup"))
     wire = constraint_to_request(spec, model="smollm2")
@@ -197,3 +197,63 @@ def test_tool_spec_travels_and_caches_like_a_content_constraint() -> None:
                            '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>')
 
     asyncio.run(run())
+
+
+WEATHER_LOOSE = {"type": "object", "properties": {
+    "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}
+
+
+def _call(name: str, args: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("choice", [ToolChoice(ToolMode.REQUIRED), ToolChoice.named("weather")],
+                         ids=["required", "named"])
+def test_forced_calls_follow_a_non_strict_schema(choice: ToolChoice, compiler) -> None:
+    """A forced call is constrained by its schema whether or not `strict` is set (the strict flag
+    decides only what is rejected when the schema cannot be enforced exactly); a tool with no
+    parameters gets `{}`."""
+    tools = (ToolDefinition.create("weather", WEATHER_LOOSE), ToolDefinition.create("ping"))
+    grammar = compiler.compile_grammar(tool_grammar_ebnf(ToolSpec(tools, choice)))
+    assert accepts(grammar, _call("weather", '{"city": "Oslo", "unit": "celsius"}'))
+    assert accepts(grammar, _call("weather", '{"city": "Oslo"}'))
+    assert not accepts(grammar, _call("weather", '{"unit": "celsius"}'))  # required city
+    assert not accepts(grammar, _call("weather", '{"city": "Oslo", "unit": "kelvin"}'))
+    # the root is closed to its declared properties: the call must end
+    assert not accepts(grammar, _call("weather", '{"city": "Oslo", "note": "x"}'))
+    if choice.allowed_names is None:
+        assert accepts(grammar, _call("ping", "{}"))
+        assert not accepts(grammar, _call("ping", '{"x": 1}'))
+    # auto leaves a non-strict tool's arguments free (any JSON object), as before
+    free = compiler.compile_grammar(tool_grammar_ebnf(ToolSpec(tools, ToolChoice())))
+    assert accepts(free, _call("weather", '{"unit": "kelvin", "note": [1]}'))
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True},
+    {"type": "array", "items": {"type": "integer"}},
+], ids=["open-object", "not-an-object"])
+def test_forced_non_strict_schema_that_cannot_be_enforced_falls_back_to_any_object(
+        schema, compiler) -> None:
+    """What cannot be enforced exactly is refused only for a strict tool; a non-strict forced
+    call still gets a call, with any JSON object as its arguments."""
+    loose = (ToolDefinition.create("t", schema),)
+    grammar = compiler.compile_grammar(tool_grammar_ebnf(ToolSpec(loose, ToolChoice.named("t"))))
+    assert accepts(grammar, _call("t", '{"a": "x", "b": [true]}'))
+    assert not accepts(grammar, "free text")
+    with pytest.raises(UnsupportedSchema):
+        tool_grammar_ebnf(ToolSpec((ToolDefinition.create("t", schema, strict=True),),
+                                   ToolChoice.named("t")))
+
+
+def test_forced_non_strict_schemas_are_part_of_the_cache_identity() -> None:
+    """The grammar of a forced call depends on a non-strict tool's schema, so its key does; an
+    auto choice's grammar does not, nor its key."""
+    a = (ToolDefinition.create("t", WEATHER_LOOSE),)
+    b = (ToolDefinition.create("t", {"type": "object", "properties": {"x": {"type": "number"}}}),)
+    forced = ToolChoice.named("t")
+    assert ToolSpec(a, forced).canonical_source() != ToolSpec(b, forced).canonical_source()
+    assert ToolSpec(a, ToolChoice()).canonical_source() == \
+        ToolSpec(b, ToolChoice()).canonical_source()
+    back = ToolSpec.from_json(ToolSpec(a, forced).to_json())
+    assert back.canonical_source() == ToolSpec(a, forced).canonical_source()

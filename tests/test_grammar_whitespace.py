@@ -16,10 +16,10 @@ import re
 import pytest
 
 from services.grammar.compiler import ModelCompiler, cache_key
-from services.grammar.matching import accepts, random_walk
+from services.grammar.engines.matching import accepts, random_walk
 from services.grammar.schema.emit import MAX_INDENT_DEPTH
 from services.grammar.service import constraint_from_request, constraint_to_request
-from services.grammar.tools import ToolSpec
+from services.grammar.tools.hermes import ToolSpec
 from shared.contract import OutputConstraint, ToolChoice, ToolMode
 from shared.errors import InvalidRequest
 from tests.support import byte_domain

@@ -1,5 +1,5 @@
-"""The Qwen3.5 XML tool grammar (services/grammar/xml_tools.py) under every output framing, judged
-by an independent reader of the format (tests/xml_walks.py), jsonschema, and the production decoder
+"""The Qwen3.5 XML tool grammar (services/grammar/tools/xml_tools.py) under every output framing,
+judged by an independent reader of the format (tests/xml_walks.py), jsonschema, and the production decoder
 (shared/frontends/formats/qwen_xml_stream.py) reading the same walks.
 
 Design document: "Strict arguments use explicit physical framing ... The two \\n are the framing
@@ -21,10 +21,10 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 
-from services.grammar.framing import build_framed_grammar
-from services.grammar.matching import legal_ids
-from services.grammar.tools import ToolSpec
-from services.grammar.xml_tools import argument_codings
+from services.grammar.compiler import build_framed_grammar
+from services.grammar.engines.matching import legal_ids
+from services.grammar.tools.hermes import ToolSpec
+from services.grammar.tools.xml_tools import argument_codings
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
 from shared.frontends.formats.qwen_xml_stream import ToolStream
 from shared.frontends.thinking import CONTENT, QWEN_THINK, REASONING, PhaseDecoder, \
@@ -72,7 +72,9 @@ def _thinking_framing() -> ThinkingFraming:
 
 def decode(tokens: list[int], tools, *, thinking: bool):
     """The production decoder: phase decoder, then the XML tool stream."""
-    dec = PhaseDecoder(xml_domain(), _thinking_framing(), phase=REASONING if thinking else CONTENT)
+    d = xml_domain()
+    dec = PhaseDecoder(d, _thinking_framing(), phase=REASONING if thinking else CONTENT,
+                       call_open_id=d.special_id("<tool_call>"))
     stream = ToolStream(constrained=True, codings=argument_codings(tools))
     events, reasoning = [], []
     for item in dec.feed(tokens) + dec.finish():
@@ -136,7 +138,7 @@ def test_walks_of_every_framing_read_back(thinking, kind, strict, compiler) -> N
     compiled = compiler.compile_grammar(build_framed_grammar(constraint, framing, d))
     rng = random.Random(11)
     seen_calls = completed = 0
-    for _ in range(14):
+    for _ in range(20):
         w = walk(compiled, d, rng, names=not strict, prefer=_prefer(), max_tokens=300,
                  end_bias=0.12)
         if not w.completed:
@@ -244,7 +246,7 @@ def test_strict_language(body, ok, compiler) -> None:
 def test_none_is_a_grammar_only_where_the_opener_is_a_token() -> None:
     """`none` forbids generating the opener: with a control-token opener (XML) that takes a
     grammar of free text (unless a content constraint owns the output); Hermes stays free."""
-    from services.grammar.tools import needs_tool_grammar
+    from services.grammar.tools.hermes import needs_tool_grammar
 
     none = ToolChoice(ToolMode.NONE)
     assert needs_tool_grammar(LOOSE, none, None, opener_is_token=True)
@@ -258,7 +260,7 @@ def test_none_is_a_grammar_only_where_the_opener_is_a_token() -> None:
 async def test_framings_compile_through_the_cache_under_their_own_keys() -> None:
     """The framing is part of the cache identity; a framing that does not fit the source is a
     typed error naming the field."""
-    from services.grammar.cache import GrammarCache
+    from services.grammar.cache.grammar_cache import GrammarCache
     from services.grammar.compiler import ModelCompiler
     from shared.errors import Unsupported
 
@@ -274,3 +276,41 @@ async def test_framings_compile_through_the_cache_under_their_own_keys() -> None
         with pytest.raises(Unsupported) as err:
             await cache.compile(source, framing=framing)
         assert err.value.field == "framing"
+
+
+def test_forced_calls_follow_a_non_strict_schema_in_xml(compiler) -> None:
+    """A forced call is constrained by its schema whether or not `strict` is set, in the XML
+    format too (declared order, required present, the root closed to its declared parameters),
+    and the decoder's coding follows the same classification (a string parameter is raw text);
+    a schema the XML format cannot enforce exactly falls back to the loose arguments for a
+    non-strict tool and stays refused for a strict one."""
+    from shared.errors import UnsupportedSchema
+
+    note = {"type": "object", "properties": {"text": {"type": "string"},
+                                             "n": {"type": "integer"}}, "required": ["text"]}
+    tools = (ToolDefinition.create("note", note),)
+    d = xml_domain()
+    forced = compiler.compile_grammar(build_framed_grammar(
+        ToolSpec(tools, ToolChoice.named("note")), "qwen-xml-v1", d))
+    good = "<parameter=text>\nhi\n</parameter>\n<parameter=n>\n2\n</parameter>\n"
+    assert _accepts(forced, _call_tokens("note", good))
+    for bad in ("<parameter=n>\n2\n</parameter>\n",  # text is required
+                "<parameter=n>\n2\n</parameter>\n<parameter=text>\nhi\n</parameter>\n",  # order
+                "<parameter=text>\nhi\n</parameter>\n<parameter=x>\n1\n</parameter>\n",
+                "<parameter=text>\nhi\n</parameter>\n<parameter=n>\nmany\n</parameter>\n"):
+        assert not _accepts(forced, _call_tokens("note", bad)), bad
+    coding = argument_codings(tools, forced=True)["note"]
+    assert coding.strict and coding.raw == frozenset({"text"})
+    assert not argument_codings(tools)["note"].strict  # auto: the loose coding, as before
+    auto = compiler.compile_grammar(build_framed_grammar(ToolSpec(tools, ToolChoice()),
+                                                         "qwen-xml-v1", d))
+    loose_call = "<parameter=x>\n1\n</parameter>\n"
+    assert _accepts(auto, _call_tokens("note", loose_call))
+    mixed = {"type": "object", "properties": {"v": {"type": ["string", "integer"]}}}
+    fallback = compiler.compile_grammar(build_framed_grammar(
+        ToolSpec((ToolDefinition.create("m", mixed),), ToolChoice.named("m")), "qwen-xml-v1", d))
+    assert _accepts(fallback, _call_tokens("m", loose_call))
+    assert not argument_codings((ToolDefinition.create("m", mixed),), forced=True)["m"].strict
+    with pytest.raises(UnsupportedSchema):
+        build_framed_grammar(ToolSpec((ToolDefinition.create("m", mixed, strict=True),),
+                                      ToolChoice.named("m")), "qwen-xml-v1", d)

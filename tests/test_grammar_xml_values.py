@@ -1,5 +1,5 @@
-"""Strict XML argument values (services/grammar/xml_values.py): raw strings with their assertions
-and the delimiter exclusion, and the schemas the XML format cannot represent, rejected while
+"""Strict XML argument values (services/grammar/tools/xml_values.py): raw strings with their
+assertions and the delimiter exclusion, and the schemas the XML format cannot represent, rejected while
 preparing with a typed error naming the parameter.
 
 Design document: "A raw string argument ends at \\n</parameter>, which must not occur in the
@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 import xgrammar as xgr
 
-from services.grammar.framing import build_framed_grammar
-from services.grammar.tools import ToolSpec
-from services.grammar.xml_tools import argument_codings
+from services.grammar.compiler import build_framed_grammar
+from services.grammar.tools.hermes import ToolSpec
+from services.grammar.tools.xml_tools import argument_codings
 from shared.contract import ToolChoice, ToolDefinition, ToolMode
 from shared.errors import SchemaSource, UnsupportedSchema
 from tests.qwen_support import xml_domain

@@ -1,5 +1,5 @@
 """The kernel benchmark script runs end to end (tiny shapes, Triton's interpreter on the CPU), so
-the lead's GPU run of `python -m kernels.bench_kernels` does not fail on a typo; its outputs agree
+the lead's GPU run of `python -m bench.kernel_speed` does not fail on a typo; its outputs agree
 across implementations."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def test_bench_script_writes_every_case(tmp_path):
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "bench.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, "-m", "kernels.bench_kernels", "--tiny", "--out",
+    proc = subprocess.run([sys.executable, "-m", "bench.kernel_speed", "--tiny", "--out",
                            str(out)], cwd=root, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

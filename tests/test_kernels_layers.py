@@ -88,8 +88,8 @@ def rms_oracle(x: np.ndarray, w: np.ndarray, eps: float, zero_centered: bool) ->
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("zero_centered", [False, True], ids=["llama", "qwen35"])
 def test_rms_norm_matches_float64(backend, dtype, zero_centered):
-    """Llama/Qwen3: y = w * (x / rms(x)).to(dtype); Qwen3.5 (notes/models.md: "RMSNorm is
-    zero-centred: x^(1+w)"): y = (x / rms(x) * (1 + w)).to(dtype); rms = sqrt(mean(x^2) + eps)."""
+    """Llama/Qwen3: y = w * (x / rms(x)).to(dtype); Qwen3.5 (zero-centred RMSNorm):
+    y = (x / rms(x) * (1 + w)).to(dtype); rms = sqrt(mean(x^2) + eps)."""
     gen = np.random.default_rng(1)
     ops = _ops(backend)
     for shape in [(3, 7, 96), (5, 4096), (1, 1, 40)]:  # odd row counts, D not a power of two

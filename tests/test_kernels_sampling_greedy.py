@@ -98,8 +98,8 @@ def test_in_graph_sample_stage_equals_the_sampler():
     assert tokens.tolist() == want.tokens.tolist() and status.tolist() == want.status.tolist()
     assert int(tokens[1]) != ord("z")
     assert sampler.graph_ready(rows)
-    sampler.fast_greedy = False
-    assert not sampler.graph_ready(rows)
+    rows[2] = SimpleNamespace(sampling=SimpleNamespace(temperature=0.0), penalized=lambda: True)
+    assert not sampler.graph_ready(rows)  # a penalized row needs the penalty pass
 
 
 def test_sampler_parameters_follow_batch_membership():

@@ -170,7 +170,10 @@ def stack():
     redis = RedisServer(free_port(), None, tempfile.mkdtemp(prefix="infernix-redis-"))
     redis.start()
     isolation = ("--compile-isolation", "thread")
-    grammar = GrammarProcess(redis.url, *isolation)
+    # The product's engine choice (JSON content on llguidance where it can run it); the grammar
+    # byte limit lifted as everywhere in these tests.
+    grammar = GrammarProcess(redis.url, *isolation, env={
+        "INFERNIX_MAX_GRAMMAR_BYTES": UNBOUNDED_GRAMMARS["INFERNIX_MAX_GRAMMAR_BYTES"]})
     flags = ("--grammar", grammar.address, "--redis-url", redis.url, "--lanes", "4",
              "--max-waiting", "2", "--max-len", "2048", "--grammar-retry-s", "0.5", *isolation)
     workers = [WorkerProcess(*flags, name=f"worker{i}") for i in (1, 2)]
@@ -347,6 +350,74 @@ async def test_a_client_leaving_a_non_streaming_request_cancels_it_at_its_worker
 
 
 @pytest.mark.asyncio
+async def test_a_five_thousand_value_enum_is_served_through_the_stack(stack):
+    """Issue: "A string `enum` of 5,000 values compiles; the first accepted token raises inside
+    the llguidance matcher ... the client gets `500 internal_error`." Through the gateway, a
+    worker and the grammar service (the product's engine choice): a 200 whose content is one of
+    the values."""
+    values = [f"value{i}" for i in range(5000)]
+    body = _chat(24, temperature=0, response_format={"type": "json_schema", "json_schema": {
+        "name": "e", "schema": {"type": "string", "enum": values}}})
+    async with aiohttp.ClientSession() as session:
+        async with session.post(stack.gateway.url + "/v1/chat/completions", json=body) as reply:
+            status, answer = reply.status, await reply.json()
+    assert status == 200, answer
+    assert answer["choices"][0]["finish_reason"] == "stop", answer
+    assert json.loads(answer["choices"][0]["message"]["content"]) in values
+
+
+LANES_FREE_WITHIN_S = 5.0  # after a mass disconnect (the engine retires a cancel in one step)
+
+
+async def _open_and_leave(port: int, body: dict):
+    """A raw HTTP client that sends `body`; the caller drops it (a client that leaves without a
+    word)."""
+    data = json.dumps(body).encode()
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    await writer.drain()
+    return writer
+
+
+@pytest.mark.asyncio
+async def test_mass_disconnects_free_every_lane(stack):
+    """Issue: "One worker still showed a lane busy 3 s after all its clients disconnected ...
+    check with a test that counts lanes after mass disconnects of streaming and non-streaming
+    requests, constrained and not." Twelve clients (streaming and not, an endless grammar, a JSON
+    Schema and none) fill both workers' lanes and queues, then all leave at once: every lane and
+    queue place is free within LANES_FREE_WITHIN_S, and each request ended cancelled."""
+    await _until_async(lambda: stack.resident(), lambda counts: sum(counts) == 0)
+    cancelled = stack.metric("infernix_worker_requests_total", outcome="cancelled")
+    schema = {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+        "type": "object", "properties": {"notes": {"type": "array", "items": {
+            "type": "string"}}}, "required": ["notes"]}}}
+    kinds = [dict(structured_outputs=ENDLESS), dict(response_format=schema), {}]
+    writers = await asyncio.gather(*(_open_and_leave(stack.gateway.port, _chat(
+        LONG, stream=i % 2 == 0, **kinds[i % 3])) for i in range(12)))
+    await _until_async(lambda: stack.resident(), lambda counts: sum(counts) >= 10)
+    # and four more whose grammars nobody compiled: they leave while their compile runs
+    tag = time.monotonic_ns()
+    writers += await asyncio.gather(*(_open_and_leave(stack.gateway.port, _chat(
+        LONG, stream=i % 2 == 0, structured_outputs={"regex": f"left{tag}{i}-[a-z ]*"}))
+        for i in range(4)))
+    began = time.monotonic()
+    for writer in writers:
+        writer.transport.abort()  # every client gone at once, no FIN handshake to wait for
+
+    async def busy() -> list[int]:  # lanes, queue places and requests still preparing
+        healths = [await w.wait_healthy() for w in stack.workers]
+        return [int(h["resident"]) + int(h["waiting"]) + int(h["preparing"]) for h in healths]
+
+    counts = await _until_async(busy, lambda c: sum(c) == 0, timeout=60)
+    freed_s = time.monotonic() - began
+    print(json.dumps({"lanes_freed_s": round(freed_s, 2), "counts": counts}))
+    assert freed_s <= LANES_FREE_WITHIN_S, freed_s
+    ended = stack.metric("infernix_worker_requests_total", outcome="cancelled") - cancelled
+    assert ended >= 10, ended  # the plain ones may reach EOS before their client leaves
+
+
+@pytest.mark.asyncio
 async def test_full_worker_queues_answer_429_with_retry_after(stack):
     """§5: 'A bounded waiting queue per worker (configurable), 429 with Retry-After beyond it,
     queue time and rejections in metrics; the gateway's balancer uses the workers' queue depth.'
@@ -368,6 +439,39 @@ async def test_full_worker_queues_answer_429_with_retry_after(stack):
     assert all(r[0] == 200 for r in replies if r[0] != 429), replies
     assert stack.metric("infernix_worker_rejected_total", reason="queue_full") > rejected
     assert stack.metric("infernix_worker_queue_seconds_count") >= 12
+
+
+@pytest.mark.asyncio
+async def test_rolling_restarts_lose_nothing_and_fail_nothing(stack):
+    """Issue: "With two workers and the grammar service, restarting each in turn under a steady
+    mixed load (the load test's mix) loses 0 requests and fails 0 (streams on a worker being
+    drained finish; new requests go to the other)." Each is stopped gracefully (SIGTERM: a
+    worker drains) and started again, one after the other, while the mix runs."""
+    gateway = stack.gateway
+    await _until_async(lambda: stack.resident(), lambda counts: sum(counts) == 0)
+    began = time.perf_counter()
+    phases: dict[str, float] = {}
+    stop = asyncio.Event()
+    load = asyncio.ensure_future(run_mix(gateway.url, stop=stop, concurrency=4, seed=26,
+                                         max_tokens=12, timeout_s=60))
+    await asyncio.sleep(2.0)  # the mix warms the caches
+    for name, process in (("worker1", stack.workers[0]), ("worker2", stack.workers[1]),
+                          ("grammar", stack.grammar)):
+        await asyncio.to_thread(process.stop)  # SIGTERM; the graceful stop's own bound
+        phases[f"{name}_stopped"] = round(time.perf_counter() - began, 1)
+        process.start()
+        await process.wait_healthy()
+        if process is not stack.grammar:
+            await gateway.until_workers_healthy(2)
+        phases[f"{name}_back"] = round(time.perf_counter() - began, 1)
+        await asyncio.sleep(1.0)  # the mix runs on the whole stack again
+    stop.set()
+    outcomes = await asyncio.wait_for(load, 90)
+    summary = summarize(outcomes)
+    print(json.dumps({"rolling_restarts": {"phases_s": phases, **summary}}, indent=2))
+    assert summary["lost"] == 0 and summary["untyped"] == 0, summary["bad"]
+    assert summary["typed"] == 0, summary["typed_codes"]
+    assert summary["ok"] >= 20, summary
 
 
 @pytest.mark.asyncio

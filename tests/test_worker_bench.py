@@ -8,10 +8,10 @@ import jsonschema
 import torch
 
 from services.cli import build_parser
-from services.grammar.bench import SCHEMAS
-from services.worker.bench.decode import DecodeBenchOptions, bench_decode, write_report
-from services.worker.bench.models import random_qwen3_runtime
-from services.worker.runtime import ByteTokenizer
+from bench.grammar import SCHEMAS
+from bench.decode import DecodeBenchOptions, bench_decode, write_report
+from bench.random_weights import random_qwen3_runtime
+from bench.random_weights import ByteTokenizer
 from tests.support import byte_domain
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
@@ -86,7 +86,7 @@ def test_bench_decode_command_line():
 
 def test_bench_decode_compares_the_unfused_path():
     """Issue 14: before and after from one run. `compare_unfused` runs the engine first on the
-    op-by-op model path with the general greedy sampler, then on the fused path: both produce
+    op-by-op model path, then on the fused path: both produce
     the same greedy texts, and the report carries the per-mode speedup."""
     domain = byte_domain()
     runtime = random_qwen3_runtime(domain, ByteTokenizer(domain), name="tiny-qwen3", shape=TINY,
@@ -125,7 +125,7 @@ def test_bench_prefix_reports_cold_hit_and_cache_off():
     import argparse
     import asyncio
 
-    from services.worker.bench.prefix import _rounds, documents
+    from bench.prefix import _rounds, documents
     from tests.worker_support import tiny_runtime
 
     runtime = tiny_runtime()
@@ -147,9 +147,9 @@ def test_bench_decode_runs_the_qwen35_model_with_its_state_in_the_floor(monkeypa
     the engine, constrained and not, and its memory floor counts the recurrent state each step
     reads and writes beside the weights. A tiny shape of the same builder on the CPU here; the
     HF reference is refused with a clear message (it covers the dense models only)."""
-    from services.worker.bench.decode import run
-    from services.worker.bench.models import random_qwen35_runtime
-    from services.worker.models.qwen35_bench import recurrent_state_bytes_per_step, weight_bytes_per_step
+    from bench.decode import run
+    from bench.random_weights import random_qwen35_runtime
+    from bench.qwen35_model import recurrent_state_bytes_per_step, weight_bytes_per_step
 
     layers = ("linear_attention", "linear_attention", "linear_attention", "full_attention")
     runtime = random_qwen35_runtime(dtype=torch.float32, device="cpu", hidden_size=64,
@@ -157,7 +157,7 @@ def test_bench_decode_runs_the_qwen35_model_with_its_state_in_the_floor(monkeypa
                                     num_kv_heads=1, head_dim=32, rotary_dim=8, linear_num_key_heads=2,
                                     linear_num_value_heads=4, linear_key_head_dim=16,
                                     linear_value_head_dim=16, max_position_embeddings=512)
-    import services.worker.bench.breakdown as breakdown
+    import bench.breakdown as breakdown
 
     bandwidth = 1e10  # bytes/s: a fixed copy bandwidth, so the floor is exact to compare
     monkeypatch.setattr(breakdown, "cpu_copy_bandwidth", lambda: bandwidth)
@@ -185,7 +185,7 @@ def test_steady_tpot_is_the_step_time_while_every_request_decodes():
     """The steady-state TPOT of a round: wall time per engine step between the last request's
     first output and the first request's end (no prefill step of the round inside); None when
     that window holds no step (a request ended before the last one started)."""
-    from services.worker.bench.decode import _steady_step_ms
+    from bench.decode import _steady_step_ms
 
     marks = [{"first": (1.0, 3), "end": (2.0, 13)}, {"first": (1.2, 4), "end": (2.5, 20)}]
     assert _steady_step_ms(marks) == round(0.8 / 9 * 1e3, 3)
@@ -196,7 +196,7 @@ def test_steady_tpot_is_the_step_time_while_every_request_decodes():
 def test_bench_model_choices_are_listed_once():
     """Every `infernix bench` command names each model it can build exactly once (the spec bench
     once listed qwen35-9b-random twice, after the decode bench gained it)."""
-    from services.worker.bench.cli import MODELS
+    from bench.cli import MODELS
 
     parser = build_parser()
     for command in ("decode", "spec", "prefix"):

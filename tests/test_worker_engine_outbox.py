@@ -26,8 +26,8 @@ def test_one_wakeup_per_loop_and_order_kept():
     others = []
     outbox = Outbox()
     for k in range(3):
-        outbox.add(a.push, TextDelta(f"a{k}"))
-        outbox.add(b.push, TextDelta(f"b{k}"))
+        outbox.add(a, TextDelta(f"a{k}"))
+        outbox.add(b, TextDelta(f"b{k}"))
     assert outbox.add(others.append, TextDelta("direct")) == []  # not a stream: delivered at once
 
     def broken(event):
@@ -35,7 +35,7 @@ def test_one_wakeup_per_loop_and_order_kept():
 
     assert outbox.add(broken, TextDelta("lost"), "gone") == ["gone"]
     assert others == [TextDelta("direct")] and not calls
-    outbox.add(a.push, Finished(FinishReason.STOP, Usage(1, 3)))
+    outbox.add(a, Finished(FinishReason.STOP, Usage(1, 3)))
     worker = threading.Thread(target=outbox.flush)
     worker.start()
     worker.join()
@@ -56,6 +56,6 @@ def test_closed_loop_is_reported():
     stream = RequestStream(loop, "gone")
     loop.close()
     outbox = Outbox()
-    assert outbox.add(stream.push, TextDelta("x"), "owner") == []
+    assert outbox.add(stream, TextDelta("x"), "owner") == []
     assert outbox.flush() == ["owner"]
     assert outbox.flush() == []  # flushed once

@@ -105,8 +105,9 @@ async def test_pipelined_engine_publishes_exactly_what_the_unpipelined_one_does(
     to the end of its lane, where the pipeline must not chain a step past it."""
     plain, engine_plain = await _run(runtime, False, **config)
     piped, engine_piped = await _run(runtime, True, **config)
-    assert engine_plain.chained_steps == 0 and not engine_plain.pipeline
-    assert engine_piped.pipeline and engine_piped.chained_steps > 0  # the pipeline really ran
+    assert engine_plain.pipeline.chained_steps == 0 and not engine_plain.pipeline.enabled
+    assert engine_piped.pipeline.enabled
+    assert engine_piped.pipeline.chained_steps > 0  # the pipeline really ran
     assert plain.keys() == piped.keys()
     for rid in plain:
         assert piped[rid] == plain[rid], rid
@@ -142,7 +143,7 @@ async def test_cancelled_request_leaves_the_others_exact(runtime):
 
     plain, _ = await scenario(False)
     piped, engine = await scenario(True)
-    assert engine.chained_steps > 0
+    assert engine.pipeline.chained_steps > 0
     assert piped == plain
 
 
@@ -196,8 +197,9 @@ async def test_pipelined_hybrid_model_publishes_what_the_unpipelined_one_does(qw
     equal to the unpipelined engine, on a tiny random Qwen3.5 (3 GDN + 2 attention layers)."""
     plain, engine_plain = await _run_qwen35(qwen35, False, _qwen35_requests(qwen35))
     piped, engine = await _run_qwen35(qwen35, True, _qwen35_requests(qwen35))
-    assert engine.program.recurrent and engine.pipeline and engine.chained_steps > 0
-    assert engine_plain.chained_steps == 0
+    assert engine.program.recurrent and engine.pipeline.enabled
+    assert engine.pipeline.chained_steps > 0
+    assert engine_plain.pipeline.chained_steps == 0
     for rid in plain:
         assert piped[rid] == plain[rid], rid
     assert engine.metrics.forced_closes._value.get() == 1
@@ -235,7 +237,7 @@ async def test_hybrid_row_of_an_aborted_chained_round_resumes_by_replay(qwen35, 
     regex = OutputConstraint.regex("[0-9]{10}")
     piped, engine = await _run_qwen35(qwen35, True, [
         survivor, text_request("failing", "pick", greedy(10, constraint=regex), qwen35.name)])
-    assert calls["n"] >= 4 and engine.chained_steps > 0
+    assert calls["n"] >= 4 and engine.pipeline.chained_steps > 0
     failed = piped["failing"][-1][1]
     assert failed["finish_reason"].value == "error" and "injected" in failed["error"]["message"]
     assert piped["survivor"] == alone["survivor"]
@@ -270,7 +272,7 @@ async def test_a_failed_chained_launch_commits_the_held_step_then_fails_its_rows
     launch, before = program.launch, {}
 
     def failing(batch):
-        if client.engine.chained_steps == 3:  # output tokens committed before the held step's
+        if client.engine.pipeline.chained_steps == 3:  # output committed before the held step's
             before.update({r.request.request_id: r.request.num_output_tokens for r in batch.rows})
             raise RuntimeError("injected launch failure")
         return launch(batch)

@@ -179,7 +179,7 @@ async def test_cuda_outputs_identical_with_and_without_the_cache():
     cached tokens."""
     import torch
 
-    from services.worker.runtime import random_runtime
+    from bench.random_weights import random_runtime
     from tests.support import byte_domain
 
     runtime = random_runtime(byte_domain(), dtype=torch.float32, device="cuda", seed=1)

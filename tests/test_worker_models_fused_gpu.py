@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.bench.models import random_qwen3_runtime
+from bench.random_weights import random_qwen3_runtime
 from services.worker.program.graphs import DecodeGraph
-from services.worker.runtime import ByteTokenizer
+from bench.random_weights import ByteTokenizer
 from tests.support import byte_domain
 
 pytestmark = pytest.mark.gpu

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from services.worker.models.qwen35_runtime import random_qwen35
+from bench.random_weights import random_qwen35
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -58,7 +58,7 @@ def test_decode_graph_matches_eager():
 
 
 def test_bench_smoke(tmp_path):
-    from services.worker.models import qwen35_bench
+    from bench import qwen35_model as qwen35_bench
 
     out = tmp_path / "bench.json"
     assert qwen35_bench.main(["--out", str(out), "--layers", "4", "--batches", "1,2", "--prompt", "64",

@@ -75,7 +75,7 @@ def test_mtp_matches_transcription(tmp_path):
 
 def test_mtp_absent():
     """A model without mtp.* weights has no module (and its state no MTP KV); mtp_forward says so."""
-    from services.worker.models.qwen35_runtime import random_qwen35
+    from bench.random_weights import random_qwen35
 
     model = random_qwen35(dtype=torch.float32, device="cpu", vocab_size=64, hidden_size=32, intermediate_size=48,
                           layer_types=("linear_attention", "full_attention"), num_heads=2, num_kv_heads=1,

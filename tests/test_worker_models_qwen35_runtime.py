@@ -13,7 +13,7 @@ import torch
 
 from services.worker.models.qwen35 import Qwen35Model
 from services.worker.models.qwen35_config import Qwen35Config
-from services.worker.models.qwen35_runtime import QWEN35_9B, random_qwen35
+from bench.random_weights import QWEN35_9B, random_qwen35
 from services.worker.runtime import load_runtime
 from shared.generation import PromptInput
 from tests.qwen35_support import hf_causal_lm

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from services.worker.output.publication import Publication
 from services.worker.output.stop_strings import StopStrings
-from services.worker.runtime import ByteTokenizer
+from bench.random_weights import ByteTokenizer
 from shared.frontends.formats.qwen_xml_stream import ToolStream
 from shared.frontends.thinking import CONTENT, QWEN_THINK, REASONING, PhaseDecoder, ThinkingFraming
 from shared.generation import ReasoningDelta, TextDelta, ToolCallArgumentsDelta, ToolCallStart
@@ -51,3 +51,20 @@ def test_a_continued_prefix_is_read_but_not_published():
     (call,) = out.tool_calls()
     assert "".join(e.fragment for e in events if isinstance(e, ToolCallArgumentsDelta)) == \
         call.arguments_json == '{"a": "xy"}'
+
+
+def test_utf8_held_back_across_tokens():
+    """"incomplete UTF-8 at a token boundary is held back until complete"; "EOS is not published
+    as text"; a cut inside a character ends the display with U+FFFD (an incomplete result)."""
+    target = "\u65e5\u00e9!"  # e6 97 a5, c3 a9, 21
+    out = publication(CONTENT)
+    eos = min(DOMAIN.eos_ids)
+    deltas = ["".join(e.text for e in out.feed([t]) if isinstance(e, TextDelta))
+              for t in ENCODE(target) + [eos]]
+    assert deltas == ["", "", "\u65e5", "", "\u00e9", "!", ""]
+    assert out.content() == target
+    cut = publication(CONTENT)
+    cut.feed(ENCODE("\u65e5")[:2])
+    assert cut.content() == ""
+    cut.finish(complete=False)
+    assert cut.content() == "\ufffd"

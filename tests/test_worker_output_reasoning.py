@@ -253,15 +253,15 @@ async def test_speculative_rounds_stop_at_the_thinking_budget(served):
     round emits drafts + 1 tokens, so its drafts stop where the budget ends and the output equals
     one-token decoding's. The proposer drafts transformers' greedy continuation *without* a budget,
     so uncapped drafts would all be accepted past the budget."""
-    from services.worker.spec import HostDrafter
-    from services.worker.spec.oracle import OracleProposer
+    from services.worker.spec import ContextProposer
+    from bench.oracle import OracleProposer
 
     hf, runtime = served
     prompt = list(runtime.prepare(PromptInput(messages=QUESTION)).token_ids)
     proposer = OracleProposer()
     proposer.record(prompt + oracle(hf, runtime, 14, budget=None))
     client = open_client(runtime, max_batch=1, max_len=256, speculative="ngram", num_draft_tokens=4)
-    client.engine.drafter = HostDrafter.from_context(proposer, 4)
+    client.engine.proposer = ContextProposer(proposer, 4)
     try:
         reasoning, text, fin = await run(client, GenerateRequest(
             "spec", PromptInput(messages=QUESTION), greedy(14, thinking_budget=5), runtime.name))

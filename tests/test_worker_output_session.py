@@ -19,10 +19,10 @@ import torch
 import xgrammar as xgr
 
 from services.grammar.compiler import ModelCompiler
-from services.grammar.engine import MaskFiller
-from services.grammar.engine_xgrammar import XgrammarConstraint
-from services.grammar.matching import legal_ids
+from services.grammar.engines.engine_xgrammar import XgrammarConstraint
+from services.grammar.engines.matching import legal_ids
 from services.worker.output.session import OutputSession, PositionState, filler_row
+from services.worker.program.masks import MaskBuffers
 from shared.contract import OutputConstraint
 from shared.errors import ConstraintDeadEnd, InternalError, InvalidRequest
 from shared.frontends.token_domain import TokenDomain
@@ -76,11 +76,10 @@ def fresh_mask(compiled: xgr.CompiledGrammar, committed: list[int]) -> torch.Ten
     return row[0]
 
 
-def commit(session: OutputSession, tokens: list[int]) -> str:
+def commit(session: OutputSession, tokens: list[int]) -> None:
     result = session.preview(tokens)
     assert result.failure is None and result.accepted == len(tokens)
     session.confirm()
-    return result.text
 
 
 def test_masks_match_enumeration_and_clear_bits_past_v():
@@ -190,7 +189,7 @@ def test_preview_confirm_discard():
     out = buffer(2)
     before = fresh_mask(compiled, [])
     result = session.preview(toks(b"ab"))
-    assert (result.accepted, result.terminated, result.text) == (2, False, "ab")
+    assert (result.accepted, result.terminated) == (2, False)
     with pytest.raises(InternalError):
         session.lookahead([], out)
     with pytest.raises(InternalError):
@@ -203,7 +202,7 @@ def test_preview_confirm_discard():
     assert torch.equal(out[0], fresh_mask(compiled, toks(b"ab")))
     # Tokens after EOS are not accepted; an illegal token fails and leaves nothing pending.
     result = session.preview(toks(b"d") + [EOS] + toks(b"x"))
-    assert (result.accepted, result.terminated, result.text) == (2, True, "d")
+    assert (result.accepted, result.terminated) == (2, True)
     session.discard()
     result = session.preview(toks(b"cz"))
     assert result.failure is not None and result.accepted == 0
@@ -239,7 +238,9 @@ def test_three_facts_for_digits():
     digits = re.compile(r"[0-9]+")
     text = ""
     for step in ("", "1", "2"):
-        text += commit(session, toks(step.encode())) if step else ""
+        if step:
+            commit(session, toks(step.encode()))
+            text += step
         assert session.may_end == bool(digits.fullmatch(text))
         assert session.can_continue and not session.ended_normally
     commit(session, [EOS])
@@ -249,21 +250,6 @@ def test_three_facts_for_digits():
     assert closed.may_end and not closed.can_continue and not closed.ended_normally
 
 
-def test_utf8_held_back_across_tokens():
-    """"incomplete UTF-8 at a token boundary is held back until complete"; "EOS is not published
-    as text"; "On normal completion constrained content stays complete UTF-8"."""
-    target = "\u65e5\u00e9!"  # e6 97 a5, c3 a9, 21
-    session = OutputSession(DOMAIN, choice(target, "\u65e5x"))
-    deltas = [commit(session, [t]) for t in toks(target.encode())]
-    deltas.append(commit(session, [EOS]))
-    assert "".join(deltas) == target
-    assert deltas == ["", "", "\u65e5", "", "\u00e9", "!", ""]
-    assert session.ended_normally and not session.display_truncated
-    # A merged token carrying a partial character (b"\xe6\x97") is held the same way.
-    merged = OutputSession(DOMAIN, choice(target))
-    assert commit(merged, [ID[b"\xe6\x97"]]) == "" and commit(merged, [0xA5]) == "\u65e5"
-
-
 def test_length_cut_is_incomplete():
     """"When a length interruption falls inside a multi-byte character ... the result is only a
     truncated display"; "Complete content stopping at the output limit may show complete=true,
@@ -271,14 +257,13 @@ def test_length_cut_is_incomplete():
     session = OutputSession(DOMAIN, choice("\u65e5\u672c"))
     result = session.preview(toks("\u65e5\u672c".encode()), limit=4)
     assert (result.accepted, result.length_cut, result.terminated) == (4, True, False)
-    assert result.text == "\u65e5\ufffd"
     session.confirm()
-    assert session.finished and session.display_truncated and not session.ended_normally
+    assert session.finished and not session.ended_normally
     report = session.report()
     assert report is not None and not report.complete and not report.terminated
     exact = OutputSession(DOMAIN, choice("ab", "abc"))
     result = exact.preview(toks(b"abc"), limit=2)
-    assert (result.accepted, result.length_cut, result.text) == (2, True, "ab")
+    assert (result.accepted, result.length_cut) == (2, True)
     exact.confirm()
     report = exact.report()
     assert report is not None and report.complete and not report.terminated
@@ -287,8 +272,8 @@ def test_length_cut_is_incomplete():
 
 
 def test_prefix_continuation():
-    """"Only the new suffix is published. Completeness covers provided content + new suffix: a
-    prefix {"name": and a suffix "Shanghai"} form a complete object". Checked with jsonschema."""
+    """"Completeness covers provided content + new suffix: a prefix {"name": and a suffix
+    "Shanghai"} form a complete object". Checked with jsonschema."""
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
               "additionalProperties": False}
     compiled = XgrammarConstraint(
@@ -297,13 +282,13 @@ def test_prefix_continuation():
     session = OutputSession(DOMAIN, compiled, prefix=prefix)
     assert not session.may_end
     suffix = '"Shanghai"}'
-    published = commit(session, toks(suffix.encode()))
-    assert published == suffix and session.may_end
-    jsonschema.validate(json.loads(prefix.decode() + published), schema)
+    commit(session, toks(suffix.encode()))
+    assert session.may_end
+    jsonschema.validate(json.loads(prefix.decode() + suffix), schema)
     with pytest.raises(json.JSONDecodeError):
-        json.loads(published)
-    published += commit(session, [EOS])
-    assert published == suffix and session.ended_normally
+        json.loads(suffix)
+    commit(session, [EOS])
+    assert session.ended_normally
     report = session.report()
     assert report is not None and report.complete and report.terminated
     for bad in (b"[", b"\xff"):
@@ -319,7 +304,7 @@ def test_forced_control_preview():
     session = OutputSession(DOMAIN, grammar)
     forced = toks(b"</think>")
     result = session.preview_forced(forced, limit=3)
-    assert result.accepted == len(forced) and result.text == "</think>" and result.length_cut
+    assert result.accepted == len(forced) and result.length_cut
     session.discard()
     after_discard = buffer(1)
     session.lookahead([], after_discard)
@@ -350,31 +335,31 @@ def test_constraint_report_counts():
 
 def test_unconstrained_session():
     """"A batch with no constraints ... passes no mask": an unconstrained session writes no mask,
-    reports no constraint, and still decodes text, EOS and the budget."""
+    reports no constraint, and still tracks EOS and the budget."""
     session = OutputSession(DOMAIN, None)
     out = buffer(3)
     out.fill_(7)
     result = session.lookahead([1, 2], out)
     assert result.states == (PositionState.DISABLED,) * 3 and bool((out == 7).all())
-    assert commit(session, toks("\u00e9".encode())[:1]) == ""
+    commit(session, toks("\u00e9".encode())[:1])
     result = session.preview(toks("\u00e9".encode())[1:] + [EOS, 65])
-    assert (result.accepted, result.terminated, result.text) == (2, True, "\u00e9")
+    assert (result.accepted, result.terminated) == (2, True)
     session.confirm()
     assert session.report() is None and session.ended_normally and session.may_end
 
 
-def test_finish_incomplete_flushes_and_discards():
+def test_finish_incomplete_discards():
     """"Users may interrupt through the generation limit or cancellation; the result is then
-    explicitly incomplete": held bytes are flushed for display, an uncommitted preview is dropped."""
+    explicitly incomplete": an uncommitted preview is dropped, the output is finished."""
     compiled = choice("\u65e5\u672c")
     session = OutputSession(DOMAIN, compiled)
-    assert commit(session, toks("\u65e5".encode()) + [0xE6]) == "\u65e5"
-    session.preview([0x9C])  # uncommitted: never published
-    assert session.finish_incomplete() == "\ufffd"
-    assert session.finished and session.display_truncated and not session.ended_normally
+    commit(session, toks("\u65e5".encode()) + [0xE6])
+    session.preview([0x9C])  # uncommitted: dropped
+    session.finish_incomplete()
+    assert session.finished and not session.ended_normally
     report = session.report()
     assert report is not None and not report.complete and not report.terminated
-    assert session.finish_incomplete() == ""
+    session.finish_incomplete()  # again: harmless
 
 
 def test_fill_ordinary_equals_lookahead_per_session():
@@ -395,15 +380,19 @@ def test_fill_ordinary_equals_lookahead_per_session():
     masks = [buffer(1) for _ in sessions]
     for s, m in zip(sessions, masks):
         s.lookahead([], m)
-    out = torch.full((7, byte_domain().mask_words), -1, dtype=torch.int32)
-    results = OutputSession.fill_ordinary(sessions, out, [0, 3, 6], MaskFiller(2),
-                                          [2, 2, 0])
-    assert [r.states for r in results] == [e.states for e in expected] == [(R,)] * 3
-    for row, m in zip([0, 3, 6], masks):
-        assert torch.equal(out[row], m[0])
+    buffers = MaskBuffers(byte_domain(), 3, 2, torch.device("cpu"))  # rows 0, 3, 6 of [B*(K+1)]
+    buffers.host.fill_(-1)
+    fill = buffers.fill_ordinary(sessions, [2, 2, 0])
+    assert all(e.states == (R,) for e in expected) and not fill.dead_ends
+    assert buffers.host_row.tolist() == [0, 3, 6]
+    for j, m in enumerate(masks):
+        assert torch.equal(buffers.host[j, 0], m[0])
     assert [s.report().mask_positions for s in sessions] == [3, 3, 3]
-    tiny_out = torch.zeros(1, tiny.mask_words, dtype=torch.int32)
-    [result] = OutputSession.fill_ordinary([dead], tiny_out, [0], MaskFiller(1), [1])
-    assert result.states == (D,) and torch.equal(tiny_out[0], filler_row(3))
-    error = result.dead_end_error()
+    alive = OutputSession(tiny, XgrammarConstraint(
+        tiny_compiler.compile_grammar('root ::= "a" "bd" | "bc"'), tiny))
+    tiny_buffers = MaskBuffers(tiny, 2, 0, torch.device("cpu"))
+    fill = tiny_buffers.fill_ordinary([dead, alive], [1, 0])
+    assert set(fill.dead_ends) == {0} and tiny_buffers.host_row.tolist() == [-1, 1]
+    assert torch.equal(tiny_buffers.host[0, 0], filler_row(3))
+    error = fill.dead_ends[0]
     assert isinstance(error, ConstraintDeadEnd) and error.position == 1

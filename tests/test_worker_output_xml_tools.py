@@ -25,7 +25,7 @@ import jsonschema
 import pytest
 import torch
 
-from services.worker.runtime import ByteTokenizer, random_runtime
+from bench.random_weights import ByteTokenizer, random_runtime
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
 from shared.frontends.formats import QWEN_XML
 from shared.frontends.frontend import Frontend
@@ -34,7 +34,7 @@ from shared.frontends.template import ChatTemplate
 from shared.frontends.thinking import QWEN_THINK, ThinkingFraming
 from shared.generation import (
     ChatMessage, Finished, GenerateRequest, PromptInput, ReasoningDelta, RequestOptions,
-    SamplingParams, TextDelta, ToolCallArgumentsDelta, ToolCallStart,
+    SamplingParams, Started, TextDelta, ToolCallArgumentsDelta, ToolCallStart,
 )
 from tests.qwen_support import xml_domain
 from tests.worker_support import hooked, open_client
@@ -229,12 +229,13 @@ def test_the_companion_clears_a_repeated_name_in_the_session_masks(served):
     tokens that would complete `n` again are illegal in the lookahead mask and in the batched
     ordinary fill, while the same grammar without the companion allows them."""
     from services.grammar.client import NameIndex, ParameterNameConstraint, in_process_client
-    from services.grammar.tools import ToolSpec
+    from services.grammar.tools.hermes import ToolSpec
     from services.worker.output.session import OutputSession
 
     runtime, _ = served
     domain = runtime.domain
-    spec = ToolSpec(TOOLS, ToolChoice.named("note"))
+    # auto: a forced call would follow note's schema, whose declared order forbids repeats itself
+    spec = ToolSpec(TOOLS, ToolChoice(ToolMode.AUTO, ("note",)))
     grammar = in_process_client({"x": domain})
     compiled = asyncio.run(grammar.compile(spec, model="x", framing=QWEN_XML.framing)).grammar
     names = ParameterNameConstraint(NameIndex.of(domain), domain.special_id("<tool_call>"),
@@ -251,9 +252,11 @@ def test_the_companion_clears_a_repeated_name_in_the_session_masks(served):
     rows = torch.zeros(4, domain.mask_words, dtype=torch.int32)
     sessions[0].lookahead((), rows[0:1])
     sessions[1].lookahead((), rows[1:2])
-    from services.grammar.client import MaskFiller
+    from services.worker.program.masks import MaskBuffers
 
-    OutputSession.fill_ordinary(sessions, rows, [2, 3], MaskFiller("auto"), [len(ids)] * 2)
+    masks = MaskBuffers(domain, 2, 0, torch.device("cpu"))  # the batched fill of two rows
+    masks.fill_ordinary(sessions, [len(ids)] * 2)
+    rows[2:4] = masks.host[:, 0]
 
     def legal(row, t):
         return bool((int(row[t >> 5]) >> (t & 31)) & 1)
@@ -291,7 +294,8 @@ async def test_continued_assistant_message_completes_its_unfinished_call(served)
             if fin.finish_reason.value != "tool_calls":
                 continue
             _check_stream(events, fin)
-            assert isinstance(events[1], ToolCallStart) and events[1].name == "weather"  # after Started
+            first = next(e for e in events if not isinstance(e, Started))  # after the Started ones
+            assert isinstance(first, ToolCallStart) and first.name == "weather"
             args = json.loads(fin.tool_calls[0].arguments_json)
             jsonschema.validate(args, WEATHER)
             assert args["city"].startswith("Pa")

@@ -8,7 +8,7 @@ import torch
 import xgrammar as xgr
 
 from services.grammar.compiler import ModelCompiler
-from services.grammar.matching import legal_ids
+from services.grammar.engines.matching import legal_ids
 from services.worker.output.session import OutputSession
 from services.worker.program import BatchRow, Program, RowOutcome, StepBatch
 from services.worker.request import Request

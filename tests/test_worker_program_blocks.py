@@ -176,17 +176,24 @@ def test_pool_smaller_than_the_lanes_is_refused():
 
 
 class _Recurrent:
-    """Stands in for Qwen35State's snapshot calls: the 'state' of a lane is the tokens it holds."""
+    """Stands in for Qwen35State's snapshots: a forward's cut writes "state after t tokens"."""
 
-    def __init__(self, manager_lanes: int) -> None:
+    def __init__(self) -> None:
         self.lane_state: dict[int, object] = {}
         self.slots: dict[int, object] = {}
 
-    def save_snapshot(self, lane: int, slot: int) -> None:
-        self.slots[slot] = self.lane_state[lane]
-
     def load_snapshot(self, lane: int, slot: int) -> None:
         self.lane_state[lane] = self.slots[slot]
+
+
+def _prefill(m: BlockManager, rec: _Recurrent, lane: int, prompt, start: int,
+             end: int) -> list[int]:
+    """One prefill forward of prompt[start:end] with its cuts; returns the cut positions."""
+    cuts = m.plan_snapshots(lane, prompt, start, end)
+    for t, slot in cuts:
+        rec.slots[slot] = ("after", tuple(prompt[:start + t]))
+    _fill(m, lane, prompt[start:end], start=start)
+    return [start + t for t, _ in cuts]
 
 
 def test_hybrid_hits_resume_at_the_deepest_boundary_with_a_snapshot():
@@ -194,29 +201,73 @@ def test_hybrid_hits_resume_at_the_deepest_boundary_with_a_snapshot():
     attention layers (a hit resumes from the state at the last cached boundary)": cached KV
     blocks past the deepest snapshot are not attached, and the lane gets that snapshot's state;
     snapshots are LRU over their slots."""
-    rec = _Recurrent(2)
-    m = BlockManager(_cache(2, 96), 2, identity="h", recurrent=rec, snapshots=2)
-    prompt = list(range(1, 61))  # 3 full blocks + 12
-    rec.lane_state[0] = "after-32"
-    _fill(m, 0, prompt[:32])
-    m.commit(0, 32, [], snapshot=True)  # a chunk ended on the boundary at 32: snapshot
-    rec.lane_state[0] = "after-60"
-    _fill(m, 0, prompt[32:], start=32)  # ends at 60, not a boundary: no snapshot
+    rec = _Recurrent()
+    m = BlockManager(_cache(2, 96), 2, identity="h", recurrent=rec, snapshots=2,
+                     snapshot_interval=0)
+    prompt = list(range(1, 61))  # 3 full blocks + 12: the last full block before the end is 48
+    assert _prefill(m, rec, 0, prompt, 0, 60) == [48]
     m.release(0)
-    assert m.cached_blocks == 3
-    rec.lane_state[1] = "stale"
-    assert m.attach(1, prompt, limit=59) == 32  # block 3 is cached, but no snapshot there
-    assert rec.lane_state[1] == "after-32" and len(m.lane_blocks(1)) == 2
+    assert m.cached_blocks == 3 and m.stats.snapshots == 1
+    assert m.attach(1, prompt, limit=59) == 48
+    assert rec.lane_state[1] == ("after", tuple(prompt[:48]))
     m.release(1)
-    # two more snapshots evict the least recently used one (the boundary at 32)
-    for lane_tokens, tag in ((list(range(200, 216)), "a"), (list(range(300, 316)), "b")):
-        rec.lane_state[0] = tag
-        _fill(m, 0, lane_tokens)
-        m.commit(0, 16, [], snapshot=True)
+    # a prompt sharing 2 blocks: nothing cached at 32 on the first sighting, but the hit tells
+    # the lane where the shared blocks end (the branch point) and its prefill snapshots there
+    other = prompt[:32] + [500 + i for i in range(28)]
+    assert m.attach(1, other, limit=59) == 0
+    assert _prefill(m, rec, 1, other, 0, 60) == [32, 48]  # the branch point first
+    m.release(1)
+    assert m.stats.snapshots == 2
+    assert m.attach(0, prompt[:32] + [900] * 20, limit=51) == 32
+    assert rec.lane_state[0] == ("after", tuple(prompt[:32]))
+    m.release(0)
+    # a third prompt's snapshot takes the least recently used slot (other's boundary at 48)
+    third = [700 + i for i in range(40)]
+    assert _prefill(m, rec, 0, third, 0, 40) == [32]
+    m.release(0)
+    assert m.attach(1, other, limit=59) == 32
+    m.release(1)
+
+
+def test_special_tokens_place_snapshots_at_message_boundaries():
+    """Chat templates open every message with a special token: the block boundary at or before
+    each one gets a snapshot (found even when the forward ends before the token), so the next
+    prompt with the same system message and another question resumes there."""
+    rec = _Recurrent()
+    m = BlockManager(_cache(2, 96), 2, identity="h", recurrent=rec, snapshots=4,
+                     special_ids={0}, snapshot_interval=0)
+    system = list(range(1, 38))  # a message opened at 0 and the next one at 38
+    first = [0] + system + [0] + [100 + i for i in range(20)]
+    assert _prefill(m, rec, 0, first, 0, 30) == []  # the boundary before 38 (32) is past 30
+    assert _prefill(m, rec, 0, first, 30, 59) == [48, 32]  # the last full block, then 38 -> 32
+    m.release(0)
+    second = [0] + system + [0] + [300 + i for i in range(10)]
+    assert m.attach(1, second, limit=len(second) - 1) == 32
+    assert rec.lane_state[1] == ("after", tuple(first[:32]))
+
+
+def test_evicting_a_block_drops_its_snapshots_and_unneeded_blocks_go_first():
+    """Snapshots count with the blocks they need: evicting a needed block drops the snapshots
+    behind it (and the blocks only they needed become unneeded), and a block no snapshot needs
+    is evicted before any block a snapshot needs."""
+    rec = _Recurrent()
+    m = BlockManager(_cache(1, 64, num_blocks=1 + 6), 1, identity="h", recurrent=rec,
+                     snapshots=4, snapshot_interval=0)
+    a = list(range(1, 50))  # 3 full blocks: its snapshot at 48 needs all three
+    b = [200 + i for i in range(40)]  # 2 full blocks: its snapshot at 32 needs both
+    for prompt in (a, b):
+        _prefill(m, rec, 0, prompt, 0, len(prompt))
         m.release(0)
-    assert m.attach(1, prompt, limit=59) == 0
-    m.release(1)
-    assert m.attach(1, list(range(300, 320)), limit=19) == 16 and rec.lane_state[1] == "b"
+    assert m.stats.snapshots == 2 and m.cached_blocks == 5 and m.free_blocks == 6
+    m.reserve(0, 20)  # 2 blocks: the free one, then the least recently used (a's deepest)
+    assert m.stats.evictions == 1 and m.stats.snapshots == 1  # a's snapshot went with it
+    m.release(0)
+    assert m.attach(0, a, limit=48) == 0  # a's first two blocks are cached, but no snapshot
+    m.release(0)
+    m.reserve(0, 64)  # 4 blocks: 2 free, then a's two unneeded blocks, never b's
+    assert m.stats.evictions == 3 and m.stats.snapshots == 1
+    m.release(0)
+    assert m.attach(0, b + [1], limit=40) == 32
 
 
 def test_cpu_attention_through_tables_equals_the_kernel_reference():
@@ -255,3 +306,19 @@ def test_program_pool_grows_to_kv_cache_tokens_never_below_the_lanes():
     assert Program(runtime, max_batch=2, max_len=64, kv_cache_tokens=10).blocks.cache.num_blocks == 9
     big = Program(runtime, max_batch=2, max_len=64, kv_cache_tokens=1000)
     assert big.blocks.cache.num_blocks == 1 + 63 and big.blocks.free_blocks == 63
+
+
+def test_snapshot_boundaries_are_ordered_by_value_and_capped():
+    """snapshots.py: the branch point, the last full block, the blocks before special tokens,
+    the grid; at most MAX_CUTS a forward (each cut is one more recurrence segment per layer)."""
+    from services.worker.program.snapshots import MAX_CUTS, boundaries
+
+    prompt = [0] * 300  # a special token everywhere: one candidate per block
+    got = boundaries(prompt, 0, 300, 300, block_size=BS, interval=64, special_ids={0},
+                     branch=96)
+    assert got[:3] == [96, 288, 16] and len(got) == MAX_CUTS and len(set(got)) == len(got)
+    plain = boundaries(list(range(1, 301)), 0, 300, 300, block_size=BS, interval=64,
+                       special_ids={0}, branch=None)
+    assert plain == [288, 64, 128, 192, 256]
+    assert boundaries(prompt, 100, 200, 300, block_size=BS, interval=0, special_ids=set(),
+                      branch=None) == []  # the last full block (288) is past this forward

@@ -38,7 +38,8 @@ async def test_decode_graphs_equal_the_oracle(graphs):
         results = await asyncio.gather(*(collect(client, text_request(f"r{i}", p, greedy(n), rt.name))
                                          for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))))
         program = client.engine.program
-        captured = list(program._graphs.captured) if program._graphs is not None else []
+        graphs = program.forward.graphs
+        captured = list(graphs.captured) if graphs is not None else []
         ready = program._ready
     finally:
         await client.aclose()
@@ -87,7 +88,7 @@ async def test_pipeline_and_masked_sample_graph_publish_what_the_serial_engine_d
     import torch
 
     from services.worker.program.graphs import DecodeGraph
-    from services.worker.runtime import random_runtime
+    from bench.random_weights import random_runtime
     from tests.support import byte_domain
 
     rt = random_runtime(byte_domain(), dtype=torch.float32, device="cuda", seed=3)
@@ -110,7 +111,7 @@ async def test_pipeline_and_masked_sample_graph_publish_what_the_serial_engine_d
             requests += [text_request(f"f{i}", p, greedy(n), rt.name)
                          for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))]
             results = await asyncio.gather(*(collect(client, r) for r in requests))
-            chained = client.engine.chained_steps
+            chained = client.engine.pipeline.chained_steps
         finally:
             await client.aclose()
         return [(d, fin.content, fin.finish_reason, fin.usage) for d, fin in results], chained

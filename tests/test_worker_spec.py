@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from services.worker.engine import Engine, EngineConfig
-from services.worker.spec import HostDrafter, NgramProposer, check_backend
-from services.worker.spec.oracle import OracleProposer
+from services.worker.spec import ContextProposer, NgramProposer, check_backend
+from bench.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.errors import Unsupported
 from shared.generation import RequestOptions, SamplingParams
@@ -53,7 +53,7 @@ class Scripted:
 
 
 def with_proposer(client, proposer, k: int) -> None:
-    client.engine.drafter = HostDrafter.from_context(proposer, k)
+    client.engine.proposer = ContextProposer(proposer, k)
 
 
 async def run_all(client, runtime, cases):
@@ -217,7 +217,7 @@ def test_illegal_and_eos_drafts(runtime):
         if proposer is not None:
             with_proposer(client, proposer, 5)
         else:
-            client.engine.drafter = None
+            client.engine.proposer = None
         try:
             _, fin = await collect(client, text_request("r", prompt, greedy(12, constraint=constraint),
                                                         runtime.name))

@@ -1,4 +1,4 @@
-"""`infernix bench spec` (services/worker/bench/spec.py) on a tiny random model: the report's
+"""`infernix bench spec` (bench/spec.py) on a tiny random model: the report's
 shape, greedy equality with the baseline in every run, and the oracle proposer's acceptance (the
 target's own recorded continuation is always accepted). No timing is asserted."""
 
@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from services.worker.bench.spec import SpecBenchOptions, _bench, _targets, task_prompts
-from services.worker.spec.oracle import OracleProposer
+from bench.spec import SpecBenchOptions, _bench, _targets, task_prompts
+from bench.oracle import OracleProposer
 from tests.worker_support import tiny_runtime
 
 
@@ -67,8 +67,9 @@ def test_bench_spec_options_are_checked():
 def test_bench_spec_mtp_rounds_on_a_tiny_qwen35():
     import torch
 
-    from services.worker.models.qwen35_runtime import random_qwen35
-    from services.worker.runtime import ByteTokenizer, ModelRuntime
+    from bench.random_weights import random_qwen35
+    from bench.random_weights import ByteTokenizer
+    from services.worker.runtime import ModelRuntime
     from shared.frontends.frontend import Frontend
     from tests.support import byte_domain
     from tests.test_worker_spec_mtp import SHAPE
@@ -83,3 +84,27 @@ def test_bench_spec_mtp_rounds_on_a_tiny_qwen35():
     for row in rows:
         [run] = row["runs"]
         assert run["backend"] == "mtp" and run["outputs_equal"] and run["verify_rounds"] > 0
+
+
+def test_bench_spec_forms_compile_and_force_text():
+    """The `forms` task: ten schemas with long keys and enums, each valid for the grammar
+    compiler; after `{` each forces its first long key (the grammar drafter's case), and at least
+    ten requests run in a round whatever B is."""
+    import json
+
+    from services.grammar.compiler import ModelCompiler
+    from bench.forms import FORMS
+    from bench.spec import task_prompts
+    from shared.contract import OutputConstraint
+    from tests.support import byte_domain
+
+    compiler = ModelCompiler(byte_domain())
+    for schema, _ in FORMS:
+        m = compiler.compile(OutputConstraint.json_schema(schema, whitespace="indented")).grammar \
+            .matcher()
+        assert m.accept_bytes(b"{")
+        first = next(iter(schema["properties"]))
+        assert m.forced_bytes().startswith(b'\n  "' + first.encode() + b'": ')
+    prompts, schemas = task_prompts("forms", 8)
+    assert len(prompts) == len(schemas) == 16 and schemas[10] == FORMS[0][0]
+    assert json.dumps(FORMS[3][0]) in prompts[3]

@@ -77,7 +77,7 @@ def checkpoints(tmp_path_factory, runtime):
 
 def _recording(program, seen: list) -> None:
     """Record (committed context, drafts, draft q) of every row the Program drafted."""
-    inner = program._device_verify
+    inner = program.rounds.device
 
     def device_verify(batch):
         pending = inner(batch)
@@ -88,7 +88,7 @@ def _recording(program, seen: list) -> None:
                              row.draft_q))
         return pending
 
-    program._device_verify = device_verify
+    program.rounds.device = device_verify
 
 
 async def _run(runtime, cases, *, speculative=None, draft=None, seen=None, k=4):
@@ -139,7 +139,7 @@ def test_greedy_with_the_draft_model_equals_greedy_without(runtime, checkpoints,
         assert got.error is None, got.error
         assert (got.content, got.usage.completion_tokens) == (want.content, want.usage.completion_tokens)
     assert engine.speculation.rounds > 0 and len(seen) > 10
-    draft = engine.program.proposer.draft
+    draft = engine.proposer.draft
     assert engine.program.draft_wait_seconds > 0
     for context, drafts, _ in seen[:: max(1, len(seen) // 8)]:  # the context is the prefix's
         assert drafts == _from_scratch(runtime, draft, list(context), 4)[:len(drafts)]

@@ -11,10 +11,10 @@ import re
 import pytest
 import torch
 
-from services.worker.models.qwen35_runtime import random_qwen35
-from services.worker.runtime import ByteTokenizer, ModelRuntime
-from services.worker.spec import HostDrafter
-from services.worker.spec.oracle import OracleProposer
+from bench.random_weights import ByteTokenizer, random_qwen35
+from services.worker.runtime import ModelRuntime
+from services.worker.spec import ContextProposer
+from bench.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.frontends.frontend import Frontend
 from shared.generation import RequestOptions, SamplingParams
@@ -34,7 +34,7 @@ CASES = [("a", "hello hello hello", greedy(24)),
 async def _run(runtime, cases=CASES, *, record=None, wrap=None, **config):
     client = open_client(runtime, max_batch=3, max_len=128, prefill_chunk=8, **config)
     if wrap is not None:
-        client.engine.drafter = wrap(client.engine)
+        client.engine.proposer = wrap(client.engine)
     if record is not None:
         client.engine.finish_listeners.append(
             lambda job: record.__setitem__(job.request_id, job.prompt_ids + tuple(job.output_ids)))
@@ -45,8 +45,8 @@ async def _run(runtime, cases=CASES, *, record=None, wrap=None, **config):
     finally:
         program = client.engine.program  # what was captured, read before close() frees it
         program.captured_sizes = {name: graphs.captured for name, graphs in (
-            ("decode", program._graphs), ("verify", program._verify_graphs),
-            ("dflash", program._dflash_graphs)) if graphs is not None}
+            ("decode", program.forward.graphs), ("verify", program.forward.verify_graphs),
+            ("dflash", program.rounds.graphs)) if graphs is not None}
         await client.aclose()
 
 
@@ -72,7 +72,7 @@ def test_ngram_and_oracle_on_cuda_equal_ordinary_greedy(dense):
     for graphs in (True, False):  # the verify forward replayed per padded size, or eager
         fins, engine = asyncio.run(_run(dense, speculative="ngram", num_draft_tokens=4,
                                         cuda_graphs=graphs,
-                                        wrap=lambda e: HostDrafter.from_context(oracle, 4)))
+                                        wrap=lambda e: ContextProposer(oracle, 4)))
         _same(fins, base)
         assert engine.speculation.accepted > 0
         assert fins[1].constraint["mask_upload_bytes"] > 0

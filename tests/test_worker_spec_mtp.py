@@ -16,10 +16,10 @@ import asyncio
 import pytest
 import torch
 
-from services.worker.models.qwen35_runtime import random_qwen35
-from services.worker.runtime import ByteTokenizer, ModelRuntime
-from services.worker.spec import HostDrafter
-from services.worker.spec.oracle import OracleProposer
+from bench.random_weights import ByteTokenizer, random_qwen35
+from services.worker.runtime import ModelRuntime
+from services.worker.spec import ContextProposer
+from bench.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.errors import Unsupported
 from shared.frontends.frontend import Frontend
@@ -48,7 +48,7 @@ async def _run(runtime, *, speculative=None, k=3, drafter=None, record=None):
                          speculative=speculative, num_draft_tokens=k)
     engine = client.engine
     if drafter is not None:
-        engine.drafter = drafter(engine)
+        engine.proposer = drafter(engine)
     if record is not None:
         engine.finish_listeners.append(
             lambda job: record.__setitem__(job.request_id, job.prompt_ids + tuple(job.output_ids)))
@@ -98,15 +98,17 @@ def test_mtp_greedy_equals_ordinary_and_drafts_match_a_fresh_computation(runtime
     seen: list[tuple[tuple[int, ...], list[int]]] = []
 
     def recording(engine):
-        drafter = engine.drafter
+        mtp = engine.proposer
+        inner = mtp.propose
 
         def propose(job, n):
-            drafts = drafter.propose(job, n)
+            drafts = inner(job, n)
             if drafts:
                 seen.append((job.prompt_ids + tuple(job.output_ids), drafts))
             return drafts
 
-        return HostDrafter(propose, drafter.k)
+        mtp.propose = propose  # the host route's attach asks it for each row's drafts
+        return mtp
 
     fins, engine = asyncio.run(_run(runtime, speculative="mtp", k=3, drafter=recording))
     _same(fins, baseline)
@@ -135,7 +137,7 @@ def test_verification_rolls_the_recurrent_state_back(runtime, baseline, corrupt)
             return drafts
 
     fins, engine = asyncio.run(_run(runtime, speculative="ngram", k=4,
-                                    drafter=lambda e: HostDrafter.from_context(Proposer(), 4)))
+                                    drafter=lambda e: ContextProposer(Proposer(), 4)))
     _same(fins, baseline)
     spec = engine.speculation
     assert spec.rounds > 0 and spec.accepted > 0

@@ -18,7 +18,8 @@ def tiny_smollm2_runtime(model=None, *, device="cpu", dtype=None):
     """A `load_runtime` stand-in: random weights over the SmolLM2 vocabulary and Frontend."""
     import torch
 
-    from services.worker.runtime import DEFAULT_MODEL, random_runtime
+    from bench.random_weights import random_runtime
+    from services.worker.runtime import DEFAULT_MODEL
     from shared.frontends import get_frontend
 
     frontend = get_frontend(DEFAULT_MODEL)

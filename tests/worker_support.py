@@ -13,7 +13,8 @@ from torch import nn
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.models import KVCache
-from services.worker.runtime import ModelRuntime, random_runtime
+from bench.random_weights import random_runtime
+from services.worker.runtime import ModelRuntime
 from shared.frontends.token_domain import TokenDomain
 from shared.generation import (
     Finished,

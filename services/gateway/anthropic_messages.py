@@ -1,19 +1,18 @@
 """Anthropic Messages: `POST /v1/messages` (and `/v1/messages/count_tokens`) <-> the worker
-contract. A final assistant message is continued, as Anthropic's prefill is."""
+contract. A final assistant message is continued, as Anthropic's prefill is. The replies (the
+message object, the event stream) are anthropic_replies.py's."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from services.gateway import fields as f
 from services.gateway import known
-from services.gateway.choices import Results
+from services.gateway.anthropic_replies import Streamer, aggregate  # noqa: F401 - the entry's
+from services.gateway.anthropic_replies import signature_matches
 from services.gateway.errors import ErrorPaths
-from services.gateway.generation import PromptCounts
 from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
-from services.gateway.sse import SSE
 from services.gateway.translate import (
     Translated,
     json_schema_constraint,
@@ -24,20 +23,14 @@ from services.gateway.translate import (
     tool_policy,
 )
 from shared.contract import OutputConstraint, ToolChoice, ToolMode, canonical_json
-from shared.errors import ConflictingConstraint, InternalError, InvalidRequest, Unsupported
+from shared.errors import ConflictingConstraint, InvalidRequest, Unsupported
 from shared.generation import (
     ChatMessage,
-    Finished,
-    FinishReason,
     GenerateRequest,
     PromptInput,
-    ReasoningDelta,
     RequestOptions,
     SamplingParams,
-    TextDelta,
     ToolCall,
-    ToolCallArgumentsDelta,
-    ToolCallStart,
 )
 
 # Encrypted reasoning of an earlier turn: nothing this server can render. A `thinking` block is
@@ -58,7 +51,8 @@ def error_paths(body: dict) -> ErrorPaths:
     return ErrorPaths(
         content_schema=schema, constraint=constraint,
         tool_base="tools[{i}]", tool_fields={"parameters": "input_schema"},
-        aliases={"stop": "stop_sequences", "prompt": "messages", "constraint": constraint})
+        aliases={"stop": "stop_sequences", "prompt": "messages", "constraint": constraint,
+                 "thinking_budget": "thinking", "enable_thinking": "thinking"})
 
 
 def prompt_input(body: dict, limits: GatewayLimits,
@@ -210,7 +204,13 @@ def _assistant(blocks: list[dict], path: str) -> list[ChatMessage]:
         if kind == "text":
             texts.append(f.get_str(block, "text", bpath, required=True))
         elif kind == "thinking":
-            thoughts.append(f.get_str(block, "thinking", bpath, required=True))
+            text = f.get_str(block, "thinking", bpath, required=True)
+            signature = f.get_str(block, "signature", bpath, default="")
+            if not signature_matches(text, signature):
+                raise InvalidRequest(f"{bpath}.signature was issued for another thinking text: "
+                                     "send thinking blocks back unchanged",
+                                     field=f"{bpath}.signature")
+            thoughts.append(text)
         elif kind == "tool_use":
             arguments = f.get_dict(block, "input", bpath, required=True)
             calls.append(ToolCall(f.get_str(block, "id", bpath, required=True),
@@ -282,132 +282,3 @@ def _output_format(body: dict, limits: GatewayLimits,
     f.reject_unless(kind == "json_schema", f"{path}.type",
                     f"{path}.type {kind!r} is not supported (json_schema)")
     return json_schema_constraint(f.get(fmt, "schema", path), f"{path}.schema", limits)
-
-
-# ---- replies ----
-
-def stop_reason(finished: Finished) -> str:
-    if finished.finish_reason is FinishReason.TOOL_CALLS:
-        return "tool_use"
-    if finished.finish_reason is FinishReason.LENGTH:
-        return "max_tokens"
-    return "stop_sequence" if finished.stop_sequence else "end_turn"
-
-
-def tool_use_id(call_id: str) -> str:
-    """Anthropic's tool-use id form (`toolu_...`) of a worker call id; ids already in that form
-    are kept, so a client's ids round-trip unchanged."""
-    return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
-
-
-def _usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, int]:
-    """Anthropic counts prompt tokens read from the cache apart from `input_tokens`."""
-    cached = min(cached_tokens, prompt_tokens)
-    return {"input_tokens": prompt_tokens - cached, "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
-
-
-def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
-    """The message object of a finished generation."""
-    finished = results.first
-    content: list[dict] = []
-    if finished.reasoning:
-        content.append(_thinking_block(finished.reasoning))
-    if finished.content:
-        content.append({"type": "text", "text": finished.content})
-    content += [{"type": "tool_use", "id": tool_use_id(c.id), "name": c.name,
-                 "input": _arguments(c.arguments_json)} for c in finished.tool_calls]
-    return {"id": tr.request.request_id, "type": "message", "role": "assistant",
-            "model": tr.request.model, "content": content, "stop_reason": stop_reason(finished),
-            "stop_sequence": finished.stop_sequence,
-            "usage": _usage(results.prompt_tokens, results.cached_tokens,
-                            results.completion_tokens),
-            "infernix": {"constraint": finished.constraint}}
-
-
-def _thinking_block(text: str) -> dict[str, Any]:
-    # No signature: this server's reasoning is plain text, sent back as it was published.
-    return {"type": "thinking", "thinking": text, "signature": ""}
-
-
-def _arguments(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise InternalError("the worker published tool arguments that are not JSON") from None
-
-
-class Streamer:
-    """message_start, content blocks (thinking_delta / text_delta / input_json_delta), message_delta with the
-    stop reason, usage and constraint report, message_stop; failures as `event: error`."""
-
-    def __init__(self, tr: Translated) -> None:
-        self.tr = tr
-        self.blocks = 0  # content blocks opened so far
-        self.open: str | None = None  # "text" or "tool_use"
-        self.open_call: int | None = None  # the worker's call index of an open tool_use block
-
-    @staticmethod
-    def _ev(kind: str, **data: Any) -> SSE:
-        return SSE({"type": kind, **data}, event=kind)
-
-    def begin(self, counts: PromptCounts | None = None) -> list[SSE]:
-        """message_start with the prompt's real token count when the worker's Started event
-        gave it (else 0: the count arrives in message_delta)."""
-        counts = counts or PromptCounts()
-        message = {"id": self.tr.request.request_id, "type": "message", "role": "assistant",
-                   "model": self.tr.request.model, "content": [], "stop_reason": None,
-                   "stop_sequence": None,
-                   "usage": _usage(counts.prompt_tokens, counts.cached_tokens, 0)}
-        return [self._ev("message_start", message=message), self._ev("ping")]
-
-    def _close(self) -> list[SSE]:
-        if self.open is None:
-            return []
-        self.open, self.open_call = None, None
-        return [self._ev("content_block_stop", index=self.blocks - 1)]
-
-    def _start(self, kind: str, block: dict) -> list[SSE]:
-        out = self._close()
-        self.open = kind
-        self.blocks += 1
-        return out + [self._ev("content_block_start", index=self.blocks - 1, content_block=block)]
-
-    def event(self, event: Any, choice: int = 0) -> list[SSE]:
-        out: list[SSE] = []
-        if isinstance(event, ReasoningDelta) and event.text:
-            if self.open != "thinking":
-                out += self._start("thinking", _thinking_block(""))
-            out.append(self._ev("content_block_delta", index=self.blocks - 1,
-                                delta={"type": "thinking_delta", "thinking": event.text}))
-        elif isinstance(event, TextDelta) and event.text:
-            if self.open != "text":
-                out += self._start("text", {"type": "text", "text": ""})
-            out.append(self._ev("content_block_delta", index=self.blocks - 1,
-                                delta={"type": "text_delta", "text": event.text}))
-        elif isinstance(event, ToolCallStart):
-            out += self._start("tool_use", {"type": "tool_use", "id": tool_use_id(event.id),
-                                            "name": event.name, "input": {}})
-            self.open_call = event.index
-        elif isinstance(event, ToolCallArgumentsDelta):
-            if self.open_call != event.index:
-                raise InternalError(f"arguments for call {event.index} arrived while it was not "
-                                    "the open call")
-            out.append(self._ev("content_block_delta", index=self.blocks - 1,
-                                delta={"type": "input_json_delta", "partial_json": event.fragment}))
-        return out
-
-    def choice_done(self, finished: Finished, choice: int = 0) -> list[SSE]:
-        return []
-
-    def finish(self, results: Results) -> list[SSE]:
-        finished = results.first
-        usage = _usage(results.prompt_tokens, results.cached_tokens, results.completion_tokens)
-        return self._close() + [
-            self._ev("message_delta", delta={"stop_reason": stop_reason(finished),
-                                             "stop_sequence": finished.stop_sequence},
-                     usage=usage, infernix={"constraint": finished.constraint}),
-            self._ev("message_stop")]
-
-    def fail(self, error_body: dict) -> list[SSE]:
-        return [SSE(error_body, event="error")]

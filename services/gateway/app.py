@@ -194,15 +194,17 @@ async def serve(*, host: str, port: int, worker: WorkerClient,
                 api_keys: frozenset[str] = frozenset(), limits: GatewayLimits = GatewayLimits(),
                 registry: CollectorRegistry | None = None,
                 ignore_unknown_fields: bool = False,
-                on_ready: Callable[[], None] | None = None) -> None:
+                on_ready: Callable[[], None] | None = None,
+                drain_seconds: float = 30.0) -> None:
     """Serve the gateway until SIGTERM/SIGINT: the first signal stops accepting and lets running
-    requests finish (up to 30 s), a second one exits at once. `ignore_unknown_fields`: see
+    requests finish (up to `drain_seconds`), a second one exits at once.
+    `ignore_unknown_fields`: see
     `create_app` (the CLI's `--ignore-unknown-fields`). `on_ready()` runs once the socket listens.
     Logging is configured by the caller (`shared.logging.configure_logging`)."""
     runner = web.AppRunner(create_app(worker, api_keys=api_keys, limits=limits,
                                       registry=registry,
                                       ignore_unknown_fields=ignore_unknown_fields),
-                           shutdown_timeout=30.0, **RUNNER_OPTIONS)
+                           shutdown_timeout=drain_seconds, **RUNNER_OPTIONS)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     log.info("gateway_listening", host=host, port=port)

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from shared.errors import (
     ConflictingConstraint,
     ConstraintDeadEnd,
+    ConstraintTooComplex,
     InfernixError,
     InvalidChoice,
     InvalidGrammar,
@@ -21,7 +22,6 @@ from shared.errors import (
     InvalidRequest,
     InvalidSchema,
     InvalidToolDefinition,
-    RequestError,
     SchemaSource,
     Unsupported,
     UnsupportedSchema,
@@ -79,10 +79,7 @@ def error_param(err: InfernixError, paths: ErrorPaths) -> str | None:
         return paths.constraint
     if isinstance(err, (InvalidRequest, Unsupported, ConflictingConstraint)) and err.field:
         return paths.alias(err.field)
-    if err.type_name == "ConstraintTooComplex":  # names the constraint it is about
-        index = getattr(err, "tool_index", None)
-        if isinstance(index, int):
-            return paths.tool(index, "parameters")
+    if isinstance(err, ConstraintTooComplex):  # names the constraint it is about
         return paths.constraint or "tools"
     return None
 
@@ -96,9 +93,8 @@ def describe(err: InfernixError) -> str:
         extra.append(f"position {err.position}")
     if isinstance(err, ConstraintDeadEnd) and err.position is not None:
         extra.append(f"output position {err.position}")
-    limit = getattr(err, "limit", None)
-    if isinstance(limit, str) and limit not in err.message:
-        extra.append(f"limit {limit}")
+    if isinstance(err, ConstraintTooComplex) and err.limit and err.limit not in err.message:
+        extra.append(f"limit {err.limit}")
     return f"{err.message} ({'; '.join(extra)})" if extra else err.message
 
 
@@ -108,35 +104,20 @@ def code_of(err: InfernixError) -> str:
     return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))
 
 
-# Errors that are neither the client's fault nor a bug, by type name (and by a class's `fault`),
-# so the mapping holds for the classes issue 12 adds to shared/errors.py whether or not this branch
-# has them: a queue or slot that is full (429) and a dependency that is down (503). Both carry a
-# Retry-After (`retry_after_s` when the error has it, else DEFAULT_RETRY_AFTER_S).
-BUSY_TYPES = frozenset({"Overloaded", "QueueFull", "TooManyRequests", "WorkerOverloaded",
-                        "CompileSlotTimeout", "CompileQueueFull"})
-UNAVAILABLE_TYPES = frozenset({"GrammarServiceUnavailable", "ServiceUnavailable",
-                               "WorkerUnavailable", "DependencyUnavailable", "Unavailable"})
-# Request errors whose class may not exist on this branch yet (a compile past a limit).
-REQUEST_TYPES = frozenset({"ConstraintTooComplex"})
+# Statuses by the error's `fault` (shared/errors.py): a full queue or slot (429) and a dependency
+# that is down (503) are neither the client's fault nor a bug, and both carry a Retry-After
+# (`retry_after_s` when the error has it, else DEFAULT_RETRY_AFTER_S).
 DEFAULT_RETRY_AFTER_S = 1
-
-
-def _is_request_error(err: InfernixError) -> bool:
-    return isinstance(err, RequestError) or err.type_name in REQUEST_TYPES
+_FAULT_STATUS = {"overloaded": 429, "unavailable": 503}
 
 
 def status_of(err: InfernixError, *, started: bool = False) -> int:
     """400 for request errors found before generation, 422 for request errors found while
     generating (a constraint dead end), 429 for a full queue, 503 for a dependency that is down,
     500 for internal failures."""
-    fault = getattr(err, "fault", "internal")
-    if err.type_name in BUSY_TYPES or fault in ("overloaded", "busy"):
-        return 429
-    if err.type_name in UNAVAILABLE_TYPES or fault == "unavailable":
-        return 503
-    if _is_request_error(err):
+    if err.fault == "request":
         return 422 if started else 400
-    return 500
+    return _FAULT_STATUS.get(err.fault, 500)
 
 
 def retry_after(err: InfernixError | None, status: int) -> int | None:

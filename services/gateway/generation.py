@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from services.gateway.cut_calls import CallTracker
 from services.gateway.metrics import GatewayMetrics
 from shared.errors import InternalError
 from shared.generation import (
@@ -36,7 +37,7 @@ class PromptCounts:
 
 def prompt_counts(event: Any) -> PromptCounts | None:
     """The counts of a `Started` event, None for any other event. Matched by the type's name so
-    that the gateway works before and after `shared.generation.Started` exists (issue 11)."""
+    that the gateway also reads a worker whose events carry no `shared.generation.Started`."""
     if type(event).__name__ != "Started":
         return None
     return PromptCounts(int(getattr(event, "prompt_tokens", 0) or 0),
@@ -56,6 +57,7 @@ class Generation:
         self._stream: Any = None
         self._first: GenerationEvent | None = None
         self._refused = False  # generate raised before its first event: nothing to cancel
+        self._calls = CallTracker()
 
     async def start(self) -> None:
         """Submit and wait for the first event (raises what `generate` raises)."""
@@ -72,8 +74,9 @@ class Generation:
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
         """The events up to and including Finished (a Started event is read into `counts`, not
-        yielded); raises InternalError if the stream ends early, and whatever the worker raises
-        if it fails mid-stream."""
+        yielded; a call the token limit cut is added to Finished's calls, as a CutCall, since its
+        events have been yielded); raises InternalError if the stream ends early, and whatever the
+        worker raises if it fails mid-stream."""
         assert self._first is not None, "start() first"
         event: GenerationEvent | None = self._first
         while event is not None:
@@ -86,10 +89,12 @@ class Generation:
                                   ToolCallArgumentsDelta)):
                 if self.first_output_at is None:
                     self.first_output_at = time.perf_counter()
-            yield event
+                self._calls.see(event)
             if isinstance(event, Finished):
-                self.finished = event
+                self.finished = event = self._calls.complete(event)
+                yield event
                 return
+            yield event
             event = await self._next()
 
     async def _next(self) -> GenerationEvent:

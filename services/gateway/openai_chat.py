@@ -24,6 +24,7 @@ from services.gateway.translate import (
     structured_outputs,
     structured_outputs_key,
     thinking_budget,
+    thinking_field,
     tool_definition,
     tool_policy,
     with_json_whitespace,
@@ -57,6 +58,9 @@ def error_paths(body: dict) -> ErrorPaths:
     constraint = f"structured_outputs.{key}" if key else ("response_format" if standard else None)
     max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
+    kwargs = body.get("chat_template_kwargs")
+    enable_field = "chat_template_kwargs.enable_thinking" if isinstance(kwargs, dict) and \
+        kwargs.get("enable_thinking") is not None else "reasoning_effort"
     return ErrorPaths(
         content_schema="response_format.json_schema.schema",
         constraint=constraint,
@@ -64,7 +68,9 @@ def error_paths(body: dict) -> ErrorPaths:
         tool_fields={"parameters": "function.parameters", "name": "function.name",
                      "description": "function.description", "strict": "function.strict"},
         aliases={"max_tokens": max_field, "prompt": "messages",
-                 "constraint": constraint or "response_format"},
+                 "constraint": constraint or "response_format",
+                 "thinking_budget": thinking_field(body, "reasoning_effort"),
+                 "enable_thinking": enable_field},
     )
 
 

@@ -1,20 +1,18 @@
 """OpenAI Responses: `POST /v1/responses` <-> the worker contract (stateless: no stored
-responses, so `previous_response_id` and `background` are refused)."""
+responses, so `previous_response_id` and `background` are refused). The replies (items, the
+response object, the event stream) are responses_replies.py's."""
 
 from __future__ import annotations
 
 import dataclasses
-import secrets
-import time
 from typing import Any
 
 from services.gateway import fields as f
 from services.gateway import known
-from services.gateway.choices import Results
 from services.gateway.errors import ErrorPaths
 from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
-from services.gateway.sse import SSE
+from services.gateway.responses_replies import Streamer, aggregate  # noqa: F401 - the entry's
 from services.gateway.translate import (
     Translated,
     allowed_names,
@@ -25,24 +23,19 @@ from services.gateway.translate import (
     structured_outputs,
     structured_outputs_key,
     thinking_budget,
+    thinking_field,
     tool_definition,
     tool_policy,
 )
 from shared.contract import OutputConstraint, ToolChoice, ToolMode, parse_json_text
-from shared.errors import InternalError, InvalidRequest, Unsupported
+from shared.errors import InvalidRequest, Unsupported
 from shared.generation import (
     ChatMessage,
-    Finished,
-    FinishReason,
     GenerateRequest,
     PromptInput,
-    ReasoningDelta,
     RequestOptions,
     SamplingParams,
-    TextDelta,
     ToolCall,
-    ToolCallArgumentsDelta,
-    ToolCallStart,
 )
 
 _PARTS = ("input_text", "output_text")
@@ -56,7 +49,9 @@ def error_paths(body: dict) -> ErrorPaths:
     constraint = f"structured_outputs.{key}" if key else "text.format"
     return ErrorPaths(
         content_schema="text.format.schema", constraint=constraint, tool_base="tools[{i}]",
-        aliases={"max_tokens": "max_output_tokens", "prompt": "input", "constraint": constraint})
+        aliases={"max_tokens": "max_output_tokens", "prompt": "input", "constraint": constraint,
+                 "thinking_budget": thinking_field(body, "reasoning.effort"),
+                 "enable_thinking": "reasoning.effort"})
 
 
 def translate(body: dict, request_id: str, limits: GatewayLimits,
@@ -256,185 +251,3 @@ def _format(text: dict, limits: GatewayLimits, policy: FieldPolicy) -> OutputCon
                                       limits)
     raise Unsupported(f"text.format.type {kind!r} is not supported (text, json_object, "
                       "json_schema)", field="text.format.type")
-
-
-# ---- replies ----
-
-def _item_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}"
-
-
-def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
-
-
-def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    """A reasoning output item: the reasoning text itself as its content (no summary)."""
-    return {"type": "reasoning", "id": item_id, "summary": [], "status": status,
-            "content": [{"type": "reasoning_text", "text": text}]}
-
-
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
-            "arguments": arguments, "status": status}
-
-
-def response_object(tr: Translated, created: float, status: str, output: list[dict],
-                    results: Results | None = None, error: dict | None = None) -> dict:
-    """The `response` object in the given status."""
-    obj: dict[str, Any] = {
-        "id": tr.request.request_id, "object": "response", "created_at": created,
-        "status": status, "error": error, "incomplete_details": None, "model": tr.request.model,
-        "output": output, **tr.echo,
-        "usage": None,
-    }
-    if results is not None:
-        finished = results.first
-        obj["usage"] = {"input_tokens": results.prompt_tokens,
-                        "output_tokens": results.completion_tokens,
-                        "total_tokens": results.prompt_tokens + results.completion_tokens,
-                        "input_tokens_details": {"cached_tokens": results.cached_tokens},
-                        "output_tokens_details": {"reasoning_tokens": results.reasoning_tokens}}
-        if finished.finish_reason is FinishReason.LENGTH:
-            obj["incomplete_details"] = {"reason": "max_output_tokens"}
-        obj["infernix"] = {"constraint": finished.constraint}
-    return obj
-
-
-def _status(finished: Finished) -> str:
-    return "incomplete" if finished.finish_reason is FinishReason.LENGTH else "completed"
-
-
-def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
-    """The response object of a finished generation."""
-    finished = results.first
-    status = _status(finished)
-    output = []
-    if finished.reasoning:  # incomplete when the output was cut while still reasoning
-        cut = status == "incomplete" and not finished.content and not finished.tool_calls
-        output.append(_reasoning_item(_item_id("rs"), finished.reasoning,
-                                      "incomplete" if cut else "completed"))
-    if finished.content or not finished.tool_calls:
-        output.append(_message_item(_item_id("msg"), finished.content, status))
-    output += [_call_item(_item_id("fc"), c.id, c.name, c.arguments_json, "completed")
-               for c in finished.tool_calls]
-    return response_object(tr, created, status, output, results)
-
-
-class Streamer:
-    """The Responses event sequence, each event with its sequence_number."""
-
-    def __init__(self, tr: Translated) -> None:
-        self.tr = tr
-        self.created = int(time.time())
-        self.seq = 0
-        self.output: list[dict] = []  # finished items, in output order
-        self.open: dict | None = None  # the item being streamed
-        self.text = ""  # accumulated text or arguments of the open item
-
-    def _ev(self, kind: str, **data: Any) -> SSE:
-        ev = SSE({"type": kind, "sequence_number": self.seq, **data}, event=kind)
-        self.seq += 1
-        return ev
-
-    def begin(self, counts: Any = None) -> list[SSE]:
-        obj = response_object(self.tr, self.created, "in_progress", [])
-        return [self._ev("response.created", response=obj),
-                self._ev("response.in_progress", response=obj)]
-
-    def _close(self, status: str = "completed") -> list[SSE]:
-        item, self.open = self.open, None
-        if item is None:
-            return []
-        index = len(self.output)
-        if item["type"] == "reasoning":
-            done = _reasoning_item(item["id"], self.text, status)
-            events = [
-                self._ev("response.reasoning_text.done", item_id=item["id"], output_index=index,
-                         content_index=0, text=self.text),
-                self._ev("response.content_part.done", item_id=item["id"], output_index=index,
-                         content_index=0, part=done["content"][0])]
-        elif item["type"] == "message":
-            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
-            done = _message_item(item["id"], self.text, status)
-            events = [
-                self._ev("response.output_text.done", item_id=item["id"], output_index=index,
-                         content_index=0, text=self.text, logprobs=[]),
-                self._ev("response.content_part.done", item_id=item["id"], output_index=index,
-                         content_index=0, part=part)]
-        else:
-            done = _call_item(item["id"], item["call_id"], item["name"], self.text, status)
-            events = [self._ev("response.function_call_arguments.done", item_id=item["id"],
-                               output_index=index, name=item["name"], arguments=self.text)]
-        self.output.append(done)
-        return events + [self._ev("response.output_item.done", output_index=index, item=done)]
-
-    def event(self, event: Any, choice: int = 0) -> list[SSE]:
-        index = len(self.output)
-        out: list[SSE] = []
-        if isinstance(event, ReasoningDelta):
-            if not event.text:
-                return []
-            if self.open is None or self.open["type"] != "reasoning":
-                out += self._close()
-                index = len(self.output)
-                self.open, self.text = _reasoning_item(_item_id("rs"), "", "in_progress"), ""
-                self.open["content"] = []
-                out += [self._ev("response.output_item.added", output_index=index, item=self.open),
-                        self._ev("response.content_part.added", item_id=self.open["id"],
-                                 output_index=index, content_index=0,
-                                 part={"type": "reasoning_text", "text": ""})]
-            self.text += event.text
-            out.append(self._ev("response.reasoning_text.delta", item_id=self.open["id"],
-                                output_index=index, content_index=0, delta=event.text))
-        elif isinstance(event, TextDelta):
-            if not event.text:
-                return []
-            if self.open is None or self.open["type"] != "message":
-                out += self._close()
-                index = len(self.output)
-                self.open, self.text = _message_item(_item_id("msg"), "", "in_progress"), ""
-                self.open["content"] = []
-                out += [self._ev("response.output_item.added", output_index=index, item=self.open),
-                        self._ev("response.content_part.added", item_id=self.open["id"],
-                                 output_index=index, content_index=0,
-                                 part={"type": "output_text", "text": "", "annotations": [],
-                                       "logprobs": []})]
-            self.text += event.text
-            out.append(self._ev("response.output_text.delta", item_id=self.open["id"],
-                                output_index=index, content_index=0, delta=event.text, logprobs=[]))
-        elif isinstance(event, ToolCallStart):
-            out += self._close()
-            index = len(self.output)
-            self.open = _call_item(_item_id("fc"), event.id, event.name, "", "in_progress")
-            self.open["call_index"] = event.index
-            self.text = ""
-            item = {k: v for k, v in self.open.items() if k != "call_index"}
-            out.append(self._ev("response.output_item.added", output_index=index, item=item))
-        elif isinstance(event, ToolCallArgumentsDelta):
-            if self.open is None or self.open.get("call_index") != event.index:
-                raise InternalError(f"arguments for call {event.index} arrived while it "
-                                            "was not the open call")
-            self.text += event.fragment
-            out.append(self._ev("response.function_call_arguments.delta", item_id=self.open["id"],
-                                output_index=index, delta=event.fragment))
-        return out
-
-    def choice_done(self, finished: Finished, choice: int = 0) -> list[SSE]:
-        return []
-
-    def finish(self, results: Results) -> list[SSE]:
-        status = _status(results.first)
-        out = self._close(status if self.open and self.open["type"] in ("message", "reasoning")
-                          else "completed")
-        obj = response_object(self.tr, self.created, status, self.output, results)
-        kind = "response.completed" if status == "completed" else "response.incomplete"
-        return out + [self._ev(kind, response=obj)]
-
-    def fail(self, error: dict) -> list[SSE]:
-        obj = response_object(self.tr, self.created, "failed", self.output,
-                              error={"code": error["error"].get("code") or "server_error",
-                                     "message": error["error"]["message"]})
-        return [self._ev("response.failed", response=obj)]
-

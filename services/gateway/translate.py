@@ -205,6 +205,12 @@ def thinking_budget(body: dict, parent: str = "") -> int | None:
     return budget
 
 
+def thinking_field(body: dict, effort_path: str) -> str:
+    """The request field a worker error about the thinking budget is about: `thinking_budget`
+    when given, else the effort that set it."""
+    return "thinking_budget" if body.get("thinking_budget") is not None else effort_path
+
+
 def effort_thinking(effort: Any, path: str) -> Thinking:
     """A reasoning effort as thinking settings (EFFORT_BUDGETS; "none": thinking off)."""
     if effort is None:

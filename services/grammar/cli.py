@@ -6,10 +6,10 @@ check   compiles each constraint and prints one JSON line per constraint:
         (i counts the file's lines from 0). Exit status 0 when all compiled, 2 when any was rejected.
         --batch FILE.jsonl: many constraints in one process, one output line per input line; a
         json_schema line may carry "values" (JSON values, checked in the generation layout under
-        the `any` whitespace profile unless the line names one:
+        the `any` whitespace profile unless the line or --json-whitespace names one:
         "values_accepted", and as plain json.dumps text: "values_accepted_raw"). Schema lines
         list the keywords read as annotations ("annotations").
-sample  random walks through the legal masks (see services.grammar.matching.random_walk).
+sample  random walks through the legal masks (see services.grammar.engines.matching.random_walk).
 serve   the grpclib GrammarService.
 """
 
@@ -21,61 +21,14 @@ import random
 import sys
 from typing import Any, Iterable, TextIO
 
-from services.settings import UsageError, add_settings
+from services.constraint_flags import add_constraint_args, constraints_from_args, read_text_file
+from services.settings import UsageError, add_settings, default, switch
 from shared.contract import OutputConstraint, parse_json_text
 from shared.errors import InfernixError, InvalidRequest
 from shared.frontends import MODELS, get_domain
 
 EXIT_OK = 0
 EXIT_REJECTED = 2
-
-
-def add_constraint_args(p: argparse.ArgumentParser, *, many_files: bool) -> None:
-    nargs = "+" if many_files else None
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--json-schema-file", nargs=nargs, metavar="F", help="JSON Schema file(s)")
-    group.add_argument("--grammar-file", nargs=nargs, metavar="F", help="GBNF file(s), entry rule root")
-    group.add_argument("--regex", metavar="R", help="whole-content regex")
-    group.add_argument("--choice", action="append", metavar="C", help="one literal option; repeat")
-    group.add_argument("--json-object", action="store_true", help="any JSON object")
-    p.add_argument("--json-whitespace", choices=("any", "compact", "indented"), default=None,
-                   help="whitespace between JSON tokens: any (runs of at most 32), compact "
-                        "(none) or indented (2-space layout); default: the model's default")
-
-
-def _read(path: str) -> str:
-    """The text of a file the command line names; raises UsageError (one line, exit 2)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not UTF-8 text: {exc}") from None
-
-
-def constraints_from_args(args: argparse.Namespace) -> list[tuple[str, OutputConstraint]]:
-    """(label, constraint) pairs; raises InfernixError for bad sources."""
-
-    def listify(v: Any) -> list[str]:
-        return v if isinstance(v, list) else [v]
-
-    ws = getattr(args, "json_whitespace", None)
-    if args.json_schema_file:
-        return [(f, OutputConstraint.json_schema(_read(f), whitespace=ws))
-                for f in listify(args.json_schema_file)]
-    if args.grammar_file:
-        return [(f, OutputConstraint.grammar(_read(f))) for f in listify(args.grammar_file)]
-    if args.regex is not None:
-        return [("regex", OutputConstraint.regex(args.regex))]
-    if args.choice:
-        return [("choice", OutputConstraint.choice(args.choice))]
-    if args.json_object:
-        return [("json_object", OutputConstraint.json_object(whitespace=ws))]
-    raise InvalidRequest(
-        "give one constraint: --json-schema-file, --grammar-file, --regex, --choice or --json-object",
-        field="constraint",
-    )
 
 
 def constraint_from_batch_line(obj: Any) -> OutputConstraint:
@@ -111,7 +64,7 @@ def _error_json(exc: InfernixError) -> dict[str, Any]:
 
 def _read_instances(path: str) -> list[str]:
     out = []
-    for n, line in enumerate(_lines(_read(path))):
+    for n, line in enumerate(_lines(read_text_file(path))):
         if not line.strip():
             continue
         try:
@@ -161,20 +114,22 @@ def _schema_report(schema: Any, values: list[Any], grammar: Any, accepts: Any) -
 def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from services.grammar.compiler import ModelCompiler
-    from services.grammar.matching import accepts
+    from services.grammar.engines.matching import accepts
 
     status = EXIT_OK
     if args.batch:
-        lines: Iterable[str] = [ln for ln in _lines(_read(args.batch)) if ln.strip()]
+        lines: Iterable[str] = [ln for ln in _lines(read_text_file(args.batch)) if ln.strip()]
         compiler = ModelCompiler(get_domain(args.model))
         for n, line in enumerate(lines):
             result: dict[str, Any]
             try:
                 obj = parse_json_text(line, field="line")
-                if isinstance(obj, dict) and obj.get("values") and "whitespace" not in obj:
-                    # Values are checked in the generation layout without whitespace, which the
-                    # contract's `any` profile holds (a model's default may require indentation).
-                    obj = {**obj, "whitespace": "any"}
+                ws = getattr(args, "json_whitespace", None)
+                if isinstance(obj, dict) and "whitespace" not in obj and (ws or obj.get("values")):
+                    # A line's own profile, else --json-whitespace; values are checked in the
+                    # generation layout without whitespace, which the contract's `any` profile
+                    # holds (a model's default may require indentation).
+                    obj = {**obj, "whitespace": ws or "any"}
                 constraint = constraint_from_batch_line(obj)
                 outcome = compiler.compile(constraint)
                 _note_slow(f"batch entry {n + 1}", outcome)
@@ -224,7 +179,7 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from services.grammar.compiler import ModelCompiler
-    from services.grammar.matching import random_walk
+    from services.grammar.engines.matching import random_walk
 
     try:
         [(_, constraint)] = constraints_from_args(args)  # files are read before the vocabulary
@@ -266,8 +221,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     serve = gsub.add_parser("serve", help="run the gRPC GrammarService")
     add_settings(serve, "host", "port", "redis_url", "grammar_cache_bytes", "metrics_port",
                  "log_level", port=50051)
-    serve.add_argument("--models", nargs="+", default=env("MODELS", "smollm2").split(","),
-                       choices=MODELS, help="models to serve (default: smollm2; env INFERNIX_MODELS=a,b)")
+    serve.add_argument("--models", nargs="+", default=switch("models").split(","), choices=MODELS,
+                       help=f"models to serve (default: {default('models')}; env INFERNIX_MODELS=a,b)")
     add_compile_args(serve, isolation="process")
     serve.set_defaults(func=run_serve)
 
@@ -278,77 +233,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     health.set_defaults(func=run_health)
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    """`infernix bench grammar` (its measurements live in services/grammar/bench.py)."""
-    p = sub.add_parser("grammar", help="constraint compile, mask, lookahead and sampling costs")
-    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=MODELS,
-                   help="default: smollm2 qwen3.5")
-    p.add_argument("--cases", nargs="*", help="only these case names (default: all)")
-    p.add_argument("--redis-url", default="",
-                   help="also measure the typical schemas through GrammarCache with this Redis "
-                        "(default: off)")
-    p.add_argument("--repeats", type=int, default=3, help="cold compiles per case (default: 3)")
-    p.add_argument("--case-budget-s", type=float, default=60.0,
-                   help="CPU seconds of walking per case before it is cut short (default: 60)")
-    p.add_argument("--sample-s", type=float, default=3.0,
-                   help="CPU seconds of random walks per case (0: skip; default: 3)")
-    p.add_argument("--sample-tokens", type=int, default=120,
-                   help="max tokens per random walk (default: 120)")
-    p.add_argument("--label", default="", help="a free-form label stored in the JSON (default: none)")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
-    p.set_defaults(func=_run_bench)
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from services.grammar.bench import run
-
-    return run(args)
-
-
 def add_compile_args(p: argparse.ArgumentParser, *, isolation: str) -> None:
-    """The compile limits, cold slots and store policy (each also an INFERNIX_* variable);
+    """The compile limits, cold slots and store policy (services/settings.py's table);
     `isolation` is this command's default for --compile-isolation."""
-    from services.grammar import limits
-
-    p.add_argument("--compile-deadline-s", type=float,
-                   default=float(env("COMPILE_DEADLINE_S", str(limits.DEFAULT_DEADLINE_S))),
-                   help="a cold compile running longer is stopped: ConstraintTooComplex "
-                        f"(default {limits.DEFAULT_DEADLINE_S:g})")
-    p.add_argument("--compile-memory-bytes", type=int,
-                   default=int(env("COMPILE_MEMORY_BYTES", str(limits.DEFAULT_MEMORY_BYTES))),
-                   help="a cold compile growing its process by more is stopped (default 2 GiB)")
-    p.add_argument("--max-cold-compiles", type=int, default=int(env("MAX_COLD_COMPILES", "2")),
-                   help="cold compiles at once per model (default 2)")
-    p.add_argument("--cold-slot-wait-s", type=float, default=float(env("COLD_SLOT_WAIT_S", "10")),
-                   help="a request waits this long for a cold slot, then gets Overloaded "
-                        "(default 10)")
-    p.add_argument("--compile-isolation", choices=("process", "thread"),
-                   default=env("COMPILE_ISOLATION", isolation),
-                   help=f"where cold compiles of unknown cost run (default {isolation}; only "
-                        "'process' enforces the memory budget and stops a runaway compile)")
-    p.add_argument("--grammar-store-min-speedup", type=float,
-                   default=float(env("GRAMMAR_STORE_MIN_SPEEDUP", str(limits.DEFAULT_MIN_SPEEDUP))),
-                   help="store and ship a compiled grammar only when it loads this many times "
-                        "faster than it compiles; 0 stores all (default "
-                        f"{limits.DEFAULT_MIN_SPEEDUP:g})")
-    p.add_argument("--grammar-load-ms-per-mb", type=float,
-                   default=float(env("GRAMMAR_LOAD_MS_PER_MB", str(limits.DEFAULT_LOAD_MS_PER_MB))),
-                   help="predicted load time per MB of compiled footprint (measured by "
-                        f"`infernix bench grammar-store`; default {limits.DEFAULT_LOAD_MS_PER_MB:g})")
-    p.add_argument("--compile-reject-ttl-s", type=float,
-                   default=float(env("COMPILE_REJECT_TTL_S", "600")),
-                   help="a constraint stopped by a compile limit is refused at once for this "
-                        "long, without taking a cold slot (default 600; 0: never remembered)")
-    p.add_argument("--grammar-load-ms-fixed", type=float,
-                   default=float(env("GRAMMAR_LOAD_MS_FIXED", str(limits.DEFAULT_LOAD_MS_FIXED))),
-                   help="predicted fixed cost of one load, in ms (default "
-                        f"{limits.DEFAULT_LOAD_MS_FIXED:g})")
+    add_settings(p, "compile_deadline_s", "compile_memory_bytes", "max_cold_compiles",
+                 "cold_slot_wait_s", "compile_isolation", "grammar_store_min_speedup",
+                 "grammar_load_ms_per_mb", "compile_reject_ttl_s", "grammar_load_ms_fixed",
+                 compile_isolation=isolation)
 
 
 def cache_config_from_args(args: argparse.Namespace, **overrides: Any):
     """The CacheConfig that `add_compile_args` flags (and `overrides`) describe."""
-    from services.grammar.cache import CacheConfig
-    from services.grammar.limits import CompileLimits, StorePolicy
+    from services.grammar.cache.grammar_cache import CacheConfig
+    from services.grammar.cache.limits import CompileLimits, StorePolicy
 
     fields = dict(
         max_cold_compiles=args.max_cold_compiles, slot_wait_s=args.cold_slot_wait_s,
@@ -361,16 +258,8 @@ def cache_config_from_args(args: argparse.Namespace, **overrides: Any):
 
 
 def add_client_args(p: argparse.ArgumentParser) -> None:
-    """A worker's GrpcGrammarClient settings (each also an INFERNIX_* variable)."""
-    p.add_argument("--grammar-timeout-s", type=float, default=float(env("GRAMMAR_TIMEOUT_S", "120")),
-                   help="deadline of one Compile call to the grammar service (default 120)")
-    p.add_argument("--grammar-retry-s", type=float, default=float(env("GRAMMAR_RETRY_S", "2")),
-                   help="while the grammar service is unreachable, try it again this often "
-                        "(default 2)")
-    p.add_argument("--grammar-fallback", choices=("on", "off"),
-                   default=env("GRAMMAR_FALLBACK", "on"),
-                   help="on: serve without the grammar service while it is unreachable (Redis, "
-                        "in-process builds); off: answer GrammarServiceUnavailable (default on)")
+    """A worker's GrpcGrammarClient settings (services/settings.py's table)."""
+    add_settings(p, "grammar_timeout_s", "grammar_retry_s", "grammar_fallback")
 
 
 def client_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -387,14 +276,6 @@ def run_health(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return check(args.address, args.timeout, out)
 
 
-def env(name: str, default: str | None) -> str | None:
-    """Every setting is also an environment variable named after its flag: --redis-url is
-    INFERNIX_REDIS_URL."""
-    import os
-
-    return os.environ.get(f"INFERNIX_{name}", default)
-
-
 def run_serve(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -407,21 +288,3 @@ def run_serve(args: argparse.Namespace) -> int:
                       cache_bytes=args.grammar_cache_bytes, models=tuple(args.models),
                       metrics_port=args.metrics_port, config=config))
     return EXIT_OK
-
-
-def add_store_bench_parser(sub: argparse._SubParsersAction) -> None:
-    """`infernix bench grammar-store` (services/grammar/store_bench.py: the store policy's data)."""
-    p = sub.add_parser("grammar-store", help="stored grammar vs compile: the store policy's data")
-    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=MODELS,
-                   help="default: smollm2 qwen3.5")
-    p.add_argument("--redis-url", default="",
-                   help="also time the Redis round trip of each record (default: off)")
-    p.add_argument("--quick", action="store_true", help="fewer slow grammars")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
-    p.set_defaults(func=_run_store_bench)
-
-
-def _run_store_bench(args: argparse.Namespace) -> int:
-    from services.grammar.store_bench import run
-
-    return run(args)

@@ -27,8 +27,10 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from services.grammar.cache import CompileStats, ModelCaches, Remote, UpstreamUnavailable
+from services.grammar.cache.grammar_cache import (CompileStats, ModelCaches, Remote,
+                                                  UpstreamUnavailable)
 from services.grammar.service import constraint_to_request, record_from_reply, stats_from_proto
+from services.settings import default
 from shared.contract import OutputConstraint
 from shared.errors import GrammarServiceUnavailable, InternalError
 from shared.logging import get_logger
@@ -118,9 +120,10 @@ class GrpcGrammarClient(GrammarClient):
     Health call `health()` makes. `fallback` False forbids serving without the service: while
     it is unreachable, a grammar not in L1 fails with GrammarServiceUnavailable (503)."""
 
-    def __init__(self, host: str, port: int, caches: ModelCaches, *, timeout_s: float = 120.0,
-                 retry_s: float = 2.0, probe_timeout_s: float = 1.0,
-                 fallback: bool = True) -> None:
+    def __init__(self, host: str, port: int, caches: ModelCaches, *,
+                 timeout_s: float = default("grammar_timeout_s"),
+                 retry_s: float = default("grammar_retry_s"), probe_timeout_s: float = 1.0,
+                 fallback: bool = default("grammar_fallback") == "on") -> None:
         if timeout_s <= 0 or retry_s < 0 or probe_timeout_s <= 0:
             raise ValueError("GrpcGrammarClient needs timeout_s > 0, retry_s >= 0, "
                              "probe_timeout_s > 0")
@@ -268,21 +271,26 @@ def _carries_typed_error(exc: GRPCError) -> bool:
 # The worker reaches the grammar service only through this module: the clients above, the
 # factory below, and the two facts about an output language it needs while preparing a request.
 
-from services.grammar.engine import (  # noqa: E402,F401 - re-exported: the matcher interface
-    CompiledConstraint, MaskFiller, Matcher, fill_masks,
+from services.grammar.engines.batch import MaskFiller, fill_masks  # noqa: E402,F401 - re-exported
+from services.grammar.engines.engine import (  # noqa: E402,F401 - re-exported: the interface
+    CompiledConstraint, Matcher,
 )
-from services.grammar.tools import ToolSpec, needs_tool_grammar  # noqa: E402,F401 - re-exported
-from services.grammar.param_names import (  # noqa: E402,F401 - re-exported: the XML companion
+from services.grammar.tools.hermes import (  # noqa: E402,F401 - re-exported
+    ToolSpec, needs_tool_grammar,
+)
+from services.grammar.tools.param_names import (  # noqa: E402,F401 - re-exported: the XML companion
     NameIndex, ParameterNameConstraint,
 )
-from services.grammar.xml_tools import argument_codings  # noqa: E402,F401 - the decoder's contract
+from services.grammar.tools.xml_tools import (  # noqa: E402,F401 - the decoder's contract
+    argument_codings,
+)
 
 
 def in_process_client(domains: dict, *, redis_url: str | None = None, config=None,
                       registry=None) -> InProcessGrammarClient:
     """An in-process client compiling for `domains` (model name -> TokenDomain) with an in-memory
     cache (and Redis when `redis_url` is given). `config`: a CacheConfig (default CacheConfig())."""
-    from services.grammar.cache import CacheConfig
+    from services.grammar.cache.grammar_cache import CacheConfig
     from shared.metrics import GrammarMetrics
 
     caches = ModelCaches.open(domains, redis_url=redis_url, metrics=GrammarMetrics(registry),

@@ -1,16 +1,16 @@
 """From an OutputConstraint (or a tool spec) to a compiled constraint for one model's token domain.
 
-`build_grammar` validates and converts to xgrammar's Grammar (no vocabulary involved);
-`ModelCompiler.compile` picks the engine (`choose_engine`, the rule of docs/constraint-engines.md)
-and adds the vocabulary, returning a `services.grammar.engine.CompiledConstraint`. The compile
-cache (`services.grammar.cache`) wraps `ModelCompiler.compile` with the key from `cache_key`. Every
-rejection is a typed RequestError raised before an engine sees the source.
+`build_grammar` validates and converts to xgrammar's Grammar (no vocabulary involved; under a
+framing, `build_framed_grammar` wraps it in framing.py's pieces); `ModelCompiler.compile` picks
+the engine (`choose_engine`, the rule of docs/constraint-engines.md) and adds the vocabulary,
+returning a `services.grammar.engines.engine.CompiledConstraint`. The compile cache
+(`services.grammar.cache.grammar_cache`) wraps `ModelCompiler.compile` with the key from
+`cache_key`. Every rejection is a typed RequestError raised before an engine sees the source.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -18,23 +18,30 @@ from typing import TYPE_CHECKING, Union
 
 import xgrammar as xgr
 
-from services.grammar import engine_llguidance, engine_xgrammar
-from services.grammar.engine import LLGUIDANCE, XGRAMMAR, CompiledConstraint
-from services.grammar.engine_llguidance import LlguidanceConstraint
-from services.grammar.engine_xgrammar import XgrammarConstraint
+from services.grammar.engines import engine_llguidance, engine_xgrammar
+from services.grammar.engines.engine import LLGUIDANCE, XGRAMMAR, CompiledConstraint
+from services.grammar.engines.engine_llguidance import BeyondLimits, LlguidanceConstraint
+from services.grammar.engines.engine_xgrammar import XgrammarConstraint
+from services.grammar.framing import (
+    check_framing, implicit_close_applies, implicit_close_ebnf, thinking_prefix_ebnf,
+)
 from services.grammar.regex.tree import ebnf_literal
+from services.settings import UsageError, switch
 from shared.contract import ConstraintKind, OutputConstraint
-from shared.errors import InternalError, InvalidGrammar
+from shared.errors import InternalError, InvalidGrammar, Unsupported
+from shared.frontends.formats import HERMES
+from shared.frontends.frontend import split_framing
+from shared.frontends.thinking import SPECS
 from shared.frontends.token_domain import TokenDomain
 
 if TYPE_CHECKING:
-    from services.grammar.tools import ToolSpec
+    from services.grammar.tools.hermes import ToolSpec
 
 # What compiles: a content constraint, or a tool spec (tool framing, policy, optional JSON content).
 Compilable = Union[OutputConstraint, "ToolSpec"]
 
 # Bumped whenever a conversion changes the language a source compiles to: old cache entries die.
-CONVERTER_VERSION = "2"
+CONVERTER_VERSION = "3"
 # The framing of a bare content constraint: the constrained bytes are the whole output.
 RAW_FRAMING = "raw"
 
@@ -54,7 +61,7 @@ def framing_of(constraint: "Compilable") -> str:
     """The only framing a source compiles under: raw content, or the tool format's framing."""
     if isinstance(constraint, OutputConstraint):
         return RAW_FRAMING
-    from services.grammar.tools import FRAMING
+    from services.grammar.tools.hermes import FRAMING
 
     return FRAMING
 
@@ -63,13 +70,11 @@ def build_grammar(constraint: "Compilable", domain: TokenDomain,
                   framing: str | None = None) -> xgr.Grammar:
     """Validate and convert a content constraint (raw framing) or a tool spec into an xgrammar
     Grammar; another `framing` (a thinking prefix, the XML tool format) is built by
-    services/grammar/framing.py."""
+    `build_framed_grammar`."""
     if framing is not None and framing != framing_of(constraint):
-        from services.grammar.framing import build_framed_grammar
-
         return build_framed_grammar(constraint, framing, domain)
     if not isinstance(constraint, OutputConstraint):
-        from services.grammar.tools import tool_grammar_ebnf
+        from services.grammar.tools.hermes import tool_grammar_ebnf
 
         content = constraint.content
         ws = "any" if content is None else whitespace_of(content, domain)
@@ -99,6 +104,43 @@ def build_grammar(constraint: "Compilable", domain: TokenDomain,
     return _from_ebnf(text, kind.value)
 
 
+def _inner_grammar(constraint: Compilable, inner: str, domain: TokenDomain) -> xgr.Grammar:
+    """The language inside the framing: the content constraint, or the tool grammar of the
+    format `inner`."""
+    if isinstance(constraint, OutputConstraint) or inner == HERMES.framing:
+        return build_grammar(constraint, domain)
+    from services.grammar.tools.xml_tools import xml_tool_grammar_ebnf
+
+    try:
+        text = xml_tool_grammar_ebnf(constraint, domain)
+    except ValueError as e:  # the vocabulary lacks the format's control tokens
+        raise Unsupported(f"the XML tool format needs {e}", field="framing") from None
+    try:
+        return xgr.Grammar.from_ebnf(text)
+    except RuntimeError as exc:  # our conversion produced text xgrammar refuses: our bug
+        raise InternalError(f"converted XML tool grammar did not parse: {exc}") from None
+
+
+def build_framed_grammar(constraint: Compilable, framing: str, domain: TokenDomain) -> xgr.Grammar:
+    """The grammar of `constraint` under `framing` for `domain`. Raises Unsupported for a framing
+    that does not fit and the inner conversion's typed errors."""
+    check_framing(constraint, framing)
+    thinking, inner = split_framing(framing)
+    if implicit_close_applies(constraint, thinking, inner):
+        from services.grammar.tools.xml_tools import xml_tool_grammar_ebnf
+
+        try:
+            text = xml_tool_grammar_ebnf(constraint, domain)
+        except ValueError as e:  # the vocabulary lacks the format's control tokens
+            raise Unsupported(f"the XML tool format needs {e}", field="framing") from None
+        return _from_ebnf(implicit_close_ebnf(SPECS[thinking], text, domain), "framed XML tool")
+    grammar = _inner_grammar(constraint, inner, domain)
+    if thinking is None:
+        return grammar
+    prefix = xgr.Grammar.from_ebnf(thinking_prefix_ebnf(SPECS[thinking], domain))
+    return xgr.Grammar.concat(prefix, grammar)
+
+
 def _from_ebnf(text: str, what: str) -> xgr.Grammar:
     try:
         return xgr.Grammar.from_ebnf(text)
@@ -107,7 +149,7 @@ def _from_ebnf(text: str, what: str) -> xgr.Grammar:
 
 
 # The JSON whitespace profile of a request that names none, per built-in model (measured with
-# scripts/json_whitespace_rates.py, docs/benchmarks.md "JSON whitespace": SmolLM2 valid JSON within
+# bench/json_whitespace.py, docs/benchmarks.md "JSON whitespace": SmolLM2 valid JSON within
 # 256 tokens any 49/60, indented 58/60, compact 60/60 but off the model's own layout, which the
 # design document warns against); other models get the contract's `any`.
 DEFAULT_WHITESPACE: dict[str, str] = {"smollm2": "indented"}
@@ -139,8 +181,8 @@ BUILDABLE = (XGRAMMAR, LLGUIDANCE)
 _JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
 
 
-# The worker's OutputSession and Program drive matchers through `services.grammar.engine` only,
-# so a constraint may run on either engine.
+# The worker's OutputSession and Program drive matchers through engines/engine.py's interface
+# only, so a constraint may run on either engine.
 WORKER_USES_ENGINE_INTERFACE = True
 
 
@@ -162,10 +204,10 @@ def json_engine() -> str:
     """The engine of JSON content: llguidance unless the operator sets INFERNIX_JSON_ENGINE to
     xgrammar (the engine of record for everything; read at each compile, also in compile
     children). Raises InternalError for another value."""
-    value = os.environ.get("INFERNIX_JSON_ENGINE", LLGUIDANCE)
-    if value not in (LLGUIDANCE, XGRAMMAR):
-        raise InternalError(f"INFERNIX_JSON_ENGINE must be {LLGUIDANCE} or {XGRAMMAR}, got {value!r}")
-    return value
+    try:
+        return switch("json_engine")
+    except UsageError as exc:
+        raise InternalError(str(exc)) from None
 
 
 def build_lark(constraint: OutputConstraint, domain: TokenDomain) -> str:
@@ -229,8 +271,9 @@ class ModelCompiler:
     def compile(self, constraint: "Compilable", framing: str | None = None, *,
                 engine: str | None = None) -> CompileOutcome:
         """Validate, convert and compile under `framing` (default the source's own) on `engine`
-        (default: `choose_engine`; a framed source and a schema form only the xgrammar emission
-        writes compile on xgrammar); single-threaded inside, safe to call from many threads.
+        (default: `choose_engine`; a framed source, a schema form only the xgrammar emission
+        writes and a grammar that could outgrow one of llguidance's decode-time limits compile on
+        xgrammar, which has none); single-threaded inside, safe to call from many threads.
         Raises the typed RequestErrors of validation."""
         if isinstance(constraint, Framed):
             constraint, framing = constraint.source, constraint.framing
@@ -243,7 +286,7 @@ class ModelCompiler:
             try:
                 built = LlguidanceConstraint(build_lark(constraint, self.domain), self.domain)
                 return CompileOutcome(built, (time.perf_counter() - start) * 1000.0)
-            except NeedsXgrammar:
+            except (NeedsXgrammar, BeyondLimits):  # a form, or a decode-time limit, of llguidance
                 engine = XGRAMMAR
         if engine != XGRAMMAR:
             raise InternalError(f"constraint engine {engine!r} cannot build this constraint")

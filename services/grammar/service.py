@@ -18,10 +18,10 @@ import signal
 
 from grpclib.server import Server, Stream
 
-from services.grammar.cache import (DEFAULT_CACHE_BYTES, CacheConfig, CompileStats, ModelCaches,
-                                    RecordCache)
+from services.grammar.cache.grammar_cache import (DEFAULT_CACHE_BYTES, CacheConfig, CompileStats,
+                                                  ModelCaches, RecordCache)
 from services.grammar.compiler import RAW_FRAMING, framing_of, source_kind
-from services.grammar.records import BLOB_FORMAT, BuildInfo, Record
+from services.grammar.cache.records import BLOB_FORMAT, BuildInfo, Record
 from shared.contract import ConstraintKind, OutputConstraint
 from shared.errors import InfernixError, InternalError, InvalidRequest
 from shared.frontends import get_domain
@@ -57,7 +57,7 @@ def constraint_from_request(request: pb.CompileRequest) -> OutputConstraint:
 
     Raises InvalidRequest(field="kind") for an unknown kind, and the constructors' typed errors."""
     if request.kind == "tools":
-        from services.grammar.tools import ToolSpec
+        from services.grammar.tools.hermes import ToolSpec
 
         return ToolSpec.from_json(request.source)
     try:

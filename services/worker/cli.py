@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import uuid
 from typing import Any, TextIO
 
-from services.grammar.cli import add_constraint_args, constraints_from_args
-from services.settings import UsageError, add_settings
+from services.constraint_flags import add_constraint_args, constraints_from_args
+from services.settings import SETTINGS, UsageError, add_settings, env_value
 from shared.contract import OutputConstraint
 from shared.errors import InfernixError, InternalError, InvalidRequest
 from shared.frontends.chatml import messages_from_dicts
@@ -187,7 +186,7 @@ def run_generate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
             validate_constraint(request)
             from shared.logging import configure_logging
 
-            configure_logging(os.environ.get("INFERNIX_LOG_LEVEL", "WARNING"))
+            configure_logging(env_value(SETTINGS["log_level"], "WARNING"))
             runtime = load_runtime(request.model, device=args.device)
         else:
             request = GenerateRequest(request.request_id, request.prompt, request.options,

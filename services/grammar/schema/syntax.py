@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from services.grammar.lark import ebnf_tree, lark_literal, rust_regex
+from services.grammar.engines.lark import ebnf_tree, lark_literal, rust_regex
 from services.grammar.regex.charset import ANY
 from services.grammar.regex.tree import Chars, Literal, Node, Repeat, Seq, ebnf_literal, to_ebnf
 from services.grammar.schema.regex_json import lower

@@ -10,12 +10,12 @@ Two sides, one boundary:
   loop: events go out through each request's thread-safe sink, requests and cancels come in through
   a `queue.Queue`.
 
-One step:
+One step (`step`):
 
-    retire cancelled / expired -> admit waiting into free lanes (a thinking budget already spent
-    forces its close) -> batch = schedule()
-    -> [speculative: drafts for the decode rows (services/worker/spec)]
-    -> pending = program.step(batch) -> postprocess.commit(pending)
+    retire cancelled / expired -> advance the pipeline (chain onto the held decode step, or
+    commit it: pipeline.py) -> admit waiting into free lanes (a thinking budget already spent
+    forces its close) -> batch = schedule() -> draft (the proposer, services/worker/spec)
+    -> run the Program's step -> hold (the pipeline) or commit (postprocess.py)
 
 where the commit path (postprocess.py) previews every row, commits the Program's device state,
 confirms the sessions and ledgers, and only then publishes. Published events are delivered to the
@@ -32,13 +32,16 @@ import time
 from dataclasses import dataclass
 
 from services.grammar.client import GrammarClient
+from services.worker.engine.pipeline import Pipeline
 from services.worker.engine.postprocess import Postprocessor
 from services.worker.engine.prepare import prepare
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
-from services.worker.program import BatchRow, PendingBatch, Program, RowOutcome, StepBatch
-from services.worker.request import Request, RequestState
-from services.worker.spec import SpecCounters, check_backend, check_model, load_draft, make_drafter
+from services.worker.integrity import IntegrityError, check_membership, step_failure
+from services.worker.program import PendingBatch, Program, StepBatch
+from services.worker.request import Request
+from services.worker.spec import (SpecCounters, captures_graphs, check_backend, check_model,
+                                  make_proposer)
 from shared.errors import (DeadlineExceeded, InternalError, InvalidRequest, Overloaded,
                            ServiceUnavailable)
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
@@ -111,31 +114,39 @@ class Engine:
         self.speculation = SpecCounters()
         self.finish_listeners: list = []  # fn(request) on the worker thread as each one ends
         self._draft_wait_seen = 0.0  # Program.draft_wait_seconds already in the metrics
-        self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
-                               kv_budget_bytes=config.kv_budget_bytes,
-                               max_drafts=config.num_draft_tokens if config.speculative else 0,
-                               mtp=config.speculative == "mtp",
-                               draft=load_draft(config.speculative, config.draft_model, runtime),
-                               cuda_graphs=config.cuda_graphs, prefix_cache=config.prefix_cache,
-                               kv_cache_tokens=config.kv_cache_tokens)
-        self.drafter = make_drafter(config.speculative, config.num_draft_tokens, self.program)
-        self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
-                                   on_admit=self.metrics.queue_seconds.observe,
-                                   split_at_block=self.program.snapshot_block)
-        self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget,
-                                  self.speculation)
         self.steps = 0
-        want = config.pipeline if config.pipeline is not None else self.program.cuda
-        self.pipeline = bool(want) and self.drafter is None and self.program.chainable
-        self._held: PendingBatch | None = None  # a sampled decode step not committed yet
-        self.chained_steps = 0  # steps launched before the previous step's commit
+        self._build()
         self._inbox: queue.Queue = queue.Queue()
         self._live: dict[str, Request] = {}
         self._lock = threading.Lock()  # guards _live and _preparing across threads
         self._preparing = 0  # admitted requests still in prepare (tokenizing, compiling)
         self._thread: threading.Thread | None = None
         self._running = False
+        self._unavailable: str | None = None  # an integrity failure, until the Program is rebuilt
         self._mean_duration_s = 1.0
+
+    def _build(self) -> None:
+        """The Program and what holds it (at start, and to recover from an integrity failure)."""
+        config, runtime = self.config, self.runtime
+        self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
+                               kv_budget_bytes=config.kv_budget_bytes,
+                               max_drafts=config.num_draft_tokens if config.speculative else 0,
+                               cuda_graphs=config.cuda_graphs
+                               and captures_graphs(config.speculative),
+                               prefix_cache=config.prefix_cache,
+                               kv_cache_tokens=config.kv_cache_tokens)
+        # The speculative proposer (None: ordinary decoding), built once over the Program's state;
+        # setting Engine.proposer to None later stops drafting (the Program's copy still aligns).
+        self.proposer = make_proposer(config, runtime, self.program.state)
+        if self.proposer is not None:
+            self.program.use(self.proposer)
+        self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,
+                                   on_admit=self.metrics.queue_seconds.observe)
+        self.post = Postprocessor(self.program, self.scheduler, self.metrics, self._forget,
+                                  self.speculation)
+        want = config.pipeline if config.pipeline is not None else self.program.cuda
+        self.pipeline = Pipeline(self.program, self.scheduler, self.post,
+                                 enabled=bool(want) and self.proposer is None)
 
     # ---------------------------------------------------------------- caller side
 
@@ -166,18 +177,15 @@ class Engine:
         self._check_running()
         self._admission()  # from here it counts as live: a burst cannot all pass at once
         try:
-            ready = await prepare(request, runtime=self.runtime, grammar=self.grammar,
-                                  max_len=self.program.max_len, submitted=submitted)
             stream = RequestStream(asyncio.get_running_loop(), request.request_id)
-            job = Request(
-                request_id=request.request_id, prompt_ids=ready.prompt_ids,
-                sampling=ready.sampling, seed=ready.seed, session=ready.session,
-                sink=stream.push, max_new_tokens=ready.max_new_tokens, output=ready.output,
-                stop_token_ids=frozenset(request.options.stop_token_ids),
-                deadline=ready.deadline, timeout_s=request.options.timeout_s,
-                submitted_at=submitted, thinking_budget=ready.thinking_budget,
-                constraint_kind=ready.constraint_kind)
+            job = await prepare(request, runtime=self.runtime, grammar=self.grammar,
+                                max_len=self.program.max_len, submitted=submitted, sink=stream)
             self._check_running()  # compilation may have outlived the engine
+            if job.expired(time.monotonic()):  # the seed: "after the library call returns and
+                # before queueing, the deadline and Engine state are checked again"
+                self.metrics.rejected.labels(reason="deadline").inc()
+                raise DeadlineExceeded(f"the request did not finish within {job.timeout_s} s "
+                                       "(its preparation took the time)", timeout_s=job.timeout_s)
             with self._lock:
                 if request.request_id in self._live:
                     raise InvalidRequest(f"request id {request.request_id!r} is already running",
@@ -187,7 +195,7 @@ class Engine:
             with self._lock:
                 self._preparing -= 1
         job.enqueued_at = time.monotonic()  # an expired deadline is retired by the next step
-        stream.push(Started(len(ready.prompt_ids)))
+        stream.push(Started(job.num_prompt_tokens))
         self._inbox.put(job)
         return stream
 
@@ -212,20 +220,25 @@ class Engine:
 
     def health(self) -> dict:
         stats = self.program.blocks.stats
-        return {"status": "ok" if self._running else "stopped", "model": self.runtime.name,
+        status = "ok" if self._running else "stopped"
+        if self._running and self._unavailable is not None:
+            status = "unavailable"
+        return {"status": status, "model": self.runtime.name,
+                **({"unavailable": self._unavailable} if self._unavailable else {}),
                 "device": str(self.program.device), "max_batch": self.program.max_batch,
                 "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
                 "waiting": len(self.scheduler.waiting), "preparing": self._preparing,
                 "steps": self.steps,
                 "prefix_cache": {"enabled": self.program.prefix_cache,
                                  "hit_rate": round(stats.hit_rate, 4),
-                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions},
+                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions,
+                                 "state_snapshots": stats.snapshots},
                 **({"speculative": self.config.speculative,
                     "speculation": self.speculation.to_dict(self.program.draft_wait_seconds)}
-                   if self.drafter else {})}
+                   if self.proposer else {})}
 
     def _admission(self) -> None:
-        """A bounded waiting queue: beyond it the caller is told to come back (issue 12). An
+        """A bounded waiting queue: beyond it the caller is told to come back (Overloaded). An
         admitted request counts as live from here on (`_preparing` until it is queued)."""
         lanes = self.program.max_batch
         with self._lock:
@@ -243,6 +256,9 @@ class Engine:
         if not self._running:  # stopped (or its thread failed): another worker may serve it
             raise ServiceUnavailable("the engine is not running", service="worker",
                                      retry_after_s=1.0)
+        if self._unavailable is not None:  # recovering from an integrity failure
+            raise ServiceUnavailable(f"the engine is recovering from an integrity failure "
+                                     f"({self._unavailable})", service="worker", retry_after_s=5.0)
 
     def _forget(self, job: Request) -> None:
         with self._lock:
@@ -258,141 +274,79 @@ class Engine:
     def step(self) -> bool:
         """One engine step on the worker thread; False when there was nothing to run."""
         self._retire(time.monotonic())
-        held, self._held = self._held, None
-        if held is not None:
-            held = _live(held)  # rows of requests retired meanwhile are gone
-            if self._can_chain(held):
-                self._chained_step(held)
-                self._gauges()
-                return True
-            self._commit(held)
+        if self.pipeline.advance():  # step n+1 chained onto the held step n, which committed
+            self.steps += 1
+            self._gauges()
+            return True
+        self._admit()
+        batch = self.scheduler.schedule()
+        if batch is None:
+            self.post.flush()
+            return False
+        batch = self._draft(batch)
+        pending = self._run_step(batch)
+        if pending is not None:
+            self.pipeline.hold_or_commit(pending)
+        self._gauges()
+        return True
+
+    def _admit(self) -> None:
+        """Waiting requests into free lanes (or preempting); a thinking budget of 0 is closed
+        before any sample."""
         preempted = self.scheduler.admit(self.program)
         if preempted:
             self.metrics.preemptions.inc(preempted)
         blocks = self.program.blocks
         self.metrics.prefix_cache(blocks.stats, free_blocks=blocks.free_blocks,
                                   cached_blocks=blocks.cached_blocks)
-        for job in list(self.scheduler.resident):  # a thinking budget of 0: closed before any sample
+        for job in list(self.scheduler.resident):
             if job.thinking_due:
                 self.post.force_close(job)
-        batch = self.scheduler.schedule()
-        if batch is None:
-            self.post.flush()
-            return False
-        if self.drafter is not None and batch.is_decode:
-            batch = self._draft(batch)
-        self.steps += 1
-        try:
-            # the previous step's events go out once this step's forward is launched
-            launched = []
 
-            def on_launch() -> None:
-                launched.append(True)
-                self.post.flush()
-
-            pending = self.program.step(batch, on_launch=on_launch)
-            if not launched:  # a route that never reported its launch (speculative rounds)
-                self.post.flush()
-        except Exception as exc:  # the round failed as a whole: its rows fail, nothing commits
-            log.exception("program_step_failed")
-            self.post.fail_batch(batch, InternalError(f"the batch step failed: {exc}"))
-            self.post.flush()
-            return True
-        self._hold_or_commit(pending)
-        waited = self.program.draft_wait_seconds  # a draft model's waits, counted by the Program
-        if waited > self._draft_wait_seen:
-            self.metrics.spec_draft_wait_seconds.inc(waited - self._draft_wait_seen)
-            self._draft_wait_seen = waited
-        self._gauges()
-        return True
-
-    # The pipeline (EngineConfig.pipeline, on CUDA by default). A sampled decode step n is held
-    # uncommitted; the next step launches step n+1 first, with each row's sampled token at the
-    # next position, and only then commits step n (preview -> Program commit -> confirm ->
-    # publish -> finish, unchanged), so the commit's host work overlaps the device's forward.
-    # Step n+1 then samples only the rows that step n's commit left exactly where the launch
-    # assumed (still resident, not cancelled, the sampled token committed as the newest output,
-    # nothing forced after it); the others are left out of it, which leaves no trace: their
-    # uncommitted KV writes lie past the committed frontier (models/state.py). A step is chained
-    # only when nothing else waits for the batch: no admission, no prefill, no row at the lane's
-    # end; otherwise the held step commits first and the step runs as before. A hybrid model's
-    # next forward reads the recurrent state step n leaves, so step n's device state is committed
-    # ahead of its preview (Program.commit_ahead); step n+1 writes the other slot, so a row left
-    # out of it keeps that state, but a row whose step n then aborts (a failed preview: nothing
-    # of the round commits) holds a token its ledger does not, and resumes by Replay.
-
-    def _can_chain(self, held: PendingBatch) -> bool:
-        rows = held.batch.rows
-        if not rows or not held.batch.is_decode:
-            return False
-        if any(r.outcome is not RowOutcome.TOKENS or len(r.tokens) != 1 for r in held.results):
-            return False
-        sched = self.scheduler
-        if sched.waiting and (self.program.free_lanes or sched.preempt_after_s is not None):
-            return False  # an admission (or a preemption) comes first
-        if len(sched.resident) != len(rows):
-            return False  # a resident row is prefilling
-        limit = self.program.max_len
-        return all(r.start + 2 <= limit for r in rows)
-
-    def _chained_step(self, held: PendingBatch) -> None:
-        batch = StepBatch(tuple(BatchRow(row.request, res.tokens, row.start + 1, True)
-                                for row, res in zip(held.batch.rows, held.results)))
-        self.steps += 1
-        self.chained_steps += 1
-        self.program.commit_ahead(held)  # a hybrid model's next forward reads step n's state
-        try:
-            launched = self.program.launch(batch)
-        except Exception as exc:  # step n still commits; its rows then fail
-            log.exception("program_step_failed")
-            self._commit(held)
-            live = tuple(r for r in batch.rows if r.request.state is RequestState.RESIDENT)
-            self.post.fail_batch(StepBatch(live), InternalError(f"the batch step failed: {exc}"))
-            self.post.flush()
-            return
-        self._commit(held)
-        self.post.flush()  # step n's events go out while step n+1's forward runs
-        keep = [i for i, row in enumerate(batch.rows) if _continues(row)]
-        if self.program.recurrent:
-            for row in batch.rows:  # step n aborted after its state was committed ahead: the
-                job = row.request  # recurrent state holds a token the ledger does not; Replay
-                if job.state is RequestState.RESIDENT and not job.cancel_requested \
-                        and job.num_cached != row.start:
-                    self.scheduler.pause(job, self.program)
-        try:
-            pending = self.program.finish(launched, keep)
-        except Exception as exc:
-            log.exception("program_step_failed")
-            self.post.fail_batch(StepBatch(tuple(batch.rows[i] for i in keep)),
-                                 InternalError(f"the batch step failed: {exc}"))
-            self.post.flush()
-            return
-        self._hold_or_commit(pending)
-
-    def _hold_or_commit(self, pending: PendingBatch) -> None:
-        if self.pipeline and pending.batch.rows and pending.batch.is_decode:
-            self._held = pending
-        else:
-            self._commit(pending)
-
-    def _commit(self, pending: PendingBatch) -> None:
-        self.post.commit(pending)
-        if not self.program.cuda:  # a CPU forward is synchronous: holding the events gains nothing
-            self.post.flush()
-
-    def _gauges(self) -> None:
-        self.metrics.lanes_in_use.set(len(self.scheduler.resident))
-        self.metrics.queue_depth.set(len(self.scheduler.waiting))
-
-    def _draft(self, batch):
-        """Drafts on the host before the verify forward (n-gram: the host-launched route); the
-        time the rows waited for them is exposed."""
-        batch, seconds = self.drafter.attach(batch, self.program.max_len)
+    def _draft(self, batch: StepBatch) -> StepBatch:
+        """The proposer's drafts (or, on the device route, draft limits) for a decode batch,
+        before the verify forward; the time the rows waited for them is exposed."""
+        if self.proposer is None or not batch.is_decode:
+            return batch
+        start = time.perf_counter()
+        batch = self.proposer.attach(batch, self.program.max_len)
+        seconds = time.perf_counter() - start
         self.speculation.draft_seconds += seconds
         self.metrics.spec_draft_wait_seconds.inc(seconds)
         for row in batch.rows:
             row.request.session.add_draft_wait(seconds)
         return batch
+
+    def _run_step(self, batch: StepBatch) -> PendingBatch | None:
+        """The Program's step. The previous step's events go out once this step's forward is
+        launched (on CUDA the device is busy then), after a verify round otherwise. A step that
+        fails as a whole fails its rows and commits nothing: None."""
+        self.steps += 1
+        try:
+            check_membership(batch, self.scheduler.resident)
+            if batch.has_drafts:
+                pending = self.program.step(batch)
+                self.post.flush()
+            else:
+                launched = self.program.launch(batch)
+                self.post.flush()
+                pending = self.program.finish(launched)
+        except IntegrityError:
+            raise  # the unavailable boundary (_run)
+        except Exception as exc:
+            log.exception("program_step_failed")
+            self.post.fail_batch(batch, step_failure(exc))
+            self.post.flush()
+            return None
+        return pending
+
+    def _gauges(self) -> None:
+        self.metrics.lanes_in_use.set(len(self.scheduler.resident))
+        self.metrics.queue_depth.set(len(self.scheduler.waiting))
+        waited = self.program.draft_wait_seconds  # a draft model's waits, counted by the Program
+        if waited > self._draft_wait_seen:
+            self.metrics.spec_draft_wait_seconds.inc(waited - self._draft_wait_seen)
+            self._draft_wait_seen = waited
 
     def _retire(self, now: float) -> None:
         for job in self.scheduler.live():
@@ -408,9 +362,11 @@ class Engine:
             while self._take_inbox(block=self.scheduler.idle):
                 try:
                     self.step()
+                except IntegrityError as exc:
+                    self._unavailable_boundary(exc)
                 except Exception as exc:  # a bug: fail what is resident, keep serving
                     log.exception("engine_step_failed")
-                    self._held = None
+                    self.pipeline.drop()
                     for job in list(self.scheduler.resident):
                         self.post.finish(job, FinishReason.ERROR,
                                          InternalError(f"engine failure: {exc}"))
@@ -418,16 +374,40 @@ class Engine:
         finally:
             self._running = False
             self._take_inbox(block=False)
-            held, self._held = self._held, None
-            if held is not None:  # the sampled step is published before the rest is cancelled
-                try:
-                    self._commit(_live(held))
-                except Exception:
-                    log.exception("engine_step_failed")
+            try:  # the held step is published before the rest is cancelled
+                self.pipeline.drain()
+            except Exception:
+                log.exception("engine_step_failed")
             for job in self.scheduler.live():
                 self.post.finish(job, FinishReason.CANCELLED)
             self.post.flush()
             self.program.close()
+
+    def _unavailable_boundary(self, exc: IntegrityError) -> None:
+        """The design document's unavailable boundary: after an integrity failure (a Program
+        commit that could not complete, a matcher that could not roll back, a broken batch
+        membership) nothing of the Program's state is trusted. New requests are refused
+        (ServiceUnavailable: a gateway's pool routes elsewhere) and health says "unavailable";
+        every live request fails typed with what it had published; then the Program is built
+        anew (lanes, KV pool, prefix cache) and the engine serves again. A rebuild that fails
+        leaves it unavailable."""
+        log.error("engine_integrity_failure", error=str(exc))
+        self._unavailable = str(exc)
+        self.pipeline.drop()
+        error = ServiceUnavailable(f"the worker lost its integrity and is recovering: {exc}",
+                                   service="worker", retry_after_s=5.0)
+        for job in self.scheduler.live():  # (the inbox's requests go to the new Program)
+            job.lane = None  # the lanes go with the old Program
+            self.post.finish(job, FinishReason.ERROR, error)
+        self.post.flush()
+        try:
+            self.program.close()
+            self._build()
+        except Exception:
+            log.exception("engine_recovery_failed")
+            return
+        self._unavailable = None
+        log.info("engine_recovered")
 
     def _take_inbox(self, *, block: bool) -> bool:
         """Move new requests into the waiting queue; False when asked to stop. Held events are
@@ -445,21 +425,3 @@ class Engine:
         except queue.Empty:
             return True
 
-
-def _live(pending: PendingBatch) -> PendingBatch:
-    """The rows of a held step whose requests are still resident (a retired request's row is
-    dropped with its result)."""
-    keep = [i for i, row in enumerate(pending.batch.rows) if row.request.state is RequestState.RESIDENT]
-    if len(keep) == len(pending.batch.rows):
-        return pending
-    return PendingBatch(StepBatch(tuple(pending.batch.rows[i] for i in keep)),
-                        tuple(pending.results[i] for i in keep))
-
-
-def _continues(row: BatchRow) -> bool:
-    """Whether a chained row's request is where the launch assumed after the held commit: still
-    resident and live, its lane at row.start, row.tokens[0] its newest committed output token."""
-    job = row.request
-    return (job.state is RequestState.RESIDENT and not job.cancel_requested and not job.in_prefill
-            and job.num_cached == row.start and bool(job.output_ids)
-            and job.output_ids[-1] == row.tokens[0])

@@ -12,15 +12,18 @@ before the worker idles; on the CPU at the end of each step. Each stream's order
 
 Failure rules (design document, section 5):
 - a row whose request was cancelled commits nothing of the round and finishes as cancelled;
-- a row whose result is a constraint dead end or non-finite logits commits zero tokens and
-  finishes with its error, while the other rows commit (in a verification round too, however
-  many drafts it verified);
+- a row whose result is a constraint dead end or non-finite logits, or whose matcher raised
+  (filling its mask or accepting its tokens), commits zero tokens and finishes with its error,
+  while the other rows commit (in a verification round too, however many drafts it verified);
 - a verification row commits the model state of its anchor and accepted prefix only (`_kept`);
 - when a preview fails (the matcher refuses a token its own mask allowed), every preview of the
   batch is restored and the round aborts: nothing commits, the failing row finishes with the
   internal error, the others run the same step again;
+- a row whose publication fails (the tool decoder raises reading committed tokens) finishes
+  with the typed error; the other rows publish as usual;
 - when the Program commit fails, no matcher state is confirmed and nothing of the round is
-  published: every row of the batch finishes with the internal error.
+  published; the device state is unknown, so it raises IntegrityError: the Engine's
+  unavailable boundary fails every live request typed and rebuilds the Program.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ from dataclasses import dataclass
 
 from services.worker.output.session import PreviewResult
 from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
-from services.worker.request import Request, RequestState
+from services.worker.request import Request
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import Outbox
-from services.worker.spec.drafter import SpecCounters
+from services.worker.integrity import IntegrityError
+from services.worker.spec.counters import SpecCounters
 from shared.errors import InfernixError, InternalError
 from shared.generation import Finished, FinishReason, GenerationEvent, Usage
 from shared.logging import get_logger
@@ -89,12 +93,12 @@ class Postprocessor:
                 if not row.request.cancel_requested and i not in round_.failures}
         try:
             self.program.commit(pending, kept)
-        except Exception as exc:  # nothing confirmed, nothing published
-            log.exception("program_commit_failed")
+        except Exception as exc:  # nothing confirmed, nothing published; the device state of
+            log.exception("program_commit_failed")  # the rows is unknown: an integrity failure
             for i in round_.previews:
                 rows[i].request.session.discard()
-            self.fail_batch(pending.batch, InternalError(f"commit failed: {exc}"))
-            return
+            raise IntegrityError(f"the Program commit failed: {type(exc).__name__}: {exc}") \
+                from exc
         for i, n in kept.items():
             self._confirm(pending, i, round_.previews.get(i), n)
         self._publish(pending.batch, round_)
@@ -126,6 +130,8 @@ class Postprocessor:
                 result = self._shortest_stop(job, tokens if cut is None else tokens[:cut])
             if result.failure is not None:
                 round_.failures[i] = result.failure
+                if result.row_only:  # the matcher itself failed: its row alone, zero tokens
+                    continue
                 round_.aborted_by = i
                 return round_
             stop_id = cut is not None and result.accepted == cut
@@ -177,7 +183,8 @@ class Postprocessor:
                 preview = round_.previews[i]
                 if job.first_token_at is None:
                     job.first_token_at = now
-                self._emit(job, preview.tokens[:preview.result.accepted])
+                if not self._emit(job, preview.tokens[:preview.result.accepted]):
+                    continue  # its publication failed: that request alone ended with the error
                 if preview.result.terminated or preview.stop_id or job.output.stopped:
                     self.finish(job, FinishReason.STOP)
                 elif preview.result.length_cut:
@@ -204,15 +211,24 @@ class Postprocessor:
         job.append_forced(forced)
         job.session.confirm()
         self.metrics.forced_closes.inc()
-        self._emit(job, forced)
-        if result.length_cut:
+        if self._emit(job, forced) and result.length_cut:
             self.finish(job, FinishReason.LENGTH)
 
     # ---------------------------------------------------------------- publication
 
-    def _emit(self, job: Request, tokens: list[int]) -> None:
-        for event in job.output.feed(tokens):
+    def _emit(self, job: Request, tokens: list[int]) -> bool:
+        """Publish committed tokens; False when reading them failed (a decoder bug, a tool stream
+        that cannot read a call): that request ends with the typed error, never the batch."""
+        try:
+            events = job.output.feed(tokens)
+        except Exception as exc:
+            log.exception("publication_failed", request_id=job.request_id)
+            self.finish(job, FinishReason.ERROR, exc if isinstance(exc, InternalError) else
+                        InternalError(f"publishing the output failed: {type(exc).__name__}: {exc}"))
+            return False
+        for event in events:
             self._send(job, event)
+        return True
 
     def _send(self, job: Request, event: GenerationEvent) -> None:
         for gone in self._outbox.add(job.sink, event, job):  # held until flush()
@@ -233,19 +249,18 @@ class Postprocessor:
             for event in output.finish(complete=session.ended_normally):
                 self._send(job, event)
         except InternalError as exc:  # the grammar confirmed a call the decoder cannot read
-            reason, error = FinishReason.ERROR, exc
+            reason, error = FinishReason.ERROR, error or exc
         except Exception as exc:  # a decoder bug fails this request, never the engine thread
             log.exception("tool_stream_finish_failed", request_id=job.request_id)
-            reason, error = FinishReason.ERROR, InternalError(
+            reason, error = FinishReason.ERROR, error or InternalError(
                 f"reading the tool calls failed: {type(exc).__name__}: {exc}")
         calls = output.tool_calls()
         if calls and reason is FinishReason.STOP:
             reason = FinishReason.TOOL_CALLS
         if job.lane is not None:
             self.program.release_lane(job.lane)
-            job.lane = None
         self.scheduler.remove(job)
-        job.state = RequestState.TERMINAL
+        job.finish()
         self._on_terminal(job)
         report = session.report()
         if report is not None and output.branch is not None:

@@ -1,4 +1,4 @@
-"""Request preparation on the caller's event loop: `prepare(request) -> PreparedRequest`.
+"""Request preparation on the caller's event loop: `prepare(request) -> Request`.
 
 The one place where a request's output language is decided (a tool grammar, a content constraint
 or none): it checks the options, renders and tokenizes the prompt through the model's Frontend,
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import dataclass
 
 from services.grammar.client import (
     GrammarClient, NameIndex, ParameterNameConstraint, ToolSpec, argument_codings,
@@ -20,36 +19,21 @@ from services.grammar.client import (
 from services.worker.output.publication import Publication
 from services.worker.output.session import OutputSession
 from services.worker.output.stop_strings import StopStrings
+from services.worker.request import Request
 from services.worker.runtime import ModelRuntime, resolve_sampling
 from shared.contract import ToolMode, validate_tools
 from shared.errors import ConflictingConstraint, ConstraintDeadEnd, InvalidRequest, Unsupported
-from shared.frontends.formats import qwen_xml
-from shared.frontends.formats.hermes import ToolStream
+from shared.frontends.formats import ToolStream
 from shared.frontends.frontend import Frontend, PreparedPrompt
 from shared.frontends.thinking import REASONING
-from shared.generation import GenerateRequest, SamplingParams
-
-
-@dataclass(frozen=True, eq=False)
-class PreparedRequest:
-    """Everything the Engine needs to queue a request (see `prepare`)."""
-
-    request: GenerateRequest
-    prompt_ids: tuple[int, ...]
-    session: OutputSession
-    max_new_tokens: int  # >= 1: max_tokens, or (none given) what the lane holds after the prompt
-    sampling: SamplingParams  # resolved against the model's defaults
-    seed: int
-    output: Publication  # the publication decoder: phases, stop strings, tool stream
-    thinking_budget: int | None  # reasoning tokens before the close is forced (None: no budget)
-    constraint_kind: str  # metrics label
-    deadline: float | None  # time.monotonic() seconds
+from shared.generation import GenerateRequest
 
 
 async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: GrammarClient,
-                  max_len: int, submitted: float) -> PreparedRequest:
+                  max_len: int, submitted: float, sink) -> Request:
     """Check, render, compile and build the OutputSession of `request` for lanes of `max_len`
-    positions.
+    positions; returns the waiting Request (its events go to `sink`: request.py), whose output
+    budget is max_tokens or, none given, what the lane holds after the prompt.
 
     Raises (before any event) InvalidRequest (model, prompt, max_tokens beyond the context,
     stop_token_ids),
@@ -83,17 +67,20 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
                                     grammar=grammar)
     constrained = session.constrained
     seed = options.sampling.seed
-    output = Publication(runtime.frontend.phase_decoder(prompt.phase),
+    output = Publication(runtime.frontend.phase_decoder(prompt.phase, calls=tools is not None),
                          stop=StopStrings(options.stop) if options.stop else None, tools=tools)
     if prefix_tokens:
         output.continue_from(prefix_tokens)
-    return PreparedRequest(
-        request=request, prompt_ids=prompt.token_ids, session=session, max_new_tokens=budget,
+    return Request(
+        request_id=request.request_id, prompt_ids=prompt.token_ids, session=session, sink=sink,
+        max_new_tokens=budget,
         sampling=resolve_sampling(options.sampling, runtime.defaults, constrained),
         seed=seed if seed is not None else secrets.randbits(63), output=output,
+        stop_token_ids=frozenset(options.stop_token_ids),
         thinking_budget=options.thinking_budget if prompt.phase == REASONING else None,
         constraint_kind=_constraint_kind(request, tool_spec),
-        deadline=submitted + options.timeout_s if options.timeout_s else None)
+        deadline=submitted + options.timeout_s if options.timeout_s else None,
+        timeout_s=options.timeout_s, submitted_at=submitted)
 
 
 def check_options(request: GenerateRequest, frontend: Frontend) -> ToolSpec | None:
@@ -102,9 +89,16 @@ def check_options(request: GenerateRequest, frontend: Frontend) -> ToolSpec | No
     forbidden, a text opener cannot).
 
     Raises InvalidToolDefinition / InvalidRequest (tools, tool_choice, stop_token_ids),
-    Unsupported (tools with a raw text prompt), ConflictingConstraint (stop strings or stop ids
-    with a constrained output, a GBNF/regex/choice constraint with active tools)."""
+    Unsupported (tools with a raw text prompt, thinking asked of a model without it),
+    ConflictingConstraint (stop strings or stop ids with a constrained output, a
+    GBNF/regex/choice constraint with active tools)."""
     options, prompt = request.options, request.prompt
+    if frontend.thinking is None:  # the control would change nothing: refused, never ignored
+        for name, asked in (("thinking_budget", options.thinking_budget is not None),
+                            ("enable_thinking", prompt.enable_thinking is True)):
+            if asked:
+                raise Unsupported(f"model {frontend.name!r} has no thinking mode: a thinking or "
+                                  "reasoning setting cannot apply to it", field=name)
     domain = frontend.domain
     tool_spec = None
     if prompt.tools:
@@ -133,32 +127,33 @@ def _tool_stream(request: GenerateRequest, tool_spec: ToolSpec | None,
     """The call decoder of the model's tool format: constrained with a tool grammar, free when
     tools are declared but nothing is enforced, absent without active tools."""
     fmt = runtime.frontend.tool_format
-    codings = None
     if tool_spec is not None:
-        if fmt.framing == qwen_xml.FRAMING:  # the value contract the grammar was built from
-            codings = argument_codings(tool_spec.allowed())
-        # With a JSON union the decoder still reads calls; JSON content has no opener.
-        return fmt.stream(constrained=True, codings=codings)
+        # The value contract the grammar was built from. With a JSON union (content OR calls) a
+        # call opens only at the start of the output.
+        codings = argument_codings(tool_spec.allowed(), forced=tool_spec.forced) \
+            if fmt.coded_arguments else None
+        return fmt.stream(constrained=True, codings=codings, union=tool_spec.content is not None)
     prompt = request.prompt
     if prompt.tools and request.options.tool_choice.mode is not ToolMode.NONE:
-        if fmt.framing == qwen_xml.FRAMING:
-            codings = argument_codings(prompt.tools)
+        codings = argument_codings(prompt.tools) if fmt.coded_arguments else None
         return fmt.stream(constrained=False, codings=codings)
     return None
 
 
 def _name_constraint(tool_spec: ToolSpec | None,
                      frontend: Frontend) -> ParameterNameConstraint | None:
-    """The ParameterNameConstraint companion of an XML tool grammar with a non-strict tool that
-    can be called (design document: it "runs only when a non-strict tool is declared"; strict
-    arguments follow their declared order, which forbids repeats already)."""
-    if tool_spec is None or frontend.tool_format.framing != qwen_xml.FRAMING \
-            or tool_spec.choice.mode is ToolMode.NONE \
+    """The ParameterNameConstraint companion of a tool grammar whose format guards argument
+    names (`ToolFormat.name_guard`) with a non-strict tool that can be called (design document:
+    it "runs only when a non-strict tool is declared"; strict arguments follow their declared
+    order, which forbids repeats already)."""
+    guard = frontend.tool_format.name_guard
+    if tool_spec is None or guard is None or tool_spec.choice.mode is ToolMode.NONE \
             or all(t.strict for t in tool_spec.allowed()):
         return None
     domain = frontend.domain
-    return ParameterNameConstraint(NameIndex.of(domain), domain.special_id(qwen_xml.CALL_OPEN),
-                                   domain.special_id(qwen_xml.CALL_CLOSE))
+    opener, closer = guard
+    return ParameterNameConstraint(NameIndex.of(domain), domain.special_id(opener),
+                                   domain.special_id(closer))
 
 
 def _constraint_kind(request: GenerateRequest, tool_spec: ToolSpec | None) -> str:

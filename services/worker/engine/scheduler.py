@@ -23,16 +23,14 @@ import time
 from collections import deque
 
 from services.worker.program import BatchRow, Program, StepBatch
-from services.worker.request import Request, RequestState
+from services.worker.request import Request
+from shared.generation import Started
 
 
 class Scheduler:
     def __init__(self, prefill_chunk: int, preempt_after_s: float | None = None,
-                 on_admit=None, split_at_block: int | None = None) -> None:
+                 on_admit=None) -> None:
         self.prefill_chunk = prefill_chunk
-        # Hybrid models with the prefix cache: a prompt's chunks end once at its last full block
-        # (block size), where the recurrent state is snapshotted (program/blocks.py).
-        self.split_at_block = split_at_block
         self.preempt_after_s = preempt_after_s
         self.on_admit = on_admit  # on_admit(seconds waited): queue-time metrics
         self.waiting: deque[Request] = deque()
@@ -66,31 +64,21 @@ class Scheduler:
             job = self.waiting.popleft()
             if self.on_admit is not None:
                 self.on_admit(now - job.waiting_since)
-            job.lane = program.acquire_lane()
-            job.state = RequestState.RESIDENT
-            job.resident_since = now
-            job.output_at_admission = job.num_output_tokens
-            job.num_cached = self._cached_prefix(program, job)
-            if job.admitted_at is None:
-                job.admitted_at = now
-                job.num_cached_prompt = min(job.num_cached, job.num_prompt_tokens)
+            lane = program.acquire_lane()
+            first = job.admitted_at is None
+            job.admit(lane, self._cached_prefix(program, lane, job), now)
+            if first:
+                _announce(job)
             self.resident.append(job)
         return preempted
 
-    def _chunk_limit(self, job: Request, budget: int) -> int:
-        bs = self.split_at_block
-        if bs is None or job.output_ids:
-            return budget
-        boundary = (job.prefill_end - 1) // bs * bs
-        return min(budget, boundary - job.num_cached) if job.num_cached < boundary else budget
-
     @staticmethod
-    def _cached_prefix(program: Program, job: Request) -> int:
+    def _cached_prefix(program: Program, lane: int, job: Request) -> int:
         # A fresh request recomputes at least its last prompt token, whose logits it samples its
         # first token from under its own mask and parameters; a Replay samples nothing at its
         # end, so all it must hold (prompt and output but the newest token) may come cached.
         limit = job.prefill_end if job.output_ids else job.prefill_end - 1
-        return program.attach_prefix(job.lane, job.prompt_ids + tuple(job.output_ids), limit)
+        return program.attach_prefix(lane, job.prompt_ids + tuple(job.output_ids), limit)
 
     def _preempt(self, program: Program, now: float) -> int:
         if self.preempt_after_s is None or not self.waiting or program.free_lanes:
@@ -117,8 +105,8 @@ class Scheduler:
     def schedule(self) -> StepBatch | None:
         """The next step's rows, or None when nothing is resident."""
         # Shortest remaining prompt first: a short request admitted beside a long prompt is
-        # prefilled in the next prefill step instead of after the long one's last chunk (issue 12
-        # item 7: a long prompt delays others by at most one chunk). Resident rows are bounded by
+        # prefilled in the next prefill step instead of after the long one's last chunk (a long
+        # prompt delays others by at most one chunk). Resident rows are bounded by
         # the lanes, so the long prompt still gets the rest of every step's budget.
         prefill = sorted((j for j in self.resident if j.in_prefill),
                          key=lambda j: j.prefill_end - j.num_cached)
@@ -129,7 +117,7 @@ class Scheduler:
             for j in prefill:
                 if budget <= 0:
                     break
-                chunk = tuple(j.next_input(self._chunk_limit(j, budget)))
+                chunk = tuple(j.next_input(budget))
                 budget -= len(chunk)
                 end = j.num_cached + len(chunk)
                 rows.append(BatchRow(j, chunk, j.num_cached,
@@ -140,3 +128,12 @@ class Scheduler:
             return StepBatch(tuple(BatchRow(j, (j.output_ids[-1],), j.num_cached, True)
                                    for j in decode))
         return None
+
+
+def _announce(job: Request) -> None:
+    """A second `Started` at first admission, now with the prompt tokens the prefix cache held
+    (the first, at submission, precedes the lookup), before any output event of the request."""
+    try:
+        job.sink(Started(job.num_prompt_tokens, job.num_cached_prompt))
+    except RuntimeError:  # the consumer's loop is closed: it is gone
+        job.cancel_requested = True

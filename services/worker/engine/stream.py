@@ -18,9 +18,18 @@ class RequestStream:
         self._loop = loop
         self._queue: asyncio.Queue[GenerationEvent] = asyncio.Queue()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The consumer's event loop."""
+        return self._loop
+
     def push(self, event: GenerationEvent) -> None:
         """Thread-safe; raises RuntimeError when the consumer's loop is closed."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    def deliver(self, event: GenerationEvent) -> None:
+        """On the consumer's loop: queue `event` (the Outbox's batched hand-over)."""
+        self._queue.put_nowait(event)
 
     def __aiter__(self) -> "RequestStream":
         return self
@@ -34,32 +43,32 @@ class RequestStream:
         return event
 
 
-def _deliver(items: list[tuple["asyncio.Queue[GenerationEvent]", GenerationEvent]]) -> None:
-    for q, event in items:
-        q.put_nowait(event)
+def _deliver(items: list[tuple[RequestStream, GenerationEvent]]) -> None:
+    for stream, event in items:
+        stream.deliver(event)
 
 
 class Outbox:
-    """Held events: `add(sink, event, owner)` holds an event for a `RequestStream.push` sink,
+    """Held events: `add(sink, event, owner)` holds an event for a `RequestStream` sink,
     `flush()` hands everything held to each event loop with one `call_soon_threadsafe` (one
-    wake-up of the loop instead of one per event), in the order added. Any other sink is called
-    at once. Both return the owners whose consumer is gone (a closed loop, a failing sink)."""
+    wake-up of the loop instead of one per event), in the order added. Any other sink (a
+    function of the event) is called at once. Both return the owners whose consumer is gone (a
+    closed loop, a failing sink)."""
 
     def __init__(self) -> None:
         self._held: dict[int, tuple[asyncio.AbstractEventLoop, list, list]] = {}
 
     def add(self, sink, event: GenerationEvent, owner=None) -> list:
-        stream = getattr(sink, "__self__", None)
-        if not isinstance(stream, RequestStream) or getattr(sink, "__func__", None) is not RequestStream.push:
+        if not isinstance(sink, RequestStream):
             try:
                 sink(event)
             except Exception:  # the consumer is gone
                 return [owner]
             return []
-        entry = self._held.get(id(stream._loop))
+        entry = self._held.get(id(sink.loop))
         if entry is None:
-            entry = self._held[id(stream._loop)] = (stream._loop, [], [])
-        entry[1].append((stream._queue, event))
+            entry = self._held[id(sink.loop)] = (sink.loop, [], [])
+        entry[1].append((sink, event))
         entry[2].append(owner)
         return []
 

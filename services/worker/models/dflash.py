@@ -1,4 +1,5 @@
-"""DFlash and DFlash2 draft models (notes/models.md section 3), loaded from a checkpoint directory.
+"""DFlash and DFlash2 draft models (block drafters over the target's hidden states), loaded from a
+checkpoint directory.
 
 A stack of Qwen3-style layers conditioned on the target's hidden states. Per round and row:
 

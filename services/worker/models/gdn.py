@@ -1,6 +1,6 @@
 """The Gated DeltaNet token mixer of Qwen3.5 (Hugging Face names: `linear_attn.in_proj_qkv`, ...).
 
-Per layer, for x: [B, T, hidden] (notes/models.md section 4):
+Per layer, for x: [B, T, hidden] (as transformers' Qwen3.5 computes it):
 
     y = [q; k; v] = silu(causal_conv1d(in_proj_qkv(x)))   depthwise, K taps, continuing the lane's window
     q, k      = l2norm(q) * dk^-1/2, l2norm(k)            float32, per key head
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import gdn_ref
+from services.settings import switch
 from services.worker.models.fused_linear import project
 from services.worker.models.qwen35_config import Qwen35Config
 
@@ -60,7 +61,7 @@ def chunk(q, k, v, g, beta, initial):
     if v.is_cuda:
         from kernels.gdn import gdn_chunk
 
-        return gdn_chunk(q, k, v, g, beta, initial)
+        return gdn_chunk(q, k, v, g, beta, initial, use_fla=switch("fla"))
     return gdn_ref.chunk_gated_delta_rule_ref(q, k, v, g, beta, initial)
 
 
@@ -120,14 +121,43 @@ class GatedDeltaNet(nn.Module):
         if ix.record:  # what commit replays (see models/qwen35_state.py)
             state.record(layer, ix.lanes, mixed, y, a, b)
         ssm = state.ssm[layer]  # [2 * lanes, Hv, dk, dv] f32
-        kw = {"num_k_heads": self.hk, "key_dim": self.dk}
-        if T > CHUNK_MIN_TOKENS:
-            q, k, v, g, beta = gdn_ref.gdn_inputs(y, a, b, self.A_log, self.dt_bias, ix.counts, **kw)
-            initial = torch.where(ix.reset[:, None, None, None] != 0, 0.0, ssm[ix.src])  # [B, Hv, dk, dv]
-            o, final = chunk(q, k, v, g, beta, initial)
-            ssm[ix.dst] = final
+        if ix.cuts is None:
+            o = self._recur(y, a, b, ssm, ix.src, ix.dst, ix.reset, ix.counts)
         else:
-            o = step(y, a, b, self.A_log, self.dt_bias, ssm, ix.src, ix.dst, ix.reset, ix.counts, **kw)
+            o = self._recur_cut(mixed, y, a, b, state, layer, ix)
         from services.worker.models.layers import linear
 
         return linear(self.norm(o.to(x.dtype), z).reshape(B, T, self.hv * self.dv), self.out_proj.weight)
+
+    def _recur(self, y, a, b, ssm, src, dst, reset, counts) -> torch.Tensor:
+        # The recurrence over y [B, T, C] from ssm[src] into ssm[dst]: o [B, T, Hv, dv].
+        kw = {"num_k_heads": self.hk, "key_dim": self.dk}
+        if y.shape[1] > CHUNK_MIN_TOKENS:
+            q, k, v, g, beta = gdn_ref.gdn_inputs(y, a, b, self.A_log, self.dt_bias, counts, **kw)
+            initial = torch.where(reset[:, None, None, None] != 0, 0.0, ssm[src])  # [B, Hv, dk, dv]
+            o, final = chunk(q, k, v, g, beta, initial)
+            ssm[dst] = final
+            return o
+        return step(y, a, b, self.A_log, self.dt_bias, ssm, src, dst, reset, counts, **kw)
+
+    def _recur_cut(self, mixed, y, a, b, state: "Qwen35State", layer: int, ix: "StepIndex"):
+        # The recurrence in segments that end at the forward's cuts, each continuing the last
+        # from ssm[dst]: after each, the cut rows' state goes to their snapshot slots; their conv
+        # windows after the cut are columns t .. t+K-2 of [window before the forward | inputs].
+        cuts, ssm, T = ix.cuts, state.ssm[layer], y.shape[1]
+        outs, p, src, reset = [], 0, ix.src, ix.reset
+        for t, rows, slots in zip(cuts.offsets + (T,), cuts.rows + (None,), cuts.slots + (None,)):
+            if t > p:
+                counts = (ix.counts - p).clamp(0, t - p)
+                outs.append(self._recur(y[:, p:t], a[:, p:t], b[:, p:t], ssm, src, ix.dst, reset,
+                                        counts))
+                p, src, reset = t, ix.dst, torch.zeros_like(ix.reset)
+            if rows is not None:
+                state.snap_ssm[layer].index_copy_(0, slots, ssm.index_select(0, ix.dst[rows]))
+        conv = state.conv[layer]
+        r = cuts.all_rows
+        before = torch.where(ix.reset[r, None, None] != 0, 0, conv[ix.src[r]])  # [n, C, K-1]
+        stream = torch.cat((before.to(mixed.dtype), mixed[r].transpose(1, 2)), dim=2)
+        window = gdn_ref.window_after(stream, cuts.all_offsets, conv.shape[2])
+        state.snap_conv[layer].index_copy_(0, cuts.all_slots, window.to(conv.dtype))
+        return torch.cat(outs, 1)

@@ -15,7 +15,6 @@ benchmarks use as the "before" of one run.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 from kernels.norms_ref import rms_norm_ref
 from kernels.rope_ref import rope_ref
 from kernels.swiglu_ref import swiglu_ref
+from services.settings import switch
 
 # The projections computed by one GEMM once fused (models/fused_linear.py), in output order.
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -35,7 +35,7 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The weight GEMMs of the fused path through kernels/gemv.py's Triton GEMV for decode rows
 # (<= 16 rows, bf16 / fp16, CUDA, the shapes where a measured config beat cuBLAS: gemv.TUNED);
 # F.linear (cuBLAS) otherwise, and everywhere with INFERNIX_GEMV=0.
-GEMV = os.environ.get("INFERNIX_GEMV", "1") != "0"
+GEMV = switch("gemv")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The Qwen3.5 multi-token-prediction (MTP) module, loaded from a checkpoint's `mtp.*` tensors.
 
 Given the target's final (normed) hidden state h_t and the embedding of the next token x_{t+1}
-(notes/models.md section 1):
+(as the checkpoint's reference implementation computes it):
 
     u      = fc([pre_fc_norm_embedding(embed(x_{t+1})); pre_fc_norm_hidden(h_t)])   embedding first
     u      = one full-attention decoder layer (gated attention + SwiGLU) over u, with its own KV

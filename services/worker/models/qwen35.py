@@ -137,6 +137,10 @@ class Qwen35Model(nn.Module):
         return (Qwen35State.bytes_per_token(self.config, dtype, mtp=mtp),
                 Qwen35State.bytes_per_lane(self.config, dtype, verify_width=verify_width))
 
+    def snapshot_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes of one prefix-cache snapshot of the recurrent state (`allocate_snapshots`)."""
+        return Qwen35State.bytes_per_snapshot(self.config, dtype)
+
     def _gates(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(layer.linear_attn.A_log, layer.linear_attn.dt_bias) for layer in self.model.layers
                 if layer.kind == "linear_attention"]

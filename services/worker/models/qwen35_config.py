@@ -3,7 +3,7 @@ Hugging Face `config.json` dictionary: a top-level `Qwen3_5ForConditionalGenerat
 text model's keys under `text_config`, a vision tower beside it that we never load) or a text-only
 `qwen3_5_text` config. Missing keys take transformers' `Qwen3_5TextConfig` defaults.
 
-What the fields mean for the math (notes/models.md section 1):
+What the fields mean for the math (as transformers' Qwen3.5 text model computes it):
 
 - `layer_types[i]` is "linear_attention" (a Gated DeltaNet layer) or "full_attention" (gated
   attention); absent, every `full_attention_interval`-th layer (default 4) is attention.

@@ -55,6 +55,20 @@ class StepIndex:
     reset: torch.Tensor  # [B] int32: 1 where the row starts a sequence (position 0)
     counts: torch.Tensor  # [B] int64 real tokens per row
     record: bool  # 1 < T <= verify_width: the replay buffers take this forward's inputs
+    cuts: "Cuts | None" = None  # prefix-cache snapshots taken inside this forward
+
+
+@dataclass(frozen=True)
+class Cuts:
+    """Where one prefill forward snapshots its rows' recurrent state (`Qwen35State.cut_next`):
+    after `offsets[i]` tokens of the rows `rows[i]` into the snapshot slots `slots[i]`."""
+
+    offsets: tuple[int, ...]  # distinct, ascending, in 1..T
+    rows: tuple[torch.Tensor, ...]  # [n_i] int64 batch rows cut at offsets[i]
+    slots: tuple[torch.Tensor, ...]  # [n_i] int64 their snapshot slots
+    all_rows: torch.Tensor  # [n] every cut's row, offset and slot (the conv windows, at once)
+    all_offsets: torch.Tensor
+    all_slots: torch.Tensor
 
 
 class Qwen35State:
@@ -100,6 +114,7 @@ class Qwen35State:
             self.dt_bias = torch.stack([d.detach().float() for _, d in gates]).to(device)  # [G, Hv]
         self.mtp_layer = len(c.attention_layers) if mtp else None  # kv index of the MTP layer
         self.snap_ssm = self.snap_conv = None  # prefix-cache snapshots (allocate_snapshots)
+        self._cuts: list[tuple[int, int, int]] = []  # the next forward's (row, offset, slot)
         self._last_width = 0  # T of the last forward (host side; checked on CPU only)
 
     @classmethod
@@ -194,17 +209,20 @@ class Qwen35State:
         self.snap_ssm = torch.zeros(G, count, *self.ssm.shape[2:], dtype=self.ssm.dtype, device=self.device)
         self.snap_conv = torch.zeros(G, count, *self.conv.shape[2:], dtype=self.conv.dtype, device=self.device)
 
-    @property
-    def snapshot_bytes(self) -> int:
-        """Bytes of one snapshot slot (GDN states and conv windows of every GDN layer)."""
-        G = self.ssm.shape[0]
-        return G * (self.ssm[0, 0].numel() * self.ssm.element_size() + self.conv[0, 0].numel() * self.conv.element_size())
+    @staticmethod
+    def bytes_per_snapshot(config: Qwen35Config, dtype: torch.dtype) -> int:
+        """Bytes of one snapshot slot (GDN states and conv windows of every GDN layer): half the
+        two-slot state of `bytes_per_lane`."""
+        c = config
+        hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+        return len(c.gdn_layers) * (hv * dk * dv * 4 + c.conv_dim * (c.linear_conv_kernel_dim - 1)
+                                    * _element_size(dtype))
 
-    def save_snapshot(self, lane: int, slot: int) -> None:
-        """Copy `lane`'s committed recurrent state into snapshot `slot` (no host sync)."""
-        row = (2 * lane + self.slot[lane]).view(1)  # [1] the committed state row
-        self.snap_ssm[:, slot] = self.ssm.index_select(1, row)[:, 0]
-        self.snap_conv[:, slot] = self.conv.index_select(1, row)[:, 0]
+    def cut_next(self, cuts) -> None:
+        """The next forward writes, for each (row b, offset t, slot s), row b's recurrent state
+        and conv window after its first t tokens of that forward (1 <= t <= its real tokens)
+        into snapshot slot s: the GDN layers split their recurrence there (models/gdn.py)."""
+        self._cuts = list(cuts)
 
     def load_snapshot(self, lane: int, slot: int) -> None:
         """Make snapshot `slot` `lane`'s committed recurrent state (a lane about to resume at the
@@ -223,9 +241,23 @@ class Qwen35State:
             else num_tokens.to(torch.int64)
         live = self.slot[lanes]  # [B]
         self._last_width = T
+        cuts, self._cuts = self._cuts, []
         return StepIndex(lanes=lanes, src=2 * lanes + live, dst=2 * lanes + 1 - live,
                          reset=(positions[:, 0] == 0).to(torch.int32), counts=counts,
-                         record=1 < T <= self.verify_width)  # a 1-token step is only ever kept whole
+                         record=1 < T <= self.verify_width,  # a 1-token step is kept whole
+                         cuts=self._index_cuts(cuts) if cuts else None)
+
+    def _index_cuts(self, cuts: list[tuple[int, int, int]]) -> Cuts:
+        dev = self.device
+
+        def ids(values) -> torch.Tensor:
+            return torch.tensor(list(values), dtype=torch.int64).to(dev, non_blocking=True)
+
+        offsets = tuple(sorted({t for _, t, _ in cuts}))
+        return Cuts(offsets, tuple(ids(b for b, t, _ in cuts if t == o) for o in offsets),
+                    tuple(ids(s for _, t, s in cuts if t == o) for o in offsets),
+                    ids(b for b, _, _ in cuts), ids(t for _, t, _ in cuts),
+                    ids(s for _, _, s in cuts))
 
     def record(self, layer: int, lanes: torch.Tensor, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor,
                b: torch.Tensor) -> None:

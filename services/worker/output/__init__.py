@@ -2,7 +2,6 @@
 
     session.py       OutputSession: lookahead, preview, confirm, discard (matcher transactions)
     positions.py     mask position states (Ready, DeadEnd, Unreachable), the filler row
-    text.py          UTF-8 publication: bytes of an unfinished character are held back
     stop_strings.py  stop strings of unconstrained requests
     report.py        the constraint report
 

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import torch
 
-from shared.errors import ConstraintDeadEnd
+from shared.errors import ConstraintDeadEnd, InfernixError
 
 
 class PositionState(IntEnum):
@@ -56,6 +56,7 @@ class LookaheadResult:
     illegal_at: int | None = None  # index of the first illegal draft (its position is Ready)
     eos_at: int | None = None  # index of a draft EOS the matcher accepted
     dead_end_at: int | None = None  # the DeadEnd position, if any
+    failure: InfernixError | None = None  # the matcher failed: position 0 is a DeadEnd with it
 
     @property
     def ready(self) -> int:
@@ -69,8 +70,11 @@ class LookaheadResult:
         """`[len(drafts)+1]` int8 tensor of the PositionState values."""
         return torch.tensor([int(s) for s in self.states], dtype=torch.int8)
 
-    def dead_end_error(self) -> ConstraintDeadEnd | None:
-        """The error that fails this request if verification reaches the DeadEnd position."""
+    def dead_end_error(self) -> InfernixError | None:
+        """The error that fails this request if verification reaches the DeadEnd position (the
+        matcher's own failure, which fails it at position 0)."""
+        if self.failure is not None:
+            return self.failure
         if self.dead_end_at is None:
             return None
         position = self.base_position + self.dead_end_at

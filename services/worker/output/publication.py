@@ -33,7 +33,7 @@ from shared.generation import (
 )
 
 if TYPE_CHECKING:
-    from shared.frontends.formats.hermes import ToolStream
+    from shared.frontends.formats import ToolStream
 
 
 class Publication:

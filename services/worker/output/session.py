@@ -1,10 +1,10 @@
-"""OutputSession: one request's grammar matcher transactions and its output decoder.
+"""OutputSession: one request's grammar matcher transactions.
 
-One session per request. The compiled constraint (services/grammar/engine.py: either engine, the
+One session per request. The compiled constraint (grammar/engines/engine.py: either engine, the
 session never knows which) is shared between requests; the matcher,
-the decoder and any pending preview belong to this session alone, and only the Engine's worker
-thread calls it. A session built without a grammar (an unconstrained request) only decodes output,
-tracks EOS, and reports no constraint.
+and any pending preview belong to this session alone, and only the Engine's worker thread calls
+it. A session built without a grammar (an unconstrained request) only checks that produced tokens
+are generable, tracks EOS, and reports no constraint.
 
 Transactions (design document, section 5):
 
@@ -12,17 +12,19 @@ Transactions (design document, section 5):
   always rolls the matcher back to the committed baseline with the matcher's `rollback`; it never
   replays the output. Its counts and time are work paid and stay in the report.
 - `preview(tokens, limit=)` accepts the produced tokens provisionally (matcher, EOS, the output
-  budget left that the Request passes, decoder) and fixes the accepted prefix; `confirm()` commits
-  it after the Program commit succeeded (nothing there can fail), `discard()` returns to the mark. `preview_forced(tokens)` does the same for a
-  fixed control string. A lookahead while a preview is pending is an internal error.
+  budget left that the Request passes) and fixes the accepted prefix; `confirm()` commits it after
+  the Program commit succeeded (nothing there can fail), `discard()` returns to the mark.
+  `preview_forced(tokens)` does the same for a fixed control string. A lookahead while a preview
+  is pending is an internal error.
+- `fill_matcher()` / `filled(row, ...)`: one row of a batched position-0 fill of several
+  sessions (program/masks.py), the same transaction as `lookahead(())`.
+- `probe()` opens a temporary walk (probe.py) for a proposer; closing it rolls back to the
+  committed matcher.
 
 Mask rows and position states: positions.py (the engines leave bits past the domain size zero;
 non-Ready positions get the filler row).
 
-Output text: the session publishes the exact bytes of accepted tokens as `str` deltas (text.py).
-Bytes of an unfinished UTF-8 character are held back until the character completes; EOS is never
-text. At a length cut (or `finish_incomplete`) held-back bytes are flushed with U+FFFD and the
-session marks its display truncated: such a result is incomplete, never a grammar success.
+Output text is the publication decoder's (publication.py), never the session's.
 
 Counts are not the session's: the Request owns the output ledger and the budget, and passes the
 output position (for error messages) and the budget left (`limit`) to the calls that need them.
@@ -36,9 +38,7 @@ from typing import Sequence
 
 import torch
 
-from services.grammar.client import (
-    CompiledConstraint, Matcher, MaskFiller, ParameterNameConstraint, fill_masks,
-)
+from services.grammar.client import CompiledConstraint, Matcher, ParameterNameConstraint
 from services.worker.output.report import (
     BRANCHES,
     CACHE_HITS,
@@ -48,7 +48,8 @@ from services.worker.output.report import (
 from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
     LookaheadResult, PositionState, filler as _filler, filler_row, int32,
 )
-from services.worker.output.text import decode
+from services.worker.output.probe import MatcherProbe
+from services.worker.integrity import IntegrityError
 from shared.errors import InternalError, InvalidRequest
 from shared.frontends.token_domain import TokenDomain
 
@@ -60,22 +61,20 @@ class PreviewResult:
     accepted: int  # tokens of the produced sequence accepted (EOS included when accepted)
     terminated: bool = False  # EOS accepted: a normal completion
     length_cut: bool = False  # the output budget ran out at the end of the accepted prefix
-    text: str = ""  # the text delta to publish after confirm
     failure: InternalError | None = None  # an illegal token; the session is back at its mark
+    row_only: bool = False  # the matcher itself failed: this row fails, the others commit
 
 
 @dataclass
 class _Pending:
     matcher_tokens: int
     accepted: int
-    held: bytes
     terminated: bool
     length_cut: bool
-    truncated: bool = False
 
 
 class OutputSession:
-    """One request's matcher and output decoder (see the module docstring).
+    """One request's matcher transactions (see the module docstring).
 
     `compiled`: the shared compiled grammar, or None for an unconstrained request. `prefix`: the
     content a ContinueFinalAssistant request continues (UTF-8 bytes; accepted by the matcher at
@@ -120,11 +119,11 @@ class OutputSession:
         self._matcher: Matcher | None = None
         self._names = names if compiled is not None else None
         self._pending: _Pending | None = None
-        self._held = b""  # committed bytes of an unfinished character, not yet published
+        self._probing = False  # a MatcherProbe is open
         self._eos = False  # EOS committed
         self._cut = False  # ended by the budget or an interruption
-        self._truncated = False  # held bytes were flushed with U+FFFD
         self._scratch: torch.Tensor | None = None  # [1, ceil(V/32)] for can_continue
+        self._broken: InternalError | None = None  # the matcher failed (its state is lost)
         if compiled is None:
             return
         vocab = compiled.domain.size
@@ -177,6 +176,7 @@ class OutputSession:
         illegal_at = eos_at = dead_at = None
         accepted = 0
         start = time.perf_counter()
+        failure = None
         try:
             for i in range(n + 1):
                 # out[i]: [ceil(V/32)] int32, the legal set after committed + drafts[:i]
@@ -206,48 +206,63 @@ class OutputSession:
                     break
             if i < n:  # positions after the stop are Unreachable
                 out[i + 1:n + 1].copy_(filler.expand(n - i, -1))
-        finally:
-            mid = time.perf_counter()
-            self._counters.mask_seconds += mid - start
-            if accepted:
-                matcher.rollback(accepted)
-                if self._names is not None:
-                    self._names.rollback(accepted)
-                self._counters.rollback_seconds += time.perf_counter() - mid
+        except Exception as exc:  # the engine failed on this row's state: only its row fails
+            failure = self._fail(exc, position + accepted)
+        mid = time.perf_counter()
+        self._counters.mask_seconds += mid - start
+        if failure is not None:  # a DeadEnd at position 0 carrying the failure; no rollback
+            out[:n + 1].copy_(filler.expand(n + 1, -1))
+            return LookaheadResult((PositionState.DEAD_END,) + (PositionState.UNREACHABLE,) * n,
+                                   position, dead_end_at=0, failure=failure)
+        if accepted:
+            self._rollback(accepted)
+            self._counters.rollback_seconds += time.perf_counter() - mid
         return LookaheadResult(tuple(states), position, illegal_at, eos_at, dead_at)
 
-    @staticmethod
-    def fill_ordinary(sessions: Sequence["OutputSession"], out: torch.Tensor, rows: Sequence[int],
-                      filler: MaskFiller,
-                      positions: Sequence[int]) -> list[LookaheadResult]:
-        """`lookahead(())` of several constrained sessions at once: the position-0 masks of an
-        ordinary decode step in one call per engine, on the engines' own threads.
+    def fill_matcher(self) -> Matcher:
+        """The matcher at the committed baseline, for a batched position-0 fill of several
+        sessions in one call per engine (program/masks.py); finish its row with `filled`.
+        Raises InternalError while a preview is pending, after the session finished, or for an
+        unconstrained session."""
+        self._check_idle("lookahead")
+        if self._matcher is None:
+            raise InternalError("a batched fill needs constrained sessions")
+        return self._matcher
 
-        `out`: `[M, ceil(V/32)]` int32 CPU tensor; session k writes row `rows[k]`; `positions[k]`
-        is its committed output length. The shared wall
-        time is split evenly over the sessions' reports. Same results and errors as `lookahead`."""
-        for session in sessions:
-            session._check_idle("lookahead")
-            if session._matcher is None:
-                raise InternalError("fill_ordinary needs constrained sessions")
-        if not sessions:
-            return []
-        filler_row_ = _filler(sessions[0].domain.size)
-        start = time.perf_counter()
-        fill_masks([s._matcher for s in sessions], out, list(rows), filler)
-        share = (time.perf_counter() - start) / len(sessions)
-        results = []
-        for session, r, position in zip(sessions, rows, positions):
-            session._counters.mask_positions += 1
-            session._counters.mask_seconds += share
-            if session._names is not None:
-                session._names.apply(out[r])
-            if bool(out[r].any()):
-                results.append(LookaheadResult((PositionState.READY,), position))
-            else:
-                out[r].copy_(filler_row_)
-                results.append(LookaheadResult((PositionState.DEAD_END,), position, dead_end_at=0))
-        return results
+    def filled(self, row: torch.Tensor, *, seconds: float, position: int = 0) -> LookaheadResult:
+        """Finish this session's row of a batched fill, as `lookahead(())` would: `row`
+        [ceil(V/32)] int32 holds the matcher's mask; the name constraint applies, a row with no
+        legal token is a dead end (its row becomes the filler row). `seconds`: this session's
+        share of the fill's wall time (the report's)."""
+        self._counters.mask_positions += 1
+        self._counters.mask_seconds += seconds
+        if self._names is not None:
+            self._names.apply(row)
+        if bool(row.any()):
+            return LookaheadResult((PositionState.READY,), position)
+        row.copy_(_filler(self.domain.size))
+        return LookaheadResult((PositionState.DEAD_END,), position, dead_end_at=0)
+
+    def probe(self) -> MatcherProbe:
+        """A temporary walk from the committed matcher (probe.py); use it as a context manager.
+        Raises InternalError for an unconstrained, finished or failed session, or while a preview
+        or another probe is open."""
+        self._check_idle("probe")
+        if self._matcher is None or self._broken is not None:
+            raise InternalError("probe needs a constrained session whose matcher works")
+        self._probing = True
+        return MatcherProbe(self._matcher, self._names, self.domain, self._close_probe)
+
+    def _close_probe(self) -> None:
+        self._probing = False
+
+    def failed(self, exc: BaseException, row: torch.Tensor, *,
+               position: int = 0) -> LookaheadResult:
+        """This session's row of a batched fill whose matcher raised: a DeadEnd at position 0
+        carrying the typed failure (`_fail`); `row` becomes the filler row."""
+        row.copy_(_filler(self.domain.size))
+        return LookaheadResult((PositionState.DEAD_END,), position, dead_end_at=0,
+                               failure=self._fail(exc, position))
 
     # ---------------------------------------------------------------- previews
 
@@ -278,10 +293,8 @@ class OutputSession:
         if pending is None:
             raise InternalError("confirm() without a pending preview")
         self._pending = None
-        self._held = pending.held
         self._eos = pending.terminated
         self._cut = pending.length_cut
-        self._truncated = pending.truncated
 
     def discard(self) -> None:
         """Return the matcher to the mark of the pending preview; a no-op when none is pending."""
@@ -291,16 +304,11 @@ class OutputSession:
         self._pending = None
         self._rollback_preview(pending.matcher_tokens)
 
-    def finish_incomplete(self) -> str:
+    def finish_incomplete(self) -> None:
         """End the output without EOS (cancellation, context exhaustion, a failed row): discards a
-        pending preview (nothing uncommitted is published) and returns the flushed held-back bytes
-        as display text (U+FFFD for an unfinished character); "" when already finished."""
+        pending preview (nothing uncommitted is published)."""
         self.discard()
-        text = self._held.decode("utf-8", "replace")
-        self._truncated = self._truncated or bool(self._held)
-        self._held = b""
         self._cut = self._cut or not self._eos
-        return text
 
     def _preview(self, tokens: Sequence[int], limit: int | None, position: int, *,
                  forced: bool) -> PreviewResult:
@@ -309,51 +317,69 @@ class OutputSession:
         accepted = matcher_tokens = 0
         terminated = False
         failure: InternalError | None = None
-        data = bytearray()
         start = time.perf_counter()
-        for token in map(int, tokens):
-            if not forced and limit is not None and accepted >= limit:
-                break
-            if matcher is not None:
-                if not matcher.accept_token(token):
-                    failure = InternalError(f"the matcher refused produced token {token} at output "
-                                            f"position {position + accepted}")
+        try:
+            for token in map(int, tokens):
+                if not forced and limit is not None and accepted >= limit:
                     break
-                matcher_tokens += 1
-                if self._names is not None:
-                    self._names.accept(token)
-                terminated = matcher.is_terminated()
-            elif not domain.is_ordinary(token) and token not in domain.eos_ids \
-                    and token not in domain.control_ids:
-                failure = InternalError(f"produced token {token} is never generable")
-                break
-            else:
-                terminated = token in domain.eos_ids
-            accepted += 1
-            if terminated:
-                break
-            data += domain.token_bytes[token]
+                if matcher is not None:
+                    if not matcher.accept_token(token):
+                        failure = InternalError(f"the matcher refused produced token {token} at "
+                                                f"output position {position + accepted}")
+                        break
+                    matcher_tokens += 1
+                    if self._names is not None:
+                        self._names.accept(token)
+                    terminated = matcher.is_terminated()
+                elif not domain.is_ordinary(token) and token not in domain.eos_ids \
+                        and token not in domain.control_ids:
+                    failure = InternalError(f"produced token {token} is never generable")
+                    break
+                else:
+                    terminated = token in domain.eos_ids
+                accepted += 1
+                if terminated:
+                    break
+        except Exception as exc:  # the engine failed on this row's state: only its row fails
+            self._counters.accept_seconds += time.perf_counter() - start
+            return PreviewResult(0, failure=self._fail(exc, position + accepted), row_only=True)
         self._counters.accept_seconds += time.perf_counter() - start
         if failure is not None:
             self._rollback_preview(matcher_tokens)
             return PreviewResult(0, failure=failure)
         length_cut = not terminated and limit is not None and accepted >= limit
-        out = decode(self._held, bytes(data), final=terminated or length_cut)
-        self._pending = _Pending(matcher_tokens, accepted, out.held, terminated, length_cut,
-                                 out.truncated)
-        return PreviewResult(accepted, terminated, length_cut, out.text)
+        self._pending = _Pending(matcher_tokens, accepted, terminated, length_cut)
+        return PreviewResult(accepted, terminated, length_cut)
 
     def _rollback_preview(self, matcher_tokens: int) -> None:
         if matcher_tokens and self._matcher is not None:
             start = time.perf_counter()
-            self._matcher.rollback(matcher_tokens)
-            if self._names is not None:
-                self._names.rollback(matcher_tokens)
+            self._rollback(matcher_tokens)
             self._counters.discard_seconds += time.perf_counter() - start
+
+    def _rollback(self, n: int) -> None:
+        """Undo the matcher's last n tokens. A matcher that cannot is an integrity failure (the
+        committed baseline is lost), never a request's error: IntegrityError."""
+        try:
+            self._matcher.rollback(n)  # type: ignore[union-attr]
+            if self._names is not None:
+                self._names.rollback(n)
+        except Exception as exc:
+            raise IntegrityError(f"the matcher could not roll back {n} tokens: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+
+    def _fail(self, exc: BaseException, position: int) -> InternalError:
+        """The matcher raised: its state is lost, so this request fails (typed) and its matcher
+        is never called again; the other rows of the step go on."""
+        self._broken = InternalError(f"the constraint engine failed at output position "
+                                     f"{position}: {type(exc).__name__}: {str(exc)[:300]}")
+        return self._broken
 
     def _check_idle(self, what: str, *, allow_finished: bool = False) -> None:
         if self._pending is not None:
             raise InternalError(f"{what} while a preview is pending")
+        if self._probing:
+            raise InternalError(f"{what} while a probe is open")
         if self.finished and not allow_finished:
             raise InternalError(f"{what} after the output finished")
 
@@ -388,11 +414,6 @@ class OutputSession:
         """EOS was accepted: a normal (constrained) completion."""
         return self._eos
 
-    @property
-    def display_truncated(self) -> bool:
-        """The published text ended with U+FFFD for an unfinished character (cut mid-character)."""
-        return self._truncated
-
     # ---------------------------------------------------------------- report
 
     def add_upload_bytes(self, n: int) -> None:
@@ -415,5 +436,5 @@ class OutputSession:
         if self._matcher is None:
             return None
         self._check_idle("report", allow_finished=True)
-        return self._counters.snapshot(branch=self.branch, complete=self._matcher.is_completed(),
-                                       terminated=self._eos)
+        complete = self._broken is None and self._matcher.is_completed()
+        return self._counters.snapshot(branch=self.branch, complete=complete, terminated=self._eos)

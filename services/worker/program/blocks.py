@@ -22,10 +22,11 @@ positions at or after its committed frontier. A block is free only when no lane 
 (`refs`), so a block in use is never evicted.
 
 Hybrid models (Qwen3.5): the recurrent GDN state cannot be rebuilt from KV, so the manager also
-keeps snapshots of a lane's committed recurrent state at block boundaries its prompt chunks end
-on (the scheduler ends one chunk at the prompt's last full block: models/qwen35_state.py
-`save_snapshot`), keyed by the boundary block's hash, LRU over a fixed number of slots. A hit
-attaches cached blocks only up to the deepest boundary with a snapshot and loads it into the lane.
+keeps snapshots of a lane's recurrent state at block boundaries (snapshots.py: where, the slots,
+LRU), keyed by the boundary block's hash. `plan_snapshots` before a prefill forward gives the
+forward its cuts (the GDN layers write the state at each into a slot); `commit` keys them. A hit
+attaches cached blocks only up to the deepest boundary with a snapshot and loads it into the lane;
+evicting a block drops the snapshots that need it, and cached blocks no snapshot needs go first.
 
 Capacity: the pool has at least every lane's full length plus the trash block, so a lane can always
 grow to max_len: the referenced blocks never exceed the lanes' table entries, and every other block
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.worker.models.kv_cache import TRASH_BLOCK, KVCache
+from services.worker.program.snapshots import SnapshotIndex, boundaries
 
 
 def chain_hash(parent: bytes, tokens) -> bytes:
@@ -63,6 +65,8 @@ class PrefixCacheStats:
     lookup_tokens: int = 0  # tokens those calls could have found (up to their limit)
     hit_tokens: int = 0  # tokens found cached
     evictions: int = 0  # cached blocks reused for new data
+    snapshots: int = 0  # recurrent-state snapshots held now (hybrid models)
+    snapshot_evictions: int = 0  # snapshots dropped for a slot or with their blocks
 
     @property
     def hit_rate(self) -> float:
@@ -81,10 +85,13 @@ class BlockManager:
 
     `lanes`: the lanes it manages (the Program's resident lanes; a scratch lane beyond them keeps
     the trash block). `identity`: the model identity hashed into every chain. `enabled`: False
-    turns the prefix cache off (blocks are still allocated and freed here)."""
+    turns the prefix cache off (blocks are still allocated and freed here). `recurrent`: a hybrid
+    model's state (its `load_snapshot`), with `snapshots` slots; `special_ids` and
+    `snapshot_interval` place the snapshots (snapshots.py)."""
 
     def __init__(self, cache: KVCache, lanes: int, *, identity: str, enabled: bool = True,
-                 recurrent=None, snapshots: int = 0) -> None:
+                 recurrent=None, snapshots: int = 0, special_ids=frozenset(),
+                 snapshot_interval: int = 512) -> None:
         assert lanes <= cache.lanes
         self.cache = cache
         self.block_size = cache.block_size
@@ -96,11 +103,15 @@ class BlockManager:
         self._hash_of: dict[int, bytes] = {}  # cached block -> its hash
         self._block_of: dict[bytes, int] = {}  # hash -> cached block
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached blocks without references
+        # a hybrid model's cached blocks without references that no snapshot needs (evicted first)
+        self._lru_dead: OrderedDict[int, None] = OrderedDict()
         self._lanes = [_Lane() for _ in range(lanes)]
-        # A hybrid model's recurrent state at block boundaries: hash -> snapshot slot, LRU order.
         self._recurrent = recurrent if enabled else None
-        self._snap_of: OrderedDict[bytes, int] = OrderedDict()
-        self._free_snaps: deque[int] = deque(range(snapshots))
+        self._snaps = SnapshotIndex(snapshots, on_cover=self._covered) \
+            if self._recurrent is not None else None
+        self._special_ids = frozenset(special_ids)
+        self.snapshot_interval = snapshot_interval
+        self._branch: dict[int, int] = {}  # lane -> where its cached blocks beyond a snapshot end
         cache.block_table.fill_(TRASH_BLOCK)  # the manager takes the static layout over
 
     # ---------------------------------------------------------------- views
@@ -108,7 +119,12 @@ class BlockManager:
     @property
     def free_blocks(self) -> int:
         """Blocks a lane could take now: free plus cached without references."""
-        return len(self._free) + len(self._lru)
+        return len(self._free) + len(self._lru) + len(self._lru_dead)
+
+    @property
+    def snapshots(self) -> bool:
+        """Whether prefill forwards take recurrent-state snapshots (a hybrid model's cache)."""
+        return self._snaps is not None and self._snaps.slots > 0
 
     @property
     def cached_blocks(self) -> int:
@@ -163,10 +179,10 @@ class BlockManager:
         if need > first:
             self._write_table(lane, first)
 
-    def commit(self, lane: int, start: int, tokens, *, snapshot: bool = False) -> None:
+    def commit(self, lane: int, start: int, tokens) -> None:
         """The lane's committed positions are now `start + len(tokens)`, holding `tokens` from
-        `start`; full committed blocks join the prefix cache. `snapshot`: a hybrid model's
-        recurrent state is kept too when the frontier is a block boundary (prompt chunks)."""
+        `start`; full committed blocks join the prefix cache, and a hybrid model's cuts of this
+        forward (`plan_snapshots`) its snapshots."""
         if not self.enabled:
             return
         state = self._lanes[lane]
@@ -184,77 +200,119 @@ class BlockManager:
             if self.enabled and h not in self._block_of and block not in self._hash_of:
                 self._hash_of[block] = h
                 self._block_of[h] = block
-        if snapshot and self._recurrent is not None and state.tokens and len(state.tokens) % bs == 0:
-            self._save_recurrent(lane, state.hashes[-1])
+        if self._snaps is not None:
+            self._snaps.commit(lane, len(state.tokens), state.hashes, bs,
+                               cached=self._block_of.__contains__)
+            self._snapshot_stats()
 
     def release(self, lane: int) -> None:
         """Drop the lane's references; its table names the trash block again."""
         state = self._lanes[lane]
         for block in reversed(state.blocks):  # deepest first: prefixes outlive their suffixes
-            self._refs[block] -= 1
-            assert self._refs[block] >= 0, block
-            if self._refs[block] == 0:
-                if block in self._hash_of:
-                    self._lru[block] = None
-                    self._lru.move_to_end(block)
-                else:
-                    self._free.append(block)
+            self._unref(block)
+        if self._snaps is not None:
+            self._snaps.forget(lane)
+        self._branch.pop(lane, None)
         if state.blocks:
             self.cache.block_table[lane].fill_(TRASH_BLOCK)
         self._lanes[lane] = _Lane()
 
     def clear_cache(self) -> None:
         """Forget every cached block without references (tests, a model reload)."""
-        for block in list(self._lru):
-            del self._block_of[self._hash_of.pop(block)]
+        while self._lru_dead or self._lru:  # (forgetting a block can move others between them)
+            block, _ = (self._lru_dead or self._lru).popitem(last=False)
+            self._forget_block(block)
             self._free.append(block)
-        self._lru.clear()
 
     # ---------------------------------------------------------------- recurrent snapshots
 
+    def plan_snapshots(self, lane: int, prompt, start: int, end: int) -> list[tuple[int, int]]:
+        """The cuts of a prefill forward of the lane's positions start..end-1 (its prompt
+        `prompt`): (offset into the forward, snapshot slot) at each boundary the policy wants
+        (snapshots.py) that no snapshot holds yet. Committing the forward keys them."""
+        if self._snaps is None or not self._snaps.slots:
+            return []
+        state, bs = self._lanes[lane], self.block_size
+        assert len(state.tokens) == start, (len(state.tokens), start)
+        wanted = boundaries(prompt, start, end, len(prompt), block_size=bs,
+                            interval=self.snapshot_interval, special_ids=self._special_ids,
+                            branch=self._branch.get(lane))
+        if not wanted:
+            return []
+        hashes = list(state.hashes)  # the chain through the forward's blocks, from the prompt
+        top = max(wanted) // bs
+        while len(hashes) < top:
+            j = len(hashes)
+            parent = hashes[-1] if hashes else self._root
+            hashes.append(chain_hash(parent, prompt[j * bs:(j + 1) * bs]))
+        cuts = self._snaps.plan(lane, [(b, hashes[b // bs - 1]) for b in wanted])
+        self._snapshot_stats()
+        return [(b - start, slot) for b, slot in cuts]
+
     def _resume_recurrent(self, lane: int) -> None:
         # Keep the attached blocks only up to the deepest boundary with a recurrent snapshot, and
-        # make that snapshot the lane's committed recurrent state.
+        # make that snapshot the lane's committed recurrent state; where the cached blocks went
+        # deeper, another prompt shares them: this lane's prefill snapshots there.
         state = self._lanes[lane]
-        keep = len(state.hashes)
-        while keep and state.hashes[keep - 1] not in self._snap_of:
+        matched = keep = len(state.hashes)
+        while keep and self._snaps.slot(state.hashes[keep - 1]) is None:
             keep -= 1
         for block in reversed(state.blocks[keep:]):  # back to where they were: cached
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                self._lru[block] = None
+            self._unref(block)
         del state.blocks[keep:], state.hashes[keep:], state.tokens[keep * self.block_size:]
+        if matched > keep:
+            self._branch[lane] = matched * self.block_size
         if keep:
-            h = state.hashes[-1]
-            self._snap_of.move_to_end(h)
-            self._recurrent.load_snapshot(lane, self._snap_of[h])
+            self._recurrent.load_snapshot(lane, self._snaps.slot(state.hashes[-1]))
 
-    def _save_recurrent(self, lane: int, h: bytes) -> None:
-        if h in self._snap_of:
-            self._snap_of.move_to_end(h)
+    def _covered(self, h: bytes, covered: bool) -> None:
+        # A cached block without references moves between the LRU lists as snapshots need it.
+        block = self._block_of.get(h)
+        if block is None or self._refs[block]:
             return
-        if self._free_snaps:
-            slot = self._free_snaps.popleft()
-        elif self._snap_of:
-            _, slot = self._snap_of.popitem(last=False)
-        else:
-            return
-        self._recurrent.save_snapshot(lane, slot)
-        self._snap_of[h] = slot
+        src, dst = (self._lru_dead, self._lru) if covered else (self._lru, self._lru_dead)
+        if block in src:
+            del src[block]
+            dst[block] = None
 
     # ---------------------------------------------------------------- internals
 
     def _take(self, block: int) -> None:
         if self._refs[block] == 0:
             self._lru.pop(block, None)
+            self._lru_dead.pop(block, None)
         self._refs[block] += 1
+
+    def _unref(self, block: int) -> None:
+        self._refs[block] -= 1
+        assert self._refs[block] >= 0, block
+        if self._refs[block]:
+            return
+        h = self._hash_of.get(block)
+        if h is None:
+            self._free.append(block)
+        elif self._snaps is not None and not self._snaps.covered(h):
+            self._lru_dead[block] = None
+        else:
+            self._lru[block] = None
+
+    def _forget_block(self, block: int) -> None:
+        h = self._hash_of.pop(block)
+        del self._block_of[h]
+        if self._snaps is not None:
+            self._snaps.drop_covering(h)
+            self._snapshot_stats()
+
+    def _snapshot_stats(self) -> None:
+        self.stats.snapshots = len(self._snaps)
+        self.stats.snapshot_evictions = self._snaps.evictions
 
     def _allocate(self) -> int:
         if self._free:
             block = self._free.popleft()
-        elif self._lru:
-            block, _ = self._lru.popitem(last=False)
-            del self._block_of[self._hash_of.pop(block)]
+        elif self._lru_dead or self._lru:
+            block, _ = (self._lru_dead or self._lru).popitem(last=False)
+            self._forget_block(block)
             self.stats.evictions += 1
         else:  # the pool holds every lane's full length: unreachable
             raise RuntimeError("the KV pool has no free block")

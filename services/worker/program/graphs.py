@@ -176,7 +176,7 @@ class DFlashForwardGraph:
         tokens = torch.cat([self.anchors[:, None], ids], 1)  # [S, K+1]
         positions = self.starts[:, None] + self.offsets  # [S, K+1]
         hidden, self.feats = model.hidden_states(tokens, positions, state, self.lanes,
-                                                 kv_len=state.max_len, tap=proposer.tap)
+                                                 kv_len=state.max_len, tap=proposer.reads)
         self.logits = model.logits(hidden)  # [S, K+1, V]
 
     def run(self, anchors: torch.Tensor, starts: torch.Tensor, lanes: torch.Tensor) -> None:

@@ -44,7 +44,6 @@ class Sampler:
         else:
             from kernels.sampling_ref import sample_reference as sample
         self._sample = sample
-        self.fast_greedy = True  # False: greedy rows through the general kernel (benchmarks' "before")
         self._members: list = []  # the requests whose parameters `_static` holds, in order
         self._static: SamplingParams | None = None
         self._host_position = torch.zeros(0, dtype=torch.int64)
@@ -54,7 +53,7 @@ class Sampler:
         """z: [m, V'] logits of the m sampled rows; mask: [B, K+1, W] int32 and mask_row: [m]
         (or None when no row is constrained). Returns the kernel's result (tokens, status)."""
         penalties = self.penalties(requests)
-        if self.fast_greedy and all(r.sampling.temperature == 0 for r in requests):
+        if all(r.sampling.temperature == 0 for r in requests):
             if self._fused_greedy and penalties is None:
                 return sample_greedy_fast(z, vocab_size=self.domain.size, mask=mask,
                                           mask_row=mask_row, generable=self._generable_mask)
@@ -81,8 +80,7 @@ class Sampler:
     def graph_ready(self, requests: Sequence["Request"]) -> bool:
         """Whether the decode graph's own sample stage (`greedy_in_graph`) serves these rows:
         every row greedy and unpenalized (the caller checks that no row is constrained)."""
-        return self.fast_greedy and all(r.sampling.temperature == 0 and not r.penalized()
-                                        for r in requests)
+        return all(r.sampling.temperature == 0 and not r.penalized() for r in requests)
 
     def greedy_in_graph(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The greedy sample stage of an unconstrained, unpenalized batch, capturable in a CUDA

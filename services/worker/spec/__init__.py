@@ -1,25 +1,34 @@
-"""Speculative proposers (n-gram copy, MTP, DFlash, DFlash2).
+"""Speculative proposers (grammar drafts, n-gram copy, MTP, DFlash, DFlash2) behind one interface.
 
 Proposers produce drafts (and, for DFlash2, the sparse q over their candidates), never masks: the
 target is constrained, drafts are not. The Program's verify stage (program/verify.py) fills K+1
-lookahead masks along each row's proposal chain and verifies the drafts. Chosen by a plain
-if/elif on the engine's configuration (`make_drafter`).
+lookahead masks along each row's proposal chain and verifies the drafts. The Engine builds one
+proposer at start with `make_proposer(config, runtime, state)` (a plain if/elif on its
+configuration) and hands it to the Program, which names no backend.
 
-    ngram.py    prompt-lookup copy from the request's own context (any model)
-    mtp.py      the Qwen3.5 MTP module, k steps, aligned after every step
-    dflash.py   DFlash / DFlash2 draft models (models/dflash.py) conditioned on target layers
-    oracle.py   the target's own recorded continuation (benchmarks and tests only)
-    drafter.py  drafts per decode row (host proposers) or their limit (DFlash drafts on the
-                device in the round's Forward phase); the engine's speculation counters
+    proposer.py  the Proposer interface (route, k, reads, attach, after_step; the device
+                 route's block_drafts), the draft limit of a row, the host route's `attach`
+    grammar.py   the text a constrained row's grammar forces, canonically tokenized; wraps the
+                 n-gram or MTP proposer and composes with its drafts in the same round
+    ngram.py     prompt-lookup copy from the request's own context (any model); layout.py its
+                 copy modulo JSON layout
+    mtp.py       the Qwen3.5 MTP module, k steps, aligned after every step
+    dflash.py    DFlash / DFlash2 draft models (models/dflash.py) conditioned on target layers
+    counters.py  the engine's speculation counters
 """
 
 from __future__ import annotations
 
-from services.worker.spec.drafter import HostDrafter, Proposal, SpecCounters
+from services.worker.models.dflash import DraftConfigError, load_dflash
+from services.worker.spec.counters import SpecCounters
+from services.worker.spec.dflash import DFlashProposer
+from services.worker.spec.grammar import GrammarProposer
+from services.worker.spec.mtp import MtpProposer
 from services.worker.spec.ngram import NgramProposer
-from shared.errors import Unsupported
+from services.worker.spec.proposer import ContextProposer, HostProposer, Proposal, draft_limit
+from shared.errors import InvalidRequest, Unsupported
 
-BACKENDS = ("ngram", "mtp", "dflash", "dflash2")  # what --speculative names
+BACKENDS = ("grammar", "ngram", "mtp", "dflash", "dflash2")  # what --speculative names
 
 
 def check_backend(backend: str | None, draft_model: str | None) -> None:
@@ -34,7 +43,7 @@ def check_backend(backend: str | None, draft_model: str | None) -> None:
     if backend not in BACKENDS:
         raise Unsupported(f"speculative backend {backend!r} is unknown (expected one of "
                           f"{', '.join(BACKENDS)})", field="speculative")
-    if backend in ("ngram", "mtp") and draft_model is not None:
+    if backend in ("grammar", "ngram", "mtp") and draft_model is not None:
         raise Unsupported(f"the {backend} backend takes no draft model", field="draft_model")
     if backend in ("dflash", "dflash2") and draft_model is None:
         raise Unsupported(f"--speculative {backend} needs --draft-model DIR", field="draft_model")
@@ -58,9 +67,6 @@ def load_draft(backend: str | None, path: str | None, runtime):
     does not fit the backend or the target."""
     if backend not in ("dflash", "dflash2"):
         return None
-    from services.worker.models.dflash import DraftConfigError, load_dflash
-    from shared.errors import InvalidRequest
-
     try:
         draft = load_dflash(path, dtype=runtime.dtype, device=runtime.device)
     except (OSError, ValueError) as exc:
@@ -87,19 +93,39 @@ def load_draft(backend: str | None, path: str | None, runtime):
     return draft
 
 
-def make_drafter(backend: str | None, num_draft_tokens: int, program) -> HostDrafter | None:
-    """The drafter of a checked backend (None: no speculation); MTP drafts come from the
-    Program's MTP proposer (filled after every step)."""
+def captures_graphs(backend: str | None) -> bool:
+    """Whether the Program may capture CUDA graphs beside `backend`'s proposer: DFlash2's
+    selector runs eagerly, so its Program runs without graphs (and without their scratch
+    lane)."""
+    return backend != "dflash2"
+
+
+def make_proposer(config, runtime, state) -> HostProposer | DFlashProposer | None:
+    """The proposer of a checked backend (None: no speculation). `config`: the EngineConfig
+    (speculative, num_draft_tokens, draft_model); `state`: the Program's model state (MTP writes
+    its own KV there; a DFlash draft's context cache matches its lanes). Raises what
+    `load_draft` raises, Unsupported(field="speculative") for a backend not implemented.
+
+    A constrained row's forced text is drafted by the grammar (spec/grammar.py): alone with
+    `grammar`, composed with the n-gram and MTP drafts of the same round with those."""
+    backend, k = config.speculative, config.num_draft_tokens
     if backend is None:
         return None
+    encode = runtime.tokenizer.encode
+    if backend == "grammar":
+        return GrammarProposer(encode, k)
     if backend == "ngram":
-        return HostDrafter.from_context(NgramProposer(), num_draft_tokens)
+        ngram = NgramProposer(token_bytes=runtime.domain.token_bytes, encode=encode)
+        return GrammarProposer(encode, k, ContextProposer(ngram, k))
     if backend == "mtp":
-        return HostDrafter(program.proposer.propose, num_draft_tokens)
+        return GrammarProposer(encode, k, MtpProposer(runtime.model, state, k, runtime.domain.size))
     if backend in ("dflash", "dflash2"):  # drafted on the device in the round's Forward
-        return HostDrafter(None, min(num_draft_tokens, program.proposer.k), device=True)
+        draft = load_draft(backend, config.draft_model, runtime)
+        return DFlashProposer(runtime.model, draft, state.lanes, state.max_len, k,
+                              runtime.domain.size, dtype=runtime.dtype, device=runtime.device)
     raise Unsupported(f"speculative backend {backend!r} is not implemented", field="speculative")
 
 
-__all__ = ["BACKENDS", "HostDrafter", "Proposal", "NgramProposer", "SpecCounters",
-           "check_backend", "check_model", "load_draft", "make_drafter"]
+__all__ = ["BACKENDS", "ContextProposer", "DFlashProposer", "GrammarProposer", "HostProposer",
+           "MtpProposer", "NgramProposer", "Proposal", "SpecCounters", "captures_graphs",
+           "check_backend", "check_model", "draft_limit", "load_draft", "make_proposer"]

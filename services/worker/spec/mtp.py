@@ -21,25 +21,27 @@ by the next alignment before anything reads it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
 
 import torch
 
-from services.worker.program.batch import BatchRow, RowOutcome, RowResult
+from services.worker.program.batch import PendingBatch, RowOutcome
+from services.worker.spec.proposer import FINAL, HostProposer
 
 
-class MtpProposer:
-    """Drafts from the model's MTP module (`model.mtp_forward`), `k` per round (>= 1).
-    Raises ValueError when the model has no MTP module."""
+class MtpProposer(HostProposer):
+    """Drafts from the model's MTP module (`model.mtp_forward`), `k` per round (>= 1), on the
+    host route (spec/proposer.py), reading the target's final hidden states. Raises ValueError
+    when the model has no MTP module."""
+
+    reads = FINAL
 
     def __init__(self, model, state, k: int, vocab_size: int) -> None:
         if getattr(model, "mtp", None) is None or getattr(state, "mtp_layer", None) is None:
             raise ValueError("mtp: the model (or its state) has no MTP module")
-        if k < 1:
-            raise ValueError(f"mtp: k must be >= 1, got {k}")
+        super().__init__(k)
         self.model = model
         self.state = state
-        self.k = k
         self.vocab_size = vocab_size
         self._drafts: dict[int, tuple[int, list[int]]] = {}  # lane -> (committed length, drafts)
 
@@ -50,11 +52,16 @@ class MtpProposer:
             return []
         return entry[1][:k]
 
-    @torch.inference_mode()
-    def after_step(self, rows: Sequence[BatchRow], hidden: torch.Tensor,
-                   results: Sequence[RowResult]) -> None:
+    def after_step(self, pending: PendingBatch, hidden: torch.Tensor | None) -> float:
         """hidden: [n, W, H] target hidden states of the step's rows (row b's fed tokens at
-        [b, :len(tokens)]); results: the step's per-row results (nothing is committed yet)."""
+        [b, :len(tokens)]); pending: the step's per-row results (nothing is committed yet).
+        The host waits here for the next round's drafts: all of it is exposed draft time."""
+        start = time.perf_counter()
+        self._align(pending.batch.rows, hidden, pending.results)
+        return time.perf_counter() - start
+
+    @torch.inference_mode()
+    def _align(self, rows, hidden: torch.Tensor, results) -> None:
         dev = hidden.device
         max_len = self.state.max_len
         work = []  # (batch index, kept positions m, next tokens, committed length after, sample)

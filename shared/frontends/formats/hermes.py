@@ -1,6 +1,6 @@
 """The Hermes tool-call format (the built-in default model's): literals, rendering and the
-incremental parser, in one home for the grammar service's tool grammar (services/grammar/tools.py)
-and the worker's output decoding alike.
+incremental parser, in one home for the grammar service's tool grammar
+(services/grammar/tools/hermes.py) and the worker's output decoding alike.
 
 A call is the canonical text the chat template renders and the grammar enforces:
 
@@ -14,9 +14,11 @@ Output decoding (`ToolStream`). Constrained route: the grammar guarantees the ca
 so the reader consumes the text once as it is generated and publishes each call's arguments in
 fragments that concatenate to its final `arguments_json` (the arguments' exact generated text).
 Any deviation is an implementation inconsistency (InternalError), never silently turned into
-content. Free route (tools declared but nothing enforced): content streams until a spelled
-`<tool_call>`; the rest is read at the end, each well-formed call becoming a ToolCall and anything
-unreadable staying content.
+content. Under a JSON-or-tools union (`union=True`) a call opens only at the start of the output,
+as the grammar (`json | calls`) has it: once JSON content started, a spelled `<tool_call>` inside
+it (in a string) is text. Free route (tools declared but nothing enforced): content streams
+until a spelled `<tool_call>`; the rest is read at the end, each well-formed call becoming a
+ToolCall and anything unreadable staying content.
 """
 
 from __future__ import annotations
@@ -100,9 +102,10 @@ class _Call:
 class ToolStream:
     """Feed published text with `feed`, end with `finish`; both return protocol events."""
 
-    def __init__(self, *, constrained: bool, codings: object = None) -> None:
+    def __init__(self, *, constrained: bool, codings: object = None, union: bool = False) -> None:
         # `codings` (the XML format's value contract) has no meaning here: Hermes arguments are JSON.
         self.constrained = constrained
+        self.union = union and constrained  # JSON content OR calls: calls only at the start
         self.state = "content"  # content | head | name | args_prefix | args | suffix | between
         self.buf = ""  # text not yet consumed by the current state
         self.content: list[str] = []
@@ -139,6 +142,10 @@ class ToolStream:
 
     # -- states ------------------------------------------------------------------------------
     def _content(self, events: list) -> None:
+        if self.union and (self.content or not CALL_OPEN.startswith(self.buf[:len(CALL_OPEN)])):
+            self._publish_content(self.buf, events)  # JSON content: an opener in it is text
+            self.buf = ""
+            return
         at = self.buf.find(CALL_OPEN)
         if at >= 0:
             self._publish_content(self.buf[:at], events)

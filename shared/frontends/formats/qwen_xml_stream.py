@@ -54,8 +54,10 @@ class ToolStream:
     `codings`: tool name -> ArgumentCoding (the value-decoding contract the grammar was built
     from); a tool without one decodes with no declared types."""
 
-    def __init__(self, *, constrained: bool, codings: Mapping[str, ArgumentCoding] | None = None
-                 ) -> None:
+    def __init__(self, *, constrained: bool, codings: Mapping[str, ArgumentCoding] | None = None,
+                 union: bool = False) -> None:
+        # `union` (JSON content OR calls) changes nothing here: the opener is a control token,
+        # which JSON content never holds.
         self.constrained = constrained
         self.codings = dict(codings or {})
         self.state = "content"  # content, then the call states below

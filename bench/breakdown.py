@@ -1,0 +1,123 @@
+"""The device side of one decode step, timed with CUDA events (on the CPU: the wall clock, median
+of the repeats), beside the memory floor.
+
+Per batch size B and per model path (`fused`: the fused layer path of models/layers.py;
+`unfused`: the op-by-op path on the same weights), outside any engine:
+
+- `forward_ms`: one replay of the Program's decode graph (services/worker/program/graphs.py, the
+  whole lane attended, as the engine runs it), mean over `steps` replays; on the CPU one eager
+  forward attending `context + 1` positions, as the CPU Program runs it (median);
+- `sample_ms`: the greedy sample stage on that graph's logits, eagerly: the masked argmax
+  (kernels/sampling_greedy.py) for `fused`, the general sampling kernel at candidate width 1 for
+  `unfused` (what greedy rows ran before);
+  `forward_cpu_ms` (CPU only): the process's CPU time per forward, all threads, which contention
+  from other processes inflates less than the wall clock (OpenMP spin-waits count in it);
+- `floor_ms`: every weight byte read once (the embedding's B rows), and a hybrid model's
+  recurrent state read and written once, at the measured device copy bandwidth
+  (bench/qwen35_model.py's measures, one home; on the CPU a 512 MiB tensor copy).
+
+The engine's TPOT from the same run minus forward and sample is the host's share of a step (the
+GPU idles then unless the host overlaps it): `decode.py` reports it as `host_ms` and the GPU idle
+fraction as host_ms / TPOT.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from kernels.sampling_contract import SamplingParams
+from bench.qwen35_model import (copy_bandwidth, cuda_ms, recurrent_state_bytes_per_step,
+                                                 weight_bytes_per_step)
+from services.worker.program.graphs import DecodeGraph
+
+
+def _warm_cuda_ms(fn, repeats: int) -> float:
+    fn()  # compile / lazy initialisation outside the timed calls
+    return cuda_ms(fn, repeats)
+
+
+def _wall_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def cpu_copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
+    """Host memory copy bandwidth in bytes/s (read + write counted), best of `repeats`."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = min(_wall_ms(lambda: dst.copy_(src), 1) for _ in range(repeats)) / 1e3
+    return 2 * nbytes / best
+
+
+@torch.inference_mode()
+def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: int = 20) -> dict:
+    """{"copy_bandwidth_GBps", "rows": {B: {path: {forward_ms, sample_ms, floor_ms, ...}}}}.
+    `context`: each row's position (the lanes hold context + 1 positions)."""
+    model = runtime.model
+    device = runtime.device
+    cuda = device.type == "cuda"
+    bandwidth = copy_bandwidth(device) if cuda else cpu_copy_bandwidth()
+    timed = _warm_cuda_ms if cuda else _wall_ms
+    steps = steps if cuda else max(3, steps // 4)
+    vocab = runtime.domain.size
+    was = model.fused
+    rows: dict[int, dict] = {}
+    try:
+        for b in batch_sizes:
+            state = model.new_state(b + 1, context + 1, dtype=runtime.dtype, device=device)
+            tokens = torch.randint(0, vocab, (b, 1), device=device)
+            positions = torch.full((b, 1), context, dtype=torch.int64, device=device)
+            lanes = torch.arange(b, device=device)
+            floor = (weight_bytes_per_step(model, b) + recurrent_state_bytes_per_step(model, b)) \
+                / bandwidth * 1e3
+            entry = {}
+            for path in paths:
+                model.fused = path == "fused"
+                if cuda:
+                    graph = DecodeGraph(model, state, b, scratch_lane=b, pool=None)
+                    forward = _warm_cuda_ms(lambda: graph.run(tokens, positions, lanes), steps)
+                    z = graph.logits
+                else:
+                    graph = None
+                    cpu_start = time.process_time()
+                    forward = _wall_ms(lambda: model(tokens, positions, state, lanes,
+                                                     kv_len=context + 1), steps)
+                    cpu_ms = (time.process_time() - cpu_start) / (steps + 1) * 1e3
+                    z = model(tokens, positions, state, lanes, kv_len=context + 1)[:, -1]
+                if path == "fused":
+                    from kernels.sampling_greedy import sample_greedy
+
+                    sample = timed(lambda: sample_greedy(z, vocab_size=vocab), steps)
+                else:
+                    if cuda:
+                        from kernels.sampling import sample as kernel
+                    else:
+                        from kernels.sampling_ref import sample_reference as kernel
+
+                    def general():
+                        params = SamplingParams.from_rows(b, temperature=0.0, device=device)
+                        kernel(z, params, vocab_size=vocab, candidate_width=1)
+
+                    sample = timed(general, steps)
+                entry[path] = {"forward_ms": round(forward, 4), "sample_ms": round(sample, 4),
+                               "floor_ms": round(floor, 4),
+                               "forward_over_floor": round(forward / floor, 3)}
+                if not cuda:  # CPU seconds of all the process's threads per forward (spin included)
+                    entry[path]["forward_cpu_ms"] = round(cpu_ms, 3)
+                del graph, z
+            rows[b] = entry
+            del state
+            if cuda:
+                torch.cuda.empty_cache()
+    finally:
+        model.fused = was
+    return {"copy_bandwidth_GBps": round(bandwidth / 1e9, 1),
+            "weight_bytes_b1": weight_bytes_per_step(model, 1), "rows": rows}

@@ -1,0 +1,386 @@
+"""`infernix bench decode`: what a JSON Schema constraint costs per output token, as JSON.
+
+For each batch size B, one engine (`max_batch` = the largest B, CUDA graphs on CUDA) runs B
+concurrent greedy requests of a fixed `max_tokens`, first unconstrained, then each with a typical
+JSON Schema (`bench.grammar.SCHEMAS`, request i gets schema i mod 2). Per mode it reports
+time to first token (p50 over requests), time per output token (p50 over requests of
+decode time / (tokens - 1)), throughput (all output tokens / wall time of the round) and the
+constraint report's CPU seconds (mask fills, accepts), plus constrained / unconstrained TPOT.
+The reference engine is Hugging Face `generate` over the same weights (a `Qwen3ForCausalLM` or
+`LlamaForCausalLM` that adopts our state dict), unconstrained and with xgrammar's HF logits
+processor. Targets (measured, never asserted): constrained TPOT within 3% of
+unconstrained at every B on the H200; ours >= 3x faster per token than the reference at B = 1;
+CPU mask work hidden at B = 1.
+
+Models: `smollm2` (the built-in default), `qwen3-8b-random`, a random-weight bf16 model of
+Qwen3-8B's shape over the Qwen3.5 vocabulary, and `qwen35-9b-random`, the random-weight
+Qwen3.5-9B-shaped hybrid text model (structure only: timings, never quality; no HF reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bench.models import build_runtime, prompt_texts
+from bench.stats import ratio as _ratio, schemas as _schemas, summary as _summary
+from services.worker.client import open_in_process
+from services.worker.engine import EngineConfig
+from services.worker.runtime import ModelRuntime
+from shared.contract import OutputConstraint
+from shared.generation import Finished, GenerateRequest, PromptInput, RequestOptions, SamplingParams, Started
+
+
+@dataclass(frozen=True)
+class DecodeBenchOptions:
+    batch_sizes: tuple[int, ...] = (1, 8)  # concurrent requests per round, each >= 1
+    max_tokens: int = 32  # output tokens per request, >= 2 (TPOT needs two tokens)
+    prompt_tokens: int = 64  # approximate prompt length per request, >= 1
+    reference: bool = True  # also time Hugging Face generate
+    reference_batch_sizes: tuple[int, ...] = (1,)  # batch sizes the reference runs, each >= 1
+    reference_max_tokens: int | None = None  # None: max_tokens
+    cuda_graphs: bool = True  # our engine's decode graphs (CUDA only)
+    warmup_tokens: int = 4  # output tokens of the warm-up rounds, >= 2
+    compare_unfused: bool = False  # also run the op-by-op model path (the model's reference)
+    compare_serial: bool = False  # also run the fused path with the engine's pipeline off
+    breakdown: bool = False  # the device step breakdown and memory floor (its breakdown.py)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Engine paths the rounds run, the befores first: "unfused" (op-by-op model, no
+        pipeline; the greedy sampler as in production), "serial" (fused model, the pipeline off), "fused" (the
+        production path: the fused model path and, on CUDA, the engine's pipeline) always."""
+        return (("unfused",) if self.compare_unfused else ()) + \
+            (("serial",) if self.compare_serial else ()) + ("fused",)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_sizes", "reference_batch_sizes"):
+            sizes = getattr(self, name)
+            if not sizes or any(b < 1 for b in sizes):
+                raise ValueError(f"DecodeBenchOptions.{name} must be non-empty sizes >= 1, got {sizes}")
+        for name, low in (("max_tokens", 2), ("prompt_tokens", 1), ("warmup_tokens", 2)):
+            if getattr(self, name) < low:
+                raise ValueError(f"DecodeBenchOptions.{name} must be >= {low}, got {getattr(self, name)}")
+        if self.reference_max_tokens is not None and self.reference_max_tokens < 2:
+            raise ValueError(f"DecodeBenchOptions.reference_max_tokens must be >= 2, got "
+                             f"{self.reference_max_tokens}")
+
+
+# ---------------------------------------------------------------- our engine
+
+
+async def _collect(client, request: GenerateRequest, marks: dict | None = None) -> Finished:
+    """The request's Finished event. `marks` (when given) gets (wall time, engine steps) at the
+    request's first output event ("first") and at its Finished ("end")."""
+    engine = client.engine
+    async for event in client.generate(request):
+        if marks is not None and "first" not in marks and not isinstance(event, Started):
+            marks["first"] = (time.perf_counter(), engine.steps)
+        if isinstance(event, Finished):
+            if event.error is not None:
+                raise RuntimeError(f"request {request.request_id} failed: {event.error}")
+            if marks is not None:
+                marks["end"] = (time.perf_counter(), engine.steps)
+            return event
+    raise RuntimeError(f"request {request.request_id} ended without Finished")
+
+
+def _steady_step_ms(marks: list[dict]) -> float | None:
+    """Milliseconds per engine step while every request of the round was decoding: from the
+    last request's first output to the first request's end (no prefill step of the round falls
+    inside, so each step is one token of every row: the steady-state TPOT). None when that
+    window holds no step."""
+    t0, s0 = max((m["first"] for m in marks), key=lambda x: x[0])
+    t1, s1 = min((m["end"] for m in marks), key=lambda x: x[0])
+    if s1 <= s0:
+        return None
+    return round((t1 - t0) / (s1 - s0) * 1e3, 3)
+
+
+async def _engine_round(client, runtime: ModelRuntime, prompts: list[str], max_tokens: int,
+                        schemas: list[dict] | None, tag: str) -> dict[str, Any]:
+    sampling = SamplingParams(temperature=0.0)
+    requests = [GenerateRequest(
+        f"{tag}-{i}", PromptInput(text=p), RequestOptions(
+            max_tokens=max_tokens, sampling=sampling,
+            constraint=OutputConstraint.json_schema(schemas[i % len(schemas)]) if schemas else None),
+        model=runtime.name) for i, p in enumerate(prompts)]
+    marks: list[dict] = [{} for _ in requests]
+    start = time.perf_counter()
+    finished = await asyncio.gather(*(_collect(client, r, m) for r, m in zip(requests, marks)))
+    wall = time.perf_counter() - start
+    tokens = [f.usage.completion_tokens for f in finished]
+    tpot = [f.timings["decode"] / (n - 1) for f, n in zip(finished, tokens) if n >= 2]
+    out = _summary([f.timings["ttft"] for f in finished], tpot, tokens, wall,
+                   [f.content for f in finished], schemas)
+    # TPOT p50 includes the steps that prefill later requests of the round (what a user sees);
+    # the steady-state figure excludes them (what the decode step itself costs)
+    out["tpot_steady_ms"] = _steady_step_ms(marks)
+    out["texts"] = [f.content for f in finished]
+    if schemas:
+        reports = [f.constraint or {} for f in finished]
+        mask_s = sum(r.get("mask_seconds", 0.0) for r in reports)
+        positions = sum(r.get("mask_positions", 0) for r in reports)
+        out["constraint_cpu"] = {
+            "mask_seconds": round(mask_s, 6),
+            "accept_seconds": round(sum(r.get("accept_seconds", 0.0) for r in reports), 6),
+            "mask_positions": positions,
+            "mask_us_per_position": round(1e6 * mask_s / positions, 2) if positions else None,
+        }
+    return out
+
+
+async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
+                        partial, path: str = "fused") -> dict:
+    schemas = _schemas()
+    max_len = opts.prompt_tokens + max(opts.max_tokens, opts.warmup_tokens) + 32
+    config = EngineConfig(max_batch=max(opts.batch_sizes), max_len=max_len,
+                          prefill_chunk=max(512, opts.prompt_tokens + 32),
+                          cuda_graphs=opts.cuda_graphs, pipeline=None if path == "fused" else False)
+    model = runtime.model
+    if hasattr(model, "fused"):
+        model.fused = path != "unfused"  # before the engine captures its graphs
+    client = open_in_process(runtime, config)
+    try:
+        for schema in schemas:  # compile outside every timed round
+            await client.engine.grammar.compile(OutputConstraint.json_schema(schema), model=runtime.name)
+        rows = {}
+        for b in opts.batch_sizes:
+            prompts = prompt_texts(runtime, b, opts.prompt_tokens)
+            for mode, sch in (("unconstrained", None), ("constrained", schemas)):
+                await _engine_round(client, runtime, prompts, opts.warmup_tokens, sch, f"w{b}{mode}")
+            entry = {}
+            for mode, sch in (("unconstrained", None), ("constrained", schemas)):
+                entry[mode] = await _engine_round(client, runtime, prompts, opts.max_tokens, sch,
+                                                  f"m{b}{mode}")
+                log(f"engine[{path}] B={b} {mode}: tpot {entry[mode]['tpot_p50_ms']} ms, "
+                    f"{entry[mode]['throughput_tok_s']} tok/s")
+            entry["tpot_ratio"] = _ratio(entry["constrained"]["tpot_p50_ms"],
+                                         entry["unconstrained"]["tpot_p50_ms"])
+            entry["tpot_steady_ratio"] = _ratio(entry["constrained"]["tpot_steady_ms"],
+                                                entry["unconstrained"]["tpot_steady_ms"])
+            rows[b] = entry
+            partial({"engine": rows})
+        return rows
+    finally:
+        await client.aclose()
+
+
+# ---------------------------------------------------------------- report
+
+
+def _agreement(ours: dict, ref: dict) -> float:
+    pairs = list(zip(ours["texts"], ref["texts"]))
+    return round(sum(a == b for a, b in pairs) / len(pairs), 3)
+
+
+def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda line: None,
+                 partial=lambda results: None) -> dict:
+    """Run the whole benchmark on `runtime`; returns the report's `results` and `targets`.
+    `log(line)` gets progress lines; `partial(results)` the raw results measured so far after
+    each batch size (so an interrupted run still leaves numbers)."""
+    paths: dict[str, dict] = {}  # model path -> the engine's rows
+    for path in opts.paths:
+        def partial_path(rows: dict, path: str = path) -> None:
+            partial({**{f"engine_{p}": r for p, r in paths.items()}, f"engine_{path}": rows["engine"]})
+
+        paths[path] = asyncio.run(_bench_engine(runtime, opts, log, partial_path, path))
+    engine = paths["fused"]
+    if hasattr(runtime.model, "fused"):
+        runtime.model.fused = True
+    breakdown = None
+    if opts.breakdown:
+        from bench.breakdown import step_breakdown
+
+        breakdown = step_breakdown(runtime, opts.batch_sizes,
+                                   [p for p in opts.paths if p != "serial"])  # model paths
+        log(f"breakdown: {breakdown['rows']}")
+    done = {"engine": engine}
+    reference = None
+    if opts.reference:
+        from bench.reference import bench_reference
+
+        reference = bench_reference(runtime, opts, log,
+                                     lambda rows: partial({**done, **rows}))
+    rows = []
+    for b in opts.batch_sizes:
+        row = {"batch_size": b, "engine": engine[b], "reference": None}
+        if "unfused" in paths:
+            before = paths["unfused"][b]
+            row["engine_unfused"] = before
+            row["speedup_fused_over_unfused"] = {
+                m: _ratio(before[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
+                for m in ("unconstrained", "constrained")}
+        if "serial" in paths:
+            serial = paths["serial"][b]
+            row["engine_serial"] = serial
+            row["speedup_pipeline"] = {
+                m: _ratio(serial[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
+                for m in ("unconstrained", "constrained")}
+            row["speedup_pipeline_steady"] = {
+                m: _ratio(serial[m]["tpot_steady_ms"], engine[b][m]["tpot_steady_ms"])
+                for m in ("unconstrained", "constrained")}
+        if breakdown is not None:
+            row["breakdown"] = _breakdown_row(breakdown["rows"][b], paths, b)
+        if reference is not None and b in reference:
+            ref = reference[b]
+            row["reference"] = ref
+            row["speedup_tpot_unconstrained"] = _ratio(ref["unconstrained"]["tpot_p50_ms"],
+                                                       engine[b]["unconstrained"]["tpot_p50_ms"])
+            row["speedup_tpot_constrained"] = _ratio(ref["constrained"]["tpot_p50_ms"],
+                                                     engine[b]["constrained"]["tpot_p50_ms"])
+            row["outputs_equal_fraction"] = {m: _agreement(engine[b][m], ref[m])
+                                             for m in ("unconstrained", "constrained")}
+        rows.append(row)
+    first = rows[0] if rows[0]["batch_size"] == 1 else None
+    targets = {
+        "constrained_tpot_within_3pct": {r["batch_size"]: r["engine"]["tpot_ratio"] is not None
+                                         and r["engine"]["tpot_ratio"] <= 1.03 for r in rows},
+        "speedup_vs_reference_at_b1_ge_3x": None if first is None or first["reference"] is None
+        else first["speedup_tpot_unconstrained"] >= 3.0,
+        "mask_hidden_at_b1": None if first is None else first["engine"]["tpot_ratio"] <= 1.03,
+    }
+    if breakdown is not None:
+        targets.update(_speed_targets(rows, first))
+    return {"results": rows, "reference": None if reference is None else {
+        "max_tokens": reference["max_tokens"], "warmup": reference["warmup"],
+        "logits_check": reference["logits_check"]},
+            "targets": targets, "breakdown": None if breakdown is None else {
+                k: v for k, v in breakdown.items() if k != "rows"}}
+
+
+def _breakdown_row(device_rows: dict, paths: dict, b: int) -> dict:
+    """Per path: the device times, plus the engine's unconstrained TPOT and what the host adds to
+    it (TPOT - forward - sample: the GPU idles then unless the host overlaps the device)."""
+    out = {}
+    rows = dict(device_rows)
+    if "serial" in paths:  # the same model path as "fused", the engine's pipeline off
+        rows["serial"] = device_rows["fused"]
+    for path, dev in rows.items():
+        tpot = paths[path][b]["unconstrained"]["tpot_p50_ms"]
+        host = tpot - dev["forward_ms"] - dev["sample_ms"]
+        out[path] = {**dev, "tpot_ms": tpot, "host_ms": round(host, 4),
+                     "device_idle_fraction": round(max(host, 0.0) / tpot, 4),
+                     "tpot_over_floor": round(tpot / dev["floor_ms"], 3)}
+        steady = paths[path][b]["unconstrained"]["tpot_steady_ms"]
+        if steady is not None:  # the same from the steady-state step (no prefill inside)
+            host = steady - dev["forward_ms"] - dev["sample_ms"]
+            out[path].update(tpot_steady_ms=steady, host_steady_ms=round(host, 4),
+                             device_idle_fraction_steady=round(max(host, 0.0) / steady, 4),
+                             tpot_steady_over_floor=round(steady / dev["floor_ms"], 3))
+    return out
+
+
+def _speed_targets(rows: list[dict], first: dict | None) -> dict:
+    """The decode-speed goals measured against the breakdown's floor (never asserted)."""
+    by_b = {r["batch_size"]: r for r in rows}
+    out: dict[str, Any] = {"tpot_b1_le_1_3x_floor": None, "gpu_idle_lt_5pct": {},
+                           "constrained_tpot_within_2pct": {}, "throughput_b64_ge_5000": None,
+                           "speedup_vs_reference_ge_5x": {}}
+    if first is not None and "breakdown" in first:
+        out["tpot_b1_le_1_3x_floor"] = first["breakdown"]["fused"]["tpot_over_floor"] <= 1.3
+    out["gpu_idle_steady_lt_5pct"], out["constrained_tpot_steady_within_2pct"] = {}, {}
+    for b, r in by_b.items():
+        if "breakdown" in r:
+            fused = r["breakdown"]["fused"]
+            out["gpu_idle_lt_5pct"][b] = fused["device_idle_fraction"] < 0.05
+            if "device_idle_fraction_steady" in fused:
+                out["gpu_idle_steady_lt_5pct"][b] = fused["device_idle_fraction_steady"] < 0.05
+        ratio = r["engine"]["tpot_ratio"]
+        out["constrained_tpot_within_2pct"][b] = ratio is not None and ratio <= 1.02
+        steady = r["engine"]["tpot_steady_ratio"]
+        out["constrained_tpot_steady_within_2pct"][b] = steady is not None and steady <= 1.02
+        if r.get("reference") is not None:
+            out["speedup_vs_reference_ge_5x"][b] = (r["speedup_tpot_unconstrained"] or 0) >= 5.0
+    if 64 in by_b:
+        out["throughput_b64_ge_5000"] = by_b[64]["engine"]["constrained"]["throughput_tok_s"] >= 5000
+    return out
+
+
+def report_header(bench: str, args: argparse.Namespace, runtime: ModelRuntime) -> dict[str, Any]:
+    """What every `infernix bench` report starts with: the bench, the command line, the machine,
+    the model, device and dtype (each bench adds its "options")."""
+    return {"bench": bench, "command": "infernix " + shlex.join(sys.argv[1:]),
+            "machine": _machine(args.device), "model": args.model, "device": args.device,
+            "dtype": str(runtime.dtype).removeprefix("torch.")}
+
+
+def _machine(device: str) -> dict[str, Any]:
+    def version(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "python": sys.version.split()[0], "cpu_count": __import__("os").cpu_count(),
+            "torch": torch.__version__, "triton": version("triton"),
+            "transformers": version("transformers"), "xgrammar": version("xgrammar"),
+            "torch_threads": torch.get_num_threads()}
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def run(args: argparse.Namespace) -> int:
+    cuda = args.device.startswith("cuda")
+    if args.model == "qwen35-9b-random" and args.reference:
+        print("bench decode: the Hugging Face reference covers the dense models only; pass "
+              "--no-reference with --model qwen35-9b-random", file=sys.stderr)
+        return 2
+    opts = DecodeBenchOptions(
+        batch_sizes=tuple(args.batch_sizes or ((1, 8, 32, 64) if cuda else (1, 8, 32))),
+        max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens, reference=args.reference,
+        reference_batch_sizes=tuple(args.reference_batch_sizes or ((1, 8) if cuda else (1,))),
+        reference_max_tokens=args.reference_max_tokens, cuda_graphs=not args.no_cuda_graphs,
+        compare_unfused=args.compare_unfused, compare_serial=args.compare_serial,
+        breakdown=args.breakdown)
+
+    def log(line: str) -> None:
+        print(f"[bench decode] {line}", file=sys.stderr, flush=True)
+
+    from shared.logging import configure_logging
+
+    configure_logging(args.log_level)  # per-request logs would flood the timing rounds
+
+    started = time.perf_counter()
+    runtime = build_runtime(args.model, args.device)
+    log(f"runtime {args.model} on {args.device} ready in {time.perf_counter() - started:.1f} s")
+    report: dict[str, Any] = {
+        **report_header("decode", args, runtime),
+        "options": {"batch_sizes": list(opts.batch_sizes), "max_tokens": opts.max_tokens,
+                    "prompt_tokens": opts.prompt_tokens, "reference": opts.reference,
+                    "reference_batch_sizes": list(opts.reference_batch_sizes),
+                    "cuda_graphs": opts.cuda_graphs, "greedy": True, "paths": list(opts.paths),
+                    "breakdown": opts.breakdown},
+    }
+
+    def partial(results: dict) -> None:
+        if args.out:
+            with open(args.out + ".partial", "w", encoding="utf-8") as f:
+                json.dump({**report, "partial": results}, f, indent=2, default=str)
+
+    report.update(bench_decode(runtime, opts, log, partial))
+    report["total_s"] = round(time.perf_counter() - started, 1)
+    write_report(report, args.out)
+    return 0
+
+
+def write_report(report: dict, out: str | None) -> None:
+    """Print the report as JSON and also write it to `out` when given."""
+    text = json.dumps(report, indent=2, default=str)
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    print(text)

@@ -1,0 +1,95 @@
+"""Walking a compiled constraint with a matcher: whole-output acceptance and random legal walks.
+
+Used by the CLI (`grammar check --instances`, `grammar sample`), the benchmark and the tests. These
+are the same matcher operations the worker performs per token, run on the CPU, through the engine
+interface (`engines/engine.py`); a bare xgrammar `CompiledGrammar` is accepted too (tests
+compile some directly).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xgrammar as xgr
+
+from services.grammar.engines.engine import CompiledConstraint, Matcher
+from shared.frontends.token_domain import TokenDomain
+
+
+def _matcher(compiled: CompiledConstraint | xgr.CompiledGrammar, domain: TokenDomain | None,
+             ) -> Matcher:
+    if isinstance(compiled, CompiledConstraint):
+        return compiled.matcher()
+    from services.grammar.engines.engine_xgrammar import XgrammarConstraint
+
+    if domain is None:
+        raise TypeError("a bare xgrammar CompiledGrammar needs its token domain")
+    return XgrammarConstraint(compiled, domain).matcher()
+
+
+def accepts(compiled: CompiledConstraint | xgr.CompiledGrammar, output: str | bytes,
+            domain: TokenDomain | None = None) -> bool:
+    """True when `output` is a complete output of the language (EOS would be legal after it)."""
+    data = output.encode("utf-8") if isinstance(output, str) else output
+    if not isinstance(compiled, CompiledConstraint):  # a bare xgrammar grammar (tests)
+        matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=False)
+        if data and not matcher.accept_string(data):
+            return False
+        return matcher.is_completed()
+    m = compiled.matcher()
+    return m.accept_bytes(data) and m.is_completed()
+
+
+def legal_ids(mask_row: Any, size: int) -> list[int]:
+    """Token ids whose bit is set in one packed mask row (bit i of word w = token 32w+i)."""
+    words = np.ascontiguousarray(np.asarray(mask_row), dtype=np.int32)
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:size]
+    return np.flatnonzero(bits).tolist()
+
+
+@dataclass(frozen=True)
+class Walk:
+    text: str  # decoded with replacement only for display; `data` holds the exact bytes
+    data: bytes
+    completed: bool  # ended by EOS where the language may end
+    tokens: int
+    dead_end: bool = False
+
+
+def random_walk(
+    compiled: CompiledConstraint | xgr.CompiledGrammar,
+    domain: TokenDomain,
+    rng: random.Random,
+    *,
+    max_tokens: int = 256,
+    end_bias: float = 0.5,
+) -> Walk:
+    """Pick uniformly random legal tokens until EOS or `max_tokens`.
+
+    End bias: when EOS is legal, it is taken with probability `end_bias` before a uniform draw over
+    the other legal tokens (a uniform draw alone almost never ends a JSON walk, and always ending at
+    the first chance would only ever produce the shortest outputs).
+    """
+    matcher = _matcher(compiled, domain)
+    mask = np.zeros((1, domain.mask_words), dtype=np.int32)
+    eos_ids = domain.eos_ids
+    data = bytearray()
+    for step in range(max_tokens):
+        matcher.fill_mask(mask, 0)
+        ids = legal_ids(mask[0], domain.size)
+        if not ids:
+            return Walk(data.decode("utf-8", "replace"), bytes(data), False, step, dead_end=True)
+        eos = [i for i in ids if i in eos_ids] if eos_ids else []
+        other = [i for i in ids if i not in eos_ids] if eos else ids
+        if eos and (not other or rng.random() < end_bias):
+            ok = matcher.accept_token(eos[0])
+            assert ok, "a legal EOS was refused"
+            return Walk(data.decode("utf-8", "replace"), bytes(data), True, step + 1)
+        token = rng.choice(other)
+        ok = matcher.accept_token(token)
+        assert ok, f"legal token {token} was refused"
+        data += domain.token_bytes[token]
+    return Walk(data.decode("utf-8", "replace"), bytes(data), False, max_tokens)

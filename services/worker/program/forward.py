@@ -1,0 +1,162 @@
+"""How the Program runs the target model for a step's rows: a decode step through its captured
+graph (graphs.py) or eagerly, prompt chunks and verify rows padded on the right, and what the
+proposer reads of each forward (spec/proposer.py `reads`: the final hidden states or the outputs
+of a few target layers) kept for its `after_step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from services.worker.program.batch import BatchRow, StepBatch
+from services.worker.program.graphs import DecodeGraphs
+from shared.logging import get_logger
+
+log = get_logger(__name__)
+
+FINAL = "final"  # `reads`: the final hidden states (the proposer interface's spelling)
+
+
+class Forward:
+    """The model forwards of one Program. `graphs`: its decode graphs (None: eager);
+    `verify_graphs`: the host-launched verify route's graphs of K+1 tokens a row (None:
+    eager); `reads`: what the proposer reads (None: nothing is kept)."""
+
+    def __init__(self, model, state, max_len: int, max_batch: int, device: torch.device) -> None:
+        self.model = model
+        self.state = state
+        self.max_len = max_len
+        self.device = device
+        self.reads: str | tuple[int, ...] | None = None
+        self.graphs: DecodeGraphs | None = None
+        self.verify_graphs: DecodeGraphs | None = None
+        # a decode step's tokens, positions and lanes, uploaded with one non-blocking copy
+        self.host_inputs = torch.zeros(max_batch, 3, dtype=torch.int64,
+                                       pin_memory=device.type == "cuda")  # [B, 3]
+        self.last_graph = None  # the decode graph the current step replays, if any
+        # a hybrid model's block manager when prompt chunks snapshot the recurrent state inside
+        # their forward (blocks.py `plan_snapshots`, the state's `cut_next`)
+        self.snapshots = None
+        self._kept: list[torch.Tensor] = []  # [n_i, T_i, H'] what the proposer reads
+
+    def reset(self) -> None:
+        """Forget what the last step kept (a step starts)."""
+        self._kept = []
+
+    def keep(self, hidden: torch.Tensor) -> None:
+        """Keep a forward's `reads` output [n, T, H'] for the proposer."""
+        self._kept.append(hidden)
+
+    def kept(self) -> torch.Tensor | None:
+        """What this step's forwards kept for the proposer, padded to one width: [n, W, H']."""
+        parts, self._kept = self._kept, []
+        if not parts:
+            return None
+        width = max(h.shape[1] for h in parts)
+        return torch.cat([torch.nn.functional.pad(h, (0, 0, 0, width - h.shape[1]))
+                          for h in parts])  # [n, W, H']
+
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        """Logits [n, V] after each row's last fed token (an ordinary step: no drafts)."""
+        self.last_graph = None
+        rows, dev = batch.rows, self.device
+        lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)  # [n]
+        if batch.is_decode:
+            tokens = torch.tensor([r.tokens for r in rows], dtype=torch.int64)  # [n, 1]
+            positions = torch.tensor([[r.start] for r in rows], dtype=torch.int64)  # [n, 1]
+            if self.graphs is not None:
+                graph, captured = self.graphs.get(len(rows))
+                if captured:
+                    log.info("decode_graph_captured", batch_size=graph.size)
+                n = len(rows)
+                staged = self.host_inputs[:n]  # contiguous and pinned: the copy does not block
+                staged[:, 0:1].copy_(tokens)
+                staged[:, 1:2].copy_(positions)
+                staged[:, 2].copy_(lanes)
+                inputs = staged.to(dev, non_blocking=True)  # [n, 3]
+                self.last_graph = graph
+                logits = graph.run(inputs[:, 0:1], inputs[:, 1:2], inputs[:, 2])
+                if graph.hidden is not None:  # kept for the proposer
+                    self.keep(graph.hidden[:n])
+                return logits
+            kv_len = max(r.start for r in rows) + 1
+            return self.logits(tokens.to(dev), positions.to(dev), lanes.to(dev),
+                               kv_len=kv_len)[:, -1]
+        width = max(len(r.tokens) for r in rows)
+        if any(r.start + width > self.max_len for r in rows):  # padding would leave the lane
+            return torch.cat([self.prefill((r,), len(r.tokens)) for r in rows])
+        return self.prefill(rows, width)
+
+    def verify(self, rows: Sequence[BatchRow], full: int) -> torch.Tensor:
+        """Logits [n, W, V] of verify rows (anchor + drafts, W <= full = K+1 tokens): the
+        captured verify graph where every row's K+1 positions fit its lane, else eager."""
+        width = max(len(r.tokens) for r in rows)
+        if self.verify_graphs is not None and all(r.start + full <= self.max_len for r in rows):
+            return self._verify_graph(rows, full)
+        if any(r.start + width > self.max_len for r in rows):  # padding would leave the lane
+            return torch.cat([_pad(self.prefill((r,), len(r.tokens), every=True), width)
+                              for r in rows])
+        return self.prefill(rows, width, every=True)  # [n, W, V]
+
+    def _verify_graph(self, rows: Sequence[BatchRow], full: int) -> torch.Tensor:
+        # The replayed verify graph: rows padded to K+1 tokens at the following positions.
+        dev = self.device
+        tokens = torch.zeros(len(rows), full, dtype=torch.int64)  # [n, K+1]
+        for i, r in enumerate(rows):
+            tokens[i, :len(r.tokens)] = torch.tensor(r.tokens)
+        positions = torch.tensor([r.start for r in rows])[:, None] + torch.arange(full)[None]
+        lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)
+        graph, captured = self.verify_graphs.get(len(rows))
+        if captured:
+            log.info("verify_graph_captured", batch_size=graph.size, width=full)
+        logits = graph.run(tokens.to(dev, non_blocking=True),
+                           positions.to(dev, non_blocking=True),
+                           lanes.to(dev, non_blocking=True))  # [n, K+1, V]
+        if graph.hidden is not None:  # kept for the proposer
+            self.keep(graph.hidden[:len(rows)])
+        return logits
+
+    def logits(self, tokens, positions, lanes, *, kv_len, logit_index=None, num_tokens=None):
+        """The model's logits; with a proposer that reads hidden states through hidden_states +
+        logits, keeping what it reads: the final hidden states or the tapped layers' outputs."""
+        if self.reads is None:
+            return self.model(tokens, positions, self.state, lanes, kv_len=kv_len,
+                              logit_index=logit_index, num_tokens=num_tokens)
+        if self.reads != FINAL:
+            hidden, kept = self.model.hidden_states(tokens, positions, self.state, lanes,
+                                                    kv_len=kv_len, tap=self.reads)
+        else:
+            hidden = kept = self.model.hidden_states(tokens, positions, self.state, lanes,
+                                                     kv_len=kv_len, num_tokens=num_tokens)
+        self.keep(kept)  # [n, T, H']
+        if logit_index is not None:
+            hidden = hidden.gather(1, logit_index[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        return self.model.logits(hidden)
+
+    def prefill(self, rows: Sequence[BatchRow], width: int, *, every: bool = False) -> torch.Tensor:
+        """Rows padded on the right to `width` at the following positions (all < max_len).
+        Logits [n, V] after each row's last real token, or with `every` [n, width, V]."""
+        dev = self.device
+        tokens = torch.zeros(len(rows), width, dtype=torch.int64)  # [n, T]
+        positions = torch.zeros(len(rows), width, dtype=torch.int64)  # [n, T]
+        for i, r in enumerate(rows):
+            tokens[i, :len(r.tokens)] = torch.tensor(r.tokens)
+            positions[i] = torch.arange(r.start, r.start + width)
+        fed = torch.tensor([len(r.tokens) for r in rows], dtype=torch.int64)  # [n]
+        lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)  # [n]
+        kv_len = max(r.start for r in rows) + width
+        if not every and self.snapshots is not None:
+            self.state.cut_next([(i, t, slot) for i, r in enumerate(rows)
+                                 for t, slot in self.snapshots.plan_snapshots(
+                                     r.request.lane, r.request.prompt_ids, r.start, r.end)])
+        index = None if every else (fed - 1)[:, None].to(dev)
+        out = self.logits(tokens.to(dev), positions.to(dev), lanes.to(dev), kv_len=kv_len,
+                          logit_index=index, num_tokens=fed.to(dev))  # [n, 1|T, V]
+        return out if every else out[:, 0]
+
+
+def _pad(logits: torch.Tensor, width: int) -> torch.Tensor:
+    # logits: [1, w, V] -> [1, width, V] (zeros: positions the acceptance walk never reaches)
+    return torch.cat([logits, logits.new_zeros(1, width - logits.shape[1], logits.shape[2])], 1)
