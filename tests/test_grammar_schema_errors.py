@@ -35,7 +35,8 @@ UNSUPPORTED = [
     ({"type": "object", "additionalproperties": False}, "/additionalproperties"),
     ({"type": "object", "properties": {"a": {"Type": "string"}}}, "/properties/a/Type"),
     # a nested resource is refused first ('nested $id is rejected')
-    ({"$defs": {"a": {"$id": "http://x.org/a", "$ref": "b.json"}}, "$ref": "#/$defs/a"}, "/$defs/a/$id"),
+    ({"$defs": {"a": {"$id": "http://x.org/a", "$ref": "b.json"}}, "$ref": "#/$defs/a"},
+     "/$defs/a/$id"),
     ({"$ref": "https://example.com/s.json"}, "/$ref"),
     ({"properties": {"a": {"$dynamicRef": "#x"}}}, "/properties/a/$dynamicRef"),
     ({"type": "object", "properties": {"a~b/c": {"type": "string", "format": "color"}}},

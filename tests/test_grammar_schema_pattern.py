@@ -101,7 +101,8 @@ class Both:
 
     def __init__(self, py: str, pattern: str, **rest) -> None:
         self.ecma = jsonschema.Draft202012Validator({"type": "string", "pattern": py, **rest})
-        self.python = jsonschema.Draft202012Validator({"type": "string", "pattern": pattern, **rest})
+        self.python = jsonschema.Draft202012Validator({"type": "string", "pattern": pattern,
+                                                       **rest})
 
     def is_valid(self, value) -> bool:
         return self.ecma.is_valid(value) and self.python.is_valid(value)

@@ -1,7 +1,8 @@
 """Soundness holes a differential fuzzer found (0 invalid instances accepted is the product's
 promise), each a regression test against `jsonschema` (2020-12, format checking) as the oracle.
 
-The rules (services/grammar/schema/patterns.py, "Two readings"; docs/schema-corpus.md, "Soundness rules"):
+The rules (services/grammar/schema/patterns.py, "Two readings"; docs/schema-corpus.md,
+"Soundness rules"):
 a format may be complemented only where its automaton is exactly the validators' language, else
 it is refused at its pointer; a pattern generates only strings its ECMA-262 and Python `re`
 readings both accept; finite values the readings disagree on are refused.
@@ -282,6 +283,7 @@ def test_counts_that_one_free_member_meets_still_compile():
     assert_sound({"type": "object", "required": ["a"], "minProperties": 2},
                  [{"a": 1}, {}], [{"a": 1, "b": 2}])
     assert_sound({"type": "object", "properties": {"a": {}, "b": {}},
-                  "additionalProperties": False, "minProperties": 2}, [{"a": 1}], [{"a": 1, "b": 1}])
+                  "additionalProperties": False, "minProperties": 2},
+                 [{"a": 1}], [{"a": 1, "b": 1}])
     grammar = compiled({"type": "object", "minProperties": 1})
     assert accepts(grammar, '{"a": 1}') and not accepts(grammar, "{}")

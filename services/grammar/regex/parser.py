@@ -40,9 +40,9 @@ def parse_regex(pattern: str, *, python: bool = False) -> list[Branch]:
 
     `python=True` reads it as Python's `re` does (the reading of the validators users run, e.g.
     `jsonschema`): `.` excludes only \\n, `\\d \\w \\s` are Unicode (`charset.python_class`), and
-    constructs whose meaning differs structurally (`[]`, `[^]`, `\\c`, `\\u{..}`, `(?<name>..)`) raise
-    InvalidRegex. A `$` anchor is recorded as in ECMAScript; Python's extra match before a final
-    newline is added by the caller (`services.grammar.regex.search_tree`)."""
+    constructs whose meaning differs structurally (`[]`, `[^]`, `\\c`, `\\u{..}`,
+    `(?<name>..)`) raise InvalidRegex. A `$` anchor is recorded as in ECMAScript; Python's
+    extra match before a final newline is added by the caller (`regex.search_tree`)."""
     return _Parser(pattern, python).parse()
 
 

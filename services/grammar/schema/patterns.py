@@ -6,17 +6,18 @@ lowered to a JSON string grammar with canonical escapes (`regex_json`); finite v
 by the same trees (`regex_json.whole_matches`, never backtracking).
 
 Two readings (docs/schema-corpus.md, "Soundness rules"). The specification reads `pattern` as
-ECMA-262; the validators users run (Python `jsonschema`) read it with Python's `re`: `.` admits \\r and
-U+2028/9, whose \\d \\w \\s are Unicode, and whose `$` also matches before a final newline. Every
-pattern therefore has a second tree, its Python reading (`search_tree(..., python=True)`), and only
-strings both readings agree on are generated: a positive pattern generates the intersection of its
-readings (ours alone where it is provably the narrower one, `_narrower`), a negated one the
-strings neither reading matches; a finite value the readings disagree on is refused, and an
-emptiness proof (`empty`) uses the union of the readings, so no conclusion rests on one reading.
-A pattern whose Python reading differs in structure (`[^]`, `\\c`, `\\u{..}`, `(?<name>..)`) is
-UnsupportedSchema. Formats (`formats.py`) have one tree, ours; where the validators' language is
-known exactly (`formats.VALIDATOR_FORMATS`) it is the second reading, and every other format may
-only be used positively: complementing it, or deciding a finite value its automaton refuses, is
+ECMA-262; the validators users run (Python `jsonschema`) read it with Python's `re`: its `.`
+admits \\r and U+2028/9, its \\d \\w \\s are Unicode, its `$` also matches before a final newline.
+Every pattern therefore has a second tree, its Python reading (`search_tree(..., python=True)`),
+and only strings both readings accept are generated: a positive pattern generates its `meet`
+(the readings' classes intersected, or ours alone where it is provably the narrower reading,
+`_narrower`), a negated one the strings outside its `join` (classes united, Python's `$`); a
+finite value the readings disagree on is refused, and an emptiness proof (`empty`) uses the
+`join`, so no conclusion rests on one reading. A pattern whose Python reading differs in
+structure (`[^]`, `\\c`, `\\u{..}`, `(?<name>..)`) is UnsupportedSchema. Formats (`formats.py`)
+have one tree, ours; where the validators' language is known exactly
+(`formats.VALIDATOR_FORMATS`) it is the `join`, and every other format may only be used
+positively: complementing it, or deciding a finite value its automaton refuses, is
 UnsupportedSchema at the format's pointer.
 
 A pattern that neither our parser nor Python's `re` can read is InvalidSchema; one that only our
@@ -298,7 +299,8 @@ def _narrower(a: Node, b: Node) -> bool:
     if isinstance(a, Literal):
         return a == b
     if isinstance(a, (Seq, Alt)):
-        return len(a.items) == len(b.items) and all(_narrower(x, y) for x, y in zip(a.items, b.items))
+        return len(a.items) == len(b.items) and \
+            all(_narrower(x, y) for x, y in zip(a.items, b.items))
     if isinstance(a, Repeat):
         return a.lo == b.lo and a.hi == b.hi and _narrower(a.item, b.item)
     return a == b
