@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from services.grammar.schema.automata import Dfa, TooComplex, combine, json_string_rules, literal_dfa, tree_dfa
+from services.grammar.schema.automata import Dfa, TooComplex, json_string_rules, tree_dfa
+from services.grammar.schema.dfa_logic import combine, literal_dfa
 from services.grammar.schema.context import Context
 from services.grammar.schema.nodes import AnyValue, Literals, Node, NoValue, ObjectType, StringType
 from services.grammar.schema.strings import key_excluding, literal

@@ -18,7 +18,7 @@ from services.grammar.schema.algebra import (
 )
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
-    ANY, INT64_MAX, INT64_MIN, NEVER, BooleanType, IntegerType, Node, NullType, NumberType,
+    ANY, INT64_MAX, INT64_MIN, BooleanType, IntegerType, Node, NullType, NumberType,
     Pattern, Required, StringType, TYPE_NAMES, make_union,
 )
 
