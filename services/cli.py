@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "process: OpenAI- and Anthropic-compatible HTTP.")
     add_settings(serve, "host", "port", "api_keys", "ignore_unknown_fields", "model", "device",
                  "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "kv_cache_tokens",
-                 "no_prefix_cache", "no_pipeline", "log_level", "speculative", "draft_model", "num_draft_tokens")
+                 "no_prefix_cache", "no_pipeline", "no_warmup", "kernel_cache", "log_level", "speculative",
+                 "draft_model", "num_draft_tokens")
     serve.set_defaults(func=run_serve)
 
     worker_cli.add_generate_parser(sub)
@@ -211,8 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     wserve = wsub.add_parser("serve", help="run the gRPC WorkerService")
     add_settings(wserve, "host", "port", "grammar", "redis_url", "grammar_cache_bytes",
                  "drain_seconds", "metrics_port", "model", "device", "lanes", "max_len", "prefill_chunk",
-                 "preempt_after", "max_waiting", "kv_cache_tokens", "no_prefix_cache", "no_pipeline", "log_level",
-                 "speculative", "draft_model", "num_draft_tokens", port=50052)
+                 "preempt_after", "max_waiting", "kv_cache_tokens", "no_prefix_cache", "no_pipeline", "no_warmup",
+                 "kernel_cache", "log_level", "speculative", "draft_model", "num_draft_tokens", port=50052)
     grammar_cli.add_compile_args(wserve, isolation="process")
     grammar_cli.add_client_args(wserve)
     wserve.set_defaults(func=run_worker_serve)
