@@ -5,7 +5,7 @@
     infernix grammar check|sample|serve|health
     infernix worker serve|health        the gRPC worker
     infernix gateway serve --worker ADDR [--worker ADDR ...]
-    infernix bench grammar|decode|spec|prefix|serve  benchmarks writing JSON
+    infernix bench grammar|decode|spec|prefix|serve|coldstart  benchmarks writing JSON
 
 Every flag is also an environment variable named after it: --redis-url is INFERNIX_REDIS_URL.
 Building the parser imports nothing heavy (no torch, xgrammar or transformers): `--help` answers
