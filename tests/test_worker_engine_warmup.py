@@ -54,8 +54,13 @@ def test_the_warm_up_visits_every_width_and_batch_size_a_step_can_run(runtime):
             assert (rows, width) in seen, (rows, widest, width)
     assert len(bounds[(1, 1)]) > 1  # small forwards also at each context bound (splits)
     assert {s for k, s, *_ in report.shapes if k == "decode"} == set(classes)
-    samples = {(rows, t, masked) for k, rows, t, masked in report.shapes if k == "sample"}
+    samples = {(rows, t, masked) for k, rows, t, masked, *_ in report.shapes if k == "sample"}
     assert samples == {(r, t, m) for r in classes for t in (0.0, 1.0) for m in (False, True)}
+    top_k = {s[4] for s in report.shapes if s[0] == "sample"}
+    assert {1 << i for i in range(11)} <= top_k  # each candidate block of the top-k kernels
+    assert {s[5] for s in report.shapes if s[0] == "sample"} == {False, True}  # penalties
+    # fla's chunked kernels compile per batch size: every row count at a chunked width
+    assert {rows for rows, width in seen if width > 32} == set(range(1, max_batch + 1))
     assert report.prefill == sum(len(b) for b in bounds.values())
     assert report.to_dict()["seconds"] >= 0
 

@@ -11,8 +11,10 @@ What it visits (buckets.py bounds the set):
 - every decode graph size (capturing it: its forward, greedy and masked greedy sample stages)
   and every verify graph size when drafts are verified in graphs; where a step runs eagerly (no
   graphs) a decode forward per batch-size class and context bound instead;
-- the eager sampler per batch-size class: greedy and tempered top-k / top-p, each without and
-  with a mask (the rows a penalized, tempered or constrained batch takes outside the graph).
+- fla-core's chunked kernels at every row count (they compile and autotune per batch size);
+- the eager sampler per batch-size class: greedy, top-p, top-k per power of two and penalized,
+  each without and with a mask (what a tempered, penalized or constrained batch runs outside
+  the decode graph).
 
 The warm-up writes only what a request overwrites before reading: the free lanes' positions
 past their (empty) committed frontier, a hybrid model's uncommitted recurrent buffers (a request
@@ -67,6 +69,15 @@ def prefill_shapes(prefill_chunk: int, max_batch: int, max_len: int) -> list[tup
                 continue
             bounds = context_bounds(max_len, width) if rows * width <= SPLIT_TOKENS else (width,)
             shapes.extend((rows, width, kv_len) for kv_len in bounds)
+    # fla-core's chunked gated delta rule compiles and autotunes per batch size (its cumsum
+    # kernel takes B as a compile-time constant and an autotuning key): every row count once at
+    # the narrowest chunked width (its length is not a key: T is never specialized there).
+    chunked = [w for w in prefill_widths(prefill_chunk, max_len) if w > EXACT_WIDTHS]
+    if chunked:
+        width = chunked[0]
+        classes = set(graph_sizes(max_batch))
+        shapes.extend((rows, width, width) for rows in range(1, max_batch + 1)
+                      if rows not in classes and width - PREFILL_STEP + rows <= prefill_chunk)
     return shapes
 
 
@@ -131,21 +142,26 @@ def _model_forward(program):
     return run
 
 
-def _fake_request(params: SamplingParams):
+def _fake_request(params: SamplingParams, penalized: bool):
     # What the Sampler reads of a request (sampling.py): its parameters, seed, position, history.
     return SimpleNamespace(sampling=params, seed=0, num_output_tokens=0,
-                           penalized=lambda: False, penalty_history=lambda: ([], []))
+                           penalized=lambda: penalized, penalty_history=lambda: ([1], [1]))
 
 
 def _warm_sampler(program, report: WarmupReport) -> None:
     sampler, masks = program.sampler, program.masks
     logits = torch.zeros(program.max_batch, program.domain.size, dtype=program.runtime.dtype,
                          device=program.device)  # [B, V]
-    kinds = (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=40),
-             SamplingParams(temperature=1.0, top_p=0.9))
+    # greedy, top-p, and top-k at each power of two (the kernels' candidate block follows it),
+    # then greedy and tempered with penalties (their own kernel variants)
+    kinds = [(SamplingParams(temperature=0.0), False),
+             (SamplingParams(temperature=1.0, top_p=0.9), False)]
+    kinds += [(SamplingParams(temperature=1.0, top_k=1 << i), False) for i in range(11)]
+    kinds += [(SamplingParams(temperature=0.0, presence_penalty=0.5), True),
+              (SamplingParams(temperature=1.0, repetition_penalty=1.1), True)]
     for rows in graph_sizes(program.max_batch):
-        for params in kinds:
-            requests = [_fake_request(params) for _ in range(rows)]
+        for params, penalized in kinds:
+            requests = [_fake_request(params, penalized) for _ in range(rows)]
             for masked in (False, True):
                 mask = mask_row = None
                 if masked:  # an all-empty mask per row: the kernels' masked variant
@@ -153,6 +169,7 @@ def _warm_sampler(program, report: WarmupReport) -> None:
                     mask, mask_row = masks.upload(rows)
                 sampler.sample(logits[:rows], requests, mask, mask_row)
                 report.sampling += 1
-                report.shapes.append(("sample", rows, params.temperature, masked))
+                report.shapes.append(("sample", rows, params.temperature, masked, params.top_k,
+                                      penalized))
     masks.host_row.fill_(-1)
     sampler._members, sampler._static = [], None  # the next real batch rebuilds its parameters
