@@ -122,5 +122,5 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
                           draft_model=settings.draft_model, prefix_cache=settings.prefix_cache,
                           pipeline=None if settings.pipeline else False,
                           kv_cache_tokens=settings.kv_cache_tokens,
-                          warmup=None if settings.warmup else False)
+                          warmup=settings.warmup and cuda)
     return open_in_process(runtime, config, grammar=grammar, registry=registry)

@@ -108,8 +108,8 @@ async def test_health_is_not_ready_until_the_warm_up_ends(runtime, monkeypatch):
 
 @pytest.mark.asyncio
 async def test_the_cpu_engine_warms_up_only_when_asked(runtime):
-    """The warm-up is on by default on CUDA only; on the CPU an engine asked for it runs the real
-    shapes through its model before serving (the forwards counted), and serves the same output."""
+    """The warm-up is off by default (a served CUDA worker turns it on, test below); an engine
+    asked for it runs the real shapes through its model before serving (the forwards counted)."""
     hooked_runtime, model = hooked(runtime)
     client = open_client(hooked_runtime, max_batch=2, max_len=48, prefill_chunk=40, warmup=True)
     try:
@@ -130,3 +130,39 @@ async def test_the_cpu_engine_warms_up_only_when_asked(runtime):
 def test_prefill_widths_padding_stays_bounded_for_a_long_lane():
     """A prompt chunk near the lane's end keeps its own width (never padded past max_len)."""
     assert prefill_width(50, 200, 256) == 50 and prefill_width(50, 100, 256) == 64
+
+
+def test_a_served_worker_warms_up_on_cuda_only(monkeypatch):
+    """`serve` / `worker serve` (services/embedded.py): the warm-up on CUDA unless --no-warmup,
+    never on the CPU; the kernel cache directory only on CUDA."""
+    import services.embedded as embedded
+    from services.worker import client as client_module
+
+    seen = {}
+    monkeypatch.setattr(client_module, "open_in_process",
+                        lambda runtime, config, **kw: seen.setdefault("config", config))
+    monkeypatch.setattr("services.worker.runtime.load_runtime", lambda *a, **kw: None)
+    monkeypatch.setattr(embedded, "use_kernel_cache", lambda path: seen.setdefault("cache", path))
+    embedded.open_worker(embedded.WorkerSettings(device="cpu"))
+    assert seen.pop("config").warmup is False and "cache" not in seen
+    embedded.open_worker(embedded.WorkerSettings(device="cuda", kernel_cache="/k"))
+    assert seen.pop("config").warmup is True and seen.pop("cache") == "/k"
+    embedded.open_worker(embedded.WorkerSettings(device="cuda", warmup=False))
+    assert seen.pop("config").warmup is False
+
+
+def test_the_kernel_cache_points_triton_at_the_directory(tmp_path, monkeypatch):
+    """Triton's cache (binaries; autotuning results with TRITON_CACHE_AUTOTUNING, where fla-core
+    keeps its own too) goes to the setting's directory; an operator's TRITON_CACHE_DIR wins."""
+    from services.embedded import use_kernel_cache
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
+    target = tmp_path / "kernels"
+    assert use_kernel_cache(str(target)) == str(target) and target.is_dir()
+    import os
+
+    assert os.environ["TRITON_CACHE_DIR"] == str(target)
+    assert os.environ["TRITON_CACHE_AUTOTUNING"] == "1"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "own"))
+    assert use_kernel_cache(str(target)) == str(tmp_path / "own")

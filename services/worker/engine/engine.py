@@ -73,9 +73,9 @@ class EngineConfig:
     # CUDA, where the commit then overlaps the device (on the CPU the forward is synchronous,
     # so it would only delay publication by one forward)
     pipeline: bool | None = None
-    # Run every kernel shape once at start (program/warmup.py) before health says ok; None: on
-    # CUDA (where kernels would otherwise compile on the request path)
-    warmup: bool | None = None
+    # Run every kernel shape once at start (program/warmup.py) before health says ok (a served
+    # CUDA worker turns it on: services/embedded.py; benches and tests time their own shapes)
+    warmup: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -160,8 +160,7 @@ class Engine:
         if self._thread is not None:
             return
         self._running = True
-        want = self.config.warmup if self.config.warmup is not None else self.program.cuda
-        self._warming = bool(want)  # before the thread: health is never ok ahead of it
+        self._warming = self.config.warmup  # before the thread: health is never ok ahead of it
         self._thread = threading.Thread(target=self._run, name="infernix-engine", daemon=True)
         self._thread.start()
 
