@@ -6,8 +6,8 @@ What it visits (buckets.py bounds the set):
 - a prefill forward per padded width (`prefill_widths`) and batch-size class (`graph_sizes`:
   1, 2, 4, ... B) that one step can hold (the widest row plus one token per other row within the
   step's `prefill_chunk`), from the start of the lanes; the small ones (few rows x few tokens,
-  where the attention kernel splits the context) also at each context bound of
-  `context_bounds`, which chooses those splits;
+  where the attention kernel splits the context; one width per kernel variant below 32 tokens)
+  also at each context bound of `context_bounds`, which chooses those splits;
 - every decode graph size (capturing it: its forward, greedy and masked greedy sample stages)
   and every verify graph size when drafts are verified in graphs; where a step runs eagerly (no
   graphs) a decode forward per batch-size class and context bound instead;
@@ -67,7 +67,9 @@ def prefill_shapes(prefill_chunk: int, max_batch: int, max_len: int) -> list[tup
         for rows in graph_sizes(max_batch):
             if least + rows - 1 > max(prefill_chunk, width):  # no step holds it
                 continue
-            bounds = context_bounds(max_len, width) if rows * width <= SPLIT_TOKENS else (width,)
+            split = rows * width <= SPLIT_TOKENS and (width > EXACT_WIDTHS
+                                                      or width in _split_classes())
+            bounds = context_bounds(max_len, width) if split else (width,)
             shapes.extend((rows, width, kv_len) for kv_len in bounds)
     # fla-core's chunked gated delta rule compiles and autotunes per batch size (its cumsum
     # kernel takes B as a compile-time constant and an autotuning key): every row count once at
@@ -79,6 +81,16 @@ def prefill_shapes(prefill_chunk: int, max_batch: int, max_len: int) -> list[tup
         shapes.extend((rows, width, width) for rows in range(1, max_batch + 1)
                       if rows not in classes and width - PREFILL_STEP + rows <= prefill_chunk)
     return shapes
+
+
+def _split_classes() -> set[int]:
+    # One width per kernel variant of the narrow forwards: the attention kernel's query block
+    # follows next_power_of_2(width x heads per KV head) and Triton specializes the width on
+    # being 1 or a multiple of 16; the smallest width of each such class represents it.
+    seen: dict[tuple, int] = {}
+    for w in range(EXACT_WIDTHS, 0, -1):
+        seen[(1 << (w - 1).bit_length(), w == 1, w % 16 == 0)] = w
+    return set(seen.values())
 
 
 @torch.inference_mode()
