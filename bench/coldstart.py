@@ -68,7 +68,7 @@ async def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> dic
                 async with http.get(url + "/healthz", timeout=aiohttp.ClientTimeout(total=5)) as r:
                     if r.status == 200:
                         return await r.json()
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 pass
             await asyncio.sleep(0.25)
     raise RuntimeError(f"the server was not ready within {timeout_s} s")
@@ -120,8 +120,9 @@ async def _one_start(args: argparse.Namespace, n: int) -> dict[str, Any]:
     env = dict(os.environ)
     command = _serve_command(args, port)
     started = time.perf_counter()
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                            stderr=None if args.server_logs else subprocess.DEVNULL)
+    proc = await asyncio.to_thread(subprocess.Popen, command, env=env,
+                                   stdout=subprocess.DEVNULL,
+                                   stderr=None if args.server_logs else subprocess.DEVNULL)
     try:
         health = await _wait_ready(url, proc, args.ready_timeout)
         ready_s = time.perf_counter() - started

@@ -135,7 +135,7 @@ def test_prefill_widths_padding_stays_bounded_for_a_long_lane():
 def test_a_served_worker_warms_up_on_cuda_only(monkeypatch):
     """`serve` / `worker serve` (services/embedded.py): the warm-up on CUDA unless --no-warmup,
     never on the CPU; the kernel cache directory only on CUDA."""
-    import services.embedded as embedded
+    from services import embedded
     from services.worker import client as client_module
 
     seen = {}

@@ -13,7 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.program.buckets import EXACT_WIDTHS, PREFILL_STEP, prefill_width, prefill_widths
+from services.worker.program.buckets import (
+    EXACT_WIDTHS,
+    PREFILL_STEP,
+    prefill_width,
+    prefill_widths,
+)
 from services.worker.runtime import load_runtime
 from shared.generation import GenerateRequest, PromptInput, RequestOptions, SamplingParams
 from tests.qwen35_support import hf_causal_lm
@@ -72,7 +77,7 @@ async def test_dense_outputs_equal_with_and_without_bucketing():
     same with padded prefill widths as without; and the padding happened (widths of 64)."""
     runtime = tiny_runtime()
     requests = _prompts(runtime, 5)
-    config = dict(max_batch=3, max_len=256, prefill_chunk=100)
+    config = {"max_batch": 3, "max_len": 256, "prefill_chunk": 100}
     plain, plain_widths = await _serve(runtime, requests, bucketed=False, **config)
     padded, padded_widths = await _serve(runtime, requests, bucketed=True, **config)
     assert all(w % PREFILL_STEP == 0 or w <= EXACT_WIDTHS for w in padded_widths), padded_widths
@@ -97,7 +102,8 @@ async def test_hybrid_outputs_equal_with_and_without_bucketing(qwen35, prefix_ca
     requests = _prompts(qwen35, 4)
     requests.append(requests[1].__class__("again", requests[1].prompt, requests[1].options,
                                           model=qwen35.name))  # a prefix hit when cached
-    config = dict(max_batch=2, max_len=512, prefill_chunk=96, prefix_cache=prefix_cache)
+    config = {"max_batch": 2, "max_len": 512, "prefill_chunk": 96,
+              "prefix_cache": prefix_cache}
     plain, _ = await _serve(qwen35, requests, bucketed=False, **config)
     padded, widths = await _serve(qwen35, requests, bucketed=True, **config)
     assert any(w > EXACT_WIDTHS and w % PREFILL_STEP == 0 for w in widths), widths

@@ -30,7 +30,12 @@ from types import SimpleNamespace
 
 import torch
 
-from services.worker.program.buckets import EXACT_WIDTHS, PREFILL_STEP, context_bounds, prefill_widths
+from services.worker.program.buckets import (
+    EXACT_WIDTHS,
+    PREFILL_STEP,
+    context_bounds,
+    prefill_widths,
+)
 from services.worker.program.graphs import graph_sizes
 from shared.generation import SamplingParams
 
