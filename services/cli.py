@@ -161,7 +161,8 @@ def _exit_past_compile_threads() -> None:
 
 
 def run_worker_health(args: argparse.Namespace) -> int:
-    """Exit 0 when the worker at --address answers Health (docker health checks)."""
+    """Exit 0 when the worker at --address answers Health (docker health checks), 1 while it
+    still warms up (its kernels compile before it serves)."""
     import json
 
     from services.worker.remote import GrpcWorkerClient
@@ -181,7 +182,7 @@ def run_worker_health(args: argparse.Namespace) -> int:
         print(json.dumps({"status": "UNREACHABLE", "error": type(exc).__name__}))
         return 1
     print(json.dumps(health, default=str))
-    return 0
+    return 1 if health.get("status") == "warming" else 0
 
 
 def run_gateway_serve(args: argparse.Namespace) -> int:

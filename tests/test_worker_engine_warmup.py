@@ -166,3 +166,28 @@ def test_the_kernel_cache_points_triton_at_the_directory(tmp_path, monkeypatch):
     assert os.environ["TRITON_CACHE_AUTOTUNING"] == "1"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "own"))
     assert use_kernel_cache(str(target)) == str(tmp_path / "own")
+
+
+def test_the_worker_health_check_fails_while_warming(monkeypatch, capsys):
+    """`infernix worker health` (the compose health check) exits 1 while the worker warms up, so
+    the gateway that depends on it waits; 0 once it serves."""
+    from services import cli
+    from services.worker import remote
+
+    status = {"status": "warming"}
+
+    class Client:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        async def health(self) -> dict:
+            return dict(status)
+
+        async def aclose(self) -> None:
+            pass
+
+    monkeypatch.setattr(remote, "GrpcWorkerClient", Client)
+    args = cli.build_parser().parse_args(["worker", "health", "--address", "127.0.0.1:1"])
+    assert cli.run_worker_health(args) == 1
+    status["status"] = "ok"
+    assert cli.run_worker_health(args) == 0
