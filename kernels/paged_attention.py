@@ -36,7 +36,9 @@ _LOG2E = 1.4426950408889634
 _NEG_INF = tl.constexpr(float("-inf"))
 
 
-@triton.jit
+# The split count S is a loop bound and an index only: unspecialized, so a context that picks a
+# new S reuses the kernel compiled for its block BLOCK_S (the warm-up visits each BLOCK_S once).
+@triton.jit(do_not_specialize=["S"])
 def _attn_kernel(q_ptr, q_sb, q_st, q_sh, kc_ptr, vc_ptr, c_sblk, c_stok, c_sh,
                  table_ptr, table_stride, pos_ptr, pos_sb, pos_st,
                  out_ptr, o_sb, o_st, o_sh, acc_ptr, ml_ptr, qk_scale,
@@ -109,7 +111,7 @@ def _attn_kernel(q_ptr, q_sb, q_st, q_sh, kc_ptr, vc_ptr, c_sblk, c_stok, c_sh,
         tl.store(dst, to_dtype(out, out_ptr.dtype.element_ty), mask=valid[:, None] & dmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S"])
 def _combine_kernel(acc_ptr, ml_ptr, out_ptr, o_sb, o_st, o_sh, T, G, D, S, M_TILES,
                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0) // M_TILES

@@ -108,6 +108,12 @@ class WorkerMetrics:
             "infernix_worker_lanes_in_use", "Resident lanes holding a request", registry=self.registry)
         self.queue_depth = Gauge(
             "infernix_worker_queue_depth", "Requests waiting for a lane", registry=self.registry)
+        self.warmup_seconds = Gauge(
+            "infernix_worker_warmup_seconds", "Seconds the start-up warm-up took (every kernel "
+            "shape compiled before ready; 0 while it runs or when off)", registry=self.registry)
+        self.warmup_shapes = Gauge(
+            "infernix_worker_warmup_shapes", "Forward, graph and sampler shapes the warm-up ran",
+            ["kind"], registry=self.registry)
         self.ttft_seconds = Histogram(
             "infernix_worker_ttft_seconds", "Submission to first published token",
             buckets=_TTFT_BUCKETS, registry=self.registry)

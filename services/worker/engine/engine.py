@@ -39,6 +39,7 @@ from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
 from services.worker.integrity import IntegrityError, check_membership, step_failure
 from services.worker.program import PendingBatch, Program, StepBatch
+from services.worker.program.warmup import WarmupReport, warm_up
 from services.worker.request import Request
 from services.worker.spec import (SpecCounters, captures_graphs, check_backend, check_model,
                                   make_proposer)
@@ -72,6 +73,9 @@ class EngineConfig:
     # CUDA, where the commit then overlaps the device (on the CPU the forward is synchronous,
     # so it would only delay publication by one forward)
     pipeline: bool | None = None
+    # Run every kernel shape once at start (program/warmup.py) before health says ok (a served
+    # CUDA worker turns it on: services/embedded.py; benches and tests time their own shapes)
+    warmup: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -124,6 +128,8 @@ class Engine:
         self._running = False
         self._unavailable: str | None = None  # an integrity failure, until the Program is rebuilt
         self._mean_duration_s = 1.0
+        self.warmup: WarmupReport | None = None  # the start-up warm-up's report, once it ended
+        self._warming = False  # health says "warming" (not ready) while it runs
 
     def _build(self) -> None:
         """The Program and what holds it (at start, and to recover from an integrity failure)."""
@@ -154,6 +160,7 @@ class Engine:
         if self._thread is not None:
             return
         self._running = True
+        self._warming = self.config.warmup  # before the thread: health is never ok ahead of it
         self._thread = threading.Thread(target=self._run, name="infernix-engine", daemon=True)
         self._thread.start()
 
@@ -221,6 +228,8 @@ class Engine:
     def health(self) -> dict:
         stats = self.program.blocks.stats
         status = "ok" if self._running else "stopped"
+        if self._running and self._warming:
+            status = "warming"
         if self._running and self._unavailable is not None:
             status = "unavailable"
         return {"status": status, "model": self.runtime.name,
@@ -229,6 +238,7 @@ class Engine:
                 "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
                 "waiting": len(self.scheduler.waiting), "preparing": self._preparing,
                 "steps": self.steps,
+                **({"warmup": self.warmup.to_dict()} if self.warmup is not None else {}),
                 "prefix_cache": {"enabled": self.program.prefix_cache,
                                  "hit_rate": round(stats.hit_rate, 4),
                                  "hit_tokens": stats.hit_tokens, "evictions": stats.evictions,
@@ -357,8 +367,30 @@ class Engine:
                     f"the request did not finish within {job.timeout_s} s",
                     timeout_s=job.timeout_s))
 
+    def _warm_up(self) -> None:
+        """The start-up warm-up on the worker thread, before the first step; requests submitted
+        meanwhile wait in the inbox. A failure is logged and serving goes on (kernels then compile
+        on first use)."""
+        if not self._warming:
+            return
+        try:
+            log.info("warmup_started", prefill_chunk=self.config.prefill_chunk,
+                     max_batch=self.program.max_batch, max_len=self.program.max_len)
+            self.warmup = warm_up(self.program, self.config.prefill_chunk)
+            counts = self.warmup.to_dict()
+            log.info("warmup_finished", **counts)
+            self.metrics.warmup_seconds.set(self.warmup.seconds)
+            for kind, value in counts.items():
+                if kind != "seconds":
+                    self.metrics.warmup_shapes.labels(kind=kind).set(value)
+        except Exception:
+            log.exception("warmup_failed")
+        finally:
+            self._warming = False
+
     def _run(self) -> None:
         try:
+            self._warm_up()
             while self._take_inbox(block=self.scheduler.idle):
                 try:
                     self.step()

@@ -134,6 +134,7 @@ def _announce(job: Request) -> None:
     """A second `Started` at first admission, now with the prompt tokens the prefix cache held
     (the first, at submission, precedes the lookup), before any output event of the request."""
     try:
-        job.sink(Started(job.num_prompt_tokens, job.num_cached_prompt))
+        # a RequestStream sink (the engine's) pushes; any other sink is a callable
+        getattr(job.sink, "push", job.sink)(Started(job.num_prompt_tokens, job.num_cached_prompt))
     except RuntimeError:  # the consumer's loop is closed: it is gone
         job.cancel_requested = True
