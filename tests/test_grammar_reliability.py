@@ -246,7 +246,7 @@ async def test_the_heavy_optional_properties_schema_ends_within_the_default_budg
     ConstraintTooComplex or compiled), with the service's peak RSS stated; a real-process test."
     The service runs with the product's defaults (no lifted limit, process isolation); its
     memory, children included, is sampled while the compile runs."""
-    from services.grammar.limits import DEFAULT_DEADLINE_S, DEFAULT_MEMORY_BYTES
+    from services.grammar.cache.limits import DEFAULT_DEADLINE_S, DEFAULT_MEMORY_BYTES
 
     service = GrammarProcess(None, env={})
     service.start()
