@@ -323,7 +323,7 @@ def test_constraint_report_counts():
     session.lookahead(toks(b"abc"), out)  # 4 positions
     session.lookahead(toks(b"x"), out)  # 1 position (illegal at 0)
     commit(session, toks(b"a"))
-    session.add_upload_bytes(2 * DOMAIN.mask_words * 4)
+    session.counters.add_upload_bytes(2 * DOMAIN.mask_words * 4)
     report = session.report()
     assert report is not None
     data = report.to_dict()

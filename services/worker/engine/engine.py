@@ -324,7 +324,7 @@ class Engine:
         self.speculation.draft_seconds += seconds
         self.metrics.spec_draft_wait_seconds.inc(seconds)
         for row in batch.rows:
-            row.request.session.add_draft_wait(seconds)
+            row.request.session.counters.add_draft_wait(seconds)
         return batch
 
     def _run_step(self, batch: StepBatch) -> PendingBatch | None:

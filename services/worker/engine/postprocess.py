@@ -159,10 +159,10 @@ class Postprocessor:
             job.session.confirm()
             nbytes = pending.results[i].mask_bytes
             if nbytes:
-                job.session.add_upload_bytes(nbytes)
+                job.session.counters.add_upload_bytes(nbytes)
             if row.num_drafts:
                 accepted = min(pending.results[i].accepted_drafts, len(preview.tokens))
-                job.session.add_verify_round(row.num_drafts, accepted)
+                job.session.counters.add_verify_round(row.num_drafts, accepted)
                 spec = self.speculation
                 spec.rounds, spec.drafts = spec.rounds + 1, spec.drafts + row.num_drafts
                 spec.accepted, spec.tokens = spec.accepted + accepted, spec.tokens + len(preview.tokens)
