@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from services.grammar.client import GrammarClient
+from services.worker.engine.health import engine_health, unavailable_boundary
 from services.worker.engine.pipeline import Pipeline
 from services.worker.engine.postprocess import Postprocessor
 from services.worker.engine.prepare import prepare
@@ -39,12 +40,22 @@ from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
 from services.worker.integrity import IntegrityError, check_membership, step_failure
 from services.worker.program import PendingBatch, Program, StepBatch
-from services.worker.program.warmup import WarmupReport, warm_up
+from services.worker.program.warmup import WarmupReport, warm_up_logged
 from services.worker.request import Request
-from services.worker.spec import (SpecCounters, captures_graphs, check_backend, check_model,
-                                  make_proposer)
-from shared.errors import (DeadlineExceeded, InternalError, InvalidRequest, Overloaded,
-                           ServiceUnavailable)
+from services.worker.spec import (
+    SpecCounters,
+    captures_graphs,
+    check_backend,
+    check_model,
+    make_proposer,
+)
+from shared.errors import (
+    DeadlineExceeded,
+    InternalError,
+    InvalidRequest,
+    Overloaded,
+    ServiceUnavailable,
+)
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
@@ -119,19 +130,19 @@ class Engine:
         self.finish_listeners: list = []  # fn(request) on the worker thread as each one ends
         self._draft_wait_seen = 0.0  # Program.draft_wait_seconds already in the metrics
         self.steps = 0
-        self._build()
+        self.build()
         self._inbox: queue.Queue = queue.Queue()
         self._live: dict[str, Request] = {}
-        self._lock = threading.Lock()  # guards _live and _preparing across threads
-        self._preparing = 0  # admitted requests still in prepare (tokenizing, compiling)
+        self._lock = threading.Lock()  # guards _live and preparing across threads
+        self.preparing = 0  # admitted requests still in prepare (tokenizing, compiling)
         self._thread: threading.Thread | None = None
-        self._running = False
-        self._unavailable: str | None = None  # an integrity failure, until the Program is rebuilt
+        self.running = False
+        self.unavailable: str | None = None  # an integrity failure, until the Program is rebuilt
         self._mean_duration_s = 1.0
         self.warmup: WarmupReport | None = None  # the start-up warm-up's report, once it ended
-        self._warming = False  # health says "warming" (not ready) while it runs
+        self.warming = False  # health says "warming" (not ready) while it runs
 
-    def _build(self) -> None:
+    def build(self) -> None:
         """The Program and what holds it (at start, and to recover from an integrity failure)."""
         config, runtime = self.config, self.runtime
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
@@ -159,14 +170,14 @@ class Engine:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._running = True
-        self._warming = self.config.warmup  # before the thread: health is never ok ahead of it
+        self.running = True
+        self.warming = self.config.warmup  # before the thread: health is never ok ahead of it
         self._thread = threading.Thread(target=self._run, name="infernix-engine", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the worker thread; unfinished requests finish as cancelled."""
-        self._running = False
+        self.running = False
         if self._thread is not None:
             self._inbox.put(_STOP)
             self._thread.join(timeout)
@@ -200,7 +211,7 @@ class Engine:
                 self._live[request.request_id] = job
         finally:
             with self._lock:
-                self._preparing -= 1
+                self.preparing -= 1
         job.enqueued_at = time.monotonic()  # an expired deadline is retired by the next step
         stream.push(Started(job.num_prompt_tokens))
         self._inbox.put(job)
@@ -226,35 +237,17 @@ class Engine:
         return len(self.runtime.prepare(prompt).token_ids)
 
     def health(self) -> dict:
-        stats = self.program.blocks.stats
-        status = "ok" if self._running else "stopped"
-        if self._running and self._warming:
-            status = "warming"
-        if self._running and self._unavailable is not None:
-            status = "unavailable"
-        return {"status": status, "model": self.runtime.name,
-                **({"unavailable": self._unavailable} if self._unavailable else {}),
-                "device": str(self.program.device), "max_batch": self.program.max_batch,
-                "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
-                "waiting": len(self.scheduler.waiting), "preparing": self._preparing,
-                "steps": self.steps,
-                **({"warmup": self.warmup.to_dict()} if self.warmup is not None else {}),
-                "prefix_cache": {"enabled": self.program.prefix_cache,
-                                 "hit_rate": round(stats.hit_rate, 4),
-                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions,
-                                 "state_snapshots": stats.snapshots},
-                **({"speculative": self.config.speculative,
-                    "speculation": self.speculation.to_dict(self.program.draft_wait_seconds)}
-                   if self.proposer else {})}
+        """The worker's health report (health.py)."""
+        return engine_health(self)
 
     def _admission(self) -> None:
         """A bounded waiting queue: beyond it the caller is told to come back (Overloaded). An
-        admitted request counts as live from here on (`_preparing` until it is queued)."""
+        admitted request counts as live from here on (`preparing` until it is queued)."""
         lanes = self.program.max_batch
         with self._lock:
-            live = len(self._live) + self._preparing  # queued, running and being prepared
+            live = len(self._live) + self.preparing  # queued, running and being prepared
             if live < lanes + self.config.waiting_limit:
-                self._preparing += 1
+                self.preparing += 1
                 return
         waiting = max(0, live - lanes)
         self.metrics.rejected.labels(reason="queue_full").inc()
@@ -263,12 +256,12 @@ class Engine:
                          f"{retry:.0f} s", resource="waiting_queue", retry_after_s=round(retry, 1))
 
     def _check_running(self) -> None:
-        if not self._running:  # stopped (or its thread failed): another worker may serve it
+        if not self.running:  # stopped (or its thread failed): another worker may serve it
             raise ServiceUnavailable("the engine is not running", service="worker",
                                      retry_after_s=1.0)
-        if self._unavailable is not None:  # recovering from an integrity failure
+        if self.unavailable is not None:  # recovering from an integrity failure
             raise ServiceUnavailable(f"the engine is recovering from an integrity failure "
-                                     f"({self._unavailable})", service="worker", retry_after_s=5.0)
+                                     f"({self.unavailable})", service="worker", retry_after_s=5.0)
 
     def _forget(self, job: Request) -> None:
         with self._lock:
@@ -369,24 +362,12 @@ class Engine:
 
     def _warm_up(self) -> None:
         """The start-up warm-up on the worker thread, before the first step; requests submitted
-        meanwhile wait in the inbox. A failure is logged and serving goes on (kernels then compile
-        on first use)."""
-        if not self._warming:
-            return
-        try:
-            log.info("warmup_started", prefill_chunk=self.config.prefill_chunk,
-                     max_batch=self.program.max_batch, max_len=self.program.max_len)
-            self.warmup = warm_up(self.program, self.config.prefill_chunk)
-            counts = self.warmup.to_dict()
-            log.info("warmup_finished", **counts)
-            self.metrics.warmup_seconds.set(self.warmup.seconds)
-            for kind, value in counts.items():
-                if kind != "seconds":
-                    self.metrics.warmup_shapes.labels(kind=kind).set(value)
-        except Exception:
-            log.exception("warmup_failed")
-        finally:
-            self._warming = False
+        meanwhile wait in the inbox (program/warmup.py)."""
+        if self.warming:
+            try:
+                self.warmup = warm_up_logged(self.program, self.config.prefill_chunk, self.metrics)
+            finally:
+                self.warming = False
 
     def _run(self) -> None:
         try:
@@ -395,7 +376,7 @@ class Engine:
                 try:
                     self.step()
                 except IntegrityError as exc:
-                    self._unavailable_boundary(exc)
+                    unavailable_boundary(self, exc)
                 except Exception as exc:  # a bug: fail what is resident, keep serving
                     log.exception("engine_step_failed")
                     self.pipeline.drop()
@@ -404,7 +385,7 @@ class Engine:
                                          InternalError(f"engine failure: {exc}"))
                     self.post.flush()
         finally:
-            self._running = False
+            self.running = False
             self._take_inbox(block=False)
             try:  # the held step is published before the rest is cancelled
                 self.pipeline.drain()
@@ -414,32 +395,6 @@ class Engine:
                 self.post.finish(job, FinishReason.CANCELLED)
             self.post.flush()
             self.program.close()
-
-    def _unavailable_boundary(self, exc: IntegrityError) -> None:
-        """The design document's unavailable boundary: after an integrity failure (a Program
-        commit that could not complete, a matcher that could not roll back, a broken batch
-        membership) nothing of the Program's state is trusted. New requests are refused
-        (ServiceUnavailable: a gateway's pool routes elsewhere) and health says "unavailable";
-        every live request fails typed with what it had published; then the Program is built
-        anew (lanes, KV pool, prefix cache) and the engine serves again. A rebuild that fails
-        leaves it unavailable."""
-        log.error("engine_integrity_failure", error=str(exc))
-        self._unavailable = str(exc)
-        self.pipeline.drop()
-        error = ServiceUnavailable(f"the worker lost its integrity and is recovering: {exc}",
-                                   service="worker", retry_after_s=5.0)
-        for job in self.scheduler.live():  # (the inbox's requests go to the new Program)
-            job.lane = None  # the lanes go with the old Program
-            self.post.finish(job, FinishReason.ERROR, error)
-        self.post.flush()
-        try:
-            self.program.close()
-            self._build()
-        except Exception:
-            log.exception("engine_recovery_failed")
-            return
-        self._unavailable = None
-        log.info("engine_recovered")
 
     def _take_inbox(self, *, block: bool) -> bool:
         """Move new requests into the waiting queue; False when asked to stop. Held events are

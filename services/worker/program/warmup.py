@@ -38,10 +38,13 @@ from services.worker.program.buckets import (
 )
 from services.worker.program.graphs import graph_sizes
 from shared.generation import SamplingParams
+from shared.logging import get_logger
 
 # Forwards of at most this many tokens in all are also warmed at each context bound: beyond it
 # the attention kernel has programs enough for the GPU without splitting the context.
 SPLIT_TOKENS = 2048
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -190,3 +193,22 @@ def _warm_sampler(program, report: WarmupReport) -> None:
                                       penalized))
     masks.host_row.fill_(-1)
     sampler._members, sampler._static = [], None  # the next real batch rebuilds its parameters
+
+
+def warm_up_logged(program, prefill_chunk: int, metrics) -> WarmupReport | None:
+    """`warm_up` with its start and end logged and its counts in `metrics` (WorkerMetrics). A
+    failure is logged and serving goes on (kernels then compile on first use): returns None."""
+    try:
+        log.info("warmup_started", prefill_chunk=prefill_chunk, max_batch=program.max_batch,
+                 max_len=program.max_len)
+        report = warm_up(program, prefill_chunk)
+    except Exception:
+        log.exception("warmup_failed")
+        return None
+    counts = report.to_dict()
+    log.info("warmup_finished", **counts)
+    metrics.warmup_seconds.set(report.seconds)
+    for kind, value in counts.items():
+        if kind != "seconds":
+            metrics.warmup_shapes.labels(kind=kind).set(value)
+    return report
