@@ -8,50 +8,28 @@ line by line, in its fake-worker comment."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import re
 
 import pytest
 
-from tests.fake_worker import GatewayThread, running_gateway
+from tests.fake_worker import InProcessGateway
 from tests.test_gateway_docs import DEFAULT_URL, PAGES, blocks
 
 pytestmark = pytest.mark.slow
 
 
-class EmbeddedGateway(GatewayThread):
-    """GatewayThread whose worker is the embedded default, opened and closed in its loop."""
+def _open_default():
+    from services.embedded import WorkerSettings, open_worker
 
-    def __init__(self) -> None:
-        super().__init__(None)
-
-    async def _serve(self) -> None:
-        from services.embedded import WorkerSettings, open_worker
-
-        self.stop = asyncio.Event()
-        self.worker = open_worker(WorkerSettings())
-        try:
-            async with running_gateway(self.worker) as url:
-                self.url = url
-                self.ready.set()
-                await self.stop.wait()
-        finally:
-            await self.worker.aclose()
+    return open_worker(WorkerSettings())
 
 
 @pytest.fixture(scope="module")
 def embedded_url():
-    gateway = EmbeddedGateway()
-    gateway.thread.start()
-    assert gateway.ready.wait(120), "the embedded default did not start"
-    try:
+    with InProcessGateway(_open_default) as gateway:
         yield gateway.url
-    finally:
-        gateway.loop.call_soon_threadsafe(gateway.stop.set)
-        gateway.thread.join(60)
-        gateway.loop.close()
 
 
 @pytest.mark.parametrize("page", PAGES)

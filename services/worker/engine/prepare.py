@@ -103,7 +103,7 @@ def check_options(request: GenerateRequest, frontend: Frontend) -> ToolSpec | No
     tool_spec = None
     if prompt.tools:
         validate_tools(prompt.tools, options.tool_choice)
-        if prompt.text is not None and options.tool_choice.mode is not ToolMode.NONE:
+        if prompt.messages is None and options.tool_choice.mode is not ToolMode.NONE:
             raise Unsupported("tools need chat messages; a raw text prompt has no tool framing",
                               field="tools")
         if needs_tool_grammar(prompt.tools, options.tool_choice, options.constraint,
