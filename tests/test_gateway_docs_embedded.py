@@ -40,9 +40,9 @@ def test_the_examples_run_on_the_embedded_default(embedded_url, page):
     namespace: dict = {}
     for n, (spec, code) in enumerate(blocks(page)):
         out = io.StringIO()
+        source = code.replace(DEFAULT_URL, embedded_url)
         with contextlib.redirect_stdout(out):
-            exec(compile(code.replace(DEFAULT_URL, embedded_url), f"{page}[{n}]", "exec"),
-                 namespace)  # noqa: S102 - our docs
+            exec(compile(source, f"{page}[{n}]", "exec"), namespace)  # noqa: S102 - our docs
         expected = spec.get("embedded_prints")
         if expected is not None:
             assert re.search(expected, out.getvalue(), re.MULTILINE), (page, n, out.getvalue())
