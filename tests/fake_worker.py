@@ -13,7 +13,7 @@ import contextlib
 import http.client
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import shared.generation
 from shared.errors import InfernixError
@@ -215,3 +215,30 @@ class GatewayThread:
         except (http.client.HTTPException, ConnectionError):
             self.conn.close()  # reconnect on the next request
             raise
+
+
+class InProcessGateway(GatewayThread):
+    """GatewayThread over a real in-process worker that `open_worker()` builds in the gateway's
+    own loop (closed there too); use it as a context manager (`url` once entered)."""
+
+    def __init__(self, open_worker: Callable[[], WorkerClient], **app_options: Any) -> None:
+        super().__init__(None, **app_options)  # type: ignore[arg-type]
+        self.open_worker = open_worker
+
+    async def _serve(self) -> None:
+        self.stop = asyncio.Event()
+        self.worker = self.open_worker()
+        try:
+            async with running_gateway(self.worker, **self.app_options) as url:
+                self.url = url
+                self.ready.set()
+                await self.stop.wait()
+        finally:
+            await self.worker.aclose()
+
+    def __enter__(self) -> "InProcessGateway":
+        self.thread.start()
+        assert self.ready.wait(180), "the in-process worker did not start"
+        host, port = self.url.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        return self

@@ -117,9 +117,11 @@ async def test_completions_prompt_lists(gw):
     with pytest.raises(openai.BadRequestError) as info:
         await client.completions.create(model=MODEL, prompt=["a", "b"], n=9)
     assert info.value.param == "n" and "max_choices=16" in info.value.message
+    await client.completions.create(model=MODEL, prompt=[1, 2, 3])  # token ids: one prompt
+    assert worker.last.prompt.token_ids == (1, 2, 3) and worker.last.prompt.text is None
     with pytest.raises(openai.BadRequestError) as info:
-        await client.completions.create(model=MODEL, prompt=[1, 2, 3])
-    assert info.value.param == "prompt[0]"
+        await client.completions.create(model=MODEL, prompt=["a", 1])
+    assert info.value.param == "prompt[1]"
 
 
 async def test_get_one_model(gw):

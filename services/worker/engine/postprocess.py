@@ -169,6 +169,7 @@ class Postprocessor:
                 self.metrics.spec_rounds.inc()
                 self.metrics.spec_drafts.labels(result="proposed").inc(row.num_drafts)
                 self.metrics.spec_drafts.labels(result="accepted").inc(accepted)
+                self.metrics.spec_drafts.labels(result="rolled_back").inc(row.num_drafts - accepted)
         job.commit(row.start + kept, preview.tokens if preview is not None else [])
 
     def _publish(self, batch: StepBatch, round_: _Round) -> None:
@@ -280,7 +281,10 @@ class Postprocessor:
             job.constraint_kind, reason.value, ttft=timings.get("ttft"),
             tpot=timings["decode"] / decode_tokens if "decode" in timings and decode_tokens > 0 else None,
             mask_seconds=report.mask_seconds + report.rollback_seconds if report is not None else 0.0,
-            prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens)
+            prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens,
+            mask_positions=report.mask_positions if report is not None else 0,
+            mask_upload_bytes=report.mask_upload_bytes if report is not None else 0,
+            input_seconds=job.input_seconds, constraint_seconds=job.constraint_seconds)
         log.info("request_done", request_id=job.request_id, finish_reason=reason.value,
                  prompt_tokens=job.num_prompt_tokens, cached_tokens=job.num_cached_prompt,
                  completion_tokens=job.num_output_tokens,
