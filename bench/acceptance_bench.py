@@ -1,5 +1,5 @@
-"""`infernix bench spec --acceptance P ...` (its options in bench/cli.py): speculative decoding at known acceptance rates
-(bench/acceptance.py), JSON.
+"""`infernix bench spec --acceptance P ...` (its options in bench/cli.py): speculative decoding at
+known acceptance rates (bench/acceptance.py), JSON.
 
 Per batch size B, task and mode (unconstrained, JSON Schema constrained) a plain greedy round runs
 first and records every request's tokens (the replay, and the reference of greedy equality); then
@@ -10,9 +10,11 @@ Reported per run, beside bench/spec.py's fields (wall time, tokens, verify round
 wait as seconds and as a share of the wall time, mask seconds): p, the measured acceptance rate
 (`measured_p`), the mean accepted per round against p + ... + p^K, the cost of a round in plain
 steps (tokens per round over the speed-up: the speed-up is tokens per round over round cost),
-greedy equality with the plain round per request, and the agreement of the real acceptance with
-the planned leading run (1.0 where verify and decode are one numerical route). `targets` holds the
-speculation targets, each with its value and whether it is met (measured, never asserted).
+the exposed draft wait less the replay's own host time (`backend_draft_wait_fraction`, what the
+targets read), greedy equality with the plain round per request, and the agreement of the real
+acceptance with the planned leading run (1.0 where verify and decode are one numerical route).
+`targets` holds the speculation targets, each with its value and whether it is met (measured,
+never asserted).
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ async def bench_acceptance(runtime, opts: SpecBenchOptions, *, ps, batch_sizes, 
                 random_draft(runtime, path, dflash2=backend == "dflash2",
                              layers=opts.draft_layers, block=block)
                 drafts[(backend, block - 1)] = path
+        # One plain round first, discarded: the process's one-time work (first kernels, the
+        # allocator) would otherwise land in the first timed baseline.
+        prompts, _ = task_prompts(opts.tasks[0], batch_sizes[0])
+        await _round(runtime, replace(opts, batch_size=batch_sizes[0]), prompts, None,
+                     backend=None, k=1, oracle=None, record=None, tag="process-warm-up")
         rows = []
         for b in batch_sizes:
             o = replace(opts, batch_size=b)
@@ -82,7 +89,7 @@ async def _row(runtime, o, prompts, schema, task, mode, ps, blocks, drafts, seed
             for p in ps:
                 made: list[KnownAcceptance] = []
 
-                def wrap(engine, drafter, p=p, k=k, backend=backend):
+                def wrap(engine, drafter, p=p, k=k, backend=backend, made=made):
                     inner = None if backend == "oracle" else drafter
                     w = KnownAcceptance(inner, replay, p, k=k, vocab_size=runtime.domain.size,
                                         lanes=engine.program.max_batch,
@@ -105,6 +112,10 @@ async def _row(runtime, o, prompts, schema, task, mode, ps, blocks, drafts, seed
                            round_cost_plain_steps=round(run["tokens_per_round"] / speedup, 3)
                            if run["verify_rounds"] else None,
                            known_acceptance=summary(timed, p, w.k))
+                # The exposed draft wait without the replay's own host time: the backend's.
+                own = run["known_acceptance"]["replay_seconds"]
+                run["backend_draft_wait_fraction"] = round(
+                    max(0.0, run["draft_wait_exposed_s"] - own) / run["wall_s"], 5)
                 log(f"{run_tag}: x{run['speedup']}, accepted {run['mean_accepted']}/round "
                     f"(p={p}: {run['known_acceptance']['expected_mean_accepted']}), measured p "
                     f"{run['known_acceptance']['measured_p']}, wait "
@@ -138,8 +149,8 @@ def targets(rows: list[dict]) -> dict[str, dict]:
                 out[f"round_cost_le_1.15/{key}"] = _met(cost, cost is not None and cost <= 1.15)
             if run["backend"] == "dflash" and run["block"] == 8 and p == 0.8:
                 out[f"speedup_ge_2.5/{key}"] = _met(run["speedup"], run["speedup"] >= 2.5)
-            out[f"draft_wait_lt_0.03/{key}"] = _met(run["draft_wait_fraction"],
-                                                    run["draft_wait_fraction"] < 0.03)
+            wait = run["backend_draft_wait_fraction"]
+            out[f"draft_wait_lt_0.03/{key}"] = _met(wait, wait < 0.03)
             out[f"greedy_equal/{key}"] = _met(run["equal_fraction"], run["outputs_equal"])
             if r["mode"] == "constrained":
                 u = next((x for x in rows if x["task"] == r["task"] and x["mode"] ==

@@ -29,10 +29,10 @@ from shared.frontends.frontend import Frontend
 from tests.support import byte_domain
 from tests.worker_support import tiny_runtime
 
-Q35_SHAPE = dict(hidden_size=32, intermediate_size=48, num_heads=2, num_kv_heads=1, head_dim=16,
-                 rotary_dim=4, linear_num_key_heads=1, linear_num_value_heads=2,
-                 linear_key_head_dim=8, linear_value_head_dim=8, max_position_embeddings=2048,
-                 layer_types=("linear_attention", "full_attention"))
+Q35_SHAPE = {"hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "num_kv_heads": 1,
+             "head_dim": 16, "rotary_dim": 4, "linear_num_key_heads": 1,
+             "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+             "max_position_embeddings": 2048, "layer_types": ("linear_attention", "full_attention")}
 
 
 def _q35_runtime() -> ModelRuntime:
@@ -148,10 +148,11 @@ def test_cli_json_has_the_known_acceptance_fields(tmp_path, monkeypatch):
             (b, p) for b in ("mtp", "oracle") for p in (0.0, 0.8)}
         for run in row["runs"]:
             for field in ("speedup", "k", "mean_accepted", "round_cost_plain_steps",
-                          "draft_wait_fraction", "draft_wait_exposed_s", "outputs_equal",
+                          "draft_wait_fraction", "draft_wait_exposed_s", "backend_draft_wait_fraction", "outputs_equal",
                           "equal_requests", "equal_fraction", "tokens_per_round"):
                 assert field in run, field
-            assert {"p", "measured_p", "expected_mean_accepted", "plan_agreement"} <= set(
+            assert {"p", "measured_p", "expected_mean_accepted", "plan_agreement",
+                    "replay_seconds"} <= set(
                 run["known_acceptance"])
     targets = report["targets"]
     assert any(name.startswith("round_cost_le_1.15/") for name in targets)
