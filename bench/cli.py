@@ -86,10 +86,12 @@ def add_spec_parser(sub: argparse._SubParsersAction) -> None:
                    help="default: smollm2 (qwen35-9b-random: with its MTP module, for --backends "
                    "mtp)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--tasks", nargs="+", choices=("extract", "rewrite"),
+    p.add_argument("--tasks", nargs="+", choices=("extract", "rewrite", "forms"),
                    default=["extract", "rewrite"], help="default: extract rewrite")
-    p.add_argument("--backends", nargs="+", choices=("ngram", "oracle", "mtp", "dflash", "dflash2"),
-                   default=["ngram", "oracle"], help="default: ngram oracle (dflash, dflash2: a "
+    p.add_argument("--backends", nargs="+", choices=("ngram", "ngram-alone", "grammar", "oracle",
+                                                     "mtp", "dflash", "dflash2"),
+                   default=["ngram", "oracle"], help="default: ngram oracle (ngram-alone: without "
+                   "grammar drafts; grammar: grammar drafts alone; dflash, dflash2: a "
                    "random-weight draft of the target's width, its cost per round)")
     p.add_argument("--draft-layers", type=int, default=2,
                    help="layers of the random DFlash draft (default: 2)")

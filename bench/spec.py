@@ -1,12 +1,16 @@
 """`infernix bench spec`: speculative decoding against ordinary decoding, constrained and not, JSON.
 
-Two copy-heavy structured tasks (`extract`: fields of a short document into a JSON Schema;
-`rewrite`: a JSON object rewritten with one field changed, under its own schema), B concurrent
-greedy requests each. Per task and mode (unconstrained, constrained) a baseline round without
-speculation runs first and records every request's tokens; then, per backend and K, an engine
-with `--speculative` runs the same requests:
+Three structured tasks (`extract`: fields of a short document into a JSON Schema; `rewrite`: a
+JSON object rewritten with one field changed, under its own schema; `forms`: ten schemas with
+long keys and enums, bench/forms.py, at least ten requests), B concurrent greedy requests each.
+Per task and mode (unconstrained, constrained) a baseline round without speculation runs first
+and records every request's tokens; then, per backend and K, an engine with `--speculative` runs
+the same requests:
 
-- `ngram`: the real n-gram copy proposer (real acceptance on a real model);
+- `ngram`: the real n-gram copy proposer (real acceptance on a real model), with grammar drafts
+  on constrained rows (spec/grammar.py) as served;
+- `ngram-alone`: the n-gram copy proposer (layout-aware, spec/layout.py) without grammar drafts;
+- `grammar`: grammar drafts alone (`--speculative grammar`: constrained rows only);
 - `oracle`: the target's own greedy continuation recorded by the baseline round, so every draft
   is accepted and the round measures the machinery alone (verify forward, K+1 masks,
   acceptance, commit). Random weights accept almost nothing, so this is the honest machinery
@@ -41,15 +45,15 @@ from bench.models import build_runtime
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime
-from services.worker.spec import ContextProposer
+from services.worker.spec import ContextProposer, NgramProposer
 from bench.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.generation import (ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions,
                                SamplingParams)
 
-BACKENDS = ("ngram", "oracle", "mtp", "dflash", "dflash2")
+BACKENDS = ("ngram", "ngram-alone", "grammar", "oracle", "mtp", "dflash", "dflash2")
 DEFAULT_BACKENDS = ("ngram", "oracle")
-TASKS = ("extract", "rewrite")
+TASKS = ("extract", "rewrite", "forms")
 
 _PEOPLE = [("Maria Lopez", "maria.lopez@example.com", "Valencia", "A-10293", 129.5),
            ("John Carter", "j.carter@example.org", "Leeds", "B-55120", 42.0),
@@ -67,8 +71,13 @@ REWRITE_SCHEMA = {"type": "object", "properties": {
     "additionalProperties": False}
 
 
-def task_prompts(task: str, count: int) -> tuple[list[str], dict]:
-    """`count` user messages of one task and the task's schema."""
+def task_prompts(task: str, count: int) -> tuple[list[str], dict | list[dict]]:
+    """`count` user messages of one task and the task's schema (`forms`: ten schemas with long
+    keys and enums from bench/forms.py, one per message; at least ten messages)."""
+    if task == "forms":
+        from bench.forms import form_prompts
+
+        return form_prompts(count * -(-10 // count))
     out = []
     for i in range(count):
         name, email, city, order, amount = _PEOPLE[i % len(_PEOPLE)]
@@ -87,7 +96,7 @@ def task_prompts(task: str, count: int) -> tuple[list[str], dict]:
 
 @dataclass(frozen=True)
 class SpecBenchOptions:
-    tasks: tuple[str, ...] = TASKS
+    tasks: tuple[str, ...] = ("extract", "rewrite")
     backends: tuple[str, ...] = DEFAULT_BACKENDS
     draft_tokens: tuple[int, ...] = (2, 4)  # K values, each >= 1
     batch_size: int = 1  # concurrent requests per round, >= 1
@@ -108,15 +117,16 @@ class SpecBenchOptions:
                              "draft_layers >= 1")
 
 
-def _requests(runtime: ModelRuntime, prompts: list[str], schema: dict | None, max_tokens: int,
-              tag: str) -> list[GenerateRequest]:
+def _requests(runtime: ModelRuntime, prompts: list[str], schema: dict | list[dict] | None,
+              max_tokens: int, tag: str) -> list[GenerateRequest]:
     chat = runtime.name == "smollm2"  # a real chat model answers its template
     out = []
     for i, text in enumerate(prompts):
         prompt = PromptInput(messages=(ChatMessage("user", text),)) if chat else PromptInput(text=text)
+        one = schema[i] if isinstance(schema, list) else schema
         out.append(GenerateRequest(f"{tag}-{i}", prompt, RequestOptions(
             max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0),
-            constraint=OutputConstraint.json_schema(schema) if schema else None),
+            constraint=OutputConstraint.json_schema(one) if one else None),
             model=runtime.name))
     return out
 
@@ -176,11 +186,11 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
     # wrap(engine, drafter) -> proposer: a bench proposer over the round's drafter, installed
     # after the plain warm-up (bench/acceptance.py's known acceptance).
     max_len = 1024
-    speculative = None if backend is None else backend if backend in ("mtp", "dflash", "dflash2") \
-        else "ngram"
+    speculative = None if backend is None else backend \
+        if backend in ("grammar", "mtp", "dflash", "dflash2") else "ngram"
     config = EngineConfig(max_batch=opts.batch_size, max_len=max_len, prefill_chunk=1024,
                           cuda_graphs=opts.cuda_graphs, speculative=speculative,
-                          num_draft_tokens=k,
+                          num_draft_tokens=k, max_waiting=len(prompts),
                           draft_model=(drafts or {}).get((backend, k)))
     client = open_in_process(runtime, config)
     engine = client.engine
@@ -191,6 +201,9 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
                                _requests(runtime, prompts, schema, 4, f"w{tag}")))
         if backend == "oracle":
             drafter = ContextProposer(oracle, k)
+        elif backend == "ngram-alone":
+            drafter = ContextProposer(NgramProposer(
+                token_bytes=runtime.domain.token_bytes, encode=runtime.tokenizer.encode), k)
         if wrap is not None:
             drafter = wrap(engine, drafter)
         engine.proposer = drafter

@@ -20,7 +20,8 @@ import sys
 
 from services.settings import UsageError, add_settings, switch
 
-ENDPOINTS = "OpenAI /v1/chat/completions, /v1/responses; Anthropic /v1/messages"
+ENDPOINTS = ("OpenAI /v1/chat/completions, /v1/responses, /v1/completions, /v1/models; "
+             "Anthropic /v1/messages")
 
 
 def _addresses(values: list[str]) -> list[tuple[str, int]]:
@@ -39,6 +40,25 @@ def _api_keys(args: argparse.Namespace) -> frozenset[str]:
 
 def _say(line: str) -> None:
     print(f"infernix: {line}", file=sys.stderr, flush=True)
+
+
+def _check_port(host: str, port: int) -> None:
+    """A port another process holds is a one-line usage error before anything loads (binding
+    as the server will, with SO_REUSEADDR, so a socket in TIME_WAIT does not count)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise UsageError(f"--host {host}: {exc.strerror or exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise UsageError(f"--port {port}: cannot listen on {host}:{port}: "
+                             f"{exc.strerror or exc}") from None
 
 
 def _worker_settings(cls, args: argparse.Namespace):
@@ -66,17 +86,24 @@ def run_serve(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     settings = _worker_settings(WorkerSettings, args)
+    _check_port(args.host, args.port)
+    names = tuple(args.served_model_name or ())
 
     async def main() -> None:
         registry = CollectorRegistry()  # one /metrics for the gateway, engine and grammar cache
         _say(f"loading {settings.model} on {settings.device} ...")
         worker = await asyncio.to_thread(open_worker, settings, registry=registry)
+        if names:
+            from services.gateway.aliases import AliasedWorker
+
+            worker = AliasedWorker(worker, settings.model, names)
+        served = ", ".join(names or (settings.model,))
         try:
             await serve_gateway(host=args.host, port=args.port, worker=worker,
                                 api_keys=_api_keys(args), registry=registry,
                                 ignore_unknown_fields=args.ignore_unknown_fields,
                                 on_ready=lambda: _say(
-                                    f"serving {settings.model} on http://{args.host}:{args.port} "
+                                    f"serving {served} on http://{args.host}:{args.port} "
                                     f"({ENDPOINTS})"))
         finally:
             await worker.aclose()
@@ -95,6 +122,7 @@ def run_worker_serve(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     settings = _worker_settings(WorkerSettings, args)
+    _check_port(args.host, args.port)
     registry = CollectorRegistry()
     serve_metrics(args.metrics_port, registry, args.host)
 
@@ -168,6 +196,7 @@ def run_gateway_serve(args: argparse.Namespace) -> int:
         raise UsageError("gateway serve: give at least one --worker HOST:PORT "
                          "(or INFERNIX_WORKERS=HOST:PORT,...)")
     workers = _addresses(addresses)
+    _check_port(args.host, args.port)
 
     async def main() -> None:
         pool = WorkerPool([GrpcWorkerClient(host, port) for host, port in workers])
@@ -198,8 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run Infernix on its embedded default (CPU, in-memory)",
                            description="The gateway, a worker and the grammar service in one "
                            "process: OpenAI- and Anthropic-compatible HTTP.")
-    add_settings(serve, "host", "port", "api_keys", "ignore_unknown_fields", "model", "device",
-                 "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "kv_cache_tokens",
+    add_settings(serve, "host", "port", "api_keys", "ignore_unknown_fields", "model",
+                 "served_model_name", "device", "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "kv_cache_tokens",
                  "no_prefix_cache", "no_pipeline", "log_level", "speculative", "draft_model", "num_draft_tokens")
     serve.set_defaults(func=run_serve)
 

@@ -29,6 +29,7 @@ class Setting:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None  # the values a string setting may take
     has_flag: bool = True  # False: an operator switch, only its environment variable
+    many: bool = False  # a list: the flag takes one or more values, the variable a comma list
 
     @property
     def flag(self) -> str:
@@ -64,8 +65,8 @@ def _address(text: str) -> str:
 
 def _speculative(text: str) -> str:
     value = text.strip().lower()
-    if value not in ("ngram", "mtp", "dflash", "dflash2"):
-        raise ValueError(f"expected ngram, mtp, dflash or dflash2, got {text!r}")
+    if value not in ("grammar", "ngram", "mtp", "dflash", "dflash2"):
+        raise ValueError(f"expected grammar, ngram, mtp, dflash or dflash2, got {text!r}")
     return value
 
 
@@ -94,6 +95,9 @@ _TABLE = (
             "lanes x max_len; more leaves the prefix cache room beyond the lanes", "N"),
     Setting("no_prefix_cache", None, False, "turn the automatic prefix cache off (KV blocks of "
             "equal prompt prefixes are then never reused, nor a hybrid model's state snapshots)"),
+    Setting("served_model_name", str, None, "the model names clients call it by (one or more; "
+            "the first is listed first); omitted: the --model value as given", "NAME",
+            many=True),
     Setting("no_pipeline", None, False, "launch each decode step only after the previous one's "
             "commit (on CUDA the next step's forward is launched first by default, so the commit's "
             "host work overlaps it; the CPU never pipelines)"),
@@ -115,9 +119,11 @@ _TABLE = (
             "run before the rest are cancelled", "SECONDS"),
     Setting("metrics_port", int, 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
     Setting("log_level", _log_level, "INFO", "log level: DEBUG, INFO, WARNING or ERROR"),
-    Setting("speculative", _speculative, None, "speculative decoding backend: ngram (n-gram copy "
-            "from the request's own context), mtp (a Qwen3.5 model's MTP module), dflash or "
-            "dflash2 (a draft model, --draft-model, on a dense target); omitted: off", "BACKEND"),
+    Setting("speculative", _speculative, None, "speculative decoding backend: grammar (the text "
+            "a constraint forces), ngram (n-gram copy from the request's own context), mtp (a "
+            "Qwen3.5 model's MTP module; ngram and mtp add grammar drafts on constrained rows), "
+            "dflash or dflash2 (a draft model, --draft-model, on a dense target); omitted: off",
+            "BACKEND"),
     Setting("draft_model", str, None, "checkpoint directory of the draft model (dflash, dflash2)",
             "DIR"),
     Setting("num_draft_tokens", _positive, 4, "drafts per request and round with --speculative",
@@ -176,6 +182,11 @@ def env_value(setting: Setting, default: Any) -> Any:
     raw = os.environ.get(setting.env)
     if raw is None:
         return default
+    if setting.many:
+        values = [v.strip() for v in raw.split(",") if v.strip()]
+        if not values:
+            raise UsageError(f"{setting.env}={raw!r}: expected one or more comma-separated values")
+        return [(setting.type or str)(v) for v in values]
     try:
         value = (setting.type or _bool)(raw)
     except ValueError as exc:
@@ -212,5 +223,8 @@ def add_settings(parser: argparse.ArgumentParser, *names: str, **defaults: Any) 
             parser.add_argument(s.flag, action="store_true", default=value, help=text)
         elif s.choices is not None:
             parser.add_argument(s.flag, choices=s.choices, default=value, help=text)
+        elif s.many:
+            parser.add_argument(s.flag, type=s.type, nargs="+", default=value, metavar=s.metavar,
+                                help=text)
         else:
             parser.add_argument(s.flag, type=s.type, default=value, metavar=s.metavar, help=text)

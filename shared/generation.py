@@ -127,7 +127,9 @@ class Usage:
 @dataclass(frozen=True)
 class Started:
     """The first event of every generation, sent once the worker has prepared and queued the
-    request: the prompt's token count (and how many of them a prefix cache held)."""
+    request: the prompt's token count (and how many of them a prefix cache held). A worker with a
+    prefix cache sends it again when the request first gets a lane, with the cached count its
+    lookup found, before any output event; the last one received holds."""
 
     prompt_tokens: int
     cached_tokens: int = 0

@@ -144,6 +144,35 @@ async def test_anthropic_thinking_blocks_and_deltas(served):
     assert [b.type for b in off.content] == ["text"]
 
 
+async def test_anthropic_thinking_signatures_round_trip(served):
+    """"thinking blocks carry no `signature` and no `signature_delta` (clients such as Claude
+    Code need them round-tripped)": the block's signature, in the aggregate and as the stream's
+    signature_delta (what the SDK accumulates), is accepted back with the block unchanged; the
+    same signature over an edited text is a 400 naming it."""
+    model, _, an, _ = served
+    ask = dict(model=model, max_tokens=12, extra_body={"top_k": 1}, messages=ASK,
+               thinking={"type": "enabled", "budget_tokens": 4})
+    whole = await an.messages.create(**ask)
+    thinking = whole.content[0]
+    assert thinking.type == "thinking" and thinking.signature
+    async with an.messages.stream(**ask) as stream:
+        deltas = [e.delta.type async for e in stream if e.type == "content_block_delta"]
+        final = await stream.get_final_message()
+    assert deltas.count("signature_delta") == 1
+    assert deltas.index("signature_delta") == len([d for d in deltas if d == "thinking_delta"])
+    assert final.content[0].signature == thinking.signature
+    history = ASK + [{"role": "assistant", "content": [b.model_dump() for b in whole.content]},
+                     {"role": "user", "content": "Why?"}]
+    again = await an.messages.create(**{**ask, "messages": history})
+    assert again.content
+    edited = [dict(b.model_dump()) for b in whole.content]
+    edited[0]["thinking"] += " (edited)"
+    with pytest.raises(anthropic.BadRequestError) as info:
+        await an.messages.create(**{**ask, "messages": ASK + [
+            {"role": "assistant", "content": edited}, {"role": "user", "content": "Why?"}]})
+    assert info.value.body["error"]["param"] == "messages[1].content[0].signature"
+
+
 async def test_history_reasoning_reaches_the_template(served):
     """An assistant turn's reasoning sent back (Chat `reasoning_content`, Anthropic `thinking`
     blocks) is the template's to render: the Qwen3.5 template shows it for the turns after the

@@ -63,7 +63,7 @@ def server():
     human = [ln for ln in log_path.read_text().splitlines() if ln.startswith("infernix: ")]
     assert human == ["infernix: loading smollm2 on cpu ...",
                      f"infernix: serving smollm2 on {base} (OpenAI /v1/chat/completions, "
-                     "/v1/responses; Anthropic /v1/messages)"], human
+                     "/v1/responses, /v1/completions, /v1/models; Anthropic /v1/messages)"], human
     try:
         yield base
     finally:

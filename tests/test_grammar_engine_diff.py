@@ -4,7 +4,7 @@ DESIGN.md, "Constraint engines": a second engine is allowed where measured bette
 equivalent by differential tests ... Neither engine may make a language looser." For many
 generated schemas (and every fixture schema of the schema tests) the xgrammar EBNF and the
 llguidance Lark lowering must give identical masks at every position of the same random walks,
-agree on may-end and termination, accept and reject the same instances, and every completed walk
+agree on may-end, termination and the forced bytes, accept and reject the same instances, and every completed walk
 must be valid for the `jsonschema` library (the independent base).
 """
 
@@ -114,7 +114,7 @@ def both(constraint: OutputConstraint, comp: ModelCompiler):
 
 def compare_walks(gx, gl, rng: random.Random, walks: int, steps: int) -> list[bytes]:
     """Walk both engines' matchers with the same random legal tokens; assert identical masks,
-    may-end and termination at every position; roll back now and then and compare again.
+    may-end, termination and forced bytes at every position; roll back now and then and compare again.
     Returns the outputs of the walks that ended with EOS."""
     domain = gx.domain
     done = []
@@ -132,6 +132,7 @@ def compare_walks(gx, gl, rng: random.Random, walks: int, steps: int) -> list[by
                 raise AssertionError(f"masks differ after {bytes(data)!r}: only xgrammar "
                                      f"{sorted(a - b)[:8]}, only llguidance {sorted(b - a)[:8]}")
             assert mx.is_completed() == ml.is_completed(), bytes(data)
+            assert mx.forced_bytes() == ml.forced_bytes(), bytes(data)
             ids = legal_ids(bx[0], domain.size)
             assert ids, f"dead end after {bytes(data)!r}"
             eos = [i for i in ids if i in domain.eos_ids]

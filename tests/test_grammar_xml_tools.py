@@ -72,7 +72,9 @@ def _thinking_framing() -> ThinkingFraming:
 
 def decode(tokens: list[int], tools, *, thinking: bool):
     """The production decoder: phase decoder, then the XML tool stream."""
-    dec = PhaseDecoder(xml_domain(), _thinking_framing(), phase=REASONING if thinking else CONTENT)
+    d = xml_domain()
+    dec = PhaseDecoder(d, _thinking_framing(), phase=REASONING if thinking else CONTENT,
+                       call_open_id=d.special_id("<tool_call>"))
     stream = ToolStream(constrained=True, codings=argument_codings(tools))
     events, reasoning = [], []
     for item in dec.feed(tokens) + dec.finish():
@@ -136,7 +138,7 @@ def test_walks_of_every_framing_read_back(thinking, kind, strict, compiler) -> N
     compiled = compiler.compile_grammar(build_framed_grammar(constraint, framing, d))
     rng = random.Random(11)
     seen_calls = completed = 0
-    for _ in range(14):
+    for _ in range(20):
         w = walk(compiled, d, rng, names=not strict, prefer=_prefer(), max_tokens=300,
                  end_bias=0.12)
         if not w.completed:

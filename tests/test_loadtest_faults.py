@@ -170,7 +170,10 @@ def stack():
     redis = RedisServer(free_port(), None, tempfile.mkdtemp(prefix="infernix-redis-"))
     redis.start()
     isolation = ("--compile-isolation", "thread")
-    grammar = GrammarProcess(redis.url, *isolation)
+    # The product's engine choice (JSON content on llguidance where it can run it); the grammar
+    # byte limit lifted as everywhere in these tests.
+    grammar = GrammarProcess(redis.url, *isolation, env={
+        "INFERNIX_MAX_GRAMMAR_BYTES": UNBOUNDED_GRAMMARS["INFERNIX_MAX_GRAMMAR_BYTES"]})
     flags = ("--grammar", grammar.address, "--redis-url", redis.url, "--lanes", "4",
              "--max-waiting", "2", "--max-len", "2048", "--grammar-retry-s", "0.5", *isolation)
     workers = [WorkerProcess(*flags, name=f"worker{i}") for i in (1, 2)]
@@ -344,6 +347,23 @@ async def test_a_client_leaving_a_non_streaming_request_cancels_it_at_its_worker
     await _until_async(lambda: stack.resident(), lambda counts: sum(counts) == 0)
     assert stack.metric("infernix_worker_requests_total", outcome="cancelled") == cancelled + 1
     assert stack.metric("infernix_worker_requests_total", outcome="length") == length
+
+
+@pytest.mark.asyncio
+async def test_a_five_thousand_value_enum_is_served_through_the_stack(stack):
+    """Issue: "A string `enum` of 5,000 values compiles; the first accepted token raises inside
+    the llguidance matcher ... the client gets `500 internal_error`." Through the gateway, a
+    worker and the grammar service (the product's engine choice): a 200 whose content is one of
+    the values."""
+    values = [f"value{i}" for i in range(5000)]
+    body = _chat(24, temperature=0, response_format={"type": "json_schema", "json_schema": {
+        "name": "e", "schema": {"type": "string", "enum": values}}})
+    async with aiohttp.ClientSession() as session:
+        async with session.post(stack.gateway.url + "/v1/chat/completions", json=body) as reply:
+            status, answer = reply.status, await reply.json()
+    assert status == 200, answer
+    assert answer["choices"][0]["finish_reason"] == "stop", answer
+    assert json.loads(answer["choices"][0]["message"]["content"]) in values
 
 
 LANES_FREE_WITHIN_S = 5.0  # after a mass disconnect (the engine retires a cancel in one step)

@@ -1,4 +1,5 @@
-"""A failure inside one request's finishing stays that request's failure.
+"""A failure inside one request (its finishing, its matcher, its publication) stays that
+request's failure.
 
 Issue 12: "no stage's failure becomes everyone's failure". Found by the load test under faults
 (tests/test_loadtest_faults.py): a tool-call decoder error at the end of one truncated request
@@ -14,7 +15,8 @@ import json
 
 import pytest
 
-from shared.contract import ToolChoice, ToolDefinition
+from services.grammar.engines import engine_llguidance
+from shared.contract import OutputConstraint, ToolChoice, ToolDefinition
 from shared.errors import InternalError
 from shared.frontends.formats import hermes
 from shared.generation import ChatMessage, FinishReason, GenerateRequest, PromptInput
@@ -49,8 +51,6 @@ async def test_a_tool_decoder_bug_fails_its_request_and_the_engine_keeps_serving
 
 # ---------------------------------------------------------------- a matcher that raises
 
-from services.grammar.engines import engine_llguidance  # noqa: E402
-from shared.contract import OutputConstraint  # noqa: E402
 
 HEALTHY = {
     "json": OutputConstraint.json_schema({"type": "object", "properties": {
@@ -90,8 +90,8 @@ def _poison(monkeypatch, where: str) -> None:
 async def _run_together(client, runtime, names) -> dict:
     async def one(name):
         constraint = POISONED if name == "poisoned" else HEALTHY[name]
-        return await collect(client, text_request(name, f"{name}:", greedy(24, constraint=constraint),
-                                                  runtime.name))
+        return await collect(client, text_request(
+            name, f"{name}:", greedy(24, constraint=constraint), runtime.name))
     results = await asyncio.gather(*(one(n) for n in names))
     return dict(zip(names, results))
 
@@ -192,10 +192,11 @@ async def test_a_spelled_opener_inside_json_or_tools_content_is_text():
     client = open_client(runtime, max_batch=2, max_len=1024)
     try:
         deltas, done = await collect(client, _tool_request(
-            "union", runtime, 40, constraint=OutputConstraint.json_schema(schema, whitespace="compact"),
+            "union", runtime, 40,
+            constraint=OutputConstraint.json_schema(schema, whitespace="compact"),
             tool_choice=ToolChoice()))
         assert done.error is None, done.error
-        assert done.finish_reason is FinishReason.STOP and not done.tool_calls, ("".join(deltas), done.content)
+        assert done.finish_reason is FinishReason.STOP and not done.tool_calls, done.content
         assert json.loads("".join(deltas)) == {"answer": "<tool_call>"}
         assert done.content == "".join(deltas)
     finally:

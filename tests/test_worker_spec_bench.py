@@ -84,3 +84,27 @@ def test_bench_spec_mtp_rounds_on_a_tiny_qwen35():
     for row in rows:
         [run] = row["runs"]
         assert run["backend"] == "mtp" and run["outputs_equal"] and run["verify_rounds"] > 0
+
+
+def test_bench_spec_forms_compile_and_force_text():
+    """The `forms` task: ten schemas with long keys and enums, each valid for the grammar
+    compiler; after `{` each forces its first long key (the grammar drafter's case), and at least
+    ten requests run in a round whatever B is."""
+    import json
+
+    from services.grammar.compiler import ModelCompiler
+    from bench.forms import FORMS
+    from bench.spec import task_prompts
+    from shared.contract import OutputConstraint
+    from tests.support import byte_domain
+
+    compiler = ModelCompiler(byte_domain())
+    for schema, _ in FORMS:
+        m = compiler.compile(OutputConstraint.json_schema(schema, whitespace="indented")).grammar \
+            .matcher()
+        assert m.accept_bytes(b"{")
+        first = next(iter(schema["properties"]))
+        assert m.forced_bytes().startswith(b'\n  "' + first.encode() + b'": ')
+    prompts, schemas = task_prompts("forms", 8)
+    assert len(prompts) == len(schemas) == 16 and schemas[10] == FORMS[0][0]
+    assert json.dumps(FORMS[3][0]) in prompts[3]

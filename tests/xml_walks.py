@@ -137,18 +137,22 @@ _PARAM = re.compile(r"<parameter=([^>\n\r]+)>\n(.*?)\n</parameter>\n", re.S)
 
 def parse(tokens: list[int], domain: TokenDomain, *, thinking: bool) -> Parsed:
     """Read a complete output of the framing independently; raises AssertionError when it is not
-    in the format (reasoning, `</think>`, exactly `\\n\\n`; text; calls opened and closed by their
-    control tokens, one newline between calls, nothing after the last)."""
+    in the format (reasoning, then `</think>` and exactly `\\n\\n`, or at once a call opened
+    inside the think block; text; calls opened and closed by their control tokens, one newline
+    between calls, nothing after the last)."""
     segs = segments(tokens, domain)
     reasoning = None
-    if thinking:
-        at = segs.index(("ctl", b"</think>"))
+    if thinking:  # up to `</think>` and its separator, or up to a call opened inside the think
+        at = next(i for i, (k, _) in enumerate(segs) if k == "ctl")
+        assert segs[at] in (("ctl", b"</think>"), ("ctl", b"<tool_call>")), segs[at]
         reasoning = b"".join(b for _, b in segs[:at])
-        assert all(k == "text" for k, _ in segs[:at]), "a control token inside reasoning"
-        segs = segs[at + 1:]
-        assert segs and segs[0][0] == "text" and segs[0][1].startswith(b"\n\n"), segs[:1]
-        rest = segs[0][1][2:]
-        segs = ([("text", rest)] if rest else []) + segs[1:]
+        if segs[at] == ("ctl", b"</think>"):
+            segs = segs[at + 1:]
+            assert segs and segs[0][0] == "text" and segs[0][1].startswith(b"\n\n"), segs[:1]
+            rest = segs[0][1][2:]
+            segs = ([("text", rest)] if rest else []) + segs[1:]
+        else:
+            segs = segs[at:]
     content = b""
     if segs and segs[0][0] == "text":
         content, segs = segs[0][1], segs[1:]

@@ -9,6 +9,7 @@ from typing import Any
 from services.gateway import fields as f
 from services.gateway import known
 from services.gateway.anthropic_replies import Streamer, aggregate  # noqa: F401 - the entry's
+from services.gateway.anthropic_replies import signature_matches
 from services.gateway.errors import ErrorPaths
 from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
@@ -203,7 +204,13 @@ def _assistant(blocks: list[dict], path: str) -> list[ChatMessage]:
         if kind == "text":
             texts.append(f.get_str(block, "text", bpath, required=True))
         elif kind == "thinking":
-            thoughts.append(f.get_str(block, "thinking", bpath, required=True))
+            text = f.get_str(block, "thinking", bpath, required=True)
+            signature = f.get_str(block, "signature", bpath, default="")
+            if not signature_matches(text, signature):
+                raise InvalidRequest(f"{bpath}.signature was issued for another thinking text: "
+                                     "send thinking blocks back unchanged",
+                                     field=f"{bpath}.signature")
+            thoughts.append(text)
         elif kind == "tool_use":
             arguments = f.get_dict(block, "input", bpath, required=True)
             calls.append(ToolCall(f.get_str(block, "id", bpath, required=True),

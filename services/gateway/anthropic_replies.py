@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
-from typing import Any
+from typing import Any, Callable
 
 from services.gateway.choices import Results
 from services.gateway.cut_calls import is_cut, partial_object
@@ -62,9 +64,26 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
             "infernix": {"constraint": finished.constraint}}
 
 
-def _thinking_block(text: str) -> dict[str, Any]:
-    # No signature: this server's reasoning is plain text, sent back as it was published.
-    return {"type": "thinking", "thinking": text, "signature": ""}
+_SIGNATURE_PREFIX = "infernix-sha256:"
+
+
+def thinking_signature(text: str) -> str:
+    """The signature of a thinking block this server publishes: a digest of its text (an
+    integrity check that any gateway can repeat, not a secret), so a client that sends the block
+    back unchanged, as Anthropic clients do, is accepted and an edited one is told apart."""
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return _SIGNATURE_PREFIX + base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
+
+
+def signature_matches(text: str, signature: str) -> bool:
+    """False only for a signature this server issued for another text (others: not ours to
+    judge; the reasoning is passed to the chat template either way)."""
+    return not signature.startswith(_SIGNATURE_PREFIX) or signature == thinking_signature(text)
+
+
+def _thinking_block(text: str, signature: str | None = None) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text,
+            "signature": thinking_signature(text) if signature is None else signature}
 
 
 def _arguments(text: str) -> Any:
@@ -75,23 +94,35 @@ def _arguments(text: str) -> Any:
 
 
 class Streamer:
-    """message_start, content blocks (thinking_delta / text_delta / input_json_delta), message_delta with the
-    stop reason, usage and constraint report, message_stop; failures as `event: error`."""
+    """message_start, content blocks (thinking_delta and its closing signature_delta /
+    text_delta / input_json_delta), message_delta with the stop reason, usage and constraint
+    report, message_stop; failures as `event: error`."""
 
     def __init__(self, tr: Translated) -> None:
         self.tr = tr
         self.blocks = 0  # content blocks opened so far
         self.open: str | None = None  # "text" or "tool_use"
         self.open_call: int | None = None  # the worker's call index of an open tool_use block
+        self.counts: Callable[[], PromptCounts | None] = lambda: None
+        self.started = False  # message_start sent
+        self.thinking = ""  # the text of an open thinking block, for its signature
 
     @staticmethod
     def _ev(kind: str, **data: Any) -> SSE:
         return SSE({"type": kind, **data}, event=kind)
 
-    def begin(self, counts: PromptCounts | None = None) -> list[SSE]:
-        """message_start with the prompt's real token count when the worker's Started event
-        gave it (else 0: the count arrives in message_delta)."""
-        counts = counts or PromptCounts()
+    def begin(self, counts: Callable[[], PromptCounts | None]) -> list[SSE]:
+        """Nothing yet: message_start waits for the first output (or the end), when the
+        worker's last Started event has given the prompt's real token count and the prefix
+        cache's share of it (the lookup runs when the request gets a lane)."""
+        self.counts = counts
+        return []
+
+    def _message_start(self) -> list[SSE]:
+        if self.started:
+            return []
+        self.started = True
+        counts = self.counts() or PromptCounts()
         message = {"id": self.tr.request.request_id, "type": "message", "role": "assistant",
                    "model": self.tr.request.model, "content": [], "stop_reason": None,
                    "stop_sequence": None,
@@ -101,8 +132,13 @@ class Streamer:
     def _close(self) -> list[SSE]:
         if self.open is None:
             return []
+        out = []
+        if self.open == "thinking":  # its signature, once its text is whole
+            out.append(self._ev("content_block_delta", index=self.blocks - 1, delta={
+                "type": "signature_delta", "signature": thinking_signature(self.thinking)}))
+            self.thinking = ""
         self.open, self.open_call = None, None
-        return [self._ev("content_block_stop", index=self.blocks - 1)]
+        return out + [self._ev("content_block_stop", index=self.blocks - 1)]
 
     def _start(self, kind: str, block: dict) -> list[SSE]:
         out = self._close()
@@ -111,10 +147,11 @@ class Streamer:
         return out + [self._ev("content_block_start", index=self.blocks - 1, content_block=block)]
 
     def event(self, event: Any, choice: int = 0) -> list[SSE]:
-        out: list[SSE] = []
+        out: list[SSE] = self._message_start()
         if isinstance(event, ReasoningDelta) and event.text:
             if self.open != "thinking":
-                out += self._start("thinking", _thinking_block(""))
+                out += self._start("thinking", _thinking_block("", signature=""))
+            self.thinking += event.text
             out.append(self._ev("content_block_delta", index=self.blocks - 1,
                                 delta={"type": "thinking_delta", "thinking": event.text}))
         elif isinstance(event, TextDelta) and event.text:
@@ -140,7 +177,7 @@ class Streamer:
     def finish(self, results: Results) -> list[SSE]:
         finished = results.first
         usage = _usage(results.prompt_tokens, results.cached_tokens, results.completion_tokens)
-        return self._close() + [
+        return self._message_start() + self._close() + [
             self._ev("message_delta", delta={"stop_reason": stop_reason(finished),
                                              "stop_sequence": finished.stop_sequence},
                      usage=usage, infernix={"constraint": finished.constraint}),

@@ -197,7 +197,8 @@ async def serve(*, host: str, port: int, worker: WorkerClient,
                 on_ready: Callable[[], None] | None = None,
                 drain_seconds: float = 30.0) -> None:
     """Serve the gateway until SIGTERM/SIGINT: the first signal stops accepting and lets running
-    requests finish (up to `drain_seconds`), a second one exits at once. `ignore_unknown_fields`: see
+    requests finish (up to `drain_seconds`), a second one exits at once.
+    `ignore_unknown_fields`: see
     `create_app` (the CLI's `--ignore-unknown-fields`). `on_ready()` runs once the socket listens.
     Logging is configured by the caller (`shared.logging.configure_logging`)."""
     runner = web.AppRunner(create_app(worker, api_keys=api_keys, limits=limits,

@@ -54,8 +54,8 @@ class CallTracker:
         if not cut:
             return finished
         call_id, name, fragments = self._calls[cut[0]]
-        return dataclasses.replace(
-            finished, tool_calls=finished.tool_calls + (CutCall(call_id, name, "".join(fragments)),))
+        cut_call = CutCall(call_id, name, "".join(fragments))
+        return dataclasses.replace(finished, tool_calls=finished.tool_calls + (cut_call,))
 
 
 _CLOSERS = {"{": "}", "[": "]"}

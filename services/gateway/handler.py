@@ -211,7 +211,8 @@ async def _stream(request: web.Request, entry: Entry, tr: Translated, choices: C
     response = await open_stream(request, record.request_id)
     finished: list[Finished | None] = [None] * len(tr.requests)
     try:
-        await send(response, streamer.begin(choices.counts))
+        # the prompt counts as the worker reports them by then (Started, again at admission)
+        await send(response, streamer.begin(lambda: choices.counts))
         async for index, event in choices.events():
             if not isinstance(event, Finished):
                 await send(response, streamer.event(event, index))

@@ -6,7 +6,7 @@ check   compiles each constraint and prints one JSON line per constraint:
         (i counts the file's lines from 0). Exit status 0 when all compiled, 2 when any was rejected.
         --batch FILE.jsonl: many constraints in one process, one output line per input line; a
         json_schema line may carry "values" (JSON values, checked in the generation layout under
-        the `any` whitespace profile unless the line names one:
+        the `any` whitespace profile unless the line or --json-whitespace names one:
         "values_accepted", and as plain json.dumps text: "values_accepted_raw"). Schema lines
         list the keywords read as annotations ("annotations").
 sample  random walks through the legal masks (see services.grammar.engines.matching.random_walk).
@@ -108,10 +108,12 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
             result: dict[str, Any]
             try:
                 obj = json.loads(line)
-                if isinstance(obj, dict) and obj.get("values") and "whitespace" not in obj:
-                    # Values are checked in the generation layout without whitespace, which the
-                    # contract's `any` profile holds (a model's default may require indentation).
-                    obj = {**obj, "whitespace": "any"}
+                ws = getattr(args, "json_whitespace", None)
+                if isinstance(obj, dict) and "whitespace" not in obj and (ws or obj.get("values")):
+                    # A line's own profile, else --json-whitespace; values are checked in the
+                    # generation layout without whitespace, which the contract's `any` profile
+                    # holds (a model's default may require indentation).
+                    obj = {**obj, "whitespace": ws or "any"}
                 constraint = constraint_from_batch_line(obj)
                 outcome = compiler.compile(constraint)
             except InfernixError as exc:

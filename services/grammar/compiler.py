@@ -22,7 +22,9 @@ from services.grammar.engines import engine_llguidance, engine_xgrammar
 from services.grammar.engines.engine import LLGUIDANCE, XGRAMMAR, CompiledConstraint
 from services.grammar.engines.engine_llguidance import BeyondLimits, LlguidanceConstraint
 from services.grammar.engines.engine_xgrammar import XgrammarConstraint
-from services.grammar.framing import check_framing, thinking_prefix_ebnf
+from services.grammar.framing import (
+    check_framing, implicit_close_applies, implicit_close_ebnf, thinking_prefix_ebnf,
+)
 from services.grammar.regex.tree import ebnf_literal
 from services.settings import UsageError, switch
 from shared.contract import ConstraintKind, OutputConstraint
@@ -124,6 +126,14 @@ def build_framed_grammar(constraint: Compilable, framing: str, domain: TokenDoma
     that does not fit and the inner conversion's typed errors."""
     check_framing(constraint, framing)
     thinking, inner = split_framing(framing)
+    if implicit_close_applies(constraint, thinking, inner):
+        from services.grammar.tools.xml_tools import xml_tool_grammar_ebnf
+
+        try:
+            text = xml_tool_grammar_ebnf(constraint, domain)
+        except ValueError as e:  # the vocabulary lacks the format's control tokens
+            raise Unsupported(f"the XML tool format needs {e}", field="framing") from None
+        return _from_ebnf(implicit_close_ebnf(SPECS[thinking], text, domain), "framed XML tool")
     grammar = _inner_grammar(constraint, inner, domain)
     if thinking is None:
         return grammar

@@ -12,7 +12,10 @@ is one `ExcludeToken(...)` of the close token, the EOS ids and every other contr
 reasoning token is an ordinary token (xgrammar 0.2.8 masks `ExcludeToken(a) | ExcludeToken(b)` as
 their intersection, so the ids go in one terminal); the separator is a byte literal matched after
 the close token, so a token holding the separator's end and the content's start is legal. The
-thinking framing wraps the whole inner language, the union of JSON content and calls included.
+thinking framing wraps the whole inner language, the union of JSON content and calls included;
+around an XML tool grammar that may call, the reasoning may also end at once with a call (its
+opener is a control token no reasoning token is: an implicit end of reasoning, as Qwen3.5 writes;
+`implicit_close_ebnf`).
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Union
 
 from services.grammar.regex.tree import ebnf_literal
-from shared.contract import OutputConstraint
+from shared.contract import OutputConstraint, ToolMode
 from shared.errors import InternalError, Unsupported
-from shared.frontends.formats import FORMATS, HERMES
+from shared.frontends.formats import FORMATS, HERMES, QWEN_XML
 from shared.frontends.frontend import RAW_FRAMING, split_framing
 from shared.frontends.thinking import SPECS, ThinkingSpec
 from shared.frontends.token_domain import TokenDomain
@@ -67,3 +70,25 @@ def thinking_prefix_ebnf(spec: ThinkingSpec, domain: TokenDomain) -> str:
     excluded = sorted({close} | domain.eos_ids | domain.control_ids)
     return (f"root ::= reasoning Token({close}) {ebnf_literal(spec.separator.decode())}\n"
             f"reasoning ::= \"\" | ExcludeToken({', '.join(map(str, excluded))}) reasoning\n")
+
+
+def implicit_close_applies(constraint: Compilable, thinking: str | None, inner: str) -> bool:
+    """Whether the output may leave its reasoning by opening a call: an XML tool grammar (its
+    opener a control token) that may call, after a thinking framing."""
+    return thinking is not None and inner == QWEN_XML.framing \
+        and not isinstance(constraint, OutputConstraint) \
+        and constraint.choice.mode is not ToolMode.NONE
+
+
+def implicit_close_ebnf(spec: ThinkingSpec, tool_ebnf: str, domain: TokenDomain) -> str:
+    """The thinking framing around an XML tool grammar (`tool_ebnf`, entry `root`, with its call
+    sequence `calls`): reasoning, then either the close token, the separator and the tool
+    language, or at once the call sequence. Qwen3.5 often opens `<tool_call>` inside `<think>`
+    without closing it (vLLM reads the opener as an implicit end of reasoning, and so does the
+    PhaseDecoder). Raises Unsupported(field="framing") as `thinking_prefix_ebnf` does."""
+    from services.grammar.tools.hermes import embed
+
+    head, reasoning = thinking_prefix_ebnf(spec, domain).split("\n", 1)
+    body, root = embed(tool_ebnf, "x_")
+    closed = head.removeprefix("root ::= ")
+    return f"root ::= {closed} {root} | reasoning x_calls\n{reasoning}{body}"

@@ -122,9 +122,15 @@ class Frontend:
             return compose_framing(inner, self.thinking.spec.framing)
         return inner
 
-    def phase_decoder(self, phase: str = CONTENT) -> PhaseDecoder:
-        """A new output decoder for an output starting in `phase` (see thinking.PhaseDecoder)."""
-        return PhaseDecoder(self.domain, self.thinking, phase=phase)
+    def phase_decoder(self, phase: str = CONTENT, *, calls: bool = False) -> PhaseDecoder:
+        """A new output decoder for an output starting in `phase` (see thinking.PhaseDecoder).
+        `calls`: tools are active, so a call opener that is a control token ends reasoning
+        implicitly (as the tool grammar's reasoning branch allows: the model opens a call inside
+        its think block without closing it)."""
+        opener = None
+        if calls and self.thinking is not None and self.tool_format.opener_is_token:
+            opener = self.domain.special_id(self.tool_format.call_open)
+        return PhaseDecoder(self.domain, self.thinking, phase=phase, call_open_id=opener)
 
     def continuation_tokens(self, prefix: bytes) -> tuple[int, ...]:
         """A continued assistant content as a tool grammar accepts it: the tool format's opener

@@ -110,10 +110,13 @@ class PhaseDecoder:
     the tool stream or for publication; EOS ids are never text. Text is decoded incrementally:
     an unfinished UTF-8 character is held until it completes, and in reasoning one trailing line
     break is held until the next token shows whether it is the framing before the close token.
-    `finish()` flushes what is held (an unfinished character as U+FFFD)."""
+    `finish()` flushes what is held (an unfinished character as U+FFFD). With `call_open_id`
+    (tools active, the call opener a control token), that token in reasoning ends it as the close
+    token does (Qwen3.5 often opens `<tool_call>` inside `<think>`) and starts the content with the
+    call, as the tool grammar's reasoning branch allows."""
 
     def __init__(self, domain: TokenDomain, thinking: ThinkingFraming | None, *,
-                 phase: str = CONTENT) -> None:
+                 phase: str = CONTENT, call_open_id: int | None = None) -> None:
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
         if phase == REASONING and thinking is None:
@@ -126,6 +129,8 @@ class PhaseDecoder:
         self._newline_held = False  # reasoning: one trailing line break not yet published
         self._tail = b""  # the last reasoning bytes (for forced_close)
         self._separator = b""  # separator bytes still expected after the close token
+        # A tool call's opener token that ends reasoning without the close (None: it is text)
+        self.call_open_id = call_open_id
 
     @property
     def in_reasoning(self) -> bool:
@@ -170,12 +175,19 @@ class PhaseDecoder:
     def _feed_reasoning(self, t: int, out: list) -> None:
         thinking = self.thinking
         assert thinking is not None
-        if t == thinking.close_id:
-            text = self._reasoning.decode(b"", final=True)  # the held line break is framing
+        if t == thinking.close_id or t == self.call_open_id:
+            # The held line break is framing, unless an unfinished character came after it.
+            text = self._reasoning.decode(b"", final=True)
+            if text and self._newline_held:
+                text = thinking.spec.newline.decode() + text
             if text:
                 out.append(ReasoningDelta(text))
             self._newline_held = False
-            self.phase, self._separator = CONTENT, thinking.spec.separator
+            if t == thinking.close_id:
+                self.phase, self._separator = CONTENT, thinking.spec.separator
+            else:  # an implicit end of reasoning: the call opener is the content's first token
+                self.phase, self._separator = CONTENT, b""
+                self._feed_content(t, out)
             return
         data = self._bytes(t)
         if data:

@@ -29,6 +29,10 @@ Matcher (one request's state; one thread at a time):
                                      bits past V zero). Never changes the state.
     is_completed() -> bool           the output so far may end (EOS legal), or EOS was accepted
     is_terminated() -> bool          EOS was accepted
+    forced_bytes() -> bytes          the bytes every continuation of the output so far starts
+                                     with (the grammar forces them, across rules; possibly
+                                     ending inside a UTF-8 character); b"" where the next byte
+                                     is free, or the output ended. Never changes the state.
     fill_lookahead(drafts, out, row=0) -> n
                                      one call for the K+1 masks of a speculative round (design
                                      document section 7): row+i := the mask after the output +
@@ -91,6 +95,9 @@ class Matcher(ABC):
 
     @abstractmethod
     def fill_lookahead(self, drafts: Sequence[int], out: Any, row: int = 0) -> int: ...
+
+    @abstractmethod
+    def forced_bytes(self) -> bytes: ...
 
 
 class CompiledConstraint(ABC):

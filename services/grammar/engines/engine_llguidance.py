@@ -178,6 +178,13 @@ class LlguidanceMatcher(Matcher):
         self._check()
         return lookahead_extent(out, row, drafts, self.domain)
 
+    def forced_bytes(self) -> bytes:
+        if self.is_terminated() or self._m.is_stopped():
+            return b""
+        data = self._m.compute_ff_bytes()
+        self._check()
+        return bytes(data)
+
     def is_completed(self) -> bool:
         return self._virtual_eos or self._m.is_accepting()
 

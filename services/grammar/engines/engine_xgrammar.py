@@ -84,6 +84,14 @@ class XgrammarMatcher(Matcher):
         chain[:, -1] &= _tail_word(self.domain.size)
         return lookahead_extent(t, row, drafts, self.domain)
 
+    def forced_bytes(self) -> bytes:
+        if self._m.is_terminated():
+            return b""
+        try:
+            return self._m.find_jump_forward_string().encode("utf-8")
+        except UnicodeDecodeError as exc:  # the binding decodes the forced bytes as UTF-8, which
+            return bytes(exc.object)  # fails when they end inside a character: the raw bytes
+
     def is_completed(self) -> bool:
         return self._m.is_completed()
 

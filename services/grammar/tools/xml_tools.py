@@ -11,10 +11,11 @@ legal. The three independent choices of the design document:
 - arguments: a strict tool's parameters in declared order, required ones present, each value a
   raw string (pure string parameters) or a JSON value of its schema (xml_values.py); a forced
   call to a non-strict tool follows its schema the same way (root closed to its declared
-  properties: tools.enforced_parameters), or the loose arguments below when that schema cannot be
-  enforced exactly; any other non-strict tool's arguments are any parameters with any representable name (no '>' or line break) and any
-  value text without the delimiter; that each name appears once in a call is the
-  ParameterNameConstraint companion's part (param_names.py), not the grammar's;
+  properties: hermes.enforced_parameters), or the loose arguments below when that schema cannot
+  be enforced exactly; any other non-strict tool's arguments are any parameters with any
+  representable name (no '>' or line break) and any value text without the delimiter; that each
+  name appears once in a call is the ParameterNameConstraint companion's part (param_names.py),
+  not the grammar's;
 - call policy: `auto` = free text, then zero or more calls; `required` = one or more calls from
   the start; `parallel=False` = at most one call; `none` = free text that can never open a call.
 
@@ -33,7 +34,7 @@ from services.grammar.regex.tree import ebnf_literal
 from services.grammar.schema import make_emitter, schema_to_ebnf, tool_argument_parts
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import NoValue, ObjectType, ReducedSchema
-from services.grammar.tools.hermes import ToolSpec, embed, enforced_parameters, loose_fallback
+from services.grammar.tools.hermes import ToolSpec, embed, loose_fallback
 from services.grammar.tools.xml_values import JSON, MIXED, NEVER, RAW, RawStrings, parameter_kind, \
     resolve
 from shared.contract import ConstraintKind, ToolDefinition, ToolMode

@@ -67,7 +67,7 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
                                     grammar=grammar)
     constrained = session.constrained
     seed = options.sampling.seed
-    output = Publication(runtime.frontend.phase_decoder(prompt.phase),
+    output = Publication(runtime.frontend.phase_decoder(prompt.phase, calls=tools is not None),
                          stop=StopStrings(options.stop) if options.stop else None, tools=tools)
     if prefix_tokens:
         output.continue_from(prefix_tokens)

@@ -24,6 +24,7 @@ from collections import deque
 
 from services.worker.program import BatchRow, Program, StepBatch
 from services.worker.request import Request
+from shared.generation import Started
 
 
 class Scheduler:
@@ -64,7 +65,10 @@ class Scheduler:
             if self.on_admit is not None:
                 self.on_admit(now - job.waiting_since)
             lane = program.acquire_lane()
+            first = job.admitted_at is None
             job.admit(lane, self._cached_prefix(program, lane, job), now)
+            if first:
+                _announce(job)
             self.resident.append(job)
         return preempted
 
@@ -124,3 +128,12 @@ class Scheduler:
             return StepBatch(tuple(BatchRow(j, (j.output_ids[-1],), j.num_cached, True)
                                    for j in decode))
         return None
+
+
+def _announce(job: Request) -> None:
+    """A second `Started` at first admission, now with the prompt tokens the prefix cache held
+    (the first, at submission, precedes the lookup), before any output event of the request."""
+    try:
+        job.sink(Started(job.num_prompt_tokens, job.num_cached_prompt))
+    except RuntimeError:  # the consumer's loop is closed: it is gone
+        job.cancel_requested = True

@@ -18,6 +18,8 @@ Transactions (design document, section 5):
   is pending is an internal error.
 - `fill_matcher()` / `filled(row, ...)`: one row of a batched position-0 fill of several
   sessions (program/masks.py), the same transaction as `lookahead(())`.
+- `probe()` opens a temporary walk (probe.py) for a proposer; closing it rolls back to the
+  committed matcher.
 
 Mask rows and position states: positions.py (the engines leave bits past the domain size zero;
 non-Ready positions get the filler row).
@@ -46,6 +48,7 @@ from services.worker.output.report import (
 from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
     LookaheadResult, PositionState, filler as _filler, filler_row, int32,
 )
+from services.worker.output.probe import MatcherProbe
 from services.worker.integrity import IntegrityError
 from shared.errors import InternalError, InvalidRequest
 from shared.frontends.token_domain import TokenDomain
@@ -116,6 +119,7 @@ class OutputSession:
         self._matcher: Matcher | None = None
         self._names = names if compiled is not None else None
         self._pending: _Pending | None = None
+        self._probing = False  # a MatcherProbe is open
         self._eos = False  # EOS committed
         self._cut = False  # ended by the budget or an interruption
         self._scratch: torch.Tensor | None = None  # [1, ceil(V/32)] for can_continue
@@ -239,7 +243,21 @@ class OutputSession:
         row.copy_(_filler(self.domain.size))
         return LookaheadResult((PositionState.DEAD_END,), position, dead_end_at=0)
 
-    def failed(self, exc: BaseException, row: torch.Tensor, *, position: int = 0) -> LookaheadResult:
+    def probe(self) -> MatcherProbe:
+        """A temporary walk from the committed matcher (probe.py); use it as a context manager.
+        Raises InternalError for an unconstrained, finished or failed session, or while a preview
+        or another probe is open."""
+        self._check_idle("probe")
+        if self._matcher is None or self._broken is not None:
+            raise InternalError("probe needs a constrained session whose matcher works")
+        self._probing = True
+        return MatcherProbe(self._matcher, self._names, self.domain, self._close_probe)
+
+    def _close_probe(self) -> None:
+        self._probing = False
+
+    def failed(self, exc: BaseException, row: torch.Tensor, *,
+               position: int = 0) -> LookaheadResult:
         """This session's row of a batched fill whose matcher raised: a DeadEnd at position 0
         carrying the typed failure (`_fail`); `row` becomes the filler row."""
         row.copy_(_filler(self.domain.size))
@@ -360,6 +378,8 @@ class OutputSession:
     def _check_idle(self, what: str, *, allow_finished: bool = False) -> None:
         if self._pending is not None:
             raise InternalError(f"{what} while a preview is pending")
+        if self._probing:
+            raise InternalError(f"{what} while a probe is open")
         if self.finished and not allow_finished:
             raise InternalError(f"{what} after the output finished")
 

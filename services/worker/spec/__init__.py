@@ -1,4 +1,4 @@
-"""Speculative proposers (n-gram copy, MTP, DFlash, DFlash2) behind one interface.
+"""Speculative proposers (grammar drafts, n-gram copy, MTP, DFlash, DFlash2) behind one interface.
 
 Proposers produce drafts (and, for DFlash2, the sparse q over their candidates), never masks: the
 target is constrained, drafts are not. The Program's verify stage (program/verify.py) fills K+1
@@ -8,7 +8,10 @@ configuration) and hands it to the Program, which names no backend.
 
     proposer.py  the Proposer interface (route, k, reads, attach, after_step; the device
                  route's block_drafts), the draft limit of a row, the host route's `attach`
-    ngram.py     prompt-lookup copy from the request's own context (any model)
+    grammar.py   the text a constrained row's grammar forces, canonically tokenized; wraps the
+                 n-gram or MTP proposer and composes with its drafts in the same round
+    ngram.py     prompt-lookup copy from the request's own context (any model); layout.py its
+                 copy modulo JSON layout
     mtp.py       the Qwen3.5 MTP module, k steps, aligned after every step
     dflash.py    DFlash / DFlash2 draft models (models/dflash.py) conditioned on target layers
     counters.py  the engine's speculation counters
@@ -19,12 +22,13 @@ from __future__ import annotations
 from services.worker.models.dflash import DraftConfigError, load_dflash
 from services.worker.spec.counters import SpecCounters
 from services.worker.spec.dflash import DFlashProposer
+from services.worker.spec.grammar import GrammarProposer
 from services.worker.spec.mtp import MtpProposer
 from services.worker.spec.ngram import NgramProposer
 from services.worker.spec.proposer import ContextProposer, HostProposer, Proposal, draft_limit
 from shared.errors import InvalidRequest, Unsupported
 
-BACKENDS = ("ngram", "mtp", "dflash", "dflash2")  # what --speculative names
+BACKENDS = ("grammar", "ngram", "mtp", "dflash", "dflash2")  # what --speculative names
 
 
 def check_backend(backend: str | None, draft_model: str | None) -> None:
@@ -39,7 +43,7 @@ def check_backend(backend: str | None, draft_model: str | None) -> None:
     if backend not in BACKENDS:
         raise Unsupported(f"speculative backend {backend!r} is unknown (expected one of "
                           f"{', '.join(BACKENDS)})", field="speculative")
-    if backend in ("ngram", "mtp") and draft_model is not None:
+    if backend in ("grammar", "ngram", "mtp") and draft_model is not None:
         raise Unsupported(f"the {backend} backend takes no draft model", field="draft_model")
     if backend in ("dflash", "dflash2") and draft_model is None:
         raise Unsupported(f"--speculative {backend} needs --draft-model DIR", field="draft_model")
@@ -100,14 +104,21 @@ def make_proposer(config, runtime, state) -> HostProposer | DFlashProposer | Non
     """The proposer of a checked backend (None: no speculation). `config`: the EngineConfig
     (speculative, num_draft_tokens, draft_model); `state`: the Program's model state (MTP writes
     its own KV there; a DFlash draft's context cache matches its lanes). Raises what
-    `load_draft` raises, Unsupported(field="speculative") for a backend not implemented."""
+    `load_draft` raises, Unsupported(field="speculative") for a backend not implemented.
+
+    A constrained row's forced text is drafted by the grammar (spec/grammar.py): alone with
+    `grammar`, composed with the n-gram and MTP drafts of the same round with those."""
     backend, k = config.speculative, config.num_draft_tokens
     if backend is None:
         return None
+    encode = runtime.tokenizer.encode
+    if backend == "grammar":
+        return GrammarProposer(encode, k)
     if backend == "ngram":
-        return ContextProposer(NgramProposer(), k)
+        ngram = NgramProposer(token_bytes=runtime.domain.token_bytes, encode=encode)
+        return GrammarProposer(encode, k, ContextProposer(ngram, k))
     if backend == "mtp":
-        return MtpProposer(runtime.model, state, k, runtime.domain.size)
+        return GrammarProposer(encode, k, MtpProposer(runtime.model, state, k, runtime.domain.size))
     if backend in ("dflash", "dflash2"):  # drafted on the device in the round's Forward
         draft = load_draft(backend, config.draft_model, runtime)
         return DFlashProposer(runtime.model, draft, state.lanes, state.max_len, k,
@@ -115,6 +126,6 @@ def make_proposer(config, runtime, state) -> HostProposer | DFlashProposer | Non
     raise Unsupported(f"speculative backend {backend!r} is not implemented", field="speculative")
 
 
-__all__ = ["BACKENDS", "ContextProposer", "DFlashProposer", "HostProposer", "MtpProposer",
-           "NgramProposer", "Proposal", "SpecCounters", "captures_graphs", "check_backend",
-           "check_model", "draft_limit", "load_draft", "make_proposer"]
+__all__ = ["BACKENDS", "ContextProposer", "DFlashProposer", "GrammarProposer", "HostProposer",
+           "MtpProposer", "NgramProposer", "Proposal", "SpecCounters", "captures_graphs",
+           "check_backend", "check_model", "draft_limit", "load_draft", "make_proposer"]

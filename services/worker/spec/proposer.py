@@ -94,6 +94,14 @@ class HostProposer:
     def propose(self, job, n: int) -> Sequence[int] | Proposal:
         raise NotImplementedError
 
+    def propose_after(self, job, drafts: Sequence[int], n: int) -> list[int]:
+        """At most n drafts continuing the committed output and `drafts` (a composing proposer's
+        earlier drafts of the round). A chain drafted from the committed output (MTP) continues
+        only where `drafts` are its own first drafts."""
+        chain = self.propose(job, len(drafts) + n)
+        chain = list(chain.tokens if isinstance(chain, Proposal) else chain)
+        return chain[len(drafts):] if chain[:len(drafts)] == list(drafts) else []
+
     def attach(self, batch: StepBatch, max_len: int) -> StepBatch:
         rows = []
         for row in batch.rows:
@@ -125,4 +133,8 @@ class ContextProposer(HostProposer):
 
     def propose(self, job, n: int) -> Sequence[int] | Proposal:
         return self.drafter.propose(job.prompt_ids + tuple(job.output_ids), n)
+
+    def propose_after(self, job, drafts: Sequence[int], n: int) -> list[int]:
+        return list(self.drafter.propose(job.prompt_ids + tuple(job.output_ids) + tuple(drafts),
+                                         n))
 

@@ -16,9 +16,9 @@ fragments that concatenate to its final `arguments_json` (the arguments' exact g
 Any deviation is an implementation inconsistency (InternalError), never silently turned into
 content. Under a JSON-or-tools union (`union=True`) a call opens only at the start of the output,
 as the grammar (`json | calls`) has it: once JSON content started, a spelled `<tool_call>` inside
-it (in a string) is text. Free route (tools declared but nothing enforced): content streams until a spelled
-`<tool_call>`; the rest is read at the end, each well-formed call becoming a ToolCall and anything
-unreadable staying content.
+it (in a string) is text. Free route (tools declared but nothing enforced): content streams
+until a spelled `<tool_call>`; the rest is read at the end, each well-formed call becoming a
+ToolCall and anything unreadable staying content.
 """
 
 from __future__ import annotations
