@@ -66,7 +66,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_spec(args: argparse.Namespace) -> int:
-    from bench.spec import run
+    if args.acceptance is not None:  # the known-acceptance matrix
+        from bench.acceptance_bench import run
+    else:
+        from bench.spec import run
 
     return run(args)
 
@@ -103,7 +106,25 @@ def add_spec_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-cuda-graphs", action="store_true", help="ordinary decode without graphs")
     p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
+    _add_acceptance_arguments(p)
     p.set_defaults(func=_run_spec)
+
+
+def _add_acceptance_arguments(p: argparse.ArgumentParser) -> None:
+    # `bench spec --acceptance`: bench/acceptance_bench.py, at known acceptance rates.
+    p.add_argument("--acceptance", type=float, nargs="+", metavar="P",
+                   help="known acceptance rates in [0, 1]: drafts are the target's own greedy "
+                   "continuation, each corrupted with probability 1 - P, while the backend's real "
+                   "draft passes run (--backends among oracle mtp dflash dflash2)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", metavar="B",
+                   help="with --acceptance: batch sizes (default: --batch-size)")
+    p.add_argument("--blocks", type=int, nargs="+", default=[8], metavar="N",
+                   help="with --acceptance: DFlash block sizes, K = N - 1 (default: 8)")
+    p.add_argument("--modes", nargs="+", choices=("unconstrained", "constrained"),
+                   default=["unconstrained", "constrained"],
+                   help="with --acceptance: default: unconstrained constrained")
+    p.add_argument("--seed", type=int, default=0,
+                   help="with --acceptance: seed of the corruption stream (default: 0)")
 
 
 def add_prefix_parser(sub: argparse._SubParsersAction) -> None:

@@ -182,7 +182,9 @@ def random_draft(runtime: ModelRuntime, path: str, *, dflash2: bool, layers: int
 
 async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: str | None,
                  k: int, oracle: OracleProposer | None, record: dict | None,
-                 tag: str, drafts: dict | None = None) -> dict[str, Any]:
+                 tag: str, drafts: dict | None = None, wrap=None) -> dict[str, Any]:
+    # wrap(engine, drafter) -> proposer: a bench proposer over the round's drafter, installed
+    # after the plain warm-up (bench/acceptance.py's known acceptance).
     max_len = 1024
     speculative = None if backend is None else backend \
         if backend in ("grammar", "mtp", "dflash", "dflash2") else "ngram"
@@ -202,6 +204,8 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
         elif backend == "ngram-alone":
             drafter = ContextProposer(NgramProposer(
                 token_bytes=runtime.domain.token_bytes, encode=runtime.tokenizer.encode), k)
+        if wrap is not None:
+            drafter = wrap(engine, drafter)
         engine.proposer = drafter
         if drafter is not None:  # a speculated warm-up too: verify graphs are captured lazily
             await asyncio.gather(*(_finished(client, r) for r in
