@@ -15,7 +15,7 @@ clients and sorts each request's end into one of four outcomes:
 
 The summary (JSON, also written to `--out`) counts outcomes per scenario and lists the codes of
 typed failures; the exit status is 1 when any request was untyped or lost. The fault test
-(tests/test_loadtest_faults.py) runs this same mix while it kills and restarts services.
+(tests/e2e/test_loadtest_faults.py) runs this same mix while it kills and restarts services.
 """
 
 from __future__ import annotations

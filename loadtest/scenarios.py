@@ -1,5 +1,5 @@
 """The request mix of the load test, as plain data: what `locustfile.py` sends, and what
-tests/test_loadtest_scenarios.py sends once each against a real gateway.
+tests/e2e/test_loadtest_scenarios.py sends once each against a real gateway.
 
 Each scenario is (name, weight, path, JSON body, streams?). The mix: plain chat, JSON Schema
 responses, strict tool calls, streaming chat, Anthropic messages with a tool (also streamed), the

@@ -131,7 +131,7 @@ class _Parser:
         xgrammar 0.2.8 masks `ExcludeToken(a) | ExcludeToken(b)` as if it were the intersection
         (neither a nor b legal) although it accepts both; the union is one ExcludeToken of the
         ids every branch refuses. (Exclusions at one position reached through different rules or
-        sequences are not merged: see the report and tests/test_grammar_gbnf.py.)"""
+        sequences are not merged: see the report and tests/grammar/test_grammar_gbnf.py.)"""
         tokens = [b for b in branches if isinstance(b, Tokens)]
         if len(tokens) < 2 or not any(t.exclude for t in tokens):
             return branches
