@@ -28,9 +28,13 @@ import time
 
 import torch
 
+from bench.qwen35_model import (
+    copy_bandwidth,
+    cuda_ms,
+    recurrent_state_bytes_per_step,
+    weight_bytes_per_step,
+)
 from kernels.sampling_contract import SamplingParams
-from bench.qwen35_model import (copy_bandwidth, cuda_ms, recurrent_state_bytes_per_step,
-                                                 weight_bytes_per_step)
 from services.worker.program.graphs import DecodeGraph
 
 

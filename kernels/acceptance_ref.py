@@ -11,8 +11,13 @@ from __future__ import annotations
 import torch
 
 from kernels import rng
-from kernels.acceptance_contract import (AcceptResult, PositionState, check_accept_inputs,
-                                         mask_rows, position_params)
+from kernels.acceptance_contract import (
+    AcceptResult,
+    PositionState,
+    check_accept_inputs,
+    mask_rows,
+    position_params,
+)
 from kernels.sampling_contract import PenaltyHistory, SampleStatus, SamplingParams
 from kernels.sampling_ref import sorted_weights
 

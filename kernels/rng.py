@@ -82,12 +82,19 @@ def hash32(seed: torch.Tensor, position: torch.Tensor, purpose: int) -> torch.Te
     seed = seed.to(torch.int64)
     position = position.to(torch.int64)
     h = torch.full_like(seed, purpose_key(purpose))
-    for word in (seed & MASK32, (seed >> 32) & MASK32, (position >> 32) & MASK32, position & MASK32):
+    for word in (
+        seed & MASK32,
+        (seed >> 32) & MASK32,
+        (position >> 32) & MASK32,
+        position & MASK32,
+    ):
         h = _fmix32(h ^ word)
     return _fmix32(h ^ _FINAL)
 
 
-def uniform(seed: torch.Tensor, position: torch.Tensor, purpose: int = Purpose.SAMPLE) -> torch.Tensor:
+def uniform(
+    seed: torch.Tensor, position: torch.Tensor, purpose: int = Purpose.SAMPLE
+) -> torch.Tensor:
     """One float32 uniform in [0, 1) per (seed, position) element for the given purpose stream.
 
     Multiples of 2**-24, so the value is exact in float32 and identical on every device."""

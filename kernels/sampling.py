@@ -35,8 +35,7 @@ import triton
 import triton.language as tl
 
 from kernels import rng
-from kernels.sampling_contract import (PenaltyHistory, SampleResult, SamplingParams,
-                                       check_inputs)
+from kernels.sampling_contract import PenaltyHistory, SampleResult, SamplingParams, check_inputs
 
 _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))

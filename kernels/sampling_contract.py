@@ -32,10 +32,10 @@ token 0 only as an in-range placeholder and probability 0: the caller must not c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from enum import IntEnum
-import math
 
 import torch
 
@@ -83,7 +83,8 @@ class SamplingParams:
             if t.shape != rows or t.device != device or t.dtype != _DTYPES[f.name]:
                 raise ValueError(
                     f"SamplingParams.{f.name}: expected {_DTYPES[f.name]} {tuple(rows)} on {device}, "
-                    f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+                    f"got {t.dtype} {tuple(t.shape)} on {t.device}"
+                )
 
     @property
     def rows(self) -> int:
@@ -150,7 +151,9 @@ class SampleResult:
 
     tokens: torch.Tensor  # [N] int64, the chosen id; 0 as a placeholder unless status == OK
     status: torch.Tensor  # [N] int32, SampleStatus values
-    prob: torch.Tensor  # [N] float32, final normalised probability of the token (1 greedy, 0 failed)
+    prob: (
+        torch.Tensor
+    )  # [N] float32, final normalised probability of the token (1 greedy, 0 failed)
     uniform: torch.Tensor  # [N] float32, the (seed, position, purpose) uniform this call used
 
 
@@ -185,8 +188,10 @@ def check_inputs(logits: torch.Tensor, params: SamplingParams, vocab_size: int,
     words = mask_words(vocab_size)
     if mask.dtype != torch.int32 or mask.dim() < 2 or mask.shape[-1] != words \
             or mask.device != logits.device:
-        raise ValueError(f"mask: expected int32 [..., {words}] on {logits.device}, got {mask.dtype} "
-                         f"{tuple(mask.shape)} on {mask.device}")
+        raise ValueError(
+            f"mask: expected int32 [..., {words}] on {logits.device}, got {mask.dtype} "
+            f"{tuple(mask.shape)} on {mask.device}"
+        )
     if mask_row is None or mask_row.shape != (n,) or mask_row.dtype != torch.int32 \
             or mask_row.device != logits.device:
         raise ValueError(f"mask_row: expected int32 [{n}] on {logits.device} with a mask, got "

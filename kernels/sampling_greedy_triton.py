@@ -117,9 +117,16 @@ def default_block(rows: int) -> int:
     return 2048
 
 
-def sample_greedy_triton(logits: torch.Tensor, *, vocab_size: int, mask: torch.Tensor | None = None,
-                         mask_row: torch.Tensor | None = None, generable: torch.Tensor | None = None,
-                         block_v: int | None = None, num_warps: int | None = None) -> SampleResult:
+def sample_greedy_triton(
+    logits: torch.Tensor,
+    *,
+    vocab_size: int,
+    mask: torch.Tensor | None = None,
+    mask_row: torch.Tensor | None = None,
+    generable: torch.Tensor | None = None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> SampleResult:
     """One greedy token per row of logits [N, V_pad] (float32 / bf16 / fp16, unit column stride,
     any row stride; only the first vocab_size columns are read), no penalties.
 

@@ -152,7 +152,9 @@ class OutputConstraint:
         if isinstance(options, (str, bytes)) or not isinstance(options, Sequence):
             raise InvalidChoice("choice must be a list of strings")
         if len(options) == 0:
-            raise InvalidChoice("choice must hold at least one string; an empty list allows nothing")
+            raise InvalidChoice(
+                "choice must hold at least one string; an empty list allows nothing"
+            )
         seen: dict[str, None] = {}
         for i, option in enumerate(options):
             if not isinstance(option, str):

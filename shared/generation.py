@@ -58,7 +58,9 @@ class RequestOptions:
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}", field="max_tokens")
+            raise InvalidRequest(
+                f"max_tokens must be >= 1, got {self.max_tokens}", field="max_tokens"
+            )
         if self.thinking_budget is not None and self.thinking_budget < 0:
             raise InvalidRequest(f"thinking_budget must be >= 0, got {self.thinking_budget}",
                                  field="thinking_budget")

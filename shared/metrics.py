@@ -105,7 +105,10 @@ class WorkerMetrics:
             "Finished requests by constraint kind and finish reason", ["constraint", "outcome"],
             registry=self.registry)
         self.lanes_in_use = Gauge(
-            "infernix_worker_lanes_in_use", "Resident lanes holding a request", registry=self.registry)
+            "infernix_worker_lanes_in_use",
+            "Resident lanes holding a request",
+            registry=self.registry,
+        )
         self.queue_depth = Gauge(
             "infernix_worker_queue_depth", "Requests waiting for a lane", registry=self.registry)
         self.warmup_seconds = Gauge(
@@ -118,11 +121,16 @@ class WorkerMetrics:
             "infernix_worker_ttft_seconds", "Submission to first published token",
             buckets=_TTFT_BUCKETS, registry=self.registry)
         self.tpot_seconds = Histogram(
-            "infernix_worker_time_per_token_seconds", "Decode time per output token after the first",
-            buckets=_TOKEN_BUCKETS, registry=self.registry)
+            "infernix_worker_time_per_token_seconds",
+            "Decode time per output token after the first",
+            buckets=_TOKEN_BUCKETS,
+            registry=self.registry,
+        )
         self.mask_cpu_seconds = Counter(
             "infernix_worker_mask_cpu_seconds_total",
-            "CPU seconds spent filling masks, looking ahead and rolling back", registry=self.registry)
+            "CPU seconds spent filling masks, looking ahead and rolling back",
+            registry=self.registry,
+        )
         self.mask_positions = Counter(
             "infernix_worker_mask_positions_total", "Mask rows computed for finished requests "
             "(ready and dead-end positions, lookahead included)", registry=self.registry)

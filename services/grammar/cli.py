@@ -138,7 +138,9 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 status = EXIT_REJECTED
                 continue
             except json.JSONDecodeError as exc:
-                _emit(out, _error_json(InvalidRequest(f"batch line is not JSON: {exc}", field="line")))
+                _emit(
+                    out, _error_json(InvalidRequest(f"batch line is not JSON: {exc}", field="line"))
+                )
                 status = EXIT_REJECTED
                 continue
             result = {"ok": True, "kind": constraint.kind.value,
@@ -205,7 +207,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_constraint_args(check, many_files=True)
     check.add_argument("--instances", metavar="FILE.jsonl",
                        help="candidate outputs, one JSON string a line")
-    check.add_argument("--batch", metavar="FILE.jsonl", help="many constraints, one JSON object a line")
+    check.add_argument(
+        "--batch", metavar="FILE.jsonl", help="many constraints, one JSON object a line"
+    )
     check.set_defaults(func=run_check)
 
     sample = gsub.add_parser("sample", help="random legal walks through a constraint")
@@ -213,7 +217,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_constraint_args(sample, many_files=False)
     sample.add_argument("--n", type=int, default=5, help="walks (default: 5)")
     sample.add_argument("--seed", type=int, default=0, help="default: 0")
-    sample.add_argument("--max-tokens", type=int, default=256, help="tokens per walk (default: 256)")
+    sample.add_argument(
+        "--max-tokens", type=int, default=256, help="tokens per walk (default: 256)"
+    )
     sample.add_argument("--end-bias", type=float, default=0.5,
                         help="probability of taking EOS whenever it is legal (default: 0.5)")
     sample.set_defaults(func=run_sample)
@@ -221,8 +227,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     serve = gsub.add_parser("serve", help="run the gRPC GrammarService")
     add_settings(serve, "host", "port", "redis_url", "grammar_cache_bytes", "metrics_port",
                  "log_level", port=50051)
-    serve.add_argument("--models", nargs="+", default=switch("models").split(","), choices=MODELS,
-                       help=f"models to serve (default: {default('models')}; env INFERNIX_MODELS=a,b)")
+    serve.add_argument(
+        "--models",
+        nargs="+",
+        default=switch("models").split(","),
+        choices=MODELS,
+        help=f"models to serve (default: {default('models')}; env INFERNIX_MODELS=a,b)",
+    )
     add_compile_args(serve, isolation="process")
     serve.set_defaults(func=run_serve)
 

@@ -12,13 +12,13 @@ from services.grammar.client import GrammarClient, in_process_client
 from services.worker.engine import Engine, EngineConfig
 from services.worker.runtime import ModelRuntime
 from shared.errors import InvalidRequest
-from shared.metrics import WorkerMetrics
 from shared.generation import (
     GenerateRequest,
     GenerationEvent,
     PromptInput,
     WorkerClient,
 )
+from shared.metrics import WorkerMetrics
 
 
 class InProcessWorkerClient(WorkerClient):

@@ -101,8 +101,10 @@ def load_runtime(model: str | None = None, *, device: str | torch.device = "cpu"
     if name != DEFAULT_MODEL and os.path.isdir(name):
         return _load_hf_runtime(name, device=device, dtype=dtype)
     if name != DEFAULT_MODEL:
-        raise Unsupported(f"model {name!r} is neither built in ({DEFAULT_MODEL!r}) nor a checkpoint "
-                          "directory", field="model")
+        raise Unsupported(
+            f"model {name!r} is neither built in ({DEFAULT_MODEL!r}) nor a checkpoint directory",
+            field="model",
+        )
     decoder, config = load_default_model(dtype, device)
     return ModelRuntime(name, decoder, config, get_frontend(DEFAULT_MODEL))
 

@@ -50,8 +50,12 @@ class TokenDomain:
 
     def __post_init__(self) -> None:
         if self.size < len(self.token_bytes):
-            raise ValueError(f"size {self.size} is smaller than the vocabulary {len(self.token_bytes)}")
-        overlap = (self.eos_ids & self.control_ids) | (self.never_ids & (self.eos_ids | self.control_ids))
+            raise ValueError(
+                f"size {self.size} is smaller than the vocabulary {len(self.token_bytes)}"
+            )
+        overlap = (self.eos_ids & self.control_ids) | (
+            self.never_ids & (self.eos_ids | self.control_ids)
+        )
         if overlap:
             raise ValueError(f"token ids {sorted(overlap)} are in more than one special class")
 

@@ -147,9 +147,19 @@ def test_cli_json_has_the_known_acceptance_fields(tmp_path, monkeypatch):
         assert {(r["backend"], r["known_acceptance"]["p"]) for r in row["runs"]} == {
             (b, p) for b in ("mtp", "oracle") for p in (0.0, 0.8)}
         for run in row["runs"]:
-            for field in ("speedup", "k", "mean_accepted", "round_cost_plain_steps",
-                          "draft_wait_fraction", "draft_wait_exposed_s", "backend_draft_wait_fraction", "outputs_equal",
-                          "equal_requests", "equal_fraction", "tokens_per_round"):
+            for field in (
+                "speedup",
+                "k",
+                "mean_accepted",
+                "round_cost_plain_steps",
+                "draft_wait_fraction",
+                "draft_wait_exposed_s",
+                "backend_draft_wait_fraction",
+                "outputs_equal",
+                "equal_requests",
+                "equal_fraction",
+                "tokens_per_round",
+            ):
                 assert field in run, field
             assert {"p", "measured_p", "expected_mean_accepted", "plan_agreement",
                     "replay_seconds"} <= set(

@@ -255,7 +255,11 @@ def test_requests_flow_through_the_compose_services(stack: Stack) -> None:
     from services.worker.remote import GrpcWorkerClient
     from shared.contract import OutputConstraint
     from shared.generation import (
-        ChatMessage, GenerateRequest, PromptInput, RequestOptions, SamplingParams,
+        ChatMessage,
+        GenerateRequest,
+        PromptInput,
+        RequestOptions,
+        SamplingParams,
     )
 
     async def ask() -> dict:

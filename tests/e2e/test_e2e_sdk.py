@@ -154,14 +154,23 @@ def test_errors_name_the_field_and_keys_are_enforced(server: str) -> None:
 
 def test_metrics_cover_gateway_worker_and_grammar_cache(server: str) -> None:
     """Prometheus metrics on one /metrics in embedded mode, labels from fixed enums only."""
-    request = urllib.request.Request(server + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    request = urllib.request.Request(
+        server + "/metrics", headers={"Authorization": f"Bearer {KEY}"}
+    )
     with urllib.request.urlopen(request, timeout=10) as reply:
         text = reply.read().decode()
-    for name in ("infernix_gateway_requests_total", "infernix_worker_requests_total",
-                 "infernix_worker_lanes_in_use", "infernix_worker_queue_depth",
-                 "infernix_worker_ttft_seconds", "infernix_worker_time_per_token_seconds",
-                 "infernix_worker_mask_cpu_seconds_total", "infernix_grammar_compiles_total",
-                 "infernix_grammar_cold_compiles_in_flight", "infernix_grammar_redis_fallbacks_total"):
+    for name in (
+        "infernix_gateway_requests_total",
+        "infernix_worker_requests_total",
+        "infernix_worker_lanes_in_use",
+        "infernix_worker_queue_depth",
+        "infernix_worker_ttft_seconds",
+        "infernix_worker_time_per_token_seconds",
+        "infernix_worker_mask_cpu_seconds_total",
+        "infernix_grammar_compiles_total",
+        "infernix_grammar_cold_compiles_in_flight",
+        "infernix_grammar_redis_fallbacks_total",
+    ):
         assert name in text, name
     assert 'infernix_worker_requests_total{constraint="json_schema",outcome="stop"}' in text
     assert 'infernix_worker_requests_total{constraint="tools",outcome="tool_calls"}' in text
@@ -196,7 +205,9 @@ def test_first_sigterm_finishes_streams_then_exits() -> None:
         assert first.choices
         threading.Timer(0.1, proc.send_signal, (signal.SIGTERM,)).start()
         rest = list(chunks)  # the stream still ends with its terminal chunk
-        finish = [c.choices[0].finish_reason for c in rest if c.choices and c.choices[0].finish_reason]
+        finish = [
+            c.choices[0].finish_reason for c in rest if c.choices and c.choices[0].finish_reason
+        ]
         assert finish and finish[-1] in ("stop", "length")
         assert proc.wait(timeout=60) == 0
         with pytest.raises(OSError):

@@ -289,7 +289,12 @@ async def test_preempted_requests_resume_with_the_same_output_in_a_worker_proces
     from services.worker.remote import GrpcWorkerClient
     from shared.contract import OutputConstraint
     from shared.generation import (
-        ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions, SamplingParams,
+        ChatMessage,
+        Finished,
+        GenerateRequest,
+        PromptInput,
+        RequestOptions,
+        SamplingParams,
     )
 
     worker = WorkerProcess("--lanes", "1", "--preempt-after", "0", "--max-len", "1024",
@@ -559,7 +564,13 @@ async def test_a_long_prompt_delays_a_short_request_by_chunks_not_by_its_whole_p
     long one's first token. No timing claim: the order of the two streams' events decides."""
     from services.worker.remote import GrpcWorkerClient
     from shared.generation import (
-        ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions, SamplingParams, Started,
+        ChatMessage,
+        Finished,
+        GenerateRequest,
+        PromptInput,
+        RequestOptions,
+        SamplingParams,
+        Started,
     )
 
     worker = WorkerProcess("--lanes", "2", "--prefill-chunk", "16", "--max-len", "4096",

@@ -41,7 +41,9 @@ def test_render_matches_the_gguf_template(conversation: list[dict]) -> None:
 
 def test_tools_and_tool_history_render_in_hermes_form() -> None:
     """Declarations go in the system turn; calls re-render in the canonical call text."""
-    tool = ToolDefinition.create("lookup", {"type": "object", "properties": {"city": {"type": "string"}}})
+    tool = ToolDefinition.create(
+        "lookup", {"type": "object", "properties": {"city": {"type": "string"}}}
+    )
     call = ToolCall(id="c1", name="lookup", arguments_json='{"city":"Paris"}')
     prompt = PromptInput(
         messages=(ChatMessage("user", "Weather?"), ChatMessage("assistant", None, (call,)),

@@ -72,12 +72,23 @@ TEMPLATE = """
 {%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}
 """
 
-TOOL = ToolDefinition.create("lookup", {"type": "object", "properties": {"city": {"type": "string"}},
-                                        "required": ["city"]}, description="Weather <now> & 'later'")
-TOOL_DICT = {"type": "function", "function": {"name": "lookup", "description": "Weather <now> & 'later'",
-                                              "parameters": {"type": "object",
-                                                             "properties": {"city": {"type": "string"}},
-                                                             "required": ["city"]}}}
+TOOL = ToolDefinition.create(
+    "lookup",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    description="Weather <now> & 'later'",
+)
+TOOL_DICT = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Weather <now> & 'later'",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 def valid_utf8(data: bytes) -> bool:
@@ -104,16 +115,31 @@ def checkpoint(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("qwen3-tiny")
     tok = write_tokenizer(path, extra_special="<|reserved|>", extra_plain="<think>")
-    config = Qwen3Config(vocab_size=BASE_VOCAB + 2 + PADDING_ROWS, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         max_position_embeddings=1024, eos_token_id=tok.token_to_id("<|endoftext|>"),
-                         tie_word_embeddings=True)
+    config = Qwen3Config(
+        vocab_size=BASE_VOCAB + 2 + PADDING_ROWS,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        eos_token_id=tok.token_to_id("<|endoftext|>"),
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     Qwen3ForCausalLM(config).save_pretrained(path)
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TEMPLATE,
-        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "clean_up_tokenization_spaces": False,
-    }))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "chat_template": TEMPLATE,
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "clean_up_tokenization_spaces": False,
+            }
+        )
+    )
     return path
 
 
@@ -152,8 +178,13 @@ def test_special_classes_come_from_the_files(checkpoint):
     eos = {tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")}
     special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
     assert domain.eos_ids == eos
-    assert domain.control_ids == special - eos and tok.token_to_id("<|reserved|>") in domain.control_ids
-    assert domain.size == BASE_VOCAB + 2 + PADDING_ROWS and len(domain.token_bytes) == BASE_VOCAB + 2
+    assert (
+        domain.control_ids == special - eos
+        and tok.token_to_id("<|reserved|>") in domain.control_ids
+    )
+    assert (
+        domain.size == BASE_VOCAB + 2 + PADDING_ROWS and len(domain.token_bytes) == BASE_VOCAB + 2
+    )
 
     compiled = ModelCompiler(domain).compile(OutputConstraint.regex("[\\s\\S]*")).grammar
     matcher = xgr.GrammarMatcher(compiled)
@@ -173,7 +204,9 @@ def test_rendering_equals_transformers_apply_chat_template(checkpoint, hf_tokeni
     plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <there>"}]
     ours = frontend.render(PromptInput(messages=(ChatMessage("system", "Be brief."),
                                                  ChatMessage("user", "Hi <there>"))))
-    assert ours == hf_tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    assert ours == hf_tokenizer.apply_chat_template(
+        plain, tokenize=False, add_generation_prompt=True
+    )
 
     history = [
         {"role": "user", "content": "Weather in Paris?"},
@@ -192,8 +225,12 @@ def test_rendering_equals_transformers_apply_chat_template(checkpoint, hf_tokeni
     assert frontend.render(prompt) == expected and "<tool_response>" in expected
 
     cont = [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "1, 2,"}]
-    rendered = frontend.render_prompt(PromptInput(messages=(
-        ChatMessage("user", "Count"), ChatMessage("assistant", "1, 2,")), continue_final_assistant=True))
+    rendered = frontend.render_prompt(
+        PromptInput(
+            messages=(ChatMessage("user", "Count"), ChatMessage("assistant", "1, 2,")),
+            continue_final_assistant=True,
+        )
+    )
     assert rendered.text == hf_tokenizer.apply_chat_template(cont, tokenize=False,
                                                              continue_final_message=True)
     assert rendered.continuation == "1, 2,"

@@ -22,8 +22,12 @@ import pytest
 
 from shared.errors import InternalError, InvalidRequest
 from shared.frontends import get_frontend
-from shared.frontends.formats.qwen_xml import ArgumentCoding, convert_value, hint_coding, \
-    render_call
+from shared.frontends.formats.qwen_xml import (
+    ArgumentCoding,
+    convert_value,
+    hint_coding,
+    render_call,
+)
 from shared.frontends.formats.qwen_xml_stream import ToolStream
 from shared.frontends.pieces import Control
 from shared.frontends.thinking import CONTENT, REASONING
@@ -93,7 +97,9 @@ def test_forced_close_sequence(tail, expected_lead, frontend) -> None:
     dec2.feed(_ordinary(tail))
     close = dec2.forced_close()
     assert close == (t.close_tokens if expected_lead else t.close_tokens_after_newline)
-    assert frontend.tokenizer.encode(("\n" if expected_lead else "") + "</think>\n\n") == list(close)
+    assert frontend.tokenizer.encode(("\n" if expected_lead else "") + "</think>\n\n") == list(
+        close
+    )
     dec2.feed(close)
     assert dec2.phase == CONTENT and dec2.forced_close() == ()
 

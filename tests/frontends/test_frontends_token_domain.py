@@ -47,7 +47,10 @@ def _first_mask(domain: TokenDomain, ebnf: str) -> set[int]:
 def test_smollm2_shape(smollm2: TokenDomain) -> None:
     """SmolLM2: 49,152 tokens; <|im_end|> and <|endoftext|> end a reply; <|im_start|> is control."""
     assert smollm2.size == len(smollm2.token_bytes) == 49152
-    assert smollm2.eos_ids == {smollm2.special_id("<|im_end|>"), smollm2.special_id("<|endoftext|>")}
+    assert smollm2.eos_ids == {
+        smollm2.special_id("<|im_end|>"),
+        smollm2.special_id("<|endoftext|>"),
+    }
     assert smollm2.special_id("<|im_start|>") in smollm2.control_ids
 
 

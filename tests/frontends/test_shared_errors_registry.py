@@ -56,8 +56,9 @@ def _registered() -> list[type[InfernixError]]:
 
 @pytest.mark.parametrize("cls", _registered(), ids=lambda c: c.__name__)
 def test_every_error_round_trips_through_dict_and_grpc(cls):
-    from shared.proto.errors import ErrorStatusCodec, grpc_error, typed_error
     from grpclib.exceptions import GRPCError
+
+    from shared.proto.errors import ErrorStatusCodec, grpc_error, typed_error
 
     error = _instance(cls)
     again = error_from_dict(error.to_dict())

@@ -40,22 +40,40 @@ async def test_fields_map_to_the_contract(gw):
     disable_parallel_tool_use"."""
     worker, client = gw
     await client.messages.create(
-        model=MODEL, max_tokens=64, system=[{"type": "text", "text": "sys "}, {"type": "text", "text": "two"}],
+        model=MODEL,
+        max_tokens=64,
+        system=[{"type": "text", "text": "sys "}, {"type": "text", "text": "two"}],
         messages=[
             {"role": "user", "content": "search"},
-            {"role": "assistant", "content": [{"type": "text", "text": "ok"},
-                                              {"type": "tool_use", "id": "tu1", "name": "find",
-                                               "input": {"q": "x"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1",
-                                          "content": [{"type": "text", "text": "found"}]},
-                                         {"type": "text", "text": "thanks"}]}],
-        tools=[{"name": "find", "description": "search", "input_schema": SCHEMA, "strict": True},
-               {"name": "other", "input_schema": {"type": "object"}}],
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "ok"},
+                    {"type": "tool_use", "id": "tu1", "name": "find", "input": {"q": "x"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "tu1",
+                        "content": [{"type": "text", "text": "found"}],
+                    },
+                    {"type": "text", "text": "thanks"},
+                ],
+            },
+        ],
+        tools=[
+            {"name": "find", "description": "search", "input_schema": SCHEMA, "strict": True},
+            {"name": "other", "input_schema": {"type": "object"}},
+        ],
         tool_choice={"type": "tool", "name": "find", "disable_parallel_tool_use": False},
         output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
         stop_sequences=["###"],
         # anthropic 2.x no longer types the sampling fields; the protocol still carries them.
-        extra_body={"temperature": 0.2, "top_p": 0.7, "top_k": 40})
+        extra_body={"temperature": 0.2, "top_p": 0.7, "top_k": 40},
+    )
     req = worker.last
     assert req.request_id.startswith("msg_")
     assert [(m.role, m.content) for m in req.prompt.messages] == [

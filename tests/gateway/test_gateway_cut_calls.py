@@ -9,8 +9,14 @@ import jiter
 import pytest
 
 from services.gateway.cut_calls import CallTracker, CutCall, partial_object
-from shared.generation import Finished, FinishReason, ToolCall, ToolCallArgumentsDelta, \
-    ToolCallStart, Usage
+from shared.generation import (
+    Finished,
+    FinishReason,
+    ToolCall,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+    Usage,
+)
 
 ARGUMENTS = ('{"city": "Par\\u00e9is", "n": 12.5e3, "ok": true, "list": [1, {"b": null, '
              '"c": ["x", false]}], "z": -0.5, "s": "a\\"b\\\\", "e": {}, "f": [], "g": 1e}')

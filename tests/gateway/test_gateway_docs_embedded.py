@@ -14,8 +14,8 @@ import re
 
 import pytest
 
-from tests.support.fake_worker import InProcessGateway
 from tests.gateway.test_gateway_docs import DEFAULT_URL, PAGES, blocks
+from tests.support.fake_worker import InProcessGateway
 
 pytestmark = pytest.mark.slow
 

@@ -76,12 +76,24 @@ async def test_prefix_cache_hits_appear_in_each_protocols_usage(client, gateway_
     hit = await client.chat.completions.create(model="smollm2", messages=messages, max_tokens=2,
                                                temperature=0.0)
     # the first ask may find only the template's system header, cached by the test above
-    assert cold.usage.prompt_tokens_details.cached_tokens < hit.usage.prompt_tokens_details.cached_tokens
-    assert hit.usage.prompt_tokens_details.cached_tokens == (hit.usage.prompt_tokens - 1) // 16 * 16 > 0
+    assert (
+        cold.usage.prompt_tokens_details.cached_tokens
+        < hit.usage.prompt_tokens_details.cached_tokens
+    )
+    assert (
+        hit.usage.prompt_tokens_details.cached_tokens
+        == (hit.usage.prompt_tokens - 1) // 16 * 16
+        > 0
+    )
     assert hit.choices[0].message.content == cold.choices[0].message.content
-    reply = await client.responses.create(model="smollm2", input=text, max_output_tokens=2, temperature=0.0)
+    reply = await client.responses.create(
+        model="smollm2", input=text, max_output_tokens=2, temperature=0.0
+    )
     assert reply.usage.input_tokens_details.cached_tokens > 0
     async with anthropic.AsyncAnthropic(base_url=gateway_url, api_key="k", max_retries=0) as sdk:
         message = await sdk.messages.create(model="smollm2", messages=messages, max_tokens=2)
     assert message.usage.cache_read_input_tokens > 0
-    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == hit.usage.prompt_tokens
+    assert (
+        message.usage.input_tokens + message.usage.cache_read_input_tokens
+        == hit.usage.prompt_tokens
+    )

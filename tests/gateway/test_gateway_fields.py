@@ -104,12 +104,23 @@ NEVER_IGNORED = [
 UNSUPPORTED = [
     ("chat", {"logprobs": True}, "logprobs"),
     ("chat", {"logit_bias": {"42": 10}}, "logit_bias"),
-    ("chat", {"chat_template_kwargs": {"tools_in_user": True}},
-     "chat_template_kwargs.tools_in_user"),
+    (
+        "chat",
+        {"chat_template_kwargs": {"tools_in_user": True}},
+        "chat_template_kwargs.tools_in_user",
+    ),
     ("chat", {"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
     ("chat", {"modalities": ["text", "audio"]}, "modalities"),
-    ("chat", {"messages": [{"role": "assistant", "content": None, "refusal": "no"},
-                           {"role": "user", "content": "hi"}]}, "messages[0].refusal"),
+    (
+        "chat",
+        {
+            "messages": [
+                {"role": "assistant", "content": None, "refusal": "no"},
+                {"role": "user", "content": "hi"},
+            ]
+        },
+        "messages[0].refusal",
+    ),
     ("completions", {"echo": True}, "echo"),
     ("completions", {"best_of": 3}, "best_of"),
     ("completions", {"suffix": "end"}, "suffix"),
@@ -121,11 +132,30 @@ UNSUPPORTED = [
     ("messages", {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
     ("messages", {"output_config": {"effort": "low"}}, "output_config.effort"),
     ("messages", {"thinking": {"type": "adaptive"}}, "thinking.type"),
-    ("messages", {"messages": [
-        {"role": "user", "content": "go"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "boom",
-                                      "is_error": True}]}]}, "messages[2].content[0].is_error"),
+    (
+        "messages",
+        {
+            "messages": [
+                {"role": "user", "content": "go"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t",
+                            "content": "boom",
+                            "is_error": True,
+                        }
+                    ],
+                },
+            ]
+        },
+        "messages[2].content[0].is_error",
+    ),
 ]
 
 

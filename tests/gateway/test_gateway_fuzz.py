@@ -181,13 +181,28 @@ RESPONSES = obj(
      "truncation": odd(st.just("disabled"), st.just("auto")), "store": st.booleans(),
      "previous_response_id": odd(st.none(), _text)})
 _block = st.one_of(
-    obj({"type": st.just("text"), "text": _text}, {"cache_control": st.just({"type": "ephemeral"})}),
-    obj({"type": st.just("tool_use"), "id": _text, "name": st.just("f"),
-         "input": st.just({"a": 1})}, {}),
-    obj({"type": st.just("tool_result"), "tool_use_id": _text},
-        {"content": _text, "is_error": st.booleans()}),
-    rarely(st.just({"type": "text", "text": "t"}),
-           obj({"type": st.sampled_from(["image", "thinking", "document"])}, {}), 4))
+    obj(
+        {"type": st.just("text"), "text": _text}, {"cache_control": st.just({"type": "ephemeral"})}
+    ),
+    obj(
+        {
+            "type": st.just("tool_use"),
+            "id": _text,
+            "name": st.just("f"),
+            "input": st.just({"a": 1}),
+        },
+        {},
+    ),
+    obj(
+        {"type": st.just("tool_result"), "tool_use_id": _text},
+        {"content": _text, "is_error": st.booleans()},
+    ),
+    rarely(
+        st.just({"type": "text", "text": "t"}),
+        obj({"type": st.sampled_from(["image", "thinking", "document"])}, {}),
+        4,
+    ),
+)
 MESSAGES = obj(
     {"model": st.just(MODEL), "max_tokens": st.integers(-1, 30),
      "messages": st.lists(obj({"role": odd(st.sampled_from(["user", "assistant"]),

@@ -95,13 +95,25 @@ async def test_fields_map_to_the_contract(gw):
     assert req.request_id.startswith("chatcmpl-") and req.model == MODEL
 
 
-@pytest.mark.parametrize("choice, parallel, expected", [
-    ("auto", True, (ToolMode.AUTO, None, True)),
-    ("none", True, (ToolMode.NONE, None, True)),
-    ("required", False, (ToolMode.REQUIRED, None, False)),
-    ({"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
-        {"type": "function", "function": {"name": "b"}}]}}, True, (ToolMode.REQUIRED, ("b",), True)),
-])
+@pytest.mark.parametrize(
+    "choice, parallel, expected",
+    [
+        ("auto", True, (ToolMode.AUTO, None, True)),
+        ("none", True, (ToolMode.NONE, None, True)),
+        ("required", False, (ToolMode.REQUIRED, None, False)),
+        (
+            {
+                "type": "allowed_tools",
+                "allowed_tools": {
+                    "mode": "required",
+                    "tools": [{"type": "function", "function": {"name": "b"}}],
+                },
+            },
+            True,
+            (ToolMode.REQUIRED, ("b",), True),
+        ),
+    ],
+)
 async def test_tool_choice_modes(gw, choice, parallel, expected):
     """"Auto allows zero or more calls; Required at least one; parallel=false limits it to one."
     Each OpenAI tool_choice form reaches the worker as the matching ToolChoice."""
@@ -184,7 +196,9 @@ async def test_schema_error_pointer_is_prefixed_by_its_location(gw):
     schema = {"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 7}}}
     worker.script = Script(raise_before=UnsupportedSchema("multipleOf is outside the subset",
                                                           pointer="/properties/age/multipleOf"))
-    body = {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}}
+    body = {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    }
     with pytest.raises(openai.BadRequestError) as info:
         await client.chat.completions.create(model=MODEL, messages=USER, extra_body=body)
     param = info.value.param
@@ -232,8 +246,9 @@ async def test_aggregate_and_stream_agree(gw):
     assert whole.model_extra["infernix"] == {"constraint": report}
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
 
-    stream = await client.chat.completions.create(model=MODEL, messages=USER, tools=tools,
-                                                  stream=True, stream_options={"include_usage": True})
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=USER, tools=tools, stream=True, stream_options={"include_usage": True}
+    )
     chunks = [c async for c in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

@@ -124,7 +124,13 @@ async def test_anthropic_thinking_config_blocks_and_history(gw):
     assert thinking(worker) == (False, None)
     async with an.messages.stream(model=MODEL, max_tokens=5, messages=USER) as stream:
         kinds = [e.delta.type async for e in stream if e.type == "content_block_delta"]
-    assert kinds == ["thinking_delta", "thinking_delta", "signature_delta", "text_delta", "text_delta"]
+    assert kinds == [
+        "thinking_delta",
+        "thinking_delta",
+        "signature_delta",
+        "text_delta",
+        "text_delta",
+    ]
     with pytest.raises(anthropic.BadRequestError):
         await an.messages.create(model=MODEL, max_tokens=5, messages=USER,
                                  thinking={"type": "enabled"})

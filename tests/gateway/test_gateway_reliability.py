@@ -5,8 +5,8 @@ status, error shape and Retry-After (items 2 and 8)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import ClassVar
 

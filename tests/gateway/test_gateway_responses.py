@@ -41,15 +41,21 @@ async def test_input_items_and_fields_map_to_the_contract(gw):
     """"OpenAI Responses | text.format json_object/json_schema; tool strict and tool_choice"."""
     worker, client = gw
     await client.responses.create(
-        model=MODEL, instructions="be brief",
-        input=[{"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
-               {"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"city":"Oslo"}'},
-               {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
-               {"type": "message", "role": "developer", "content": "answer in JSON"}],
+        model=MODEL,
+        instructions="be brief",
+        input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+            {"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"city":"Oslo"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"type": "message", "role": "developer", "content": "answer in JSON"},
+        ],
         text={"format": {"type": "json_schema", "name": "r", "schema": SCHEMA, "strict": True}},
         tools=[fn("w", SCHEMA, strict=False), fn("x", SCHEMA)],
-        tool_choice={"type": "function", "name": "x"}, max_output_tokens=40, temperature=0.5,
-        top_p=0.8)
+        tool_choice={"type": "function", "name": "x"},
+        max_output_tokens=40,
+        temperature=0.5,
+        top_p=0.8,
+    )
     req = worker.last
     assert req.request_id.startswith("resp_")
     assert [(m.role, m.content) for m in req.prompt.messages] == [
@@ -116,7 +122,9 @@ async def test_errors_name_the_field(gw):
     """Errors name the original field path: text.format.schema/<pointer>, tools[i]..., and
     non-function tool types are rejected as unsupported."""
     worker, client = gw
-    worker.script = Script(raise_before=UnsupportedSchema("pattern anchors", pointer="/properties/city/pattern"))
+    worker.script = Script(
+        raise_before=UnsupportedSchema("pattern anchors", pointer="/properties/city/pattern")
+    )
     with pytest.raises(openai.BadRequestError) as info:
         await client.responses.create(model=MODEL, input="hi", text={"format": {
             "type": "json_schema", "name": "r", "schema": SCHEMA}})

@@ -27,10 +27,12 @@ async def test_api_keys():
     refuse others with 401 in the protocol's error shape; /healthz stays open."""
     worker = FakeWorker()
     async with running_gateway(worker, api_keys=frozenset({"sekret"})) as url:
-        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0) as bad, \
-                anthropic.AsyncAnthropic(base_url=url, api_key="wrong", max_retries=0) as abad, \
-                anthropic.AsyncAnthropic(base_url=url, api_key="sekret", max_retries=0) as agood, \
-                openai.AsyncOpenAI(base_url=url + "/v1", api_key="sekret", max_retries=0) as good:
+        async with (
+            openai.AsyncOpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0) as bad,
+            anthropic.AsyncAnthropic(base_url=url, api_key="wrong", max_retries=0) as abad,
+            anthropic.AsyncAnthropic(base_url=url, api_key="sekret", max_retries=0) as agood,
+            openai.AsyncOpenAI(base_url=url + "/v1", api_key="sekret", max_retries=0) as good,
+        ):
             with pytest.raises(openai.AuthenticationError) as info:
                 await bad.chat.completions.create(model=MODEL, messages=USER)
             assert info.value.body["type"] == "authentication_error"
@@ -42,8 +44,11 @@ async def test_api_keys():
             await good.chat.completions.create(model=MODEL, messages=USER)
             await agood.messages.create(model=MODEL, max_tokens=4, messages=USER)
             # x-api-key on an OpenAI route is accepted too.
-            await bad.chat.completions.create(model=MODEL, messages=USER,
-                                              extra_headers={"Authorization": "", "x-api-key": "sekret"})
+            await bad.chat.completions.create(
+                model=MODEL,
+                messages=USER,
+                extra_headers={"Authorization": "", "x-api-key": "sekret"},
+            )
             assert len(worker.requests) == 3
         async with aiohttp.ClientSession() as http:
             async with http.get(url + "/healthz") as r:
@@ -71,7 +76,10 @@ async def test_limits():
             with pytest.raises(openai.BadRequestError) as info:
                 await client.chat.completions.create(model=MODEL, messages=USER, tools=[tool, tool])
             assert info.value.param == "tools" and "max_tools=1" in info.value.message
-            schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5)}}
+            schema = {
+                "type": "object",
+                "properties": {f"p{i}": {"type": "string"} for i in range(5)},
+            }
             assert len(json.dumps(schema, separators=(",", ":"))) > 64
             with pytest.raises(openai.BadRequestError) as info:
                 await client.chat.completions.create(model=MODEL, messages=USER, response_format={
@@ -135,7 +143,11 @@ async def test_request_done_log_and_metrics():
     assert (ok["finish_reason"], ok["prompt_tokens"], ok["completion_tokens"]) == ("stop", 7, 5)
     assert ok["constraint"] == report and ok["constraint_kind"] == "json_schema"
     assert ok["total_s"] >= ok["ttft_s"] >= 0
-    assert (rejected["status"], rejected["error_param"], rejected["outcome"]) == (400, "n", "rejected")
+    assert (rejected["status"], rejected["error_param"], rejected["outcome"]) == (
+        400,
+        "n",
+        "rejected",
+    )
     text = json.dumps(done, default=str)
     for secret in ("secret prompt", "secret_field", "secret_output"):
         assert secret not in text and secret not in exposition
@@ -146,7 +158,10 @@ async def test_request_done_log_and_metrics():
     assert samples[key] == 1
     assert samples[("infernix_gateway_requests_total",
                     (("constraint", "none"), ("outcome", "rejected"), ("protocol", "chat")))] == 1
-    assert samples[("infernix_gateway_tokens_total", (("kind", "completion"), ("protocol", "chat")))] == 5
+    assert (
+        samples[("infernix_gateway_tokens_total", (("kind", "completion"), ("protocol", "chat")))]
+        == 5
+    )
 
 
 @pytest.mark.asyncio

@@ -17,15 +17,14 @@ from structlog.testing import capture_logs
 
 from services.grammar.cache import records
 from services.grammar.cache.grammar_cache import CacheConfig, GrammarCache
-from services.grammar.compiler import ModelCompiler, cache_key
 from services.grammar.cache.limits import StorePolicy
-from services.grammar.engines.matching import accepts
 from services.grammar.cache.records import Record
 from services.grammar.cache.store import RedisStore, StoreConfig
+from services.grammar.compiler import ModelCompiler, cache_key
+from services.grammar.engines.matching import accepts
 from shared.contract import OutputConstraint
 from shared.errors import InvalidGrammar, RequestError
 from tests.support.common import byte_domain
-
 
 STORE_ALL = CacheConfig(policy=StorePolicy(min_speedup=0))
 STORE_ALL_RO = CacheConfig(policy=StorePolicy(min_speedup=0), read_only=True)

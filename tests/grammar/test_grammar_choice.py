@@ -8,8 +8,8 @@ import random
 import pytest
 import xgrammar as xgr
 
-from services.grammar.engines import matching
 from services.grammar.compiler import build_grammar
+from services.grammar.engines import matching
 from shared.contract import OutputConstraint
 from shared.errors import InvalidChoice
 from tests.support.common import byte_domain, language

@@ -39,27 +39,37 @@ def test_check_schema_files_with_instances(tmp_path, capsys) -> None:
                    "--instances", str(instances), "--json-whitespace", "any"])
     lines = _lines(capsys)
     assert status == 2
-    assert lines[0]["ok"] is True and lines[0]["kind"] == "json_schema" and lines[0]["compile_ms"] > 0
+    assert (
+        lines[0]["ok"] is True and lines[0]["kind"] == "json_schema" and lines[0]["compile_ms"] > 0
+    )
     verdicts = [line["accepted"] for line in lines[1:1 + len(candidates)]]
     validator = jsonschema.Draft202012Validator(SCHEMA)
     expected = [validator.is_valid(json.loads(c)) and list(json.loads(c)) == ["name", "age"]
                 for c in candidates]
     assert verdicts == expected and any(verdicts) and not all(verdicts)
-    assert [line["instance"] for line in lines[1:1 + len(candidates)]] == list(range(len(candidates)))
+    assert [line["instance"] for line in lines[1 : 1 + len(candidates)]] == list(
+        range(len(candidates))
+    )
     err = lines[-1]
     assert err["ok"] is False and err["error"]["type"] == "UnsupportedSchema"
     assert err["error"]["pointer"] == "/format"
     # the built-in model's default profile is the 2-space layout (docs/constraint-engines.md)
     layouts = tmp_path / "layouts.jsonl"
     value = {"name": "Ada", "age": 36}
-    layouts.write_text(json.dumps(json.dumps(value)) + "\n" + json.dumps(json.dumps(value, indent=2)))
+    layouts.write_text(
+        json.dumps(json.dumps(value)) + "\n" + json.dumps(json.dumps(value, indent=2))
+    )
     main(["grammar", "check", "--json-schema-file", str(good), "--instances", str(layouts)])
     assert [line["accepted"] for line in _lines(capsys)[1:]] == [False, True]
 
 
 def test_check_batch_many_constraints_in_one_process(tmp_path, capsys) -> None:
     rows = [
-        {"json_schema": SCHEMA, "whitespace": "any", "instances": ['{"name": "a", "age": 1}', "{}"]},
+        {
+            "json_schema": SCHEMA,
+            "whitespace": "any",
+            "instances": ['{"name": "a", "age": 1}', "{}"],
+        },
         {"regex": "[0-9]{3}", "instances": ["123", "12a"]},
         {"choice": ["yes", "no"], "instances": ["no", "maybe"]},
         {"grammar": 'root ::= "a"+', "instances": ["aaa", ""]},
@@ -96,8 +106,19 @@ def test_serve_and_health_over_loopback() -> None:
     try:
         deadline = time.monotonic() + 90
         while True:
-            health = subprocess.run([sys.executable, "-m", "services.cli", "grammar", "health",
-                                     "--address", f"127.0.0.1:{port}"], capture_output=True, text=True)
+            health = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "services.cli",
+                    "grammar",
+                    "health",
+                    "--address",
+                    f"127.0.0.1:{port}",
+                ],
+                capture_output=True,
+                text=True,
+            )
             if health.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
@@ -117,8 +138,8 @@ def test_serve_flags_and_environment_build_the_cache_config(monkeypatch) -> None
     INFERNIX_* variables, and a flag given on the command line wins."""
     import argparse
 
-    from services.grammar.cli import add_compile_args, cache_config_from_args
     from services.grammar.cache.limits import CompileLimits, StorePolicy
+    from services.grammar.cli import add_compile_args, cache_config_from_args
 
     monkeypatch.setenv("INFERNIX_COMPILE_DEADLINE_S", "7.5")
     monkeypatch.setenv("INFERNIX_COMPILE_MEMORY_BYTES", "123456789")

@@ -12,7 +12,6 @@ the test lists itself.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch

@@ -22,8 +22,8 @@ from services.grammar.compiler import ModelCompiler
 from services.grammar.engines.matching import legal_ids
 from services.grammar.schema.emit import WHITESPACE_PROFILES
 from shared.contract import OutputConstraint
-from tests.support.common import byte_domain
 from tests.grammar.test_grammar_schema_walks import CASES, validator
+from tests.support.common import byte_domain
 
 _PATTERNS = ["^[a-c]{1,3}$", "^x-[0-9]+$", "q", "^(ab|cd)*$", "^\\d{2}$", "é"]
 _WORDS = ["a", "b", "ab", "name", "é", "x\n", "k\"q"]
@@ -169,7 +169,11 @@ def check_schema_both(schema, seed: int, comp: ModelCompiler, walks: int = 6, st
     # instances: the walks' outputs, and their one-byte mutations, accepted alike by both
     for out in outputs[:3]:
         for i in range(0, len(out), max(1, len(out) // 6)):
-            for mutated in (out[:i] + out[i + 1:], out[:i] + b" " + out[i:], out[:i] + b"1" + out[i:]):
+            for mutated in (
+                out[:i] + out[i + 1 :],
+                out[:i] + b" " + out[i:],
+                out[:i] + b"1" + out[i:],
+            ):
                 a, b = gx.matcher(), gl.matcher()
                 ra = a.accept_bytes(mutated) and a.is_completed()
                 rb = b.accept_bytes(mutated) and b.is_completed()
@@ -196,7 +200,10 @@ def test_fixture_schemas_identical(name, schema, valid, invalid):
     for text, expected in [(t, True) for t in valid] + [(t, False) for t in invalid]:
         for g in (gx, gl):
             m = g.matcher()
-            assert (m.accept_bytes(text.encode()) and m.is_completed()) == expected, (g.engine, text)
+            assert (m.accept_bytes(text.encode()) and m.is_completed()) == expected, (
+                g.engine,
+                text,
+            )
 
 
 @pytest.mark.parametrize("whitespace", WHITESPACE_PROFILES)

@@ -17,12 +17,15 @@ import pytest
 from services.grammar.compiler import ModelCompiler, build_lark
 from services.grammar.engines.engine import LLGUIDANCE, XGRAMMAR
 from services.grammar.engines.engine_llguidance import (
-    MAX_ITEMS_IN_ROW, ROW_ITEMS_BUDGET, lltokenizer, row_items_bound,
+    MAX_ITEMS_IN_ROW,
+    ROW_ITEMS_BUDGET,
+    lltokenizer,
+    row_items_bound,
 )
 from shared.contract import OutputConstraint
 from shared.generation import FinishReason
-from tests.support.grammar_process import optional_properties
 from tests.support.common import byte_domain
+from tests.support.grammar_process import optional_properties
 from tests.support.worker_support import collect, greedy, open_client, text_request, tiny_runtime
 
 

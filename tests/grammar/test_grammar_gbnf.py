@@ -12,8 +12,8 @@ import re
 import pytest
 import xgrammar as xgr
 
-from services.grammar.engines import matching
 from services.grammar.compiler import build_grammar
+from services.grammar.engines import matching
 from services.grammar.gbnf import gbnf_to_ebnf
 from shared.contract import OutputConstraint
 from shared.errors import InvalidGrammar
@@ -81,43 +81,91 @@ list ::=
     ("," item)*
 item ::= [xy] | root
 """,
-        {"root": [[], ["a", ("ref", "root"), "b"], ["(", ("ref", "list"), ")"]],
-         "list": [[("ref", "item"), ("rep", ("alt", [[",", ("ref", "item")]]), 0, None)]],
-         "item": [[chars("xy")], [("ref", "root")]]},
-        "ab(),x", 6, id="recursion-empty-alternative"),
+        {
+            "root": [[], ["a", ("ref", "root"), "b"], ["(", ("ref", "list"), ")"]],
+            "list": [[("ref", "item"), ("rep", ("alt", [[",", ("ref", "item")]]), 0, None)]],
+            "item": [[chars("xy")], [("ref", "root")]],
+        },
+        "ab(),x",
+        6,
+        id="recursion-empty-alternative",
+    ),
     pytest.param(
         'root ::= root "+" term | term\nterm ::= [0-9] | "(" root ")"\n',
-        {"root": [[("ref", "root"), "+", ("ref", "term")], [("ref", "term")]],
-         "term": [[chars("0123456789")], ["(", ("ref", "root"), ")"]]},
-        "1+()", 6, id="left-recursion"),
+        {
+            "root": [[("ref", "root"), "+", ("ref", "term")], [("ref", "term")]],
+            "term": [[chars("0123456789")], ["(", ("ref", "root"), ")"]],
+        },
+        "1+()",
+        6,
+        id="left-recursion",
+    ),
     pytest.param(
         'root ::= "a"{2} "b"{1,} "c"{,2} ("d" | "e"){0,1} [x-z]? "ab"{0} ("f"+)+\n',
-        {"root": [[("rep", "a", 2, 2), ("rep", "b", 1, None), ("rep", "c", 0, 2),
-                   ("rep", ("alt", [["d"], ["e"]]), 0, 1), ("rep", chars("xyz"), 0, 1),
-                   ("rep", ("rep", "f", 1, None), 1, None)]]},
-        "abcdxf", 6, id="repetition-forms"),
+        {
+            "root": [
+                [
+                    ("rep", "a", 2, 2),
+                    ("rep", "b", 1, None),
+                    ("rep", "c", 0, 2),
+                    ("rep", ("alt", [["d"], ["e"]]), 0, 1),
+                    ("rep", chars("xyz"), 0, 1),
+                    ("rep", ("rep", "f", 1, None), 1, None),
+                ]
+            ]
+        },
+        "abcdxf",
+        6,
+        id="repetition-forms",
+    ),
     pytest.param(
         'root ::= x.y | x..\nx ::= "x"\ny ::= "y"\n',
-        {"root": [["x", chars("xy\n\u2028é"), "y"], ["x", chars("xy\n\u2028é"), chars("xy\n\u2028é")]]},
-        ["x", "y", "\n", "\u2028", "é"], 3, id="dot-any-character"),
+        {
+            "root": [
+                ["x", chars("xy\n\u2028é"), "y"],
+                ["x", chars("xy\n\u2028é"), chars("xy\n\u2028é")],
+            ]
+        },
+        ["x", "y", "\n", "\u2028", "é"],
+        3,
+        id="dot-any-character",
+    ),
     pytest.param(
         'root ::= a.b "!"\na.b ::= "z" | ""\n',
         {"root": [["z", "!"], ["!"]]},
-        "zab!", 3, id="dotted-rule-name"),
+        "zab!",
+        3,
+        id="dotted-rule-name",
+    ),
     pytest.param(
         'root ::= ( | "é" [😀-😂]+ ) "中"? [^a-c]\n',
-        {"root": [[("rep", ("alt", [[], ["é", ("rep", chars("😀😁😂"), 1, None)]]), 0, 1),
-                   ("rep", "中", 0, 1), chars("é😀😁😂😃中\n")]]},
-        ["é", "😀", "😂", "😃", "中", "a", "\n"], 4, id="unicode-negated-class"),
+        {
+            "root": [
+                [
+                    ("rep", ("alt", [[], ["é", ("rep", chars("😀😁😂"), 1, None)]]), 0, 1),
+                    ("rep", "中", 0, 1),
+                    chars("é😀😁😂😃中\n"),
+                ]
+            ]
+        },
+        ["é", "😀", "😂", "😃", "中", "a", "\n"],
+        4,
+        id="unicode-negated-class",
+    ),
     pytest.param(
         'root ::= "\\x41\\u00e9\\U0001F600" [\\t\\n\\\\\\]\\-] [a-b-d] "\\"" "\\[" [\\^]\n',
         {"root": [["Aé😀", chars("\t\n\\]-"), chars("ab-d"), '"', "[", "^"]]},
-        ["A", "é", "😀", "\t", "\n", "\\", "]", "-", "a", "b", "c", "d", '"', "[", "^", "x"], 8,
-        id="escapes"),
+        ["A", "é", "😀", "\t", "\n", "\\", "]", "-", "a", "b", "c", "d", '"', "[", "^", "x"],
+        8,
+        id="escapes",
+    ),
     pytest.param(
         'root ::= "a"*? ("b" | )\nunused ::= "q"\n',
         {"root": [[("rep", ("rep", "a", 0, None), 0, 1), ("alt", [["b"], []])]]},
-        "abq", 5, id="stacked-quantifiers-trailing-empty"),
+        "abq",
+        5,
+        id="stacked-quantifiers-trailing-empty",
+    ),
 ]
 
 
@@ -132,10 +180,18 @@ def test_gbnf_language_matches_independent_enumeration(compiler, text, rules, al
 
 
 REGULAR_GRAMMARS = [
-    ('root ::= [^"\\\\\\x7F\\x00-\\x1F]{1,2} ws\nws ::= | " " | "\\n" [ \\t]{0,2}\n',
-     '[^"\\\\\x7f\x00-\x1f]{1,2}(| |\n[ \t]{0,2})', ['"', "\\", "\x7f", "\x1f", "a", " ", "\n", "\t"], 4),
-    ('root ::= ("-"? ([0-9] | [1-9] [0-9]{0,2})) ("." [0-9]+)?\n',
-     r"-?([0-9]|[1-9][0-9]{0,2})(\.[0-9]+)?", "-01.", 5),
+    (
+        'root ::= [^"\\\\\\x7F\\x00-\\x1F]{1,2} ws\nws ::= | " " | "\\n" [ \\t]{0,2}\n',
+        '[^"\\\\\x7f\x00-\x1f]{1,2}(| |\n[ \t]{0,2})',
+        ['"', "\\", "\x7f", "\x1f", "a", " ", "\n", "\t"],
+        4,
+    ),
+    (
+        'root ::= ("-"? ([0-9] | [1-9] [0-9]{0,2})) ("." [0-9]+)?\n',
+        r"-?([0-9]|[1-9][0-9]{0,2})(\.[0-9]+)?",
+        "-01.",
+        5,
+    ),
 ]
 
 
@@ -143,8 +199,12 @@ REGULAR_GRAMMARS = [
 def test_gbnf_regular_language_matches_python_re(compiler, text, py, alphabet, max_len):
     """Literals, classes (negated, escaped), {m,n} repetition: compared with an equivalent regex."""
     compiled = compile_gbnf(compiler, text)
-    expected = {"".join(t) for n in range(max_len + 1) for t in itertools.product(alphabet, repeat=n)
-                if re.fullmatch(py, "".join(t))}
+    expected = {
+        "".join(t)
+        for n in range(max_len + 1)
+        for t in itertools.product(alphabet, repeat=n)
+        if re.fullmatch(py, "".join(t))
+    }
     assert language(compiled, alphabet, max_len) == expected
 
 

@@ -19,13 +19,13 @@ import pytest
 import xgrammar as xgr
 
 from bench.grammar_cases import GBNF
+from services.grammar.engines.matching import legal_ids
 from services.grammar.gbnf.lexer import Lexer
 from services.grammar.gbnf.parser import parse_rules
 from services.grammar.gbnf.rewrite import optimize
-from services.grammar.engines.matching import legal_ids
 from services.grammar.regex.tree import Chars, to_ebnf
-from tests.support.gbnf_oracle import CFG
 from tests.support.common import byte_domain
+from tests.support.gbnf_oracle import CFG
 
 HAND = {
     "star-of-alternatives": 'root ::= "<" ( [a-c] | "\\\\" [nt] )* ">" ";"?',
@@ -101,8 +101,11 @@ def check(source: str, seed: int, walks: int = 8, steps: int = 40) -> None:
         for _ in range(steps):
             m1.fill_next_token_bitmask(a)
             m2.fill_next_token_bitmask(b)
-            assert np.array_equal(a, b), (source, bytes(data),
-                                          set(legal_ids(a[0], d.size)) ^ set(legal_ids(b[0], d.size)))
+            assert np.array_equal(a, b), (
+                source,
+                bytes(data),
+                set(legal_ids(a[0], d.size)) ^ set(legal_ids(b[0], d.size)),
+            )
             assert m1.is_completed() == m2.is_completed()
             ids = [i for i in legal_ids(a[0], d.size)]
             if not ids:
@@ -179,8 +182,8 @@ def test_regex_constraints_keep_their_language(pattern, py, flags, alphabet, n):
     """The regex constraint compiles through the same rewrites: its enumerated whole-match
     language equals Python's `re` on the regex tests' cases."""
     from services.grammar.gbnf import regex_to_optimized_ebnf
-    from tests.support.common import language
     from tests.grammar.test_grammar_regex import oracle as re_oracle
+    from tests.support.common import language
 
     compiled = _compiler().compile_grammar(xgr.Grammar.from_ebnf(regex_to_optimized_ebnf(pattern)))
     assert language(compiled, list(alphabet), n) == re_oracle(py, list(alphabet), n, flags=flags)

@@ -12,14 +12,14 @@ import asyncio
 import pytest
 
 from services.grammar.cache import records
-from services.grammar.compiler import ModelCompiler
 from services.grammar.cache.isolation import CompilePool
 from services.grammar.cache.limits import ColdSlots, CompileLimits, StorePolicy
+from services.grammar.compiler import ModelCompiler
 from services.grammar.engines.matching import accepts
 from shared.contract import OutputConstraint
 from shared.errors import ConstraintTooComplex, InvalidGrammar, Overloaded
-from tests.support.grammar_process import UNBOUNDED_GRAMMARS, optional_properties
 from tests.support.common import byte_domain
+from tests.support.grammar_process import UNBOUNDED_GRAMMARS, optional_properties
 
 pytestmark = pytest.mark.asyncio
 

@@ -23,8 +23,8 @@ import xgrammar as xgr
 
 from services.grammar.compiler import build_framed_grammar
 from services.grammar.engines.matching import legal_ids
-from services.grammar.tools.param_names import NameIndex, ParameterNameConstraint
 from services.grammar.tools.hermes import ToolSpec
+from services.grammar.tools.param_names import NameIndex, ParameterNameConstraint
 from shared.contract import ToolChoice, ToolDefinition
 from shared.frontends.qwen35 import qwen35_domain
 from tests.support.qwen_support import ordinary_ids, qwen_compiler, xml_domain

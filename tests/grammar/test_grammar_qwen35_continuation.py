@@ -16,8 +16,8 @@ import json
 
 import xgrammar as xgr
 
-from services.grammar.engines.engine_xgrammar import XgrammarConstraint
 from services.grammar.compiler import build_framed_grammar
+from services.grammar.engines.engine_xgrammar import XgrammarConstraint
 from services.grammar.tools.hermes import ToolSpec
 from services.grammar.tools.xml_tools import argument_codings
 from services.worker.output.session import OutputSession
@@ -34,8 +34,11 @@ LOOKUP = ToolDefinition.create("lookup", {"type": "object", "properties": {
 
 
 def _continued(content: str, tools=()) -> PromptInput:
-    return PromptInput(messages=(ChatMessage("user", "Weather?"), ChatMessage("assistant", content)),
-                       tools=tools, continue_final_assistant=True)
+    return PromptInput(
+        messages=(ChatMessage("user", "Weather?"), ChatMessage("assistant", content)),
+        tools=tools,
+        continue_final_assistant=True,
+    )
 
 
 def test_content_prefix_as_bytes() -> None:

@@ -11,8 +11,7 @@ import pytest
 import xgrammar as xgr
 
 from services.grammar.engines import matching
-from services.grammar.regex import normalize_regex, regex_to_ebnf
-from services.grammar.regex import charset
+from services.grammar.regex import charset, normalize_regex, regex_to_ebnf
 from shared.errors import InvalidRegex
 from tests.support.common import byte_domain, language
 
@@ -128,7 +127,9 @@ def test_normalized_regex_search_semantics(compiler, pattern, py):
     semantics': the normalized search regex, as a whole match, accepts exactly the strings in
     which the pattern finds a match (ECMAScript ^/$ without m: the string ends only)."""
     alphabet = ["a", "b", "\n"]
-    compiled = compiler.compile_grammar(xgr.Grammar.from_regex(normalize_regex(pattern, search=True)))
+    compiled = compiler.compile_grammar(
+        xgr.Grammar.from_regex(normalize_regex(pattern, search=True))
+    )
     assert language(compiled, alphabet, 4) == oracle(py, alphabet, 4, search=True)
 
 

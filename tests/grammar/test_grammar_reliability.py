@@ -31,7 +31,11 @@ from shared.proto.errors import ErrorStatusCodec, typed_error
 from shared.proto.grammar_grpc import GrammarStub
 from tests.conftest import RedisServer, free_port
 from tests.support.grammar_process import (
-    ROOT, UNBOUNDED_GRAMMARS, GrammarProcess, optional_properties, worker_client,
+    ROOT,
+    UNBOUNDED_GRAMMARS,
+    GrammarProcess,
+    optional_properties,
+    worker_client,
 )
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ import pytest
 from services.grammar.engines.matching import accepts, random_walk
 from services.grammar.schema import check_schema, layout_values
 from shared.errors import UnsupportedSchema
-from tests.support.common import byte_domain
 from tests.grammar.test_grammar_schema_walks import compile_schema
+from tests.support.common import byte_domain
 
 D7 = "http://json-schema.org/draft-07/schema#"
 
@@ -25,49 +25,137 @@ CASES = [
     ("not-enum", {"type": "string", "not": {"enum": ["a", "b"]}}, ["", "c", "ab"], ["a", "b", 1]),
     ("not-const-bool", {"not": {"const": True}}, [False, None, 0], [True]),
     ("not-pattern", {"type": "string", "not": {"pattern": "^x"}}, ["", "ax", "yx"], ["x", "xy"]),
-    ("not-bounds", {"type": "number", "not": {"minimum": 2, "maximum": 5}}, [1, 5.5, -3], [2, 3.5, 5]),
+    (
+        "not-bounds",
+        {"type": "number", "not": {"minimum": 2, "maximum": 5}},
+        [1, 5.5, -3],
+        [2, 3.5, 5],
+    ),
     ("not-length", {"type": "string", "not": {"maxLength": 2}}, ["abc", "abcd"], ["", "ab"]),
     ("not-required", {"type": "object", "not": {"required": ["x"]}}, [{}, {"y": 1}], [{"x": 1}]),
-    ("not-anyof-required", {"type": "object", "properties": {"a": {}, "b": {}},
-                            "not": {"anyOf": [{"required": ["a"]}, {"required": ["b"]}]}},
-     [{}, {"c": 1}], [{"a": 1}, {"b": 2}, {"a": 1, "b": 2}]),
-    ("if-then-else", {"type": "object", "properties": {"k": {"enum": ["a", "b"]}, "x": {}, "y": {}},
-                      "if": {"properties": {"k": {"const": "a"}}},
-                      "then": {"required": ["x"]}, "else": {"required": ["y"]}},
-     [{"k": "a", "x": 1}, {"k": "b", "y": 1}, {"x": 1}], [{"k": "a"}, {"k": "b", "x": 1}, {}, {"y": 1}]),
+    (
+        "not-anyof-required",
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {}},
+            "not": {"anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
+        },
+        [{}, {"c": 1}],
+        [{"a": 1}, {"b": 2}, {"a": 1, "b": 2}],
+    ),
+    (
+        "if-then-else",
+        {
+            "type": "object",
+            "properties": {"k": {"enum": ["a", "b"]}, "x": {}, "y": {}},
+            "if": {"properties": {"k": {"const": "a"}}},
+            "then": {"required": ["x"]},
+            "else": {"required": ["y"]},
+        },
+        [{"k": "a", "x": 1}, {"k": "b", "y": 1}, {"x": 1}],
+        [{"k": "a"}, {"k": "b", "x": 1}, {}, {"y": 1}],
+    ),
     ("if-then", {"if": {"type": "string"}, "then": {"minLength": 2}}, ["ab", 1, None], ["a", ""]),
-    ("dependent-required", {"type": "object", "properties": {"a": {}, "b": {}, "c": {}},
-                            "dependentRequired": {"a": ["b"], "c": ["a"]}},
-     [{}, {"b": 1}, {"a": 1, "b": 1}, {"a": 1, "b": 2, "c": 3}], [{"a": 1}, {"c": 1, "b": 1}]),
-    ("dependent-schemas", {"type": "object", "properties": {"a": {}, "b": {"type": "integer"}},
-                           "dependentSchemas": {"a": {"required": ["b"], "properties": {"b": {"minimum": 5}}}}},
-     [{}, {"b": 1}, {"a": 0, "b": 7}], [{"a": 0}, {"a": 0, "b": 1}]),
-    ("dependencies-draft7", {"$schema": D7, "type": "object", "properties": {"a": {}, "b": {}, "c": {}},
-                             "dependencies": {"a": ["b"], "c": {"properties": {"a": {"type": "null"}}}}},
-     [{}, {"a": 1, "b": 1}, {"c": 1}, {"c": 1, "a": None, "b": 0}], [{"a": 1}, {"c": 1, "a": 1, "b": 1}]),
-    ("multiple-of", {"type": "integer", "multipleOf": 7, "minimum": -30, "maximum": 100},
-     [0, 7, -28, 98], [1, 105, -35, 8]),
+    (
+        "dependent-required",
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {}, "c": {}},
+            "dependentRequired": {"a": ["b"], "c": ["a"]},
+        },
+        [{}, {"b": 1}, {"a": 1, "b": 1}, {"a": 1, "b": 2, "c": 3}],
+        [{"a": 1}, {"c": 1, "b": 1}],
+    ),
+    (
+        "dependent-schemas",
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {"type": "integer"}},
+            "dependentSchemas": {"a": {"required": ["b"], "properties": {"b": {"minimum": 5}}}},
+        },
+        [{}, {"b": 1}, {"a": 0, "b": 7}],
+        [{"a": 0}, {"a": 0, "b": 1}],
+    ),
+    (
+        "dependencies-draft7",
+        {
+            "$schema": D7,
+            "type": "object",
+            "properties": {"a": {}, "b": {}, "c": {}},
+            "dependencies": {"a": ["b"], "c": {"properties": {"a": {"type": "null"}}}},
+        },
+        [{}, {"a": 1, "b": 1}, {"c": 1}, {"c": 1, "a": None, "b": 0}],
+        [{"a": 1}, {"c": 1, "a": 1, "b": 1}],
+    ),
+    (
+        "multiple-of",
+        {"type": "integer", "multipleOf": 7, "minimum": -30, "maximum": 100},
+        [0, 7, -28, 98],
+        [1, 105, -35, 8],
+    ),
     ("multiple-of-number", {"type": "number", "multipleOf": 3}, [0, 3, -9, 300], [1, 1.5, 4]),
-    ("unique-enum", {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True,
-                     "minItems": 1},
-     [["a"], ["c", "a"], ["b", "a", "c"]], [[], ["a", "a"], ["a", "b", "a"], ["d"]]),
-    ("one-of-required", {"type": "object", "properties": {"e": {"type": "string"}, "ok": {"type": "boolean"}},
-                         "oneOf": [{"required": ["e"]}, {"required": ["ok"]}]},
-     [{"e": "x"}, {"ok": True}], [{}, {"e": "x", "ok": True}, {"e": 1}]),
-    ("one-of-closed", {"type": "object", "properties": {"a": {}, "b": {}}, "additionalProperties": False,
-                       "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
-     [{"a": 1}, {"b": [2]}], [{}, {"a": 1, "b": 2}, {"c": 1}]),
-    ("not-numbers", {"type": "integer", "not": {"enum": [0, 5]}, "minimum": -2, "maximum": 6},
-     [-2, 1, 4, 6], [0, 5, 7]),
-    ("one-of-ranges", {"oneOf": [{"type": "integer", "maximum": 0}, {"type": "number", "exclusiveMinimum": 0}]},
-     [-3, 0, 0.5, 7], [None, "0"]),
-    ("one-of-overlap", {"oneOf": [{"type": "string", "maxLength": 3}, {"type": "string", "pattern": "^a"}]},
-     ["", "bcd", "abcd"], ["abc", "a", "bcde", 1]),
-    ("contains", {"type": "array", "items": {"type": ["integer", "string"]}, "contains": {"type": "integer"},
-                  "maxItems": 3},
-     [[1], ["a", 2], ["a", "b", 3], [1, 2, 3]], [[], ["a"], ["a", "b", "c"], [1, 2, 3, 4], [None]]),
-    ("unique-booleans", {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True},
-     [[], [True], [False, True]], [[True, True], [False, True, False]]),
+    (
+        "unique-enum",
+        {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True, "minItems": 1},
+        [["a"], ["c", "a"], ["b", "a", "c"]],
+        [[], ["a", "a"], ["a", "b", "a"], ["d"]],
+    ),
+    (
+        "one-of-required",
+        {
+            "type": "object",
+            "properties": {"e": {"type": "string"}, "ok": {"type": "boolean"}},
+            "oneOf": [{"required": ["e"]}, {"required": ["ok"]}],
+        },
+        [{"e": "x"}, {"ok": True}],
+        [{}, {"e": "x", "ok": True}, {"e": 1}],
+    ),
+    (
+        "one-of-closed",
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {}},
+            "additionalProperties": False,
+            "oneOf": [{"required": ["a"]}, {"required": ["b"]}],
+        },
+        [{"a": 1}, {"b": [2]}],
+        [{}, {"a": 1, "b": 2}, {"c": 1}],
+    ),
+    (
+        "not-numbers",
+        {"type": "integer", "not": {"enum": [0, 5]}, "minimum": -2, "maximum": 6},
+        [-2, 1, 4, 6],
+        [0, 5, 7],
+    ),
+    (
+        "one-of-ranges",
+        {"oneOf": [{"type": "integer", "maximum": 0}, {"type": "number", "exclusiveMinimum": 0}]},
+        [-3, 0, 0.5, 7],
+        [None, "0"],
+    ),
+    (
+        "one-of-overlap",
+        {"oneOf": [{"type": "string", "maxLength": 3}, {"type": "string", "pattern": "^a"}]},
+        ["", "bcd", "abcd"],
+        ["abc", "a", "bcde", 1],
+    ),
+    (
+        "contains",
+        {
+            "type": "array",
+            "items": {"type": ["integer", "string"]},
+            "contains": {"type": "integer"},
+            "maxItems": 3,
+        },
+        [[1], ["a", 2], ["a", "b", 3], [1, 2, 3]],
+        [[], ["a"], ["a", "b", "c"], [1, 2, 3, 4], [None]],
+    ),
+    (
+        "unique-booleans",
+        {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True},
+        [[], [True], [False, True]],
+        [[True, True], [False, True, False]],
+    ),
 ]
 
 

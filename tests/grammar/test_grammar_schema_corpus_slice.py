@@ -22,45 +22,123 @@ D4 = "http://json-schema.org/draft-04/schema#"
 D7 = "http://json-schema.org/draft-07/schema#"
 
 SLICE = [
-    ({"description": "PodCondition", "type": "object", "required": ["type", "status"],
-      "properties": {"type": {"type": "string"}, "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                     "lastProbeTime": {"type": ["string", "null"], "format": "date-time"},
-                     "reason": {"type": ["string", "null"]}},
-      "x-kubernetes-group-version-kind": [{"group": "", "kind": "Pod", "version": "v1"}]},
-     [{"type": "Ready", "status": "True"}, {"type": "Ready", "status": "False", "lastProbeTime": None,
-                                            "reason": "x"},
-      {"type": "Init", "status": "Unknown", "lastProbeTime": "2024-05-01T10:00:00Z"}]),
-    ({"$schema": D4, "type": "object", "properties": {
-        "port": {"type": "integer", "minimum": 0, "maximum": 65535, "exclusiveMaximum": True},
-        "host": {"type": "string", "format": "hostname"}, "ip": {"type": "string", "format": "ipv4"},
-        "id": {"type": "string", "pattern": "^[a-f0-9]{8}$"}},
-      "required": ["port"], "additionalProperties": False},
-     [{"port": 80}, {"port": 8080, "host": "example.org", "ip": "10.0.0.1", "id": "deadbeef"}]),
-    ({"type": "object", "properties": {
-        "location": {"type": "string", "description": "City and country"},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 14}},
-      "required": ["location"]},
-     [{"location": "Paris, France"}, {"location": "Oslo", "unit": "celsius", "days": 3}]),
-    ({"$schema": D7, "type": "object", "definitions": {"dep": {"type": "string", "minLength": 1}},
-      "properties": {"name": {"type": "string", "maxLength": 214, "pattern": "^[a-z0-9-]+$"},
-                     "version": {"type": "string"}, "main": {"type": "string"},
-                     "dependencies": {"type": "object", "additionalProperties": {"$ref": "#/definitions/dep"}}},
-      "patternProperties": {"^x-": {}}, "dependencies": {"main": ["name"]}},
-     [{"name": "left-pad", "version": "1.3.0"}, {"name": "a", "main": "index.js", "dependencies": {"b": "^1"}},
-      {"x-extra": [1, 2]}]),
-    ({"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number", "exclusiveMinimum": 0}},
-      "required": ["kind", "r"], "if": {"properties": {"r": {"maximum": 1}}},
-      "then": {"properties": {"label": {"type": "string", "format": "uuid"}}}},
-     [{"kind": "circle", "r": 0.5}, {"kind": "circle", "r": 3, "label": "x"},
-      {"kind": "circle", "r": 1, "label": "2eb8aa08-aa98-11ea-b4aa-73b441d16380"}]),
-    ({"type": "array", "items": {"enum": ["read", "write", "admin"]}, "uniqueItems": True, "maxItems": 3},
-     [[], ["read"], ["admin", "read"]]),
-    ({"type": "object", "properties": {"mode": {"type": "string"}},
-      "oneOf": [{"required": ["mode"]}, {"required": ["preset"]}]},
-     [{"mode": "fast"}, {"preset": 1}]),
-    ({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}},
-     []),  # refused: uniqueItems over arbitrary strings is not context-free
+    (
+        {
+            "description": "PodCondition",
+            "type": "object",
+            "required": ["type", "status"],
+            "properties": {
+                "type": {"type": "string"},
+                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                "lastProbeTime": {"type": ["string", "null"], "format": "date-time"},
+                "reason": {"type": ["string", "null"]},
+            },
+            "x-kubernetes-group-version-kind": [{"group": "", "kind": "Pod", "version": "v1"}],
+        },
+        [
+            {"type": "Ready", "status": "True"},
+            {"type": "Ready", "status": "False", "lastProbeTime": None, "reason": "x"},
+            {"type": "Init", "status": "Unknown", "lastProbeTime": "2024-05-01T10:00:00Z"},
+        ],
+    ),
+    (
+        {
+            "$schema": D4,
+            "type": "object",
+            "properties": {
+                "port": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": 65535,
+                    "exclusiveMaximum": True,
+                },
+                "host": {"type": "string", "format": "hostname"},
+                "ip": {"type": "string", "format": "ipv4"},
+                "id": {"type": "string", "pattern": "^[a-f0-9]{8}$"},
+            },
+            "required": ["port"],
+            "additionalProperties": False,
+        },
+        [{"port": 80}, {"port": 8080, "host": "example.org", "ip": "10.0.0.1", "id": "deadbeef"}],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {
+                "location": {"type": "string", "description": "City and country"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            },
+            "required": ["location"],
+        },
+        [{"location": "Paris, France"}, {"location": "Oslo", "unit": "celsius", "days": 3}],
+    ),
+    (
+        {
+            "$schema": D7,
+            "type": "object",
+            "definitions": {"dep": {"type": "string", "minLength": 1}},
+            "properties": {
+                "name": {"type": "string", "maxLength": 214, "pattern": "^[a-z0-9-]+$"},
+                "version": {"type": "string"},
+                "main": {"type": "string"},
+                "dependencies": {
+                    "type": "object",
+                    "additionalProperties": {"$ref": "#/definitions/dep"},
+                },
+            },
+            "patternProperties": {"^x-": {}},
+            "dependencies": {"main": ["name"]},
+        },
+        [
+            {"name": "left-pad", "version": "1.3.0"},
+            {"name": "a", "main": "index.js", "dependencies": {"b": "^1"}},
+            {"x-extra": [1, 2]},
+        ],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {
+                "kind": {"const": "circle"},
+                "r": {"type": "number", "exclusiveMinimum": 0},
+            },
+            "required": ["kind", "r"],
+            "if": {"properties": {"r": {"maximum": 1}}},
+            "then": {"properties": {"label": {"type": "string", "format": "uuid"}}},
+        },
+        [
+            {"kind": "circle", "r": 0.5},
+            {"kind": "circle", "r": 3, "label": "x"},
+            {"kind": "circle", "r": 1, "label": "2eb8aa08-aa98-11ea-b4aa-73b441d16380"},
+        ],
+    ),
+    (
+        {
+            "type": "array",
+            "items": {"enum": ["read", "write", "admin"]},
+            "uniqueItems": True,
+            "maxItems": 3,
+        },
+        [[], ["read"], ["admin", "read"]],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"mode": {"type": "string"}},
+            "oneOf": [{"required": ["mode"]}, {"required": ["preset"]}],
+        },
+        [{"mode": "fast"}, {"preset": 1}],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {
+                "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+            },
+        },
+        [],
+    ),  # refused: uniqueItems over arbitrary strings is not context-free
     ({"type": "string", "format": "color"}, []),  # refused: unknown format
 ]
 

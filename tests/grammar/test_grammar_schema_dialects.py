@@ -122,8 +122,16 @@ def test_keywords_in_no_vocabulary_are_annotations():
               "markdownDescription": "m", "_format": "date", "readonly": True, "example": 1,
               "properties": {"a": {"type": "string", "x-order": 1, "comment": "c"}}}
     reduced = check_schema(schema)
-    assert set(reduced.annotations) == {"x-kubernetes-group-version-kind", "self", "markdownDescription",
-                                        "_format", "readonly", "example", "x-order", "comment"}
+    assert set(reduced.annotations) == {
+        "x-kubernetes-group-version-kind",
+        "self",
+        "markdownDescription",
+        "_format",
+        "readonly",
+        "example",
+        "x-order",
+        "comment",
+    }
     _agree(schema, [{"a": "s"}, {"a": 1}, {}])
 
 

@@ -18,13 +18,19 @@ UNSUPPORTED = [
     ({"type": "string", "format": "color"}, "/format"),
     ({"type": "string", "format": "idn-hostname"}, "/format"),
     ({"type": "number", "multipleOf": 0.5}, "/multipleOf"),
-    ({"type": "object", "patternProperties": {"^a": {}, "b": {"type": "null"}}}, "/patternProperties/b"),
+    (
+        {"type": "object", "patternProperties": {"^a": {}, "b": {"type": "null"}}},
+        "/patternProperties/b",
+    ),
     ({"dependencies": {"a": ["b"]}}, "/dependencies"),
     ({"dependentSchemas": {"a": {"not": {"type": "integer"}}}}, "/dependentSchemas/a/not"),
     ({"if": {"minimum": 0, "type": "integer"}, "then": {"maximum": 1}}, "/if"),
     ({"properties": {"a": {"not": {"const": {"k": 1}}}}}, "/properties/a/not"),
     ({"type": "array", "uniqueItems": True}, "/uniqueItems"),
-    ({"type": "array", "contains": {"type": "integer"}, "prefixItems": [{"type": "string"}]}, "/contains"),
+    (
+        {"type": "array", "contains": {"type": "integer"}, "prefixItems": [{"type": "string"}]},
+        "/contains",
+    ),
     ({"type": "array", "contains": {}, "minContains": 2}, "/minContains"),
     ({"type": "object", "properties": {"a": {}}, "required": ["a"], "maxProperties": 0}, ""),
     ({"unevaluatedProperties": False}, "/unevaluatedProperties"),
@@ -35,14 +41,26 @@ UNSUPPORTED = [
     ({"type": "object", "additionalproperties": False}, "/additionalproperties"),
     ({"type": "object", "properties": {"a": {"Type": "string"}}}, "/properties/a/Type"),
     # a nested resource is refused first ('nested $id is rejected')
-    ({"$defs": {"a": {"$id": "http://x.org/a", "$ref": "b.json"}}, "$ref": "#/$defs/a"},
-     "/$defs/a/$id"),
+    (
+        {"$defs": {"a": {"$id": "http://x.org/a", "$ref": "b.json"}}, "$ref": "#/$defs/a"},
+        "/$defs/a/$id",
+    ),
     ({"$ref": "https://example.com/s.json"}, "/$ref"),
     ({"properties": {"a": {"$dynamicRef": "#x"}}}, "/properties/a/$dynamicRef"),
-    ({"type": "object", "properties": {"a~b/c": {"type": "string", "format": "color"}}},
-     "/properties/a~0b~1c/format"),
+    (
+        {"type": "object", "properties": {"a~b/c": {"type": "string", "format": "color"}}},
+        "/properties/a~0b~1c/format",
+    ),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "/oneOf"),
-    ({"oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "array", "maxItems": 2}]}, "/oneOf"),
+    (
+        {
+            "oneOf": [
+                {"type": "array", "items": {"type": "string"}},
+                {"type": "array", "maxItems": 2},
+            ]
+        },
+        "/oneOf",
+    ),
     ({"enum": [1, 2**63]}, "/enum/1"),
     ({"const": -(2**63) - 1}, "/const"),
     ({"type": "integer", "minimum": 2**64}, "/minimum"),
@@ -60,7 +78,11 @@ def test_unsupported_keywords_name_their_pointer(schema, pointer):
     """'Unrecognized assertion keywords and compositions that would be ignored return an error
     located by JSON Pointer. There is no "compiled but only warned" relaxation.'"""
     if "$schema" not in schema or "draft-04" not in schema["$schema"]:
-        meta = jsonschema.Draft7Validator if schema.get("$schema") == D7 else jsonschema.Draft202012Validator
+        meta = (
+            jsonschema.Draft7Validator
+            if schema.get("$schema") == D7
+            else jsonschema.Draft202012Validator
+        )
         meta.check_schema(schema)  # the schema is valid: the rejection is ours
     with pytest.raises(UnsupportedSchema) as info:
         schema_to_grammar(schema)
@@ -102,8 +124,8 @@ def test_malformed_schemas_are_invalid(schema, pointer):
 def test_pattern_and_length_hold_together(schema):
     """'XML excludes and schema pattern/length must hold together': a pattern is never dropped or
     allowed to override a length; through the string-automaton intersection both hold."""
-    from tests.grammar.test_grammar_schema_walks import compile_schema
     from services.grammar.engines.matching import accepts
+    from tests.grammar.test_grammar_schema_walks import compile_schema
 
     compiled = compile_schema(schema)
     v = jsonschema.Draft202012Validator(schema)
@@ -124,12 +146,13 @@ def test_tool_arguments_errors_carry_the_tool():
     via_all_of = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
                             {"additionalProperties": False}]}
     reduce_tool_arguments(via_all_of, tool_index=1, tool_name="t")
-    for schema, pointer in [({"type": "object"}, ""),
-                            ({"type": "object", "additionalProperties": True}, "/additionalProperties"),
-                            ({"anyOf": [{"type": "object", "additionalProperties": False},
-                                        {"type": "null"}]}, ""),
-                            ({"enum": [{}]}, ""),
-                            ({"type": "object", "format": "color", "additionalProperties": False}, "/format")]:
+    for schema, pointer in [
+        ({"type": "object"}, ""),
+        ({"type": "object", "additionalProperties": True}, "/additionalProperties"),
+        ({"anyOf": [{"type": "object", "additionalProperties": False}, {"type": "null"}]}, ""),
+        ({"enum": [{}]}, ""),
+        ({"type": "object", "format": "color", "additionalProperties": False}, "/format"),
+    ]:
         with pytest.raises(UnsupportedSchema) as info:
             reduce_tool_arguments(schema, tool_index=2, tool_name="f")
         err = info.value
@@ -151,8 +174,12 @@ def test_error_round_trips_as_dict():
     from shared.errors import error_from_dict
 
     with pytest.raises(UnsupportedSchema) as info:
-        schema_to_grammar({"properties": {"a": {"format": "color"}}}, source=SchemaSource.TOOL_ARGUMENTS,
-                          tool_index=3, tool_name="mail")
+        schema_to_grammar(
+            {"properties": {"a": {"format": "color"}}},
+            source=SchemaSource.TOOL_ARGUMENTS,
+            tool_index=3,
+            tool_name="mail",
+        )
     back = error_from_dict(info.value.to_dict())
     assert isinstance(back, UnsupportedSchema)
     assert (back.pointer, back.tool_index, back.tool_name) == ("/properties/a/format", 3, "mail")

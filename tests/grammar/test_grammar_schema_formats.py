@@ -19,8 +19,8 @@ import zlib
 from functools import lru_cache
 
 import email_validator
-import jsonschema
 import jsonpointer
+import jsonschema
 import pytest
 import xgrammar as xgr
 
@@ -112,33 +112,90 @@ def test_walks_pass_the_independent_checker(fmt):
 
 # (format, strings the RFC and the checkers accept, strings they refuse)
 CASES = [
-    ("date-time", ["1963-06-19T08:30:06.283185Z", "2024-02-29t23:59:59+05:30", "0001-01-01T00:00:00-23:59"],
-     ["2023-02-29T00:00:00Z", "1998-12-31T23:59:60Z", "2024-01-01 00:00:00Z", "2024-01-01T00:00:00",
-      "0000-01-01T00:00:00Z", "2024-13-01T00:00:00Z", "2024-01-01T24:00:00Z", "2024-1-01T00:00:00Z"]),
-    ("date", ["2020-02-29", "2000-02-29", "1999-12-31", "2021-04-30"],
-     ["1900-02-29", "2021-02-29", "2021-04-31", "2021-4-1", "20210401", "0000-01-01"]),
-    ("time", ["08:30:06Z", "23:59:59.999+01:00", "00:00:00z"],
-     ["08:30:06", "24:00:00Z", "23:59:60Z", "8:30:06Z", "08:30:06+24:00"]),
-    ("duration", ["P4DT12H30M5S", "PT1H", "P1W", "P2Y", "PT36H", "P0D", "P1M2D"],
-     ["P", "PT", "P1H", "PT1D", "P1Y2W", "1D", "p1d", "P1.5D", "PT1H1S"]),  # ISO 8601 allows the
+    (
+        "date-time",
+        ["1963-06-19T08:30:06.283185Z", "2024-02-29t23:59:59+05:30", "0001-01-01T00:00:00-23:59"],
+        [
+            "2023-02-29T00:00:00Z",
+            "1998-12-31T23:59:60Z",
+            "2024-01-01 00:00:00Z",
+            "2024-01-01T00:00:00",
+            "0000-01-01T00:00:00Z",
+            "2024-13-01T00:00:00Z",
+            "2024-01-01T24:00:00Z",
+            "2024-1-01T00:00:00Z",
+        ],
+    ),
+    (
+        "date",
+        ["2020-02-29", "2000-02-29", "1999-12-31", "2021-04-30"],
+        ["1900-02-29", "2021-02-29", "2021-04-31", "2021-4-1", "20210401", "0000-01-01"],
+    ),
+    (
+        "time",
+        ["08:30:06Z", "23:59:59.999+01:00", "00:00:00z"],
+        ["08:30:06", "24:00:00Z", "23:59:60Z", "8:30:06Z", "08:30:06+24:00"],
+    ),
+    (
+        "duration",
+        ["P4DT12H30M5S", "PT1H", "P1W", "P2Y", "PT36H", "P0D", "P1M2D"],
+        ["P", "PT", "P1H", "PT1D", "P1Y2W", "1D", "p1d", "P1.5D", "PT1H1S"],
+    ),  # ISO 8601 allows the
     # last two (isoduration accepts them); RFC 3339 Appendix A does not
-    ("email", ["a@b.c", "first.last@example.org", '"with space"@x.io', "x@[127.0.0.1]", "t~@e.com"],
-     ["plain", "a@", "@b.com", ".a@b.com", "a..b@c.com", "a.@b.com", "a@-b.com"]),
-    ("hostname", ["example.com", "a", "a-b.c-d", "host123", "1.2.3.4"],
-     ["-a.com", "a-.com", "a..b", "a.com.", "a_b.com", "a" * 64, "ab--cd.example", "xn--ls8h"]),
-    ("ipv4", ["0.0.0.0", "255.255.255.255", "192.168.1.10"],
-     ["256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5", "1.2.3.-4"]),
-    ("ipv6", ["::", "::1", "1:2:3:4:5:6:7:8", "fe80::1:2", "::ffff:192.0.2.1", "1:2:3:4:5:6:7::",
-              "ABCD:ef01::"],
-     ["1:2:3:4:5:6:7:8:9", ":::", "1::2::3", "12345::", "fe80::1%eth0", "::ffff:01.2.3.4"]),
-    ("uuid", ["2eb8aa08-aa98-11ea-b4aa-73b441d16380", "2EB8AA08-AA98-11EA-B4AA-73B441D16380"],
-     ["2eb8aa08aa9811eab4aa73b441d16380", "{2eb8aa08-aa98-11ea-b4aa-73b441d16380}",
-      "2eb8aa08-aa98-11ea-b4aa-73b441d1638", "urn:uuid:2eb8aa08-aa98-11ea-b4aa-73b441d16380"]),
-    ("uri", ["http://example.com/a?b=c#d", "urn:isbn:0451450523", "mailto:x@y.z", "ftp://[::1]:21/",
-             "http://u:p@h:80/%20"],
-     ["//example.com", "/relative", "http://exa mple.com", "1http://x", "http://x/%zz", "a"]),
-    ("uri-reference", ["//example.com", "/relative?x", "#frag", "", "a/b", "http://x"],
-     ["\\\\WINDOWS\\share", "#a#b", "http://x/%z", "a b"]),
+    (
+        "email",
+        ["a@b.c", "first.last@example.org", '"with space"@x.io', "x@[127.0.0.1]", "t~@e.com"],
+        ["plain", "a@", "@b.com", ".a@b.com", "a..b@c.com", "a.@b.com", "a@-b.com"],
+    ),
+    (
+        "hostname",
+        ["example.com", "a", "a-b.c-d", "host123", "1.2.3.4"],
+        ["-a.com", "a-.com", "a..b", "a.com.", "a_b.com", "a" * 64, "ab--cd.example", "xn--ls8h"],
+    ),
+    (
+        "ipv4",
+        ["0.0.0.0", "255.255.255.255", "192.168.1.10"],
+        ["256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5", "1.2.3.-4"],
+    ),
+    (
+        "ipv6",
+        [
+            "::",
+            "::1",
+            "1:2:3:4:5:6:7:8",
+            "fe80::1:2",
+            "::ffff:192.0.2.1",
+            "1:2:3:4:5:6:7::",
+            "ABCD:ef01::",
+        ],
+        ["1:2:3:4:5:6:7:8:9", ":::", "1::2::3", "12345::", "fe80::1%eth0", "::ffff:01.2.3.4"],
+    ),
+    (
+        "uuid",
+        ["2eb8aa08-aa98-11ea-b4aa-73b441d16380", "2EB8AA08-AA98-11EA-B4AA-73B441D16380"],
+        [
+            "2eb8aa08aa9811eab4aa73b441d16380",
+            "{2eb8aa08-aa98-11ea-b4aa-73b441d16380}",
+            "2eb8aa08-aa98-11ea-b4aa-73b441d1638",
+            "urn:uuid:2eb8aa08-aa98-11ea-b4aa-73b441d16380",
+        ],
+    ),
+    (
+        "uri",
+        [
+            "http://example.com/a?b=c#d",
+            "urn:isbn:0451450523",
+            "mailto:x@y.z",
+            "ftp://[::1]:21/",
+            "http://u:p@h:80/%20",
+        ],
+        ["//example.com", "/relative", "http://exa mple.com", "1http://x", "http://x/%zz", "a"],
+    ),
+    (
+        "uri-reference",
+        ["//example.com", "/relative?x", "#frag", "", "a/b", "http://x"],
+        ["\\\\WINDOWS\\share", "#a#b", "http://x/%z", "a b"],
+    ),
     ("json-pointer", ["", "/", "/a~1b", "/~0/x/0"], ["a", "/~2", "/~"]),
     ("relative-json-pointer", ["0", "1#", "2/a/b"], ["-1", "01", "/a", "0##"]),
     ("byte", ["", "QUJD", "QUI=", "QQ=="], ["Q", "QUJ", "Q===", "QU=I"]),

@@ -39,25 +39,72 @@ def _valid(schema: dict, value) -> bool:
 
 CASES = [
     # draft-04 boolean exclusiveMaximum inside a 2020-12 document, reached by $ref and directly.
-    ({"type": "object", "properties": {"a": {"$ref": "#/definitions/n"},
-                                       "b": {"$schema": D4, "type": "integer", "minimum": 0,
-                                             "maximum": 3, "exclusiveMaximum": True}},
-      "definitions": {"n": {"$schema": D4, "type": "number", "maximum": 2, "exclusiveMaximum": True,
-                            "minimum": 0}}, "additionalProperties": False},
-     [{"a": 1}, {"a": 2}, {"a": 1.5}, {"b": 2}, {"b": 3}, {"b": -1}, {"a": 0, "b": 0}, {"c": 1}]),
+    (
+        {
+            "type": "object",
+            "properties": {
+                "a": {"$ref": "#/definitions/n"},
+                "b": {
+                    "$schema": D4,
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": 3,
+                    "exclusiveMaximum": True,
+                },
+            },
+            "definitions": {
+                "n": {
+                    "$schema": D4,
+                    "type": "number",
+                    "maximum": 2,
+                    "exclusiveMaximum": True,
+                    "minimum": 0,
+                }
+            },
+            "additionalProperties": False,
+        },
+        [{"a": 1}, {"a": 2}, {"a": 1.5}, {"b": 2}, {"b": 3}, {"b": -1}, {"a": 0, "b": 0}, {"c": 1}],
+    ),
     # draft-07 document with a 2020-12 subtree: prefixItems there, items arrays outside.
-    ({"$schema": D7, "type": "object",
-      "properties": {"t": {"type": "array", "items": [{"type": "string"}], "additionalItems": False},
-                     "p": {"$schema": D2020, "type": "array", "prefixItems": [{"type": "integer"}],
-                           "items": {"type": "boolean"}}}},
-     [{"t": ["x"]}, {"t": ["x", 1]}, {"p": [1, True]}, {"p": ["x"]}, {"p": [1, 2]}, {"t": [], "p": []}]),
+    (
+        {
+            "$schema": D7,
+            "type": "object",
+            "properties": {
+                "t": {"type": "array", "items": [{"type": "string"}], "additionalItems": False},
+                "p": {
+                    "$schema": D2020,
+                    "type": "array",
+                    "prefixItems": [{"type": "integer"}],
+                    "items": {"type": "boolean"},
+                },
+            },
+        },
+        [
+            {"t": ["x"]},
+            {"t": ["x", 1]},
+            {"p": [1, True]},
+            {"p": ["x"]},
+            {"p": [1, 2]},
+            {"t": [], "p": []},
+        ],
+    ),
     # draft-04 subtree: a $ref sibling there may only annotate (an assertion is refused, see
     # test_grammar_schema_dialects); the 2020-12 document outside it applies its siblings.
-    ({"properties": {"v": {"$schema": D4, "type": "object",
-                           "properties": {"w": {"$ref": "#/$defs/s4", "description": "d"}}},
-                     "u": {"$ref": "#/$defs/s", "maxLength": 1}},
-      "$defs": {"s": {"type": "string"}, "s4": {"type": "string"}}},
-     [{"v": {"w": "abc"}}, {"u": "abc"}, {"u": "a"}, {"v": {"w": 1}}]),
+    (
+        {
+            "properties": {
+                "v": {
+                    "$schema": D4,
+                    "type": "object",
+                    "properties": {"w": {"$ref": "#/$defs/s4", "description": "d"}},
+                },
+                "u": {"$ref": "#/$defs/s", "maxLength": 1},
+            },
+            "$defs": {"s": {"type": "string"}, "s4": {"type": "string"}},
+        },
+        [{"v": {"w": "abc"}}, {"u": "abc"}, {"u": "a"}, {"v": {"w": 1}}],
+    ),
 ]
 
 
@@ -85,12 +132,21 @@ def test_a_definition_reached_in_two_dialects_is_refused():
     assert info.value.pointer == "/properties/y/additionalProperties/$ref"
 
 
-@pytest.mark.parametrize("schema,pointer", [
-    ({"properties": {"a": {"$schema": D4, "id": "http://x.org/a", "type": "string"}}}, "/properties/a/id"),
-    ({"properties": {"a": {"$schema": D4, "items": {"$id": "b"}}}}, "/properties/a/items/$id"),
-    ({"properties": {"a": {"$schema": "http://json-schema.org/draft-03/schema#"}}}, "/properties/a/$schema"),
-    ({"properties": {"a": {"$schema": D4, "const": 1}}}, "/properties/a/const"),
-])
+@pytest.mark.parametrize(
+    "schema,pointer",
+    [
+        (
+            {"properties": {"a": {"$schema": D4, "id": "http://x.org/a", "type": "string"}}},
+            "/properties/a/id",
+        ),
+        ({"properties": {"a": {"$schema": D4, "items": {"$id": "b"}}}}, "/properties/a/items/$id"),
+        (
+            {"properties": {"a": {"$schema": "http://json-schema.org/draft-03/schema#"}}},
+            "/properties/a/$schema",
+        ),
+        ({"properties": {"a": {"$schema": D4, "const": 1}}}, "/properties/a/const"),
+    ],
+)
 def test_nested_dialect_refusals_name_their_pointer(schema, pointer):
     """Identifiers inside a subtree of another dialect, unknown nested dialects, and keywords the
     nested dialect does not have are UnsupportedSchema at their pointer."""

@@ -15,42 +15,95 @@ import pytest
 from services.grammar.engines.matching import accepts, random_walk
 from services.grammar.schema import check_schema, layout_values
 from shared.errors import UnsupportedSchema
-from tests.support.common import byte_domain
 from tests.grammar.test_grammar_schema_walks import compile_schema
+from tests.support.common import byte_domain
 
 D4 = "http://json-schema.org/draft-04/schema#"
 
 # (name, schema, valid values, invalid values)
 CASES = [
-    ("pattern-properties", {"type": "object", "properties": {"a": {"type": "integer"}},
-                            "patternProperties": {"^x-": {"type": "string"}, "^n[0-9]$": {"type": "null"}},
-                            "additionalProperties": False},
-     [{}, {"a": 1}, {"x-q": "s"}, {"a": 2, "x-": "", "n1": None}],
-     [{"x-q": 1}, {"n10": None}, {"b": 1}, {"n1": 0}]),
-    ("pattern-meets-declared", {"type": "object", "properties": {"x-a": {"maxLength": 2}},
-                                "patternProperties": {"^x-": {"type": "string"}}},
-     [{"x-a": "ab"}, {"x-b": "long string"}, {"other": [1]}], [{"x-a": 3}, {"x-a": "abc"}, {"x-b": 1}]),
-    ("property-names", {"type": "object", "propertyNames": {"pattern": "^[a-z]+$", "maxLength": 3},
-                        "additionalProperties": {"type": "boolean"}},
-     [{}, {"abc": True}, {"a": False, "zz": True}], [{"abcd": True}, {"A": True}, {"a": 1}]),
-    ("property-names-enum", {"type": "object", "properties": {"k": {"type": "integer"}},
-                             "propertyNames": {"enum": ["k", "m"]}},
-     [{"k": 1}, {"m": "x"}, {"k": 2, "m": None}], [{"n": 1}, {"k": "s"}]),
-    ("min-max-properties", {"type": "object", "properties": {"a": {"type": "integer"},
-                                                             "b": {"type": "integer"}},
-                            "required": ["b"], "minProperties": 2, "maxProperties": 3},
-     [{"a": 1, "b": 2}, {"b": 1, "c": None}, {"a": 1, "b": 2, "c": 3}],
-     [{"b": 1}, {"a": 1, "b": 2, "c": 3, "d": 4}, {"a": 1}]),
-    ("max-properties-closed", {"type": "object", "properties": {"a": {}, "b": {}, "c": {}},
-                               "maxProperties": 1, "additionalProperties": False},
-     [{}, {"a": 1}, {"c": []}], [{"a": 1, "b": 2}, {"d": 1}]),
-    ("required-undeclared", {"type": "object", "required": ["id"],
-                             "additionalProperties": {"type": "string"}},
-     [{"id": "x"}, {"id": "x", "y": "z"}], [{}, {"id": 1}, {"y": "z"}]),
-    ("draft4-pattern", {"$schema": D4, "type": "object",
-                        "patternProperties": {"^[0-9]+$": {"type": "integer", "minimum": 0,
-                                                           "exclusiveMinimum": True}}},
-     [{"1": 1}, {"12": 3, "a": "b"}], [{"1": 0}, {"7": "x"}]),
+    (
+        "pattern-properties",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "patternProperties": {"^x-": {"type": "string"}, "^n[0-9]$": {"type": "null"}},
+            "additionalProperties": False,
+        },
+        [{}, {"a": 1}, {"x-q": "s"}, {"a": 2, "x-": "", "n1": None}],
+        [{"x-q": 1}, {"n10": None}, {"b": 1}, {"n1": 0}],
+    ),
+    (
+        "pattern-meets-declared",
+        {
+            "type": "object",
+            "properties": {"x-a": {"maxLength": 2}},
+            "patternProperties": {"^x-": {"type": "string"}},
+        },
+        [{"x-a": "ab"}, {"x-b": "long string"}, {"other": [1]}],
+        [{"x-a": 3}, {"x-a": "abc"}, {"x-b": 1}],
+    ),
+    (
+        "property-names",
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[a-z]+$", "maxLength": 3},
+            "additionalProperties": {"type": "boolean"},
+        },
+        [{}, {"abc": True}, {"a": False, "zz": True}],
+        [{"abcd": True}, {"A": True}, {"a": 1}],
+    ),
+    (
+        "property-names-enum",
+        {
+            "type": "object",
+            "properties": {"k": {"type": "integer"}},
+            "propertyNames": {"enum": ["k", "m"]},
+        },
+        [{"k": 1}, {"m": "x"}, {"k": 2, "m": None}],
+        [{"n": 1}, {"k": "s"}],
+    ),
+    (
+        "min-max-properties",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["b"],
+            "minProperties": 2,
+            "maxProperties": 3,
+        },
+        [{"a": 1, "b": 2}, {"b": 1, "c": None}, {"a": 1, "b": 2, "c": 3}],
+        [{"b": 1}, {"a": 1, "b": 2, "c": 3, "d": 4}, {"a": 1}],
+    ),
+    (
+        "max-properties-closed",
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {}, "c": {}},
+            "maxProperties": 1,
+            "additionalProperties": False,
+        },
+        [{}, {"a": 1}, {"c": []}],
+        [{"a": 1, "b": 2}, {"d": 1}],
+    ),
+    (
+        "required-undeclared",
+        {"type": "object", "required": ["id"], "additionalProperties": {"type": "string"}},
+        [{"id": "x"}, {"id": "x", "y": "z"}],
+        [{}, {"id": 1}, {"y": "z"}],
+    ),
+    (
+        "draft4-pattern",
+        {
+            "$schema": D4,
+            "type": "object",
+            "patternProperties": {
+                "^[0-9]+$": {"type": "integer", "minimum": 0, "exclusiveMinimum": True}
+            },
+        },
+        [{"1": 1}, {"12": 3, "a": "b"}],
+        [{"1": 0}, {"7": "x"}],
+    ),
 ]
 
 

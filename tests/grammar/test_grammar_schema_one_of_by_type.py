@@ -41,11 +41,23 @@ def _valid(schema: dict, value) -> bool:
         schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).is_valid(value)
 
 
-CLOSED = {"oneOf": [
-    {"properties": {"s": {"type": "string", "maxLength": 2}, "args": {"type": "array", "maxItems": 1}},
-     "required": ["s", "args"], "additionalProperties": False},
-    {"properties": {"s": {"type": "string", "maxLength": 2}}, "required": ["s"], "additionalProperties": False},
-]}
+CLOSED = {
+    "oneOf": [
+        {
+            "properties": {
+                "s": {"type": "string", "maxLength": 2},
+                "args": {"type": "array", "maxItems": 1},
+            },
+            "required": ["s", "args"],
+            "additionalProperties": False,
+        },
+        {
+            "properties": {"s": {"type": "string", "maxLength": 2}},
+            "required": ["s"],
+            "additionalProperties": False,
+        },
+    ]
+}
 DISCRIMINATOR = {"type": "object", "oneOf": [
     {"properties": {"kind": {"type": "string", "pattern": "^ok$"}, "v": {"type": "integer"}},
      "required": ["kind"]},
@@ -53,10 +65,20 @@ DISCRIMINATOR = {"type": "object", "oneOf": [
      "required": ["kind"]},
     {"properties": {"kind": {"type": "integer"}}, "required": ["kind"]},
 ]}
-IDENTICAL = {"type": "object", "properties": {
-    "a": {"oneOf": [{"type": "object", "properties": {"id": {"type": "string"}}},
-                    {"type": "object", "properties": {"id": {"type": "string"}}}, {"type": "null"}]},
-    "b": {"type": "boolean"}}, "additionalProperties": False}
+IDENTICAL = {
+    "type": "object",
+    "properties": {
+        "a": {
+            "oneOf": [
+                {"type": "object", "properties": {"id": {"type": "string"}}},
+                {"type": "object", "properties": {"id": {"type": "string"}}},
+                {"type": "null"},
+            ]
+        },
+        "b": {"type": "boolean"},
+    },
+    "additionalProperties": False,
+}
 PATTERNS = {"oneOf": [{"type": "integer"}, {"type": "string", "pattern": "^-?[0-9]+/[0-9]+$"},
                       {"type": "string", "pattern": "^0x[0-9a-f]{2}$"}]}
 EMPTY_BRANCH = {"type": "string", "pattern": "^https?://", "maxLength": 30,
@@ -120,14 +142,31 @@ def test_unprovable_one_of_stays_refused(schema):
 
 
 POOL = [
-    {"type": "object", "properties": {"k": {"const": "a"}, "v": {"type": "integer"}}, "required": ["k"]},
-    {"type": "object", "properties": {"k": {"const": "b"}}, "required": ["k"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {"k": {"const": "a"}, "v": {"type": "integer"}},
+        "required": ["k"],
+    },
+    {
+        "type": "object",
+        "properties": {"k": {"const": "b"}},
+        "required": ["k"],
+        "additionalProperties": False,
+    },
     {"properties": {"x": {"type": "string"}}, "required": ["x"], "additionalProperties": False},
     {"properties": {"y": {}}, "required": ["y"]},
-    {"type": "string", "pattern": "^a"}, {"type": "string", "pattern": "^b"}, {"type": "string", "maxLength": 1},
-    {"type": "integer", "maximum": 0}, {"type": "number", "minimum": 1}, {"type": "null"}, {},
-    {"type": "array", "items": {"type": "integer"}}, {"type": "array", "minItems": 1},
-    {"enum": ["a", 1, None]}, {"required": ["k"]}, {"properties": {"k": {"type": "string"}}},
+    {"type": "string", "pattern": "^a"},
+    {"type": "string", "pattern": "^b"},
+    {"type": "string", "maxLength": 1},
+    {"type": "integer", "maximum": 0},
+    {"type": "number", "minimum": 1},
+    {"type": "null"},
+    {},
+    {"type": "array", "items": {"type": "integer"}},
+    {"type": "array", "minItems": 1},
+    {"enum": ["a", 1, None]},
+    {"required": ["k"]},
+    {"properties": {"k": {"type": "string"}}},
     {"type": ["string", "null"], "minLength": 2},
 ]
 POOL_VALUES = [None, True, 0, -1, 1, 2.5, "", "a", "ab", "b", "ba", [], [1], ["x"], {}, {"k": "a"},

@@ -38,12 +38,22 @@ def _valid(schema: dict, value) -> bool:
 
 SCHEMAS = [
     {"type": "string", "format": "path", "minLength": 2, "maxLength": 4},
-    {"type": "object", "properties": {"p": {"type": "string", "format": "html-selector"},
-                                      "n": {"type": "integer", "format": "ports", "maximum": 9}},
-     "required": ["p"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {
+            "p": {"type": "string", "format": "html-selector"},
+            "n": {"type": "integer", "format": "ports", "maximum": 9},
+        },
+        "required": ["p"],
+        "additionalProperties": False,
+    },
     {"$schema": "http://json-schema.org/draft-04/schema#", "format": "topic", "enum": ["a", 3]},
-    {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
-     "items": {"type": "string", "format": "semver-requirement", "pattern": "^[0-9]$"}, "maxItems": 2},
+    {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "array",
+        "items": {"type": "string", "format": "semver-requirement", "pattern": "^[0-9]$"},
+        "maxItems": 2,
+    },
 ]
 VALUES = ["", "ab", "abcd", "abcde", 3, "a", "b", None, {"p": "x"}, {"p": "x", "n": 9},
           {"p": "x", "n": 10}, {"n": 1}, {"p": 1}, [], ["1"], ["1", "2"], ["1", "2", "3"], ["x"]]
@@ -59,7 +69,9 @@ def test_unknown_format_is_listed_and_the_language_is_jsonschemas(schema):
     assert names and all(a.split(":", 1)[1] in json.dumps(schema) for a in names)
     grammar = _compiler().compile_grammar(schema_to_grammar(schema))
     for value in VALUES:
-        assert accepts(grammar, json.dumps(value, separators=(",", ":"))) == _valid(schema, value), value
+        assert accepts(grammar, json.dumps(value, separators=(",", ":"))) == _valid(
+            schema, value
+        ), value
     rng = random.Random(7)
     done = 0
     for _ in range(40):
@@ -71,10 +83,19 @@ def test_unknown_format_is_listed_and_the_language_is_jsonschemas(schema):
     assert done >= 5
 
 
-@pytest.mark.parametrize("name,meant", [
-    ("url", "uri"), ("datetime", "date-time"), ("host-name", "host-name"), ("Date-Time", "date-time"),
-    ("guid", "uuid"), ("emial", "email"), ("IPv4", "ipv4"), ("uri_reference", "uri-reference"),
-])
+@pytest.mark.parametrize(
+    "name,meant",
+    [
+        ("url", "uri"),
+        ("datetime", "date-time"),
+        ("host-name", "host-name"),
+        ("Date-Time", "date-time"),
+        ("guid", "uuid"),
+        ("emial", "email"),
+        ("IPv4", "ipv4"),
+        ("uri_reference", "uri-reference"),
+    ],
+)
 def test_near_miss_of_a_format_is_refused_naming_it(name, meant):
     """'a name within one edit or one case change of an assertion keyword is an UnsupportedSchema
     naming the keyword it resembles' - the same guard for format names."""

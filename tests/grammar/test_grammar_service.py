@@ -15,13 +15,13 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from services.grammar.cache.grammar_cache import CacheConfig, GrammarCache, ModelCaches, RecordCache
+from services.grammar.cache.limits import StorePolicy
+from services.grammar.cache.records import Record
+from services.grammar.cache.store import RedisStore, StoreConfig
 from services.grammar.client import GrpcGrammarClient, InProcessGrammarClient
 from services.grammar.compiler import ModelCompiler, cache_key
-from services.grammar.cache.limits import StorePolicy
 from services.grammar.engines.matching import accepts
-from services.grammar.cache.records import Record
 from services.grammar.service import create_server, serve
-from services.grammar.cache.store import RedisStore, StoreConfig
 from shared.contract import OutputConstraint
 from shared.errors import (
     ConstraintTooComplex,
@@ -158,7 +158,7 @@ async def test_wire_validation_uses_the_contract_constructors(grammar_server):
     try:
         for request, expected in (
             (pb.CompileRequest(model="bytes", kind="choice"), InvalidChoice),
-            (pb.CompileRequest(model="bytes", kind="ebnf", source="root ::= \"a\""), InvalidRequest),
+            (pb.CompileRequest(model="bytes", kind="ebnf", source='root ::= "a"'), InvalidRequest),
             (pb.CompileRequest(model="bytes", kind="json_schema", source="{"), InvalidRequest),
         ):
             with pytest.raises(GRPCError) as info:
@@ -238,9 +238,12 @@ async def test_a_grammar_cheaper_to_compile_than_to_load_is_compiled_where_used(
     ships no blob, and each worker compiles the grammar itself once; the service compiles it
     once in all, and Redis holds the verdict without a blob."""
     server, port, service = await start_service(redis_server.url, policy=StorePolicy())
-    workers = [GrpcGrammarClient("127.0.0.1", port,
-                                 open_caches(redis_server.url, read_only=True, policy=StorePolicy()))
-               for _ in range(2)]
+    workers = [
+        GrpcGrammarClient(
+            "127.0.0.1", port, open_caches(redis_server.url, read_only=True, policy=StorePolicy())
+        )
+        for _ in range(2)
+    ]
     try:
         constraint = OutputConstraint.choice(["fast", "cheap"])
         results = [await w.compile(constraint, model="bytes") for w in workers]

@@ -23,8 +23,8 @@ import torch
 import xgrammar as xgr
 
 from services.grammar.compiler import build_framed_grammar
-from services.grammar.engines.matching import legal_ids
 from services.grammar.engines.engine_xgrammar import XgrammarConstraint
+from services.grammar.engines.matching import legal_ids
 from services.worker.output.session import OutputSession
 from shared.contract import OutputConstraint
 from shared.frontends import get_frontend

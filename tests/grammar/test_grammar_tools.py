@@ -20,11 +20,15 @@ import xgrammar as xgr
 
 from services.grammar.engines.matching import accepts, random_walk
 from services.grammar.tools.hermes import CALL_OPEN, ToolSpec, needs_tool_grammar, tool_grammar_ebnf
-from shared.frontends.formats.hermes import ToolStream
 from shared.contract import (
-    OutputConstraint, ToolChoice, ToolConstraints, ToolDefinition, ToolMode,
+    OutputConstraint,
+    ToolChoice,
+    ToolConstraints,
+    ToolDefinition,
+    ToolMode,
 )
 from shared.errors import ConflictingConstraint, UnsupportedSchema
+from shared.frontends.formats.hermes import ToolStream
 from shared.generation import TextDelta, ToolCallArgumentsDelta, ToolCallStart
 from tests.support.common import byte_domain
 
@@ -95,7 +99,11 @@ def test_strict_arguments_reject_what_the_schema_rejects(compiler) -> None:
     assert not accepts(grammar, call.format(args='{"days": 3, "city": "Paris", "x": 1}'))
     assert not accepts(grammar, call.format(args='{}').replace("lookup", "unknown"))
     assert not accepts(grammar, "text " + CALL_OPEN + " more text")
-    two = call.format(args='{"city": "A", "days": 1}') + "\n" + call.format(args='{"city": "B", "days": 2}')
+    two = (
+        call.format(args='{"city": "A", "days": 1}')
+        + "\n"
+        + call.format(args='{"city": "B", "days": 2}')
+    )
     assert accepts(grammar, two)
     assert not accepts(grammar, two + "\ntrailing text")
 

@@ -155,7 +155,9 @@ def test_gateway_reads_the_profile_from_structured_outputs():
 
     base = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
             "response_format": {"type": "json_object"}}
-    got = translate({**base, "structured_outputs": {"whitespace": "indented"}}, "r", GatewayLimits())
+    got = translate(
+        {**base, "structured_outputs": {"whitespace": "indented"}}, "r", GatewayLimits()
+    )
     assert got.request.options.constraint == OutputConstraint.json_object(whitespace="indented")
     assert translate(base, "r", GatewayLimits()).request.options.constraint.whitespace is None
     with pytest.raises(InvalidRequest) as err:

@@ -27,8 +27,7 @@ from services.grammar.tools.hermes import ToolSpec
 from services.grammar.tools.xml_tools import argument_codings
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
 from shared.frontends.formats.qwen_xml_stream import ToolStream
-from shared.frontends.thinking import CONTENT, QWEN_THINK, REASONING, PhaseDecoder, \
-    ThinkingFraming
+from shared.frontends.thinking import CONTENT, QWEN_THINK, REASONING, PhaseDecoder, ThinkingFraming
 from shared.generation import ReasoningDelta, TextDelta, ToolCallArgumentsDelta, ToolCallStart
 from tests.support.qwen_support import xml_domain
 from tests.support.xml_walks import decode_arguments, parse, walk
@@ -46,9 +45,12 @@ STAMP = {"type": "object", "properties": {"at": {"type": "number"}, "label": {"t
          "required": ["label"], "additionalProperties": False}
 STRICT = (ToolDefinition.create("lookup", LOOKUP, strict=True),
           ToolDefinition.create("stamp", STAMP, strict=True))
-LOOSE = (ToolDefinition.create("ping", {"type": "object", "properties": {"x": {"type": "number"},
-                                                                          "s": {"type": "string"}}}),
-         ToolDefinition.create("echo", None))
+LOOSE = (
+    ToolDefinition.create(
+        "ping", {"type": "object", "properties": {"x": {"type": "number"}, "s": {"type": "string"}}}
+    ),
+    ToolDefinition.create("echo", None),
+)
 ANSWER = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
           "additionalProperties": False}
 SCHEMAS = {"lookup": LOOKUP, "stamp": STAMP}

@@ -19,9 +19,9 @@ import torch
 from kernels.acceptance_contract import PositionState, speculative_penalties
 from kernels.rng import Purpose
 from kernels.sampling_contract import PenaltyHistory, SampleStatus, SamplingParams
-from tests.support.kernel_backends import INTERPRETED, run_interpreted
 from tests.kernels.test_kernels_sampling import oracle_row, pack, params_for
 from tests.kernels.test_kernels_sampling_rng import chi2_upper, oracle_uniform
+from tests.support.kernel_backends import INTERPRETED, run_interpreted
 
 OK, DEAD, NONFINITE = SampleStatus.OK, SampleStatus.DEAD_END, SampleStatus.NONFINITE
 DISABLED, READY = PositionState.DISABLED, PositionState.READY

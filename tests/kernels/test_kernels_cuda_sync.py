@@ -6,7 +6,6 @@ from __future__ import annotations
 import warnings
 
 import pytest
-
 import torch
 
 pytestmark = pytest.mark.gpu
@@ -44,7 +43,9 @@ def test_decode_step_kernels_do_not_synchronise():
                           torch.ones(b, 30, device=dev, dtype=torch.int32))
     torch.cuda.synchronize()
     try:
-        with warnings.catch_warnings():  # "a prototype feature": a warning, which pytest makes an error
+        with (
+            warnings.catch_warnings()
+        ):  # "a prototype feature": a warning, which pytest makes an error
             warnings.simplefilter("ignore", UserWarning)
             torch.cuda.set_sync_debug_mode("error")
         add_rms_norm(x, x, w, 1e-6)

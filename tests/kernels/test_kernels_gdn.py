@@ -25,16 +25,21 @@ CUDA = torch.cuda.is_available()
 
 def inputs(B, T, hk, hv, dk, dv, *, seed=0, dtype=torch.float32, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    q = F.normalize(torch.randn(B, T, hk, dk, generator=g, dtype=torch.float64), dim=-1) * dk ** -0.5
+    q = F.normalize(torch.randn(B, T, hk, dk, generator=g, dtype=torch.float64), dim=-1) * dk**-0.5
     k = F.normalize(torch.randn(B, T, hk, dk, generator=g, dtype=torch.float64), dim=-1)
     v = torch.randn(B, T, hv, dv, generator=g, dtype=torch.float64)
     gate = -torch.rand(B, T, hv, generator=g, dtype=torch.float64) * 2
     beta = torch.rand(B, T, hv, generator=g, dtype=torch.float64)
     s = torch.randn(B, hv, dk, dv, generator=g, dtype=torch.float64)
     cast = (lambda x: x.to(device=device, dtype=dtype))
-    return cast(q), cast(k), cast(v), gate.to(device=device, dtype=torch.float32 if dtype != torch.float64 else dtype), \
-        beta.to(device=device, dtype=torch.float32 if dtype != torch.float64 else dtype), \
-        s.to(device=device, dtype=torch.float32 if dtype != torch.float64 else dtype)
+    return (
+        cast(q),
+        cast(k),
+        cast(v),
+        gate.to(device=device, dtype=torch.float32 if dtype != torch.float64 else dtype),
+        beta.to(device=device, dtype=torch.float32 if dtype != torch.float64 else dtype),
+        s.to(device=device, dtype=torch.float32 if dtype != torch.float64 else dtype),
+    )
 
 
 @pytest.mark.skipif(INTERPRETED, reason="reference checks run in the parent process")
@@ -53,7 +58,9 @@ def test_recurrence_matches_transformers():
     q, k, v, g, beta, s = inputs(2, 9, 2, 4, 16, 8, seed=3)
     o1, s1 = gdn_ref.gated_delta_rule_ref(q, k, v, g, beta, s)
     # transformers normalises inside and scales q itself
-    o2, s2 = torch_recurrent_gated_delta_rule(q * 16 ** 0.5, k, v, g, beta, initial_state=s, output_final_state=True)
+    o2, s2 = torch_recurrent_gated_delta_rule(
+        q * 16**0.5, k, v, g, beta, initial_state=s, output_final_state=True
+    )
     assert (o1 - o2).abs().max() < 1e-5 and (s1 - s2).abs().max() < 1e-5
 
 
@@ -69,18 +76,31 @@ def test_padding_tokens_leave_state_unchanged():
 
 def _indexed_case(device, dtype, B=3, T=5, hk=2, hv=4, dk=16, dv=12, C=40, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    rnd = (lambda *shape, scale=1.0: (scale * torch.randn(*shape, generator=gen)).to(device=device, dtype=dtype))
+    rnd = lambda *shape, scale=1.0: (scale * torch.randn(*shape, generator=gen)).to(
+        device=device, dtype=dtype
+    )
     y = rnd(B, T, 2 * hk * dk + hv * dv)  # conv output [q | k | v]
     ab = rnd(B, T, 2 * hv + 3, scale=2.0)  # a and b as column slices of a wider projection
     a, b = ab[..., 1:1 + hv], ab[..., 1 + hv:1 + 2 * hv]
     A_log, dt_bias = rnd(hv, scale=0.5), rnd(hv, scale=0.5)
     state = torch.randn(8, hv, dk, dv, generator=gen).to(device)
-    idx = dict(src=torch.tensor([1, 3, 5], device=device), dst=torch.tensor([2, 3, 6], device=device),
-               reset=torch.tensor([0, 0, 1], dtype=torch.int32, device=device),
-               counts=torch.tensor([5, 2, 3], device=device))
+    idx = dict(
+        src=torch.tensor([1, 3, 5], device=device),
+        dst=torch.tensor([2, 3, 6], device=device),
+        reset=torch.tensor([0, 0, 1], dtype=torch.int32, device=device),
+        counts=torch.tensor([5, 2, 3], device=device),
+    )
     skip = torch.tensor([0, 1, 0], dtype=torch.int32, device=device)
-    x, windows, weight = rnd(B, T, C + 5)[..., 2:2 + C], rnd(8, C, 3), rnd(C, 4)  # x: a column slice
-    return (y, a, b, A_log, dt_bias, state, idx, skip, dict(num_k_heads=hk, key_dim=dk)), (x, windows, weight)
+    x, windows, weight = (
+        rnd(B, T, C + 5)[..., 2 : 2 + C],
+        rnd(8, C, 3),
+        rnd(C, 4),
+    )  # x: a column slice
+    return (y, a, b, A_log, dt_bias, state, idx, skip, dict(num_k_heads=hk, key_dim=dk)), (
+        x,
+        windows,
+        weight,
+    )
 
 
 def _check_kernels(device: str, dtype: torch.dtype, tol: float, **shape) -> None:
@@ -90,29 +110,58 @@ def _check_kernels(device: str, dtype: torch.dtype, tol: float, **shape) -> None
     from kernels.conv import causal_conv1d
     from kernels.gdn import gdn_step
 
-    (y, a, b, A_log, dt_bias, state, idx, skip, heads), (x, windows, weight) = _indexed_case(device, dtype, **shape)
+    (y, a, b, A_log, dt_bias, state, idx, skip, heads), (x, windows, weight) = _indexed_case(
+        device, dtype, **shape
+    )
     for use_skip in (None, skip):
         for want_out in (True, False):
             s1, s2 = state.clone(), state.clone()
-            o1 = gdn_ref.gdn_step_ref(y, a, b, A_log, dt_bias, s1, **idx, skip=use_skip, want_out=want_out, **heads)
-            o2 = gdn_step(y, a, b, A_log, dt_bias, s2, **idx, skip=use_skip, want_out=want_out, block_v=8, **heads)
-            assert (s1 - s2).abs().max().item() <= tol * max(1.0, s1.abs().max().item()), (use_skip, want_out)
+            o1 = gdn_ref.gdn_step_ref(
+                y, a, b, A_log, dt_bias, s1, **idx, skip=use_skip, want_out=want_out, **heads
+            )
+            o2 = gdn_step(
+                y,
+                a,
+                b,
+                A_log,
+                dt_bias,
+                s2,
+                **idx,
+                skip=use_skip,
+                want_out=want_out,
+                block_v=8,
+                **heads,
+            )
+            assert (s1 - s2).abs().max().item() <= tol * max(1.0, s1.abs().max().item()), (
+                use_skip,
+                want_out,
+            )
             if want_out:
                 live = [0, 2] if use_skip is not None else [0, 1, 2]
                 err = (o1[live].float() - o2[live].float()).abs().max().item()
                 assert err <= tol * max(1.0, o1.float().abs().max().item()), (use_skip, err)
             else:
                 assert o1 is None and o2 is None
-    _check_commit_kernels(device, dtype, tol, y, a, b, A_log, dt_bias, state, idx, heads, x, windows)
+    _check_commit_kernels(
+        device, dtype, tol, y, a, b, A_log, dt_bias, state, idx, heads, x, windows
+    )
     _check_gated_norm(device, dtype, tol)
     w1, w2 = windows.clone(), windows.clone()
-    c1 = gdn_ref.causal_conv1d_indexed_ref(x, w1, weight, idx["src"], idx["dst"], idx["reset"], idx["counts"])
-    c2 = causal_conv1d(x, w2, weight, idx["src"], idx["dst"], idx["reset"], idx["counts"], block_c=16)
-    assert (c1.float() - c2.float()).abs().max().item() <= tol * max(1.0, c1.float().abs().max().item())
+    c1 = gdn_ref.causal_conv1d_indexed_ref(
+        x, w1, weight, idx["src"], idx["dst"], idx["reset"], idx["counts"]
+    )
+    c2 = causal_conv1d(
+        x, w2, weight, idx["src"], idx["dst"], idx["reset"], idx["counts"], block_c=16
+    )
+    assert (c1.float() - c2.float()).abs().max().item() <= tol * max(
+        1.0, c1.float().abs().max().item()
+    )
     assert (w1.float() - w2.float()).abs().max().item() == 0.0  # windows are copies of inputs
 
 
-def _check_commit_kernels(device, dtype, tol, y, a, b, A_log, dt_bias, state, idx, heads, x, windows) -> None:
+def _check_commit_kernels(
+    device, dtype, tol, y, a, b, A_log, dt_bias, state, idx, heads, x, windows
+) -> None:
     """gdn_replay and commit_windows (all layers in one launch, recorded inputs read in place by
     row) against their references, on G = 2 layers built from the single-layer case."""
     from kernels.conv import commit_windows
@@ -121,7 +170,10 @@ def _check_commit_kernels(device, dtype, tol, y, a, b, A_log, dt_bias, state, id
     G = 2
     ry = torch.stack([y, y.flip(0)]).contiguous()  # [G, R=B, W=T, C]
     ra, rb = torch.stack([a, a.flip(0)]).contiguous(), torch.stack([b, -b]).contiguous()
-    A, dt = torch.stack([A_log, -A_log]).float(), torch.stack([dt_bias, dt_bias * 2]).float()  # [G, Hv]
+    A, dt = (
+        torch.stack([A_log, -A_log]).float(),
+        torch.stack([dt_bias, dt_bias * 2]).float(),
+    )  # [G, Hv]
     ssm = torch.stack([state, state.flip(0)]).contiguous()  # [G, N, Hv, dk, dv]
     rows = torch.tensor([2, 0, 1], device=device)
     src = idx["src"]
@@ -155,8 +207,12 @@ def _check_gated_norm(device, dtype, tol) -> None:
     with torch.no_grad():
         norm.weight.copy_(1 + 0.3 * torch.randn(dv, generator=gen))
     ref = norm.to("cpu")(o.cpu(), z.cpu())  # the torch path
-    ours = gated_rmsnorm(o.reshape(B * T, hv, dv), z.reshape(B * T, hv * dv), norm.weight.to(device), 1e-6)
-    assert (ours.reshape(B, T, hv, dv).float().cpu() - ref.float()).abs().max().item() <= tol * ref.abs().max().item() + 1e-6
+    ours = gated_rmsnorm(
+        o.reshape(B * T, hv, dv), z.reshape(B * T, hv * dv), norm.weight.to(device), 1e-6
+    )
+    assert (
+        ours.reshape(B, T, hv, dv).float().cpu() - ref.float()
+    ).abs().max().item() <= tol * ref.abs().max().item() + 1e-6
 
 
 @pytest.mark.skipif(INTERPRETED, reason="reference checks run in the parent process")
@@ -167,7 +223,11 @@ def test_commit_windows_reference():
     windows = torch.randn(1, 4, 5, 3, generator=gen)
     x = torch.randn(1, 2, 6, 5, generator=gen)
     rows, src, dst = torch.tensor([1, 0]), torch.tensor([0, 2]), torch.tensor([1, 3])
-    reset, kept, skip = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([2, 5]), torch.zeros(2, dtype=torch.int32)
+    reset, kept, skip = (
+        torch.tensor([0, 1], dtype=torch.int32),
+        torch.tensor([2, 5]),
+        torch.zeros(2, dtype=torch.int32),
+    )
     out = windows.clone()
     gdn_ref.commit_windows_ref(out, x, rows, src, dst, reset, kept, skip)
     for b in range(2):
@@ -184,12 +244,15 @@ def test_step_reference_counts_and_skip():
     (y, a, b, A_log, dt_bias, state, idx, skip, heads), _ = _indexed_case("cpu", torch.float64)
     out = state.clone()
     gdn_ref.gdn_step_ref(y, a, b, A_log, dt_bias, out, **idx, skip=skip, **heads)
-    for r, (src, dst, reset, n) in enumerate(zip(idx["src"], idx["dst"], idx["reset"], idx["counts"])):
+    for r, (src, dst, reset, n) in enumerate(
+        zip(idx["src"], idx["dst"], idx["reset"], idx["counts"])
+    ):
         if skip[r]:
             assert torch.equal(out[dst], state[dst])
             continue
-        q, k, v, g, beta = gdn_ref.gdn_inputs(y[r:r + 1, :n], a[r:r + 1, :n], b[r:r + 1, :n], A_log, dt_bias,
-                                              n[None], **heads)
+        q, k, v, g, beta = gdn_ref.gdn_inputs(
+            y[r : r + 1, :n], a[r : r + 1, :n], b[r : r + 1, :n], A_log, dt_bias, n[None], **heads
+        )
         s0 = torch.zeros_like(state[src]) if reset else state[src]
         _, expected = gdn_ref.gated_delta_rule_ref(q, k, v, g, beta, s0[None])
         assert (out[dst] - expected[0]).abs().max() < 1e-6  # the state is float32
@@ -242,7 +305,9 @@ def test_chunk_prefill_cuda(T):
     from kernels.gdn import _fla_chunk, gdn_chunk
 
     print("fla-core chunk kernel:", _fla_chunk() is not None)
-    q, k, v, g, beta, s = inputs(2, T, 16, 32, 128, 128, seed=T, dtype=torch.bfloat16, device="cuda")
+    q, k, v, g, beta, s = inputs(
+        2, T, 16, 32, 128, 128, seed=T, dtype=torch.bfloat16, device="cuda"
+    )
     o1, s1 = gdn_ref.gated_delta_rule_ref(q, k, v, g, beta, s)
     o2, s2 = gdn_chunk(q, k, v, g, beta, s)
     scale_o, scale_s = o1.float().abs().max().item(), s1.abs().max().item()

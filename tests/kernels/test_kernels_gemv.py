@@ -58,20 +58,32 @@ def test_gemv_interpreter():
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for M in (1, 3, 8, 16):
             for i, config in enumerate(INTERP_CONFIGS):
-                x, w, b = _case(M, 37 + 8 * i, 75 + 16 * M, dtype, bias=(M + i) % 2 == 0, seed=M * 10 + i)
+                x, w, b = _case(
+                    M, 37 + 8 * i, 75 + 16 * M, dtype, bias=(M + i) % 2 == 0, seed=M * 10 + i
+                )
                 _assert_close(G.gemv(x, w, b, config), G.gemv_ref(x, w, b), dtype)
         x, w, b = _case(6, 64, 256, dtype, bias=True, seed=99)
         x = x.reshape(2, 3, 256)
-        for config in (None, G.GemvConfig(32, 64, 2, 4, 2, "acc"), G.GemvConfig(16, 64, 1, 4, 2, "dot")):
+        for config in (
+            None,
+            G.GemvConfig(32, 64, 2, 4, 2, "acc"),
+            G.GemvConfig(16, 64, 1, 4, 2, "dot"),
+        ):
             y = G.gemv(x, w, b, config)
             assert y.shape == (2, 3, 64)
             _assert_close(y, G.gemv_ref(x, w, b), dtype)
     # a split that leaves fewer tiles than splits, and x with a row stride (a column slice)
     x, w, b = _case(2, 40, 48, torch.bfloat16, bias=True, seed=5)
-    _assert_close(G.gemv(x, w, b, G.GemvConfig(16, 32, 8, 4, 2, "acc")), G.gemv_ref(x, w, b), torch.bfloat16)
+    _assert_close(
+        G.gemv(x, w, b, G.GemvConfig(16, 32, 8, 4, 2, "acc")), G.gemv_ref(x, w, b), torch.bfloat16
+    )
     wide = torch.randn(3, 100).to(torch.bfloat16)
     xs, ws = wide[:, 10:58], _case(3, 24, 48, torch.bfloat16, bias=False, seed=6)[1]
-    _assert_close(G.gemv(xs, ws, None, G.GemvConfig(16, 16, 2, 4, 2, "sum")), G.gemv_ref(xs, ws), torch.bfloat16)
+    _assert_close(
+        G.gemv(xs, ws, None, G.GemvConfig(16, 16, 2, 4, 2, "sum")),
+        G.gemv_ref(xs, ws),
+        torch.bfloat16,
+    )
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this process is the interpreter run itself")
@@ -89,7 +101,14 @@ def test_heuristic_configs():
     G.TUNED.clear()  # the heuristic alone
     try:
         for M in (1, 2, 4, 8, 16):
-            for N, K in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (248320, 4096), (12352, 4096)):
+            for N, K in (
+                (6144, 4096),
+                (4096, 4096),
+                (24576, 4096),
+                (4096, 12288),
+                (248320, 4096),
+                (12352, 4096),
+            ):
                 c = G.pick_config(M, N, K)
                 assert c.mode in ("acc", "sum", "dot") and (c.mode != "dot") == (M <= 2)
                 slabs = -(-N // c.block_n)
@@ -114,7 +133,10 @@ def test_linear_dispatch_off_cuda():
     assert not G.use_gemv(x, w, b)
     assert torch.equal(G.linear(x, w, b), F.linear(x, w, b))
     meta = dict(device="meta")
-    xm, wm = torch.empty(4, 16, dtype=torch.bfloat16, **meta), torch.empty(20, 16, dtype=torch.bfloat16, **meta)
+    xm, wm = (
+        torch.empty(4, 16, dtype=torch.bfloat16, **meta),
+        torch.empty(20, 16, dtype=torch.bfloat16, **meta),
+    )
     assert not G.use_gemv(xm, wm)  # not CUDA
     with pytest.raises(ValueError):
         G.gemv(torch.empty(17, 16, dtype=torch.bfloat16), torch.empty(20, 16, dtype=torch.bfloat16))
@@ -123,8 +145,15 @@ def test_linear_dispatch_off_cuda():
 
 
 # (name, N, K): the Qwen3-8B linear layers after fusion, and the Qwen3.5-9B ones that differ
-REAL_SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288),
-               ("lm_head", 248320, 4096), ("gdn_in_proj", 12352, 4096), ("qwen35_attn_qkv", 10240, 4096)]
+REAL_SHAPES = [
+    ("qkv", 6144, 4096),
+    ("o", 4096, 4096),
+    ("gate_up", 24576, 4096),
+    ("down", 4096, 12288),
+    ("lm_head", 248320, 4096),
+    ("gdn_in_proj", 12352, 4096),
+    ("qwen35_attn_qkv", 10240, 4096),
+]
 
 
 @pytest.mark.gpu

@@ -222,7 +222,9 @@ def test_rope_rotates_q_and_k_in_place(backend, dtype, rotary):
                       scale=want_k[1])
     assert torch.equal(qkv[..., (h + hk) * d:], before[..., (h + hk) * d:])  # v untouched
     if rotary == "partial":
-        assert torch.equal(q[..., rot:].cpu(), before[..., :h * d].view(b, t, h, d)[..., rot:].cpu())
+        assert torch.equal(
+            q[..., rot:].cpu(), before[..., : h * d].view(b, t, h, d)[..., rot:].cpu()
+        )
 
 
 def test_rope_reference_is_the_serving_module():

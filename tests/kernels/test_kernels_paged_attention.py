@@ -264,7 +264,9 @@ def test_qwen3_8b_shapes_on_cuda(rows, context, tokens):
     # own rounding; a skipped or repeated block of 16 positions moves outputs by far more.
     atol = 4 * 2.0 ** -9 * float(v.float().abs().mean()) + 2 * 2.0 ** -8 * float(want.abs().max())
     torch.testing.assert_close(got, want, rtol=0, atol=atol)
-    visible = (torch.arange(context, device="cuda")[None, None, :] <= positions[:, :, None])[:, None]
+    visible = (torch.arange(context, device="cuda")[None, None, :] <= positions[:, :, None])[
+        :, None
+    ]
     sdpa = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                           attn_mask=visible, enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(got, sdpa, rtol=0, atol=2 * atol)

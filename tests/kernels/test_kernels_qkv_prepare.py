@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kernels.qkv_prepare import prepare_qkv_ref
-from tests.support.kernel_backends import INTERPRETED, backend_params, run_interpreted
 from tests.kernels.test_kernels_layers import UNIT, close
+from tests.support.kernel_backends import INTERPRETED, backend_params, run_interpreted
 
 DTYPES = [torch.float32, torch.bfloat16]
 

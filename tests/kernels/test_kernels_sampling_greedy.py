@@ -67,13 +67,17 @@ def test_greedy_with_penalties_matches_the_reference(device):
     z = torch.randn(3, 64, generator=gen).to(device)
     top = z.argmax(dim=1)
     ids = torch.stack([top, (top + 1) % 64], dim=1).to(torch.int32)
-    history = PenaltyHistory(ids, torch.tensor([[2, 0], [1, 1], [0, 0]], dtype=torch.int32).to(device))
+    history = PenaltyHistory(
+        ids, torch.tensor([[2, 0], [1, 1], [0, 0]], dtype=torch.int32).to(device)
+    )
     params = SamplingParams.from_rows(3, temperature=0.0, repetition_penalty=[1.5, 1.0, 2.0],
                                       presence_penalty=[0.5, 3.0, 0.0], frequency_penalty=0.7,
                                       device=device)
     want = sample_reference(z, params, vocab_size=64, penalties=history)
     got = sample_greedy(z, vocab_size=64, penalties=history, params=params)
-    assert got.tokens.tolist() == want.tokens.tolist() and got.status.tolist() == want.status.tolist()
+    assert (
+        got.tokens.tolist() == want.tokens.tolist() and got.status.tolist() == want.status.tolist()
+    )
     with pytest.raises(ValueError, match="params"):
         sample_greedy(z, vocab_size=64, penalties=history)
 
@@ -89,7 +93,9 @@ def test_in_graph_sample_stage_equals_the_sampler():
 
     domain = no_z_domain()
     sampler = Sampler(domain, torch.device("cpu"))
-    z = torch.randn(4, domain.size + 3, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    z = torch.randn(
+        4, domain.size + 3, generator=torch.Generator().manual_seed(9), dtype=torch.float64
+    )
     z[1, ord("z")] = 100.0  # never generable: must not win
     rows = [SimpleNamespace(sampling=SimpleNamespace(temperature=0.0), penalized=lambda: False)
             for _ in range(4)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from tests.support import import_graph as ig
 
+
 def _runtime_edges():
     return [e for e in ig.edges() if not e.type_checking]
 

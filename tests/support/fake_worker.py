@@ -32,7 +32,6 @@ from shared.generation import (
     WorkerClient,
 )
 
-
 HAS_STARTED = hasattr(shared.generation, "Started")
 if HAS_STARTED:
     Started = shared.generation.Started

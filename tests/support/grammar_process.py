@@ -33,7 +33,7 @@ def optional_properties(n: int, tag: str = "") -> dict:
 # The slow schemas (thousands of properties) emit grammars past the conversion's own size
 # limit, and llguidance compiles JSON content lazily in milliseconds; these tests lift the limit and
 # compile JSON on xgrammar, so the compile deadline and memory budget are what stops them.
-UNBOUNDED_GRAMMARS = {"INFERNIX_MAX_GRAMMAR_BYTES": str(10 ** 9), "INFERNIX_JSON_ENGINE": "xgrammar"}
+UNBOUNDED_GRAMMARS = {"INFERNIX_MAX_GRAMMAR_BYTES": str(10**9), "INFERNIX_JSON_ENGINE": "xgrammar"}
 
 
 class GrammarProcess:

@@ -8,13 +8,37 @@ import contextlib
 import torch
 
 VOCAB = 248_320  # the real Qwen3.5 embedding rows (shared/frontends/qwen35.py EMBEDDING_ROWS)
-LAYER_TYPES = ["linear_attention", "linear_attention", "full_attention", "linear_attention", "full_attention"]
-TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=len(LAYER_TYPES),
-            layer_types=LAYER_TYPES, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
-            linear_conv_kernel_dim=4, max_position_embeddings=256, rms_norm_eps=1e-6,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                             "mrope_section": [1, 1, 0], "mrope_interleaved": True})
+LAYER_TYPES = [
+    "linear_attention",
+    "linear_attention",
+    "full_attention",
+    "linear_attention",
+    "full_attention",
+]
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=len(LAYER_TYPES),
+    layer_types=LAYER_TYPES,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [1, 1, 0],
+        "mrope_interleaved": True,
+    },
+)
 
 
 def text_config(**overrides):
@@ -35,7 +59,10 @@ def randomize_(module: torch.nn.Module, seed: int) -> None:
             elif name.endswith("dt_bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
             elif "norm" in name:
-                p.copy_((1.0 if name.endswith("linear_attn.norm.weight") else 0.0) + 0.3 * torch.randn(p.shape, generator=g))
+                p.copy_(
+                    (1.0 if name.endswith("linear_attn.norm.weight") else 0.0)
+                    + 0.3 * torch.randn(p.shape, generator=g)
+                )
             elif name.endswith("bias"):
                 p.copy_(0.3 * torch.randn(p.shape, generator=g))
             else:
@@ -101,8 +128,16 @@ def reference_logits(hf_model, sequences: list[list[int]]) -> list[torch.Tensor]
     return out
 
 
-def run_schedule(model, state, lanes: list[int], sequences: list[list[int]], schedule, *, pad_token: int = 7,
-                 device="cpu") -> list[torch.Tensor]:
+def run_schedule(
+    model,
+    state,
+    lanes: list[int],
+    sequences: list[list[int]],
+    schedule,
+    *,
+    pad_token: int = 7,
+    device="cpu",
+) -> list[torch.Tensor]:
     """Feed `sequences` by `schedule` (per step, tokens per row; 0 = the row sits out), committing
     every step whole. Rows are right-padded with `pad_token` at continuing positions and pass
     num_tokens. Returns per row the logits [n, V] float32 of every real token fed."""

@@ -67,8 +67,18 @@ class WorkerProcess:
         import subprocess
         from pathlib import Path
 
-        command = [sys.executable, "-m", "tests.support.tiny_worker", "--host", "127.0.0.1", "--port",
-                   str(self.port), "--metrics-port", str(self.metrics_port), *self.flags]
+        command = [
+            sys.executable,
+            "-m",
+            "tests.support.tiny_worker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--metrics-port",
+            str(self.metrics_port),
+            *self.flags,
+        ]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[2],
                                          stdout=subprocess.DEVNULL, stderr=log,

@@ -10,10 +10,10 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from bench.random_weights import random_runtime
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.models import KVCache
-from bench.random_weights import random_runtime
 from services.worker.runtime import ModelRuntime
 from shared.frontends.token_domain import TokenDomain
 from shared.generation import (
@@ -39,7 +39,9 @@ def no_z_domain() -> TokenDomain:
 def tiny_runtime(domain: TokenDomain | None = None, **kw) -> ModelRuntime:
     """A 2-layer float64 random model over the byte test domain (float64 keeps batched and
     isolated arithmetic equal far below any greedy tie)."""
-    return random_runtime(domain or byte_domain(), dtype=torch.float64, seed=kw.pop("seed", 1), **kw)
+    return random_runtime(
+        domain or byte_domain(), dtype=torch.float64, seed=kw.pop("seed", 1), **kw
+    )
 
 
 class HookedModel(nn.Module):
@@ -82,10 +84,14 @@ def open_client(runtime: ModelRuntime, **config):
 
 
 def greedy(max_tokens: int, **options) -> RequestOptions:
-    return RequestOptions(max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0), **options)
+    return RequestOptions(
+        max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0), **options
+    )
 
 
-def text_request(request_id: str, text: str, options: RequestOptions, model: str) -> GenerateRequest:
+def text_request(
+    request_id: str, text: str, options: RequestOptions, model: str
+) -> GenerateRequest:
     return GenerateRequest(request_id, PromptInput(text=text), options, model=model)
 
 

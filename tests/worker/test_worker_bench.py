@@ -7,11 +7,10 @@ import json
 import jsonschema
 import torch
 
-from services.cli import build_parser
-from bench.grammar import SCHEMAS
 from bench.decode import DecodeBenchOptions, bench_decode, write_report
-from bench.random_weights import random_qwen3_runtime
-from bench.random_weights import ByteTokenizer
+from bench.grammar import SCHEMAS
+from bench.random_weights import ByteTokenizer, random_qwen3_runtime
+from services.cli import build_parser
 from tests.support.common import byte_domain
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
@@ -134,7 +133,10 @@ def test_bench_prefix_reports_cold_hit_and_cache_off():
     docs = documents(runtime, 3, 64)
     assert len({d[:1] for d in docs}) == 3  # no two documents share a block
     assert [c["cached_tokens"] for c in report["cold"]] == [0, 0]
-    assert all(h["cached_tokens"] >= 64 // 16 * 16 for h in report["hits"]) and len(report["hits"]) == 4
+    assert (
+        all(h["cached_tokens"] >= 64 // 16 * 16 for h in report["hits"])
+        and len(report["hits"]) == 4
+    )
     assert [o["cached_tokens"] for o in report["cache_off"]] == [0, 0]
     assert report["prefix_cache"]["hit_tokens"] == sum(h["cached_tokens"] for h in report["hits"])
     assert report["hit_over_cold"] is not None and report["ttft_cold_p50_ms"] > 0
@@ -148,15 +150,26 @@ def test_bench_decode_runs_the_qwen35_model_with_its_state_in_the_floor(monkeypa
     reads and writes beside the weights. A tiny shape of the same builder on the CPU here; the
     HF reference is refused with a clear message (it covers the dense models only)."""
     from bench.decode import run
-    from bench.random_weights import random_qwen35_runtime
     from bench.qwen35_model import recurrent_state_bytes_per_step, weight_bytes_per_step
+    from bench.random_weights import random_qwen35_runtime
 
     layers = ("linear_attention", "linear_attention", "linear_attention", "full_attention")
-    runtime = random_qwen35_runtime(dtype=torch.float32, device="cpu", hidden_size=64,
-                                    intermediate_size=96, layer_types=layers, num_heads=2,
-                                    num_kv_heads=1, head_dim=32, rotary_dim=8, linear_num_key_heads=2,
-                                    linear_num_value_heads=4, linear_key_head_dim=16,
-                                    linear_value_head_dim=16, max_position_embeddings=512)
+    runtime = random_qwen35_runtime(
+        dtype=torch.float32,
+        device="cpu",
+        hidden_size=64,
+        intermediate_size=96,
+        layer_types=layers,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=32,
+        rotary_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        max_position_embeddings=512,
+    )
     import bench.breakdown as breakdown
 
     bandwidth = 1e10  # bytes/s: a fixed copy bandwidth, so the floor is exact to compare

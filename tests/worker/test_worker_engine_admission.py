@@ -15,7 +15,14 @@ import pytest
 
 from services.gateway.pool import WorkerPool
 from shared.errors import Overloaded
-from tests.support.worker_support import collect, greedy, hooked, open_client, text_request, tiny_runtime
+from tests.support.worker_support import (
+    collect,
+    greedy,
+    hooked,
+    open_client,
+    text_request,
+    tiny_runtime,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +48,17 @@ async def _held_client(runtime, **config):
 async def test_a_full_waiting_queue_refuses_with_retry_after(runtime):
     client, held, release = await _held_client(runtime, max_batch=1, max_len=96, max_waiting=2)
     try:
-        running = asyncio.ensure_future(collect(client, text_request("run", "a", greedy(3), runtime.name)))
+        running = asyncio.ensure_future(
+            collect(client, text_request("run", "a", greedy(3), runtime.name))
+        )
         while not held.is_set():
             await asyncio.sleep(0.005)
-        queued = [asyncio.ensure_future(collect(client, text_request(f"q{i}", "b", greedy(3), runtime.name)))
-                  for i in range(2)]
+        queued = [
+            asyncio.ensure_future(
+                collect(client, text_request(f"q{i}", "b", greedy(3), runtime.name))
+            )
+            for i in range(2)
+        ]
         while len(client.engine.live_requests()) < 3:
             await asyncio.sleep(0.005)
         with pytest.raises(Overloaded) as info:
@@ -71,7 +84,9 @@ async def test_the_pool_passes_a_refused_request_to_a_worker_with_room(runtime):
     free = open_client(runtime, max_batch=1, max_len=96)
     pool = WorkerPool([full, free], health_interval_s=60)
     try:
-        running = asyncio.ensure_future(collect(full, text_request("run", "a", greedy(3), runtime.name)))
+        running = asyncio.ensure_future(
+            collect(full, text_request("run", "a", greedy(3), runtime.name))
+        )
         while not held.is_set():
             await asyncio.sleep(0.005)
         # Both members look idle to the pool (no requests of its own): it tries `full` first
@@ -88,11 +103,15 @@ async def test_the_pool_passes_a_refused_request_to_a_worker_with_room(runtime):
 
 @pytest.mark.asyncio
 async def test_the_pool_answers_overloaded_when_every_worker_is_full(runtime):
-    clients = [await _held_client(runtime, max_batch=1, max_len=96, max_waiting=0) for _ in range(2)]
+    clients = [
+        await _held_client(runtime, max_batch=1, max_len=96, max_waiting=0) for _ in range(2)
+    ]
     pool = WorkerPool([c for c, _, _ in clients], health_interval_s=60)
     try:
-        running = [asyncio.ensure_future(collect(c, text_request("run", "a", greedy(3), runtime.name)))
-                   for c, _, _ in clients]
+        running = [
+            asyncio.ensure_future(collect(c, text_request("run", "a", greedy(3), runtime.name)))
+            for c, _, _ in clients
+        ]
         for _, held, _ in clients:
             while not held.is_set():
                 await asyncio.sleep(0.005)

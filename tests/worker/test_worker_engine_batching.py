@@ -59,7 +59,9 @@ async def test_continuous_batching_equals_each_request_alone(runtime):
                                            else "length")
         assert fin.constraint is None
     # Batching really happened: fewer steps than running the requests one after another.
-    alone = sum(-(-len(runtime.tokenizer.encode(p)) // 8) + n - 1 for p, n in zip(PROMPTS, MAX_TOKENS))
+    alone = sum(
+        -(-len(runtime.tokenizer.encode(p)) // 8) + n - 1 for p, n in zip(PROMPTS, MAX_TOKENS)
+    )
     assert steps < alone
 
 
@@ -87,7 +89,9 @@ async def test_seeded_sampling_does_not_depend_on_the_batch(runtime):
     client = open_client(runtime, max_batch=4, max_len=128, prefill_chunk=16)
     try:
         _, alone = await collect(client, text_request("s0", "seeded", opts, runtime.name))
-        others = [text_request(f"o{i}", p, greedy(8), runtime.name) for i, p in enumerate(PROMPTS[:3])]
+        others = [
+            text_request(f"o{i}", p, greedy(8), runtime.name) for i, p in enumerate(PROMPTS[:3])
+        ]
         together = await asyncio.gather(
             *(collect(client, r) for r in others),
             collect(client, text_request("s1", "seeded", opts, runtime.name)))

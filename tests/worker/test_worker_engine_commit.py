@@ -22,7 +22,14 @@ from services.worker.program import Program
 from shared.contract import OutputConstraint
 from shared.errors import InternalError
 from tests.support.worker_support import (
-    collect, greedy, hooked, open_client, oracle_greedy, text_of, text_request, tiny_runtime,
+    collect,
+    greedy,
+    hooked,
+    open_client,
+    oracle_greedy,
+    text_of,
+    text_request,
+    tiny_runtime,
 )
 
 
@@ -117,7 +124,10 @@ async def test_a_failed_program_commit_publishes_nothing_of_the_round(runtime, m
         (deltas_a, a), (deltas_b, b) = await asyncio.gather(first, second)
     finally:
         await client.aclose()
-    for fin, deltas, prompt, n in ((a, deltas_a, "left", SURVIVOR), (b, deltas_b, "right side", 10)):
+    for fin, deltas, prompt, n in (
+        (a, deltas_a, "left", SURVIVOR),
+        (b, deltas_b, "right side", 10),
+    ):
         assert fin.finish_reason.value == "error" and "injected" in fin.error["message"]
         committed = fin.usage.completion_tokens
         assert 1 <= committed < n

@@ -16,7 +16,14 @@ import torch
 from shared.errors import InvalidRequest
 from shared.generation import FinishReason, Started
 from tests.support.worker_support import (
-    collect, greedy, hooked, open_client, oracle_greedy, text_of, text_request, tiny_runtime,
+    collect,
+    greedy,
+    hooked,
+    open_client,
+    oracle_greedy,
+    text_of,
+    text_request,
+    tiny_runtime,
 )
 
 

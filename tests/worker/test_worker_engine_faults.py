@@ -21,7 +21,12 @@ from shared.errors import InternalError
 from shared.frontends.formats import hermes
 from shared.generation import ChatMessage, FinishReason, GenerateRequest, PromptInput
 from tests.support.worker_support import (
-    collect, greedy, hooked, open_client, text_request, tiny_runtime,
+    collect,
+    greedy,
+    hooked,
+    open_client,
+    text_request,
+    tiny_runtime,
 )
 
 

@@ -24,7 +24,13 @@ from shared.contract import OutputConstraint
 from shared.errors import DeadlineExceeded, ServiceUnavailable
 from shared.generation import FinishReason, Started
 from tests.support.worker_support import (
-    collect, greedy, open_client, oracle_greedy, text_of, text_request, tiny_runtime,
+    collect,
+    greedy,
+    open_client,
+    oracle_greedy,
+    text_of,
+    text_request,
+    tiny_runtime,
 )
 
 

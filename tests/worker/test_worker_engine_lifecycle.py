@@ -60,9 +60,17 @@ async def test_dead_end_fails_only_its_row(runtime):
     try:
         results = await asyncio.gather(
             collect(client, text_request("free1", "left", greedy(12), runtime.name)),
-            collect(client, text_request("dead", "pick", greedy(12, constraint=OutputConstraint.choice(["az"])),
-                                         runtime.name)),
-            collect(client, text_request("free2", "right side", greedy(12), runtime.name)))
+            collect(
+                client,
+                text_request(
+                    "dead",
+                    "pick",
+                    greedy(12, constraint=OutputConstraint.choice(["az"])),
+                    runtime.name,
+                ),
+            ),
+            collect(client, text_request("free2", "right side", greedy(12), runtime.name)),
+        )
     finally:
         await client.aclose()
     (_, free1), (deltas, dead), (_, free2) = results
@@ -81,8 +89,12 @@ async def test_no_legal_first_token_is_a_request_error(runtime):
     client = open_client(runtime, max_batch=1, max_len=64)
     try:
         with pytest.raises(ConstraintDeadEnd) as err:
-            await collect(client, text_request("d0", "p", greedy(5, constraint=OutputConstraint.choice(["z"])),
-                                               runtime.name))
+            await collect(
+                client,
+                text_request(
+                    "d0", "p", greedy(5, constraint=OutputConstraint.choice(["z"])), runtime.name
+                ),
+            )
         assert err.value.position == 0
     finally:
         await client.aclose()
@@ -104,10 +116,14 @@ async def test_nonfinite_logits_fail_only_their_row():
             poisoned.append(row)
 
     try:
-        victim = asyncio.create_task(collect(client, text_request("victim", "first", greedy(40), rt.name)))
+        victim = asyncio.create_task(
+            collect(client, text_request("victim", "first", greedy(40), rt.name))
+        )
         await wait_for(lambda: model.calls > 0)  # the victim owns lane 0
-        others = [asyncio.create_task(collect(client, text_request(f"o{i}", p, greedy(10), rt.name)))
-                  for i, p in enumerate(["second", "third one"])]
+        others = [
+            asyncio.create_task(collect(client, text_request(f"o{i}", p, greedy(10), rt.name)))
+            for i, p in enumerate(["second", "third one"])
+        ]
         model.after = poison
         (deltas, bad), *good = await asyncio.gather(victim, *others)
     finally:
@@ -163,14 +179,22 @@ async def test_cancel_waiting_request_and_closed_stream(runtime):
     model.before = hold_first_forward
     client = open_client(hooked_runtime, max_batch=1, max_len=96)
     try:
-        running = asyncio.create_task(collect(client, text_request("run", "busy", greedy(30), runtime.name)))
+        running = asyncio.create_task(
+            collect(client, text_request("run", "busy", greedy(30), runtime.name))
+        )
         await wait_for(held.is_set)
-        queued = asyncio.create_task(collect(client, text_request("queued", "wait", greedy(5), runtime.name)))
+        queued = asyncio.create_task(
+            collect(client, text_request("queued", "wait", greedy(5), runtime.name))
+        )
         await wait_for(lambda: "queued" in client.engine._live)
         await client.cancel("queued")
         release.set()
         deltas, fin = await queued
-        assert fin.finish_reason.value == "cancelled" and deltas == [] and fin.usage.completion_tokens == 0
+        assert (
+            fin.finish_reason.value == "cancelled"
+            and deltas == []
+            and fin.usage.completion_tokens == 0
+        )
         _, done = await running
         assert done.content == text_of(runtime.domain, expect(runtime, "busy", 30))
         stream = client.generate(text_request("closed", "bye", greedy(60), runtime.name))
@@ -193,7 +217,9 @@ async def test_deadlines_in_the_queue_and_while_running():
         running = asyncio.create_task(collect(client, text_request(
             "slow", "slow", greedy(150, timeout_s=0.5), rt.name)))
         await wait_for(lambda: client.engine.health()["resident"] == 1)
-        deltas_q, queued = await collect(client, text_request("late", "late", greedy(5, timeout_s=0.1), rt.name))
+        deltas_q, queued = await collect(
+            client, text_request("late", "late", greedy(5, timeout_s=0.1), rt.name)
+        )
         deltas_r, slow = await running
     finally:
         await client.aclose()
@@ -201,7 +227,11 @@ async def test_deadlines_in_the_queue_and_while_running():
     assert deltas_q == [] and queued.usage.completion_tokens == 0
     assert slow.finish_reason.value == "error" and slow.error["type"] == "DeadlineExceeded"
     assert 0 < slow.usage.completion_tokens < 150
-    assert slow.content == "".join(deltas_r) == text_of(rt.domain, expect(rt, "slow", slow.usage.completion_tokens))
+    assert (
+        slow.content
+        == "".join(deltas_r)
+        == text_of(rt.domain, expect(rt, "slow", slow.usage.completion_tokens))
+    )
 
 
 # ---------------------------------------------------------------- limits and stops
@@ -215,8 +245,15 @@ async def test_length_limit_reports_incomplete_and_complete_content(runtime):
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     client = open_client(runtime, max_batch=2, max_len=96)
     try:
-        _, cut = await collect(client, text_request(
-            "cut", "json", greedy(4, constraint=OutputConstraint.json_schema(schema)), runtime.name))
+        _, cut = await collect(
+            client,
+            text_request(
+                "cut",
+                "json",
+                greedy(4, constraint=OutputConstraint.json_schema(schema)),
+                runtime.name,
+            ),
+        )
         _, exact = await collect(client, text_request(
             "exact", "c", greedy(3, constraint=OutputConstraint.choice(["xyq"])), runtime.name))
         _, ended = await collect(client, text_request(
@@ -242,13 +279,19 @@ async def test_stop_strings_and_stop_token_ids_for_unconstrained_requests(runtim
     text = text_of(runtime.domain, tokens)
     i = next(i for i in range(3, len(text) - 1) if "\ufffd" not in text[i:i + 2])
     stop = text[i:i + 2]
-    j = 6 if tokens[6] not in tokens[:6] else next(k for k in range(1, n) if tokens[k] not in tokens[:k])
+    j = (
+        6
+        if tokens[6] not in tokens[:6]
+        else next(k for k in range(1, n) if tokens[k] not in tokens[:k])
+    )
     client = open_client(runtime, max_batch=2, max_len=96)
     try:
-        deltas, by_string = await collect(client, text_request("s", prompt, greedy(n, stop=(stop, "\x00never")),
-                                                               runtime.name))
-        _, by_id = await collect(client, text_request("t", prompt, greedy(n, stop_token_ids=(tokens[j],)),
-                                                      runtime.name))
+        deltas, by_string = await collect(
+            client, text_request("s", prompt, greedy(n, stop=(stop, "\x00never")), runtime.name)
+        )
+        _, by_id = await collect(
+            client, text_request("t", prompt, greedy(n, stop_token_ids=(tokens[j],)), runtime.name)
+        )
     finally:
         await client.aclose()
     assert by_string.finish_reason.value == "stop"
@@ -278,17 +321,35 @@ async def test_request_errors_raise_before_any_event(runtime):
 
     try:
         with pytest.raises(ConflictingConstraint) as err:
-            await first_event(text_request("x1", "p", greedy(5, constraint=choice, stop=("b",)), runtime.name))
+            await first_event(
+                text_request("x1", "p", greedy(5, constraint=choice, stop=("b",)), runtime.name)
+            )
         assert err.value.field == "stop"
         with pytest.raises(ConflictingConstraint) as err:
-            await first_event(text_request("x2", "p", greedy(5, constraint=choice, stop_token_ids=(3,)),
-                                           runtime.name))
+            await first_event(
+                text_request(
+                    "x2", "p", greedy(5, constraint=choice, stop_token_ids=(3,)), runtime.name
+                )
+            )
         assert err.value.field == "stop_token_ids"
         with pytest.raises(InvalidSchema):
-            await first_event(text_request("x3", "p", greedy(5, constraint=OutputConstraint.json_schema(
-                {"type": "object", "properties": {"a": {"type": "nonsense"}}})), runtime.name))
+            await first_event(
+                text_request(
+                    "x3",
+                    "p",
+                    greedy(
+                        5,
+                        constraint=OutputConstraint.json_schema(
+                            {"type": "object", "properties": {"a": {"type": "nonsense"}}}
+                        ),
+                    ),
+                    runtime.name,
+                )
+            )
         with pytest.raises(InvalidRequest) as err:
-            await first_event(GenerateRequest("x4", PromptInput(text="p"), greedy(5), model="other"))
+            await first_event(
+                GenerateRequest("x4", PromptInput(text="p"), greedy(5), model="other")
+            )
         assert err.value.field == "model"
         messages = (ChatMessage("user", "hi"),)
         with pytest.raises(Unsupported) as err:
@@ -296,12 +357,18 @@ async def test_request_errors_raise_before_any_event(runtime):
                                               greedy(5), model=runtime.name))
         assert err.value.field == "tools"
         none = greedy(5, tool_choice=ToolChoice(mode=ToolMode.NONE))
-        _, fin = await collect(client, GenerateRequest("x6", PromptInput(messages=messages, tools=(tool,)),
-                                                       none, model=runtime.name))
+        _, fin = await collect(
+            client,
+            GenerateRequest(
+                "x6", PromptInput(messages=messages, tools=(tool,)), none, model=runtime.name
+            ),
+        )
         assert fin.finish_reason.value in ("stop", "length") and fin.usage.completion_tokens >= 1
         assert fin.usage.prompt_tokens == await client.count_tokens(
             PromptInput(messages=messages, tools=(tool,)), runtime.name)
-        long = asyncio.create_task(collect(client, text_request("dup", "p", greedy(90), runtime.name)))
+        long = asyncio.create_task(
+            collect(client, text_request("dup", "p", greedy(90), runtime.name))
+        )
         await wait_for(lambda: "dup" in client.engine._live)
         with pytest.raises(InvalidRequest) as err:
             await first_event(text_request("dup", "p", greedy(5), runtime.name))
@@ -322,12 +389,20 @@ async def test_required_strict_tool_call_streams_and_validates(runtime):
 
     from shared.generation import ToolCallArgumentsDelta, ToolCallStart
 
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
-              "required": ["n"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
     tools = (ToolDefinition.create("pick", schema, strict=True), ToolDefinition.create("other"))
     client = open_client(runtime, max_batch=2, max_len=2048)
-    request = GenerateRequest("t1", PromptInput(messages=(ChatMessage("user", "pick"),), tools=tools),
-                              greedy(196, tool_choice=ToolChoice.named("pick")), model=runtime.name)
+    request = GenerateRequest(
+        "t1",
+        PromptInput(messages=(ChatMessage("user", "pick"),), tools=tools),
+        greedy(196, tool_choice=ToolChoice.named("pick")),
+        model=runtime.name,
+    )
     try:
         events = [e async for e in client.generate(request)]
     finally:

@@ -30,7 +30,9 @@ def runtime():
 
 def _requests(runtime) -> list:
     name = runtime.name
-    sampled = RequestOptions(max_tokens=14, sampling=SamplingParams(temperature=0.9, top_p=0.9, seed=7))
+    sampled = RequestOptions(
+        max_tokens=14, sampling=SamplingParams(temperature=0.9, top_p=0.9, seed=7)
+    )
     penalized = RequestOptions(max_tokens=12, sampling=SamplingParams(
         temperature=0.0, presence_penalty=0.8, frequency_penalty=0.3))
     return [
@@ -38,12 +40,24 @@ def _requests(runtime) -> list:
         text_request("short", "x", greedy(3), name),
         text_request("sampled", "The quick brown fox", sampled, name),
         text_request("penalized", "0123456789", penalized, name),
-        text_request("schema", "json please", greedy(40, constraint=OutputConstraint.json_schema(SCHEMA)), name),
+        text_request(
+            "schema",
+            "json please",
+            greedy(40, constraint=OutputConstraint.json_schema(SCHEMA)),
+            name,
+        ),
         text_request("stop", "abc abc abc", greedy(30, stop=("b", "zz")), name),
         text_request("stop_id", "tiny", greedy(25, stop_token_ids=(ord("e"), ord("a"))), name),
-        text_request("late", "Another prompt that needs several prefill chunks to fit in.", greedy(16), name),
+        text_request(
+            "late", "Another prompt that needs several prefill chunks to fit in.", greedy(16), name
+        ),
         # no max_tokens: until the lane is full, so the last steps sit at the lane's end
-        text_request("to_end", "fill the lane", RequestOptions(sampling=SamplingParams(temperature=0.0)), name),
+        text_request(
+            "to_end",
+            "fill the lane",
+            RequestOptions(sampling=SamplingParams(temperature=0.0)),
+            name,
+        ),
     ]
 
 
@@ -112,11 +126,16 @@ async def test_pipelined_engine_publishes_exactly_what_the_unpipelined_one_does(
     for rid in plain:
         assert piped[rid] == plain[rid], rid
     finished = {rid: events[-1][1] for rid, events in piped.items()}
-    assert finished["schema"]["constraint"]["complete"] or finished["schema"]["finish_reason"].value == "length"
+    assert (
+        finished["schema"]["constraint"]["complete"]
+        or finished["schema"]["finish_reason"].value == "length"
+    )
     assert finished["to_end"]["finish_reason"].value == "length"
     # the lane holds every position; the last output token is sampled, never fed
-    assert finished["to_end"]["usage"].prompt_tokens + finished["to_end"]["usage"].completion_tokens \
+    assert (
+        finished["to_end"]["usage"].prompt_tokens + finished["to_end"]["usage"].completion_tokens
         == config["max_len"] + 1
+    )
 
 
 @pytest.mark.asyncio
@@ -169,9 +188,18 @@ def _qwen35_requests(rt) -> list:
     name = rt.name
     return [
         text_request("greedy", "Once upon a time", greedy(12), name),
-        text_request("sampled", "The quick brown fox", RequestOptions(
-            max_tokens=10, sampling=SamplingParams(temperature=0.9, seed=3)), name),
-        text_request("schema", "json please", greedy(24, constraint=OutputConstraint.json_schema(SCHEMA)), name),
+        text_request(
+            "sampled",
+            "The quick brown fox",
+            RequestOptions(max_tokens=10, sampling=SamplingParams(temperature=0.9, seed=3)),
+            name,
+        ),
+        text_request(
+            "schema",
+            "json please",
+            greedy(24, constraint=OutputConstraint.json_schema(SCHEMA)),
+            name,
+        ),
         # thinking on, its budget forces the close after a committed step (tokens then prefilled)
         GenerateRequest("budget", question, greedy(14, thinking_budget=4), model=name),
         text_request("short", "x", greedy(3), name),
@@ -253,7 +281,9 @@ def test_no_pipeline_flag_reaches_the_engine(monkeypatch):
 
     for command in (["serve"], ["worker", "serve"]):
         on = _worker_settings(WorkerSettings, build_parser().parse_args(command))
-        off = _worker_settings(WorkerSettings, build_parser().parse_args(command + ["--no-pipeline"]))
+        off = _worker_settings(
+            WorkerSettings, build_parser().parse_args(command + ["--no-pipeline"])
+        )
         assert on.pipeline and not off.pipeline
     monkeypatch.setenv("INFERNIX_NO_PIPELINE", "1")
     assert not _worker_settings(WorkerSettings, build_parser().parse_args(["serve"])).pipeline
@@ -280,15 +310,27 @@ async def test_a_failed_chained_launch_commits_the_held_step_then_fails_its_rows
     program.launch = failing
     prompts = ["Once upon a time", "0123456789"]
     try:
-        results = await asyncio.gather(*(_events(client, text_request(f"r{i}", p, greedy(20), runtime.name))
-                                         for i, p in enumerate(prompts)))
+        results = await asyncio.gather(
+            *(
+                _events(client, text_request(f"r{i}", p, greedy(20), runtime.name))
+                for i, p in enumerate(prompts)
+            )
+        )
     finally:
         await client.aclose()
     assert len(before) == 2
     for i, (events, prompt) in enumerate(zip(results, prompts)):
         fin = events[-1]
-        assert fin.finish_reason.value == "error" and "injected launch failure" in fin.error["message"]
+        assert (
+            fin.finish_reason.value == "error" and "injected launch failure" in fin.error["message"]
+        )
         n = fin.usage.completion_tokens
         assert n == before[f"r{i}"] + 1  # the held step's token committed, then failed
-        expected = text_of(runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(prompt), n))
-        assert fin.content == expected == "".join(e.text for e in events if type(e).__name__ == "TextDelta")
+        expected = text_of(
+            runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(prompt), n)
+        )
+        assert (
+            fin.content
+            == expected
+            == "".join(e.text for e in events if type(e).__name__ == "TextDelta")
+        )

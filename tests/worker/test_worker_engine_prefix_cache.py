@@ -19,7 +19,15 @@ import jsonschema
 import pytest
 
 from shared.contract import OutputConstraint
-from tests.support.worker_support import collect, greedy, open_client, oracle_greedy, text_of, text_request, tiny_runtime
+from tests.support.worker_support import (
+    collect,
+    greedy,
+    open_client,
+    oracle_greedy,
+    text_of,
+    text_request,
+    tiny_runtime,
+)
 
 BS = 16
 SYSTEM = ("You are a careful assistant. Answer in JSON when asked; keep answers short and exact. "
@@ -48,11 +56,17 @@ def _requests(runtime, tag: str):
     q = SYSTEM + "Q: who?"
     return [
         text_request(f"{tag}-free", q, greedy(12), name),
-        text_request(f"{tag}-person", q, greedy(160, constraint=OutputConstraint.json_schema(PERSON)), name),
-        text_request(f"{tag}-flag", q, greedy(160, constraint=OutputConstraint.json_schema(FLAG)), name),
+        text_request(
+            f"{tag}-person", q, greedy(160, constraint=OutputConstraint.json_schema(PERSON)), name
+        ),
+        text_request(
+            f"{tag}-flag", q, greedy(160, constraint=OutputConstraint.json_schema(FLAG)), name
+        ),
         text_request(f"{tag}-other", SYSTEM + "Q: where is the fox?", greedy(10), name),
         text_request(f"{tag}-free-again", q, greedy(12), name),
-        text_request(f"{tag}-choice", q, greedy(8, constraint=OutputConstraint.choice(["yes", "no"])), name),
+        text_request(
+            f"{tag}-choice", q, greedy(8, constraint=OutputConstraint.choice(["yes", "no"])), name
+        ),
     ]
 
 
@@ -63,9 +77,13 @@ async def test_outputs_identical_with_and_without_the_cache(runtime):
     requests with the same prompt and different schemas each follow their own schema."""
     results = {}
     for enabled in (False, True):
-        client = open_client(runtime, max_batch=2, max_len=384, prefill_chunk=64, prefix_cache=enabled)
+        client = open_client(
+            runtime, max_batch=2, max_len=384, prefill_chunk=64, prefix_cache=enabled
+        )
         try:
-            results[enabled] = await _run_sequentially(client, _requests(runtime, f"c{int(enabled)}"))
+            results[enabled] = await _run_sequentially(
+                client, _requests(runtime, f"c{int(enabled)}")
+            )
             stats = client.engine.program.blocks.stats
         finally:
             await client.aclose()
@@ -87,13 +105,18 @@ async def test_outputs_identical_with_and_without_the_cache(runtime):
     assert cached[3] == common // BS * BS
     # each follows its own schema from the same cached prefix (random weights may run out of
     # tokens inside whitespace: a complete output must validate, any output names its own keys)
-    for (_, fin), schema, key in ((results[True][1], PERSON, '"name"'), (results[True][2], FLAG, '"ok"')):
+    for (_, fin), schema, key in (
+        (results[True][1], PERSON, '"name"'),
+        (results[True][2], FLAG, '"ok"'),
+    ):
         assert key in fin.content or fin.finish_reason.value == "length"
         if fin.finish_reason.value == "stop":
             jsonschema.validate(json.loads(fin.content), schema)
     assert results[True][1][1].content != results[True][2][1].content
     free = results[True][0][1].content
-    assert free == text_of(runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(SYSTEM + "Q: who?"), 12))
+    assert free == text_of(
+        runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(SYSTEM + "Q: who?"), 12)
+    )
     assert results[True][5][1].content in ("yes", "no")
 
 
@@ -112,7 +135,11 @@ async def test_exact_full_prompt_hit_samples_from_its_own_last_position(runtime)
             "c", prompt, greedy(6, constraint=OutputConstraint.choice(["zz", "qq"])), runtime.name))
     finally:
         await client.aclose()
-    assert (first.usage.cached_tokens, again.usage.cached_tokens, chosen.usage.cached_tokens) == (0, 5 * BS, 5 * BS)
+    assert (first.usage.cached_tokens, again.usage.cached_tokens, chosen.usage.cached_tokens) == (
+        0,
+        5 * BS,
+        5 * BS,
+    )
     expected = text_of(runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(prompt), 6))
     assert first.content == again.content == expected
     assert chosen.content in ("zz", "qq")
@@ -126,11 +153,17 @@ async def test_concurrent_shared_and_unshared_prefixes_under_a_small_pool(runtim
     rng = random.Random(3)
     prompts = []
     for i in range(12):
-        head = SYSTEM[:rng.choice((40, 70, 136))] if i % 3 else "".join(rng.choice("abcdefgh ") for _ in range(50))
+        head = (
+            SYSTEM[: rng.choice((40, 70, 136))]
+            if i % 3
+            else "".join(rng.choice("abcdefgh ") for _ in range(50))
+        )
         prompts.append(head + f" item {i}: " + "xyz"[i % 3] * rng.randrange(1, 12))
     client = open_client(runtime, max_batch=3, max_len=192, prefill_chunk=24)
     try:
-        requests = [text_request(f"s{i}", p, greedy(10), runtime.name) for i, p in enumerate(prompts)]
+        requests = [
+            text_request(f"s{i}", p, greedy(10), runtime.name) for i, p in enumerate(prompts)
+        ]
         results = await asyncio.gather(*(collect(client, r) for r in requests))
         stats = client.engine.program.blocks.stats
         metrics = client.engine.metrics
@@ -144,7 +177,9 @@ async def test_concurrent_shared_and_unshared_prefixes_under_a_small_pool(runtim
     assert health["hit_tokens"] == stats.hit_tokens and health["enabled"]
     assert sum(fin.usage.cached_tokens for _, fin in results) == stats.hit_tokens
     for (_, fin), prompt in zip(results, prompts):
-        assert fin.content == text_of(runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(prompt), 10))
+        assert fin.content == text_of(
+            runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(prompt), 10)
+        )
     assert stats.hit_tokens > 0
     assert stats.evictions > 0
 
@@ -163,8 +198,12 @@ async def test_preempted_request_replays_from_its_cached_blocks(runtime):
         preempted = client.engine.metrics.preemptions._value.get()
     finally:
         await client.aclose()
-    assert fin.content == text_of(runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(long), 40))
-    assert short.content == text_of(runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode("hi"), 4))
+    assert fin.content == text_of(
+        runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode(long), 40)
+    )
+    assert short.content == text_of(
+        runtime.domain, oracle_greedy(runtime, runtime.tokenizer.encode("hi"), 4)
+    )
     assert preempted >= 1
     assert stats.hit_tokens >= BS * (len(long.encode()) // BS)
     assert fin.usage.cached_tokens == 0  # usage counts what the first admission found
@@ -185,9 +224,13 @@ async def test_cuda_outputs_identical_with_and_without_the_cache():
     runtime = random_runtime(byte_domain(), dtype=torch.float32, device="cuda", seed=1)
     results = {}
     for enabled in (False, True):
-        client = open_client(runtime, max_batch=2, max_len=384, prefill_chunk=64, prefix_cache=enabled)
+        client = open_client(
+            runtime, max_batch=2, max_len=384, prefill_chunk=64, prefix_cache=enabled
+        )
         try:
-            results[enabled] = await _run_sequentially(client, _requests(runtime, f"g{int(enabled)}"))
+            results[enabled] = await _run_sequentially(
+                client, _requests(runtime, f"g{int(enabled)}")
+            )
         finally:
             await client.aclose()
     for (_, off), (_, on) in zip(results[False], results[True]):

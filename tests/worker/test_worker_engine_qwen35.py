@@ -60,8 +60,12 @@ async def test_batched_chunked_and_preempted_generation_equals_transformers(serv
     hf, runtime = served
     client = open_client(runtime, max_batch=2, max_len=128, prefill_chunk=5, preempt_after_s=0.0)
     try:
-        results = await asyncio.gather(*(collect(client, text_request(f"r{i}", p, greedy(8), runtime.name))
-                                         for i, p in enumerate(PROMPTS)))
+        results = await asyncio.gather(
+            *(
+                collect(client, text_request(f"r{i}", p, greedy(8), runtime.name))
+                for i, p in enumerate(PROMPTS)
+            )
+        )
         preempted = client.engine.metrics.preemptions._value.get()
     finally:
         await client.aclose()
@@ -73,9 +77,15 @@ async def test_batched_chunked_and_preempted_generation_equals_transformers(serv
 @pytest.mark.asyncio
 async def test_json_schema_output_is_valid(served):
     _, runtime = served
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"},
-                                               "n": {"type": "integer", "minimum": 0, "maximum": 9}},
-              "required": ["ok", "n"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["ok", "n"],
+        "additionalProperties": False,
+    }
     client = open_client(runtime, max_batch=2, max_len=256)
     try:
         outs = await asyncio.gather(*(collect(client, text_request(
@@ -105,14 +115,20 @@ async def test_prefix_cache_resumes_the_recurrent_state_at_a_cached_boundary(ser
                base + "<|im_start|>user\nname a colour<|im_end|>\n")
     outs = {}
     for enabled in (True, False):
-        client = open_client(runtime, max_batch=1, max_len=160, prefill_chunk=7, prefix_cache=enabled)
+        client = open_client(
+            runtime, max_batch=1, max_len=160, prefill_chunk=7, prefix_cache=enabled
+        )
         try:
-            outs[enabled] = [await collect(client, text_request(f"p{i}", p, greedy(6), runtime.name))
-                             for i, p in enumerate(prompts)]
+            outs[enabled] = [
+                await collect(client, text_request(f"p{i}", p, greedy(6), runtime.name))
+                for i, p in enumerate(prompts)
+            ]
         finally:
             await client.aclose()
     cached = [fin.usage.cached_tokens for _, fin in outs[True]]
-    n = len(runtime.prepare(text_request("x", prompts[0], greedy(1), runtime.name).prompt).token_ids)
+    n = len(
+        runtime.prepare(text_request("x", prompts[0], greedy(1), runtime.name).prompt).token_ids
+    )
     assert cached[0] == 0 and cached[1] == (n - 1) // 16 * 16 > 0
     assert [fin.usage.cached_tokens for _, fin in outs[False]] == [0, 0, 0]
     for (_, on), (_, off), prompt in zip(outs[True], outs[False], prompts):

@@ -18,7 +18,14 @@ import pytest
 
 from services.worker.output.session import OutputSession
 from shared.contract import OutputConstraint
-from tests.support.worker_support import collect, greedy, hooked, open_client, text_request, tiny_runtime
+from tests.support.worker_support import (
+    collect,
+    greedy,
+    hooked,
+    open_client,
+    text_request,
+    tiny_runtime,
+)
 
 LONG = "a long prompt that takes several prefill chunks to read " * 2
 

@@ -57,9 +57,15 @@ async def test_choice_and_greedy_determinism(runtime):
     choices = ["red", "green", "blue"]
     try:
         results = await asyncio.gather(
-            collect(client, GenerateRequest("c", colour, greedy(8, constraint=OutputConstraint.choice(choices)))),
+            collect(
+                client,
+                GenerateRequest(
+                    "c", colour, greedy(8, constraint=OutputConstraint.choice(choices))
+                ),
+            ),
             collect(client, GenerateRequest("g1", story, greedy(8))),
-            collect(client, GenerateRequest("g2", story, greedy(8))))
+            collect(client, GenerateRequest("g2", story, greedy(8))),
+        )
     finally:
         await client.aclose()
     (_, chosen), (_, first), (_, second) = results

@@ -20,7 +20,14 @@ from services.worker.program.buckets import prefill_width
 from services.worker.program.graphs import graph_sizes
 from services.worker.program.warmup import WarmupReport, warm_up
 from tests.support.fake_worker import running_gateway
-from tests.support.worker_support import collect, greedy, hooked, open_client, text_request, tiny_runtime
+from tests.support.worker_support import (
+    collect,
+    greedy,
+    hooked,
+    open_client,
+    text_request,
+    tiny_runtime,
+)
 
 
 @pytest.fixture(scope="module")

@@ -19,17 +19,29 @@ from services.worker.models import layers as ops
 
 
 def _model(qk_norm: bool, dtype: torch.dtype, seed: int = 0) -> DenseDecoder:
-    config = ModelConfig(architecture="qwen3" if qk_norm else "llama", vocab_size=97, hidden_size=64,
-                         intermediate_size=96, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
-                         rms_norm_eps=1e-6, max_position_embeddings=256, rope=RopeConfig(theta=1e4),
-                         qk_norm=qk_norm)
+    config = ModelConfig(
+        architecture="qwen3" if qk_norm else "llama",
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=256,
+        rope=RopeConfig(theta=1e4),
+        qk_norm=qk_norm,
+    )
     model = DenseDecoder(config, dtype=dtype)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             scale = 0.2 if name.endswith("norm.weight") else p.shape[-1] ** -0.5
             base = 1.0 if name.endswith("norm.weight") else 0.0
-            p.copy_((base + scale * torch.randn(p.shape, generator=gen, dtype=torch.float64)).to(dtype))
+            p.copy_(
+                (base + scale * torch.randn(p.shape, generator=gen, dtype=torch.float64)).to(dtype)
+            )
     return model.eval().requires_grad_(False)
 
 
@@ -97,7 +109,9 @@ def test_cpu_ops_follow_the_kernel_references(dtype, zero_centered):
     # a strided head view (q of a fused projection) normalises like a contiguous copy
     qkv = torch.randn(2, 3, 6 * 32, generator=gen).to(dtype)
     q = qkv[..., :4 * 32].view(2, 3, 4, 32)
-    torch.testing.assert_close(ops.rms_norm(q, w, 1e-6), rms_norm_ref(q.contiguous(), w, 1e-6), **tol)
+    torch.testing.assert_close(
+        ops.rms_norm(q, w, 1e-6), rms_norm_ref(q.contiguous(), w, 1e-6), **tol
+    )
     # RoPE, full and partial rotary dimension
     for half in (16, 8):
         cos, sin = torch.rand(2, 3, half, generator=gen), torch.rand(2, 3, half, generator=gen)
@@ -188,7 +202,9 @@ def test_fused_path_taps_the_same_residual_stream():
             if fused:
                 model.fuse_projections()
             cache = model.new_state(1, 16, dtype=torch.float32, device="cpu")
-            out[fused] = model.hidden_states(tokens, positions, cache, torch.tensor([0]), tap=(0, 2))
+            out[fused] = model.hidden_states(
+                tokens, positions, cache, torch.tensor([0]), tap=(0, 2)
+            )
     for got, want in zip(out[True], out[False]):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert out[True][1].shape == (1, 6, 2 * 64)

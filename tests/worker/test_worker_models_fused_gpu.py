@@ -11,9 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.random_weights import random_qwen3_runtime
+from bench.random_weights import ByteTokenizer, random_qwen3_runtime
 from services.worker.program.graphs import DecodeGraph
-from bench.random_weights import ByteTokenizer
 from tests.support.common import byte_domain
 
 pytestmark = pytest.mark.gpu
@@ -35,13 +34,17 @@ def _decode(model, prompt: torch.Tensor, steps: int, fused: bool):
     lanes = torch.tensor([0, 2], device="cuda")
     T = prompt.shape[1]
     with torch.inference_mode():
-        logits = model(prompt, torch.arange(T, device="cuda")[None].expand(2, -1), state, lanes)[:, -1]
+        logits = model(prompt, torch.arange(T, device="cuda")[None].expand(2, -1), state, lanes)[
+            :, -1
+        ]
         out, all_logits = [], []
         for i in range(steps):
             all_logits.append(logits.float())
             token = logits.argmax(dim=-1)
             out.append(token)
-            logits = model(token[:, None], torch.full((2, 1), T + i, device="cuda"), state, lanes)[:, -1]
+            logits = model(token[:, None], torch.full((2, 1), T + i, device="cuda"), state, lanes)[
+                :, -1
+            ]
     return torch.stack(out, dim=1), all_logits
 
 
@@ -51,7 +54,9 @@ def test_fused_equals_unfused_on_cuda(dtype):
     rt = _runtime(dtype)
     model = rt.model
     assert model.fused
-    prompt = torch.randint(0, rt.domain.size, (2, 24), generator=torch.Generator().manual_seed(1)).cuda()
+    prompt = torch.randint(
+        0, rt.domain.size, (2, 24), generator=torch.Generator().manual_seed(1)
+    ).cuda()
     want, want_logits = _decode(model, prompt, 12, fused=False)
     got, got_logits = _decode(model, prompt, 12, fused=True)
     tol = 0.08 if dtype == torch.bfloat16 else 2e-3

@@ -17,6 +17,7 @@ import torch
 
 from services.worker.models import KVCache, ModelConfig, ModelConfigError, load_hf_model
 
+
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
     """These small forwards run fastest on one thread; on the shared 2-core machine the second
@@ -57,7 +58,9 @@ def run_serving_path(model, config: ModelConfig, sequences: list[list[int]], *, 
     return [torch.cat(rows) for rows in out]
 
 
-def reference_logits(hf_model, sequences: list[list[int]], lengths: list[int]) -> list[torch.Tensor]:
+def reference_logits(
+    hf_model, sequences: list[list[int]], lengths: list[int]
+) -> list[torch.Tensor]:
     """transformers' logits [n, V] (float32) for the first n tokens of each sequence, no cache."""
     result = []
     with torch.no_grad():
@@ -73,7 +76,9 @@ def assert_logits_close(ours: list[torch.Tensor], ref: list[torch.Tensor], rel: 
         assert o.shape == r.shape, (b, o.shape, r.shape)
         scale = r.abs().max().item()
         err = (o - r).abs().max().item()
-        assert err <= rel * scale, f"row {b}: max |ours - ref| = {err:.3g}, logits scale {scale:.3g}"
+        assert err <= rel * scale, (
+            f"row {b}: max |ours - ref| = {err:.3g}, logits scale {scale:.3g}"
+        )
 
 
 def randomize_(hf_model, seed: int) -> None:
@@ -89,8 +94,15 @@ def randomize_(hf_model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5 * 1.5)
 
 
-SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64)
+SMALL = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 
 
 def make_checkpoint(tmp_path, family: str, seed: int = 0):
@@ -98,17 +110,36 @@ def make_checkpoint(tmp_path, family: str, seed: int = 0):
     import transformers
 
     if family == "qwen3":
-        cfg = transformers.Qwen3Config(**SMALL, head_dim=16, tie_word_embeddings=True, rope_parameters={
-            "rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "original_max_position_embeddings": 64})
+        cfg = transformers.Qwen3Config(
+            **SMALL,
+            head_dim=16,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
         cls = transformers.Qwen3ForCausalLM
     elif family == "qwen2":
         cfg = transformers.Qwen2Config(**SMALL, rope_parameters={
             "rope_type": "linear", "rope_theta": 500.0, "factor": 2.0})
         cls = transformers.Qwen2ForCausalLM
     else:
-        cfg = transformers.LlamaConfig(**SMALL, attention_bias=True, mlp_bias=True, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+        cfg = transformers.LlamaConfig(
+            **SMALL,
+            attention_bias=True,
+            mlp_bias=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        )
         cls = transformers.LlamaForCausalLM
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
@@ -148,31 +179,57 @@ def test_config_families(tmp_path):
         raw = json.load(f)
     q3 = ModelConfig.from_hf(raw)
     assert (q3.qk_norm, q3.qkv_bias, q3.tie_word_embeddings, q3.head_dim) == (True, False, True, 16)
-    assert (q3.rope.rope_type, q3.rope.factor, q3.rope.original_max_position_embeddings) == ("yarn", 4.0, 64)
+    assert (q3.rope.rope_type, q3.rope.factor, q3.rope.original_max_position_embeddings) == (
+        "yarn",
+        4.0,
+        64,
+    )
     q2 = ModelConfig.from_hf({**raw, "model_type": "qwen2", "attention_bias": False})
     assert (q2.qk_norm, q2.qkv_bias, q2.o_bias) == (False, True, False)
 
 
 def test_transformers4_rope_spelling():
     """transformers 4 wrote `rope_scaling` with the legacy key "type" and a top-level rope_theta."""
-    raw = {"model_type": "llama", **SMALL, "rope_theta": 500000.0,
-           "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                            "original_max_position_embeddings": 8192}}
+    raw = {
+        "model_type": "llama",
+        **SMALL,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    }
     cfg = ModelConfig.from_hf(raw)
-    assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.original_max_position_embeddings) == ("llama3", 500000.0, 8192)
+    assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.original_max_position_embeddings) == (
+        "llama3",
+        500000.0,
+        8192,
+    )
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope_parameters.rope_type"),
-    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_parameters.rope_type"),
-    ({"rope_scaling": {"type": "mystery"}}, "rope_scaling.rope_type"),
-    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "rope_parameters.factor"),
-    ({"model_type": "mistral"}, "model_type"),
-    ({"num_key_value_heads": 3}, "num_key_value_heads"),
-    ({"use_sliding_window": True}, "use_sliding_window"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"hidden_size": "64"}, "hidden_size"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+            "rope_parameters.rope_type",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+            "rope_parameters.rope_type",
+        ),
+        ({"rope_scaling": {"type": "mystery"}}, "rope_scaling.rope_type"),
+        ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "rope_parameters.factor"),
+        ({"model_type": "mistral"}, "model_type"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),
+        ({"use_sliding_window": True}, "use_sliding_window"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"hidden_size": "64"}, "hidden_size"),
+    ],
+)
 def test_config_rejects_unsupported(change, field):
     """Unknown RoPE types and unsupported features fail at load with an error naming the key
     (STYLE: errors name the field and give expected and actual values)."""
@@ -226,7 +283,9 @@ def test_logit_index_selects_columns(tmp_path):
         full = model(tokens, positions, KVCache.allocate(config, 2, 8), lanes)  # [2, 5, V]
         last = model(tokens, positions, KVCache.allocate(config, 2, 8), lanes,
                      logit_index=torch.tensor([[4], [2]]))  # [2, 1, V]
-    torch.testing.assert_close(last[:, 0], torch.stack([full[0, 4], full[1, 2]]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        last[:, 0], torch.stack([full[0, 4], full[1, 2]]), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.gpu
@@ -243,21 +302,52 @@ def test_logits_match_transformers_bf16_cuda(tmp_path, family):
     ref = reference_logits(hf, sequences, lengths)
     hf_bf16 = reference_logits(hf.to(device="cuda", dtype=torch.bfloat16), sequences, lengths)
     for o, r, h in zip(ours, ref, hf_bf16):
-        err, hf_err, scale = (o - r).abs().max().item(), (h.cpu() - r).abs().max().item(), r.abs().max().item()
+        err, hf_err, scale = (
+            (o - r).abs().max().item(),
+            (h.cpu() - r).abs().max().item(),
+            r.abs().max().item(),
+        )
         assert err <= min(2 * hf_err + 1e-3 * scale, 5e-2 * scale), (err, hf_err, scale)
 
 
-@pytest.mark.parametrize("params", [
-    {"rope_type": "default", "rope_theta": 1e6},
-    {"rope_type": "linear", "rope_theta": 1e4, "factor": 3.0},
-    {"rope_type": "llama3", "rope_theta": 5e5, "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 8192},
-    {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32768},
-    {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "original_max_position_embeddings": 4096,
-     "mscale": 1.0, "mscale_all_dim": 0.707, "beta_fast": 16.0, "truncate": False},
-    {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "original_max_position_embeddings": 2048,
-     "attention_factor": 0.9},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"rope_type": "default", "rope_theta": 1e6},
+        {"rope_type": "linear", "rope_theta": 1e4, "factor": 3.0},
+        {
+            "rope_type": "llama3",
+            "rope_theta": 5e5,
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        {
+            "rope_type": "yarn",
+            "rope_theta": 1e6,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32768,
+        },
+        {
+            "rope_type": "yarn",
+            "rope_theta": 1e4,
+            "factor": 40.0,
+            "original_max_position_embeddings": 4096,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.707,
+            "beta_fast": 16.0,
+            "truncate": False,
+        },
+        {
+            "rope_type": "yarn",
+            "rope_theta": 1e4,
+            "factor": 2.0,
+            "original_max_position_embeddings": 2048,
+            "attention_factor": 0.9,
+        },
+    ],
+)
 def test_rope_frequencies_match_transformers(params):
     """RoPE "with the config's scaling" (default, linear, llama3, yarn): our inverse frequencies and
     cos/sin scale equal transformers' own RoPE initialisers for the same rope_parameters."""

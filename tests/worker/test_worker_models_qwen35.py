@@ -17,7 +17,14 @@ import torch
 from services.worker.models.config import ModelConfigError
 from services.worker.models.qwen35_config import Qwen35Config
 from services.worker.models.qwen35_loading import load_qwen35_model
-from tests.support.qwen35_support import VOCAB, assert_close, hf_causal_lm, reference_logits, run_schedule, text_config
+from tests.support.qwen35_support import (
+    VOCAB,
+    assert_close,
+    hf_causal_lm,
+    reference_logits,
+    run_schedule,
+    text_config,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -34,9 +41,13 @@ CUDA = torch.cuda.is_available()
 # Triton kernels, all in float32 arithmetic: gdn_chunk keeps float32 off fla-core's TF32 dots) and
 # bf16 (the serving dtype; see test_prefill_and_decode_match_transformers for its bound).
 SETUPS = [pytest.param(("cpu", torch.float32, 2e-5), id="cpu-fp32")] + [
-    pytest.param(("cuda", dtype, tol), id=f"cuda-{name}", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not CUDA, reason="needs CUDA")]) for dtype, tol, name in ((torch.float32, 2e-3, "fp32"),
-                                                                (torch.bfloat16, 6e-2, "bf16"))]
+    pytest.param(
+        ("cuda", dtype, tol),
+        id=f"cuda-{name}",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")],
+    )
+    for dtype, tol, name in ((torch.float32, 2e-3, "fp32"), (torch.bfloat16, 6e-2, "bf16"))
+]
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +106,10 @@ def test_prefill_and_decode_match_transformers(setup):
         # bf16: 0.19). A fixed 6e-2 is below the oracle's own bf16 noise; ours may be at most 1.5x
         # as far from the float32 reference as the oracle's bf16 run is, and at least `tol`.
         own = reference_logits(copy.deepcopy(hf).to(dtype), seqs)
-        tol = max(tol, 1.5 * max((o - r).abs().max().item() / r.abs().max().item() for o, r in zip(own, ref)))
+        tol = max(
+            tol,
+            1.5 * max((o - r).abs().max().item() / r.abs().max().item() for o, r in zip(own, ref)),
+        )
     for b in range(3):
         assert_close(ours[b], ref[b], tol, f"row {b}")
 
@@ -125,13 +139,19 @@ def test_lane_reuse_starts_fresh(setup):
     for width in (0, 4):
         state = model.new_state(2, 48, dtype=dtype, device=device, verify_width=width)
         run_schedule(model, state, [1], [first], ((20,), (10,)), device=device)
-        reused = run_schedule(model, state, [1], [second], ((8,), (1,), (1,), (1,)), device=device)[0]
+        reused = run_schedule(model, state, [1], [second], ((8,), (1,), (1,), (1,)), device=device)[
+            0
+        ]
         fresh_state = model.new_state(2, 48, dtype=dtype, device=device, verify_width=width)
-        fresh = run_schedule(model, fresh_state, [0], [second], ((8,), (1,), (1,), (1,)), device=device)[0]
+        fresh = run_schedule(
+            model, fresh_state, [0], [second], ((8,), (1,), (1,), (1,)), device=device
+        )[0]
         if device == "cpu":
             assert torch.equal(reused, fresh), f"verify_width={width}"
         else:  # GPU kernels may pick other reduction orders for another lane's data
-            assert_close(reused, fresh, 1e-6 if dtype == torch.float32 else 1e-2, f"verify_width={width}")
+            assert_close(
+                reused, fresh, 1e-6 if dtype == torch.float32 else 1e-2, f"verify_width={width}"
+            )
 
 
 def test_verify_commit_equals_recomputation(setup):
@@ -149,27 +169,51 @@ def test_verify_commit_equals_recomputation(setup):
     state = model.new_state(6, 40, dtype=dtype, device=device, verify_width=K1 + 1)
     arange = (lambda a, b: torch.arange(a, b, device=device)[None])
     with torch.no_grad():
-        model(torch.tensor([s[:prompt_len] for s in seqs], device=device), arange(0, prompt_len).expand(rows, -1),
-              state, lanes)
+        model(
+            torch.tensor([s[:prompt_len] for s in seqs], device=device),
+            arange(0, prompt_len).expand(rows, -1),
+            state,
+            lanes,
+        )
         state.commit(lanes, torch.full((rows,), prompt_len, device=device))
         # the verification: the accepted prefix of row b agrees with seqs[b], the rest is a wrong draft
         accepted = torch.arange(1, rows + 1)
-        verify = torch.tensor([seqs[b][prompt_len:prompt_len + int(accepted[b])] + drafts[b][int(accepted[b]):]
-                               for b in range(rows)], device=device)
+        verify = torch.tensor(
+            [
+                seqs[b][prompt_len : prompt_len + int(accepted[b])] + drafts[b][int(accepted[b]) :]
+                for b in range(rows)
+            ],
+            device=device,
+        )
         model(verify, prompt_len + arange(0, K1).expand(rows, -1), state, lanes)
         state.commit(lanes, accepted.to(device))
         outs, refs = [], []
         for b in range(rows):
             n = prompt_len + int(accepted[b])
             follow = seqs[b][n:n + after]
-            outs.append(model(torch.tensor([follow], device=device), arange(n, n + after), state, lanes[b:b + 1])[0])
+            outs.append(
+                model(
+                    torch.tensor([follow], device=device),
+                    arange(n, n + after),
+                    state,
+                    lanes[b : b + 1],
+                )[0]
+            )
             fresh = model.new_state(1, 40, dtype=dtype, device=device)
-            refs.append(model(torch.tensor([seqs[b][:n + after]], device=device), arange(0, n + after), fresh,
-                              torch.tensor([0], device=device))[0, n:])
+            refs.append(
+                model(
+                    torch.tensor([seqs[b][: n + after]], device=device),
+                    arange(0, n + after),
+                    fresh,
+                    torch.tensor([0], device=device),
+                )[0, n:]
+            )
             state.commit(lanes[b:b + 1], torch.tensor([after], device=device))
     for b in range(rows):
         # the same model on both sides: float32 agrees to rounding, bf16 to its own noise
-        assert_close(outs[b].float().cpu(), refs[b].float().cpu(), tol / 2, f"accepted={int(accepted[b])}")
+        assert_close(
+            outs[b].float().cpu(), refs[b].float().cpu(), tol / 2, f"accepted={int(accepted[b])}"
+        )
 
 
 def test_uncommitted_step_leaves_no_trace(setup):
@@ -186,13 +230,25 @@ def test_uncommitted_step_leaves_no_trace(setup):
         state = model.new_state(2, 32, dtype=dtype, device=device, verify_width=width)
         first = run_schedule(model, state, [1], [seq[:9]], ((9,),), device=device)[0]
         with torch.no_grad():  # aborted: junk at the next positions, never committed
-            model(torch.tensor([junk], device=device), torch.arange(9, 15, device=device)[None], state, lane)
+            model(
+                torch.tensor([junk], device=device),
+                torch.arange(9, 15, device=device)[None],
+                state,
+                lane,
+            )
         decode = _continue(model, state, lane, seq, 9, (1,), device)
         with torch.no_grad():  # aborted again, after a decode step
-            model(torch.tensor([junk[:1]], device=device), torch.tensor([[10]], device=device), state, lane)
+            model(
+                torch.tensor([junk[:1]], device=device),
+                torch.tensor([[10]], device=device),
+                state,
+                lane,
+            )
         rest = _continue(model, state, lane, seq, 10, (4,), device)
         ours = torch.cat([first, decode, rest])
-        assert_close(ours, ref, 1e-6 if dtype == torch.float32 else tol / 2, f"verify_width={width}")
+        assert_close(
+            ours, ref, 1e-6 if dtype == torch.float32 else tol / 2, f"verify_width={width}"
+        )
 
 
 def _continue(model, state, lane, seq, start, chunks, device) -> torch.Tensor:
@@ -232,9 +288,16 @@ def test_conditional_generation_checkpoint(tmp_path):
     model's logits."""
     import transformers
 
-    vision = transformers.Qwen3_5VisionConfig(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
-                                              out_hidden_size=64, patch_size=2, temporal_patch_size=1,
-                                              num_position_embeddings=16)
+    vision = transformers.Qwen3_5VisionConfig(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=2,
+        temporal_patch_size=1,
+        num_position_embeddings=16,
+    )
     cfg = transformers.Qwen3_5Config(text_config=text_config(tie_word_embeddings=True).to_dict(),
                                      vision_config=vision.to_dict(), tie_word_embeddings=True)
     torch.manual_seed(0)
@@ -263,7 +326,9 @@ def test_config_rejections():
         Qwen35Config.from_hf(Qwen3_5MoeTextConfig(num_hidden_layers=4).to_dict())
     assert e.value.field == "model_type" and "mixture-of-experts" in str(e.value)
     with pytest.raises(ModelConfigError) as e:
-        Qwen35Config.from_hf({"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_moe_text"}})
+        Qwen35Config.from_hf(
+            {"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_moe_text"}}
+        )
     assert e.value.field == "text_config.model_type"
     bad = text_config().to_dict()
     bad["layer_types"] = ["linear_attention", "sliding_attention"] + bad["layer_types"][2:]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from bench.random_weights import QWEN35_9B, random_qwen35
 from services.worker.models.qwen35 import Qwen35Model
 from services.worker.models.qwen35_config import Qwen35Config
-from bench.random_weights import QWEN35_9B, random_qwen35
 from services.worker.runtime import load_runtime
 from shared.generation import PromptInput
 from tests.support.qwen35_support import hf_causal_lm
@@ -37,12 +37,34 @@ def test_random_qwen35_shapes():
     """The default shape is the 9B text model (checked on `meta`, no storage); a small override
     builds a working model on the CPU."""
     config = Qwen35Model(Qwen35Config(**QWEN35_9B), device="meta").config
-    assert config.num_layers == 32 and len(config.gdn_layers) == 24 and config.attention_layers[:2] == (3, 7)
-    model = random_qwen35(dtype=torch.float32, device="cpu", vocab_size=300, hidden_size=32, intermediate_size=48,
-                          layer_types=("linear_attention", "full_attention"), num_heads=2, num_kv_heads=1,
-                          head_dim=16, rotary_dim=4, linear_num_key_heads=1, linear_num_value_heads=2,
-                          linear_key_head_dim=8, linear_value_head_dim=8, mtp=True)
+    assert (
+        config.num_layers == 32
+        and len(config.gdn_layers) == 24
+        and config.attention_layers[:2] == (3, 7)
+    )
+    model = random_qwen35(
+        dtype=torch.float32,
+        device="cpu",
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=48,
+        layer_types=("linear_attention", "full_attention"),
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        rotary_dim=4,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        mtp=True,
+    )
     state = model.new_state(2, 8, dtype=torch.float32, device="cpu")
     with torch.no_grad():
-        logits = model(torch.tensor([[1, 2, 3]] * 2), torch.arange(3)[None].expand(2, -1), state, torch.tensor([0, 1]))
+        logits = model(
+            torch.tensor([[1, 2, 3]] * 2),
+            torch.arange(3)[None].expand(2, -1),
+            state,
+            torch.tensor([0, 1]),
+        )
     assert torch.isfinite(logits).all() and logits.std() > 0.1

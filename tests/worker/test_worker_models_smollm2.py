@@ -24,7 +24,9 @@ from tests.worker.test_worker_models_hf import (  # noqa: F401 (one_torch_thread
 )
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-OTHER = "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\nRed, green and blue."
+OTHER = (
+    "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\nRed, green and blue."
+)
 SCHEDULE = ((12, 7), (4, 1), (1, 1), (1, 1))  # rows consume 18 and 10 tokens
 
 
@@ -49,8 +51,17 @@ def test_config_from_gguf_metadata(smollm2):
     tied embeddings."""
     model, config, seconds = smollm2
     assert (config.num_layers, config.hidden_size, config.intermediate_size) == (30, 576, 1536)
-    assert (config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size) == (9, 3, 64, 49152)
-    assert (config.rope.theta, config.rms_norm_eps, config.max_position_embeddings) == (100000.0, 1e-5, 8192)
+    assert (config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size) == (
+        9,
+        3,
+        64,
+        49152,
+    )
+    assert (config.rope.theta, config.rms_norm_eps, config.max_position_embeddings) == (
+        100000.0,
+        1e-5,
+        8192,
+    )
     assert config.tie_word_embeddings and model.lm_head is None
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
     assert seconds < 60, f"loading the default model took {seconds:.1f} s"
@@ -63,10 +74,17 @@ def test_logits_match_transformers(smollm2, tokenizer):
 
     model, c, _ = smollm2
     hf_config = transformers.LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rope.theta}, tie_word_embeddings=True,
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=c.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rope.theta},
+        tie_word_embeddings=True,
     )
     hf_config._attn_implementation = "eager"
     from transformers.initialization import no_init_weights
@@ -76,7 +94,9 @@ def test_logits_match_transformers(smollm2, tokenizer):
     missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     hf.tie_weights()
-    assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()  # tied in the oracle too
+    assert (
+        hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    )  # tied in the oracle too
     sequences = [tokenizer.encode(PROMPT + "The capital").ids, tokenizer.encode(OTHER).ids]
     ours = run_serving_path(model, c, sequences, schedule=SCHEDULE)
     ref = reference_logits(hf, sequences, [len(o) for o in ours])

@@ -4,9 +4,9 @@ stop-string text, and a continued prefix that is read but never published."""
 
 from __future__ import annotations
 
+from bench.random_weights import ByteTokenizer
 from services.worker.output.publication import Publication
 from services.worker.output.stop_strings import StopStrings
-from bench.random_weights import ByteTokenizer
 from shared.frontends.formats.qwen_xml_stream import ToolStream
 from shared.frontends.thinking import CONTENT, QWEN_THINK, REASONING, PhaseDecoder, ThinkingFraming
 from shared.generation import ReasoningDelta, TextDelta, ToolCallArgumentsDelta, ToolCallStart

@@ -26,7 +26,12 @@ import torch
 from services.worker.runtime import load_runtime
 from shared.contract import OutputConstraint
 from shared.generation import (
-    ChatMessage, Finished, GenerateRequest, PromptInput, ReasoningDelta, TextDelta,
+    ChatMessage,
+    Finished,
+    GenerateRequest,
+    PromptInput,
+    ReasoningDelta,
+    TextDelta,
 )
 from tests.support.qwen35_support import hf_causal_lm
 from tests.support.worker_support import greedy, hooked, open_client
@@ -253,8 +258,8 @@ async def test_speculative_rounds_stop_at_the_thinking_budget(served):
     round emits drafts + 1 tokens, so its drafts stop where the budget ends and the output equals
     one-token decoding's. The proposer drafts transformers' greedy continuation *without* a budget,
     so uncapped drafts would all be accepted past the budget."""
-    from services.worker.spec import ContextProposer
     from bench.oracle import OracleProposer
+    from services.worker.spec import ContextProposer
 
     hf, runtime = served
     prompt = list(runtime.prepare(PromptInput(messages=QUESTION)).token_ids)

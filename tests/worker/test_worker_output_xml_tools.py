@@ -33,8 +33,17 @@ from shared.frontends.qwen35 import qwen35_template
 from shared.frontends.template import ChatTemplate
 from shared.frontends.thinking import QWEN_THINK, ThinkingFraming
 from shared.generation import (
-    ChatMessage, Finished, GenerateRequest, PromptInput, ReasoningDelta, RequestOptions,
-    SamplingParams, Started, TextDelta, ToolCallArgumentsDelta, ToolCallStart,
+    ChatMessage,
+    Finished,
+    GenerateRequest,
+    PromptInput,
+    ReasoningDelta,
+    RequestOptions,
+    SamplingParams,
+    Started,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
 )
 from tests.support.qwen_support import xml_domain
 from tests.support.worker_support import hooked, open_client

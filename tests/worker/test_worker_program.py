@@ -31,8 +31,15 @@ def compiler():
 
 def make_request(runtime, rid: str, text: str, session: OutputSession, *, seed: int = 0,
                  temperature: float = 1.0) -> Request:
-    return Request(rid, tuple(runtime.tokenizer.encode(text)), SamplingParams(temperature=temperature),
-                   seed, session, sink=lambda e: None, max_new_tokens=32)
+    return Request(
+        rid,
+        tuple(runtime.tokenizer.encode(text)),
+        SamplingParams(temperature=temperature),
+        seed,
+        session,
+        sink=lambda e: None,
+        max_new_tokens=32,
+    )
 
 
 def prefill_batch(program: Program, requests) -> StepBatch:
@@ -102,7 +109,12 @@ def test_per_row_results_and_partial_commit():
     model.after = lambda logits, positions, lanes: logits[3].fill_(float("nan"))
     pending = program.step(prefill_batch(program, [free, dead, eos, nan]))
     outcomes = [r.outcome for r in pending.results]
-    assert outcomes == [RowOutcome.TOKENS, RowOutcome.DEAD_END, RowOutcome.TOKENS, RowOutcome.NONFINITE]
+    assert outcomes == [
+        RowOutcome.TOKENS,
+        RowOutcome.DEAD_END,
+        RowOutcome.TOKENS,
+        RowOutcome.NONFINITE,
+    ]
     assert isinstance(pending.results[1].error, ConstraintDeadEnd)
     assert pending.results[1].error.position == 1
     assert pending.results[2].tokens[0] in domain.eos_ids  # the only legal token after "a"

@@ -74,7 +74,10 @@ def test_limit_and_identity():
     _fill(other, 0, prompt)
     other.release(0)
     from services.worker.program.blocks import chain_hash, identity_hash
-    assert chain_hash(identity_hash("model-a"), prompt[:16]) != chain_hash(identity_hash("model-b"), prompt[:16])
+
+    assert chain_hash(identity_hash("model-a"), prompt[:16]) != chain_hash(
+        identity_hash("model-b"), prompt[:16]
+    )
     assert other.attach(1, prompt, limit=32) == 32  # its own entries match under its identity
 
 
@@ -279,7 +282,9 @@ def test_cpu_attention_through_tables_equals_the_kernel_reference():
     gen = torch.Generator().manual_seed(0)
     cache = KVCache.create(1, 2, 8, 3, 64, dtype=torch.float64, num_blocks=20)
     cache.pool.copy_(torch.randn(cache.pool.shape, generator=gen, dtype=torch.float64))
-    cache.block_table.copy_(torch.tensor([[5, 9, 2, 0], [5, 11, 3, 0], [7, 1, 0, 0]], dtype=torch.int32))
+    cache.block_table.copy_(
+        torch.tensor([[5, 9, 2, 0], [5, 11, 3, 0], [7, 1, 0, 0]], dtype=torch.int32)
+    )
     lanes = torch.tensor([1, 0, 2])
     positions = torch.tensor([[30, 31, 32], [20, 21, 22], [3, 4, 5]])
     q = torch.randn(3, 3, 4, 8, generator=gen, dtype=torch.float64)
@@ -287,12 +292,17 @@ def test_cpu_attention_through_tables_equals_the_kernel_reference():
     v = torch.randn(3, 3, 2, 8, generator=gen, dtype=torch.float64)
     before = cache.pool.clone()
     out = cache.attend(0, q, k, v, cache.rows(lanes, positions, 33))
-    expected = paged_attention_ref(q, cache.keys(0), cache.values(0), cache.block_table[lanes], positions)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)  # the reference scores in float32
+    expected = paged_attention_ref(
+        q, cache.keys(0), cache.values(0), cache.block_table[lanes], positions
+    )
+    torch.testing.assert_close(
+        out, expected, rtol=1e-5, atol=1e-6
+    )  # the reference scores in float32
     # the new tokens landed in their own blocks and nowhere else (block 5, shared, untouched)
     changed = (cache.pool != before).any(-1).any(-1)[0, 0].nonzero().tolist()  # [block, offset]
-    assert sorted(map(tuple, changed)) == sorted([(11, 14), (11, 15), (3, 0), (9, 4), (9, 5), (9, 6), (7, 3),
-                                                  (7, 4), (7, 5)])
+    assert sorted(map(tuple, changed)) == sorted(
+        [(11, 14), (11, 15), (3, 0), (9, 4), (9, 5), (9, 6), (7, 3), (7, 4), (7, 5)]
+    )
 
 
 def test_program_pool_grows_to_kv_cache_tokens_never_below_the_lanes():
@@ -303,7 +313,9 @@ def test_program_pool_grows_to_kv_cache_tokens_never_below_the_lanes():
 
     runtime = tiny_runtime()
     assert Program(runtime, max_batch=2, max_len=64).blocks.cache.num_blocks == 1 + 2 * 4
-    assert Program(runtime, max_batch=2, max_len=64, kv_cache_tokens=10).blocks.cache.num_blocks == 9
+    assert (
+        Program(runtime, max_batch=2, max_len=64, kv_cache_tokens=10).blocks.cache.num_blocks == 9
+    )
     big = Program(runtime, max_batch=2, max_len=64, kv_cache_tokens=1000)
     assert big.blocks.cache.num_blocks == 1 + 63 and big.blocks.free_blocks == 63
 

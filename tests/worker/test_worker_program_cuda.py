@@ -35,8 +35,12 @@ async def test_decode_graphs_equal_the_oracle(graphs):
     rt = tiny_runtime(device="cuda")
     client = open_client(rt, max_batch=3, max_len=128, prefill_chunk=8, cuda_graphs=graphs)
     try:
-        results = await asyncio.gather(*(collect(client, text_request(f"r{i}", p, greedy(n), rt.name))
-                                         for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))))
+        results = await asyncio.gather(
+            *(
+                collect(client, text_request(f"r{i}", p, greedy(n), rt.name))
+                for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))
+            )
+        )
         program = client.engine.program
         graphs = program.forward.graphs
         captured = list(graphs.captured) if graphs is not None else []
@@ -58,9 +62,15 @@ async def test_constrained_rows_on_cuda_are_schema_valid():
     """Constrained and unconstrained rows share graphs; masks are uploaded from the pinned host
     buffer (counted in the report) and every sampled JSON validates with `jsonschema`."""
     rt = tiny_runtime(device="cuda")
-    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
-                                               "b": {"type": "boolean"}},
-              "required": ["a", "b"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer", "minimum": 0, "maximum": 99},
+            "b": {"type": "boolean"},
+        },
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
     client = open_client(rt, max_batch=4, max_len=256)
     try:
         results = await asyncio.gather(
@@ -87,8 +97,8 @@ async def test_pipeline_and_masked_sample_graph_publish_what_the_serial_engine_d
     masked stage eager; the pipeline chained steps and the masked graph was replayed."""
     import torch
 
-    from services.worker.program.graphs import DecodeGraph
     from bench.random_weights import random_runtime
+    from services.worker.program.graphs import DecodeGraph
     from tests.support.common import byte_domain
 
     rt = random_runtime(byte_domain(), dtype=torch.float32, device="cuda", seed=3)

@@ -122,19 +122,43 @@ async def test_generate_request_round_trips_every_field(remote, make):
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("script", [
-    Script(text=("Hel", "lo ✓", ""), usage=Usage(11, 3), stop_sequence="END",
-           constraint={"branch": "content", "complete": True, "terminated": False,
-                       "cache": {"hit": "l1", "built": False}, "mask_positions": 3,
-                       "mask_upload_bytes": 12345678901, "cpu_ms": 0.125}),
-    Script(reasoning=("Let me ", "think ✓\n"), text=("\n", "answer"), usage=Usage(5, 9, reasoning_tokens=4)),
-    Script(text=("thinking",), calls=(ScriptedCall("call_a", "get_weather", ('{"ci', 'ty":"P"}')),
-                                      ScriptedCall("call_b", "search.web", ("{}",)))),
-    Script(text=("partial",), error={"type": "ConstraintDeadEnd", "message": "dead end",
-                                     "position": 4}),
-    Script(finish_reason=FinishReason.LENGTH),
-    Script(finish_reason=FinishReason.CANCELLED),
-])
+@pytest.mark.parametrize(
+    "script",
+    [
+        Script(
+            text=("Hel", "lo ✓", ""),
+            usage=Usage(11, 3),
+            stop_sequence="END",
+            constraint={
+                "branch": "content",
+                "complete": True,
+                "terminated": False,
+                "cache": {"hit": "l1", "built": False},
+                "mask_positions": 3,
+                "mask_upload_bytes": 12345678901,
+                "cpu_ms": 0.125,
+            },
+        ),
+        Script(
+            reasoning=("Let me ", "think ✓\n"),
+            text=("\n", "answer"),
+            usage=Usage(5, 9, reasoning_tokens=4),
+        ),
+        Script(
+            text=("thinking",),
+            calls=(
+                ScriptedCall("call_a", "get_weather", ('{"ci', 'ty":"P"}')),
+                ScriptedCall("call_b", "search.web", ("{}",)),
+            ),
+        ),
+        Script(
+            text=("partial",),
+            error={"type": "ConstraintDeadEnd", "message": "dead end", "position": 4},
+        ),
+        Script(finish_reason=FinishReason.LENGTH),
+        Script(finish_reason=FinishReason.CANCELLED),
+    ],
+)
 async def test_generate_events_round_trip(remote, script):
     """'generate yields events and always ends with one Finished': every event type (text,
     tool-call start and argument fragments, Finished with usage, report, timings, stop sequence,
@@ -241,7 +265,9 @@ async def test_health_models_and_count_tokens(remote):
     assert await client.models() == ["smollm2", "qwen3.5"]
     prompt = PromptInput(messages=(ChatMessage("user", "one two three"),
                                    ChatMessage("assistant", "four")))
-    assert await client.count_tokens(prompt, "smollm2") == await fake.count_tokens(prompt, "smollm2")
+    assert await client.count_tokens(prompt, "smollm2") == await fake.count_tokens(
+        prompt, "smollm2"
+    )
     fake.healthy = False
     with pytest.raises(InternalError, match="worker unreachable"):
         await client.health()

@@ -20,8 +20,14 @@ import pytest
 from services.worker.remote import GrpcWorkerClient, WorkerUnavailable
 from shared.contract import OutputConstraint
 from shared.generation import (
-    ChatMessage, Finished, FinishReason, GenerateRequest, PromptInput, RequestOptions,
-    SamplingParams, TextDelta,
+    ChatMessage,
+    Finished,
+    FinishReason,
+    GenerateRequest,
+    PromptInput,
+    RequestOptions,
+    SamplingParams,
+    TextDelta,
 )
 from tests.conftest import free_port
 

@@ -21,14 +21,21 @@ import jsonschema
 import pytest
 import torch
 
+from bench.oracle import OracleProposer
 from services.worker.engine import Engine, EngineConfig
 from services.worker.spec import ContextProposer, NgramProposer, check_backend
-from bench.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.errors import Unsupported
 from shared.generation import RequestOptions, SamplingParams
 from tests.support.worker_support import (
-    collect, greedy, hooked, no_z_domain, open_client, oracle_greedy, text_of, text_request,
+    collect,
+    greedy,
+    hooked,
+    no_z_domain,
+    open_client,
+    oracle_greedy,
+    text_of,
+    text_request,
     tiny_runtime,
 )
 
@@ -64,9 +71,19 @@ async def run_all(client, runtime, cases):
 def cases_for(max_tokens: int):
     return [
         ("free", "abcabcab", greedy(max_tokens)),
-        ("pen", "xyxyxyx", RequestOptions(max_tokens=max_tokens, sampling=SamplingParams(
-            temperature=0.0, presence_penalty=0.7))),
-        ("regex", "say", greedy(max_tokens, constraint=OutputConstraint.regex("(ab|cd|e)+[0-9]{2}"))),
+        (
+            "pen",
+            "xyxyxyx",
+            RequestOptions(
+                max_tokens=max_tokens,
+                sampling=SamplingParams(temperature=0.0, presence_penalty=0.7),
+            ),
+        ),
+        (
+            "regex",
+            "say",
+            greedy(max_tokens, constraint=OutputConstraint.regex("(ab|cd|e)+[0-9]{2}")),
+        ),
         ("schema", "json", greedy(max_tokens, constraint=OutputConstraint.json_schema(SCHEMA))),
     ]
 
@@ -80,7 +97,10 @@ async def _outputs(runtime, proposer_factory, k: int, max_tokens: int = 24):
             with_proposer(client, proposer_factory(), k)
         sequences = {}
         client.engine.finish_listeners.append(
-            lambda job: sequences.__setitem__(job.request_id, job.prompt_ids + tuple(job.output_ids)))
+            lambda job: sequences.__setitem__(
+                job.request_id, job.prompt_ids + tuple(job.output_ids)
+            )
+        )
         results = await run_all(client, runtime, cases_for(max_tokens))
         return [fin for _, fin in results], client.engine.speculation, sequences
     finally:
@@ -219,8 +239,9 @@ def test_illegal_and_eos_drafts(runtime):
         else:
             client.engine.proposer = None
         try:
-            _, fin = await collect(client, text_request("r", prompt, greedy(12, constraint=constraint),
-                                                        runtime.name))
+            _, fin = await collect(
+                client, text_request("r", prompt, greedy(12, constraint=constraint), runtime.name)
+            )
             return fin, client.engine.speculation
         finally:
             await client.aclose()
@@ -274,8 +295,12 @@ def test_nonfinite_verify_row_commits_zero_tokens_while_others_commit(runtime):
 
     fins = asyncio.run(main())
     assert len(poisoned) == 1
-    failed = [(fin, p) for fin, p in zip(fins, ("abab", "cdcd")) if fin.finish_reason.value == "error"]
-    kept = [(fin, p) for fin, p in zip(fins, ("abab", "cdcd")) if fin.finish_reason.value != "error"]
+    failed = [
+        (fin, p) for fin, p in zip(fins, ("abab", "cdcd")) if fin.finish_reason.value == "error"
+    ]
+    kept = [
+        (fin, p) for fin, p in zip(fins, ("abab", "cdcd")) if fin.finish_reason.value != "error"
+    ]
     assert len(failed) == 1 and len(kept) == 1
     (victim, vprompt), (other, oprompt) = failed[0], kept[0]
     assert victim.error["type"] == "InternalError" and "non-finite" in victim.error["message"]
@@ -355,7 +380,11 @@ def test_serve_flags_reach_the_worker_settings(monkeypatch):
 
     args = build_parser().parse_args(["serve", "--speculative", "ngram", "--num-draft-tokens", "3"])
     settings = _worker_settings(WorkerSettings, args)
-    assert (settings.speculative, settings.num_draft_tokens, settings.draft_model) == ("ngram", 3, None)
+    assert (settings.speculative, settings.num_draft_tokens, settings.draft_model) == (
+        "ngram",
+        3,
+        None,
+    )
     monkeypatch.setenv("INFERNIX_SPECULATIVE", "mtp")
     monkeypatch.setenv("INFERNIX_NUM_DRAFT_TOKENS", "2")
     args = build_parser().parse_args(["serve"])
@@ -375,14 +404,20 @@ def test_stop_strings_end_the_ledger_where_ordinary_decoding_does(runtime):
     record: dict = {}
 
     async def run(stop, proposer=None):
-        client = open_client(runtime, max_batch=1, max_len=128,
-                             **({"speculative": "ngram", "num_draft_tokens": 6} if proposer else {}))
+        client = open_client(
+            runtime,
+            max_batch=1,
+            max_len=128,
+            **({"speculative": "ngram", "num_draft_tokens": 6} if proposer else {}),
+        )
         if proposer is not None:
             with_proposer(client, proposer, 6)
         client.engine.finish_listeners.append(
             lambda job: record.__setitem__(job.request_id, job.prompt_ids + tuple(job.output_ids)))
         try:
-            opts = RequestOptions(max_tokens=30, stop=stop, sampling=SamplingParams(temperature=0.0))
+            opts = RequestOptions(
+                max_tokens=30, stop=stop, sampling=SamplingParams(temperature=0.0)
+            )
             _, fin = await collect(client, text_request(f"r{bool(stop)}{bool(proposer)}",
                                                         "abcabc", opts, runtime.name))
             return fin
@@ -420,6 +455,11 @@ def test_speculation_metrics(runtime):
     text = generate_latest(engine.metrics.registry).decode()
     spec = engine.speculation
     assert f"infernix_worker_spec_rounds_total {float(spec.rounds)}" in text and spec.rounds > 0
-    assert f'infernix_worker_spec_draft_tokens_total{{result="proposed"}} {float(spec.drafts)}' in text
-    assert f'infernix_worker_spec_draft_tokens_total{{result="accepted"}} {float(spec.accepted)}' in text
+    assert (
+        f'infernix_worker_spec_draft_tokens_total{{result="proposed"}} {float(spec.drafts)}' in text
+    )
+    assert (
+        f'infernix_worker_spec_draft_tokens_total{{result="accepted"}} {float(spec.accepted)}'
+        in text
+    )
     assert "infernix_worker_spec_draft_wait_seconds_total" in text

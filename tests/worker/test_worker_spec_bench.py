@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from bench.spec import SpecBenchOptions, _bench, _targets, task_prompts
 from bench.oracle import OracleProposer
+from bench.spec import SpecBenchOptions, _bench, _targets, task_prompts
 from tests.support.worker_support import tiny_runtime
 
 
@@ -67,8 +67,7 @@ def test_bench_spec_options_are_checked():
 def test_bench_spec_mtp_rounds_on_a_tiny_qwen35():
     import torch
 
-    from bench.random_weights import random_qwen35
-    from bench.random_weights import ByteTokenizer
+    from bench.random_weights import ByteTokenizer, random_qwen35
     from services.worker.runtime import ModelRuntime
     from shared.frontends.frontend import Frontend
     from tests.support.common import byte_domain
@@ -92,9 +91,9 @@ def test_bench_spec_forms_compile_and_force_text():
     ten requests run in a round whatever B is."""
     import json
 
-    from services.grammar.compiler import ModelCompiler
     from bench.forms import FORMS
     from bench.spec import task_prompts
+    from services.grammar.compiler import ModelCompiler
     from shared.contract import OutputConstraint
     from tests.support.common import byte_domain
 

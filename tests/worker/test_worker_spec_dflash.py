@@ -137,7 +137,10 @@ def test_greedy_with_the_draft_model_equals_greedy_without(runtime, checkpoints,
                                     seen=seen))
     for got, want in zip(fins, baseline):
         assert got.error is None, got.error
-        assert (got.content, got.usage.completion_tokens) == (want.content, want.usage.completion_tokens)
+        assert (got.content, got.usage.completion_tokens) == (
+            want.content,
+            want.usage.completion_tokens,
+        )
     assert engine.speculation.rounds > 0 and len(seen) > 10
     draft = engine.proposer.draft
     assert engine.program.draft_wait_seconds > 0
@@ -172,7 +175,9 @@ def test_draft_checkpoints_are_checked(runtime, checkpoints, tmp_path):
     from services.worker.engine import Engine, EngineConfig
 
     with pytest.raises(Unsupported) as exc:  # a DFlash2 checkpoint asked to run as DFlash
-        Engine(runtime, None, EngineConfig(speculative="dflash", draft_model=checkpoints["dflash2"]))
+        Engine(
+            runtime, None, EngineConfig(speculative="dflash", draft_model=checkpoints["dflash2"])
+        )
     assert exc.value.field == "draft_model"
     with pytest.raises(InvalidRequest) as exc:
         Engine(runtime, None, EngineConfig(speculative="dflash", draft_model=str(tmp_path / "no")))

@@ -11,17 +11,17 @@ import re
 import pytest
 import torch
 
+from bench.oracle import OracleProposer
 from bench.random_weights import ByteTokenizer, random_qwen35
 from services.worker.runtime import ModelRuntime
 from services.worker.spec import ContextProposer
-from bench.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.frontends.frontend import Frontend
 from shared.generation import RequestOptions, SamplingParams
 from tests.support.common import byte_domain
+from tests.support.worker_support import collect, greedy, open_client, text_request, tiny_runtime
 from tests.worker.test_worker_spec_dflash import write_checkpoint
 from tests.worker.test_worker_spec_mtp import SHAPE
-from tests.support.worker_support import collect, greedy, open_client, text_request, tiny_runtime
 
 pytestmark = pytest.mark.gpu
 
@@ -53,7 +53,10 @@ async def _run(runtime, cases=CASES, *, record=None, wrap=None, **config):
 def _same(fins, base):
     for got, want in zip(fins, base):
         assert got.error is None, got.error
-        assert (got.content, got.usage.completion_tokens) == (want.content, want.usage.completion_tokens)
+        assert (got.content, got.usage.completion_tokens) == (
+            want.content,
+            want.usage.completion_tokens,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +147,9 @@ def test_mtp_on_cuda_equals_ordinary_greedy(graphs):
     d = byte_domain()
     model = random_qwen35(dtype=torch.float32, device="cuda", vocab_size=d.size, mtp=True, seed=3,
                           **SHAPE)
-    runtime = ModelRuntime("q35-tiny", model, model.config, Frontend("q35-tiny", d, ByteTokenizer(d)))
+    runtime = ModelRuntime(
+        "q35-tiny", model, model.config, Frontend("q35-tiny", d, ByteTokenizer(d))
+    )
     base, _ = asyncio.run(_run(runtime))
     fins, engine = asyncio.run(_run(runtime, speculative="mtp", num_draft_tokens=3,
                                     cuda_graphs=graphs))

@@ -26,7 +26,11 @@ import torch
 from services.grammar.compiler import ModelCompiler
 from services.worker.output.session import OutputSession
 from services.worker.spec.grammar import (
-    GrammarProposer, canonical_tokens, complete_utf8, compose, forced_drafts,
+    GrammarProposer,
+    canonical_tokens,
+    complete_utf8,
+    compose,
+    forced_drafts,
 )
 from shared.contract import OutputConstraint
 from shared.frontends import get_frontend

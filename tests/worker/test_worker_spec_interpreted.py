@@ -21,8 +21,8 @@ def test_verify_kernel_equals_reference_interpreter(monkeypatch):
     from services.worker.program.verify import Verifier
     from shared.contract import OutputConstraint
     from shared.generation import RequestOptions, SamplingParams
-    from tests.worker.test_worker_spec import Scripted, run_all, with_proposer
     from tests.support.worker_support import greedy, no_z_domain, open_client, tiny_runtime
+    from tests.worker.test_worker_spec import Scripted, run_all, with_proposer
 
     compared = []
 

@@ -16,10 +16,10 @@ import asyncio
 import pytest
 import torch
 
+from bench.oracle import OracleProposer
 from bench.random_weights import ByteTokenizer, random_qwen35
 from services.worker.runtime import ModelRuntime
 from services.worker.spec import ContextProposer
-from bench.oracle import OracleProposer
 from shared.contract import OutputConstraint
 from shared.errors import Unsupported
 from shared.frontends.frontend import Frontend
@@ -70,7 +70,10 @@ def baseline(runtime):
 def _same(fins, baseline):
     for got, want in zip(fins, baseline[0]):
         assert got.error is None, got.error
-        assert (got.content, got.usage.completion_tokens) == (want.content, want.usage.completion_tokens)
+        assert (got.content, got.usage.completion_tokens) == (
+            want.content,
+            want.usage.completion_tokens,
+        )
 
 
 @torch.inference_mode()

@@ -94,7 +94,9 @@ class Lexer:
                 return
 
     def make(self, kind: str, start: int, line: int, column: int, value: Any = None) -> Tok:
-        tok = Tok(kind, self.src[start:self.pos], line, column, line != self.last_line, start, value)
+        tok = Tok(
+            kind, self.src[start : self.pos], line, column, line != self.last_line, start, value
+        )
         self.last_line = line
         return tok
 

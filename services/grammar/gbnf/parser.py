@@ -65,7 +65,12 @@ class _Parser:
             if tok.kind != "ASSIGN":
                 continue
             prev = self.toks[j - 1] if j else None
-            if prev is not None and prev.kind == "CLASS" and j >= 2 and self.toks[j - 2].kind == "NAME":
+            if (
+                prev is not None
+                and prev.kind == "CLASS"
+                and j >= 2
+                and self.toks[j - 2].kind == "NAME"
+            ):
                 raise _error(prev, "rule attributes name[...] are not supported")
             if prev is None or prev.kind != "NAME":
                 raise _error(tok, "'::=' must follow a rule name")

@@ -34,7 +34,18 @@ from dataclasses import dataclass, field
 from services.grammar.gbnf.inline import hoist_trailing, inline_small, reachable
 from services.grammar.gbnf.parser import Rule
 from services.grammar.regex.charset import ANY, EMPTY, CharSet
-from services.grammar.regex.tree import Alt, Chars, Literal, Node, Ref, Repeat, Seq, Tokens, alt, seq
+from services.grammar.regex.tree import (
+    Alt,
+    Chars,
+    Literal,
+    Node,
+    Ref,
+    Repeat,
+    Seq,
+    Tokens,
+    alt,
+    seq,
+)
 
 
 @dataclass

@@ -12,7 +12,16 @@ from __future__ import annotations
 from services.grammar.regex.charset import ANY, CharSet
 from services.grammar.regex.parser import Branch, parse_regex
 from services.grammar.regex.tree import (
-    Alt, Chars, Literal, Node, Repeat, Seq, alt, seq, to_ebnf, to_regex,
+    Alt,
+    Chars,
+    Literal,
+    Node,
+    Repeat,
+    Seq,
+    alt,
+    seq,
+    to_ebnf,
+    to_regex,
 )
 
 _ANY_STRING = Repeat(Chars(ANY), 0, None)

@@ -7,10 +7,10 @@ encodings, e.g. its negated class `[^a]` accepts the bytes ED A0 80.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
 import re
 from bisect import bisect_right
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable
 
 MAX_CODE_POINT = 0x10FFFF

@@ -13,18 +13,38 @@ from fractions import Fraction
 from typing import Any
 
 from services.grammar.schema.context import MAX_DEPTH, Context
-from services.grammar.schema.numbers import (  # noqa: F401 (re-exported: the range helpers)
-    integer_bounds, integer_type, number_empty, number_range,
-)
 from services.grammar.schema.nodes import (
-    ANY, NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
-    NumberType, ObjectType, Ref, Required, StringType, Union, make_union,
+    ANY,
+    NEVER,
+    AnyValue,
+    ArrayType,
+    BooleanType,
+    IntegerType,
+    Literals,
+    Node,
+    NoValue,
+    NullType,
+    NumberType,
+    ObjectType,
+    Ref,
+    Required,
+    StringType,
+    Union,
+    make_union,
+)
+from services.grammar.schema.numbers import (  # noqa: F401 (re-exported: the range helpers)
+    integer_bounds,
+    integer_type,
+    number_empty,
+    number_range,
 )
 
 _IN_PROGRESS = NoValue()  # placeholder while a definition is being built
 
 
-def _lower(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> tuple[Fraction | None, bool]:
+def _lower(
+    a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]
+) -> tuple[Fraction | None, bool]:
     if a[0] is None:
         return b
     if b[0] is None or a[0] > b[0]:
@@ -34,7 +54,9 @@ def _lower(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> 
     return a[0], a[1] or b[1]
 
 
-def _upper(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> tuple[Fraction | None, bool]:
+def _upper(
+    a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]
+) -> tuple[Fraction | None, bool]:
     if a[0] is None:
         return b
     if b[0] is None or a[0] < b[0]:
@@ -259,7 +281,9 @@ class Graph:
         out += [(r.name, self.value_of(probe, r.name, pointer)) for r in required
                 if r.name not in declared]
         free_count_check(self.ctx, pointer, min_props, len(required), additional, patterns)
-        obj = ObjectType(tuple(out), required, additional, tuple(patterns), names, min_props, max_props)
+        obj = ObjectType(
+            tuple(out), required, additional, tuple(patterns), names, min_props, max_props
+        )
         if any(isinstance(obj.value_of(r.name), NoValue) for r in required):
             return NEVER
         if max_props is not None and (max_props < min_props or max_props < len(required)):
@@ -299,7 +323,11 @@ class Graph:
         if isinstance(node, IntegerType):
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
-            return isinstance(value, int) and node.lo <= value <= node.hi and value % node.multiple == 0
+            return (
+                isinstance(value, int)
+                and node.lo <= value <= node.hi
+                and value % node.multiple == 0
+            )
         if isinstance(node, NumberType):
             return isinstance(value, (int, float)) and _in_bounds(node, Fraction(value))
         if isinstance(node, StringType):
@@ -313,7 +341,9 @@ class Graph:
                 return False
             if node.max_items is not None and len(value) > node.max_items:
                 return False
-            if node.unique and any(json_equal(x, y) for i, x in enumerate(value) for y in value[i + 1:]):
+            if node.unique and any(
+                json_equal(x, y) for i, x in enumerate(value) for y in value[i + 1 :]
+            ):
                 return False
             if node.contains is not None and not any(self.matches(node.contains, x, pointer, d)
                                                      for x in value):
@@ -323,9 +353,14 @@ class Graph:
         assert isinstance(node, ObjectType)
         if not isinstance(value, dict) or not node.required_names <= value.keys():
             return False
-        if len(value) < node.min_props or (node.max_props is not None and len(value) > node.max_props):
+        if len(value) < node.min_props or (
+            node.max_props is not None and len(value) > node.max_props
+        ):
             return False
-        return all(self.matches(self.value_of(node, k, pointer), v, pointer, d) for k, v in value.items())
+        return all(
+            self.matches(self.value_of(node, k, pointer), v, pointer, d) for k, v in value.items()
+        )
+
 
 def free_count_check(ctx: Context, pointer: str, min_props: int, required: int, additional: Node,
                      patterns: tuple) -> None:

@@ -28,8 +28,25 @@ from typing import TYPE_CHECKING, Any
 from services.grammar.schema.algebra import free_count_check, number_range
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
-    ANY, FULL_TYPES, NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
-    NumberType, ObjectType, Pattern, Ref, Required, StringType, Union, make_union,
+    ANY,
+    FULL_TYPES,
+    NEVER,
+    AnyValue,
+    ArrayType,
+    BooleanType,
+    IntegerType,
+    Literals,
+    Node,
+    NoValue,
+    NullType,
+    NumberType,
+    ObjectType,
+    Pattern,
+    Ref,
+    Required,
+    StringType,
+    Union,
+    make_union,
 )
 
 if TYPE_CHECKING:
@@ -133,7 +150,11 @@ def _literals_complement(node: Literals) -> Node | None:
 
 def _object_complement(r: "Reader", node: ObjectType, pointer: str, depth: int) -> Node | None:
     g = r.graph
-    if node.patterns or not isinstance(node.names, AnyValue) or not isinstance(node.additional, AnyValue):
+    if (
+        node.patterns
+        or not isinstance(node.names, AnyValue)
+        or not isinstance(node.additional, AnyValue)
+    ):
         return None
     parts = _others("object")
     for req in node.required:

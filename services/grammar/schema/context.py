@@ -33,8 +33,13 @@ class Context:
         return where
 
     def invalid(self, pointer: str, message: str) -> InvalidSchema:
-        return InvalidSchema(f"invalid JSON Schema {self._where(pointer)}: {message}", pointer=pointer,
-                             source=self.source, tool_index=self.tool_index, tool_name=self.tool_name)
+        return InvalidSchema(
+            f"invalid JSON Schema {self._where(pointer)}: {message}",
+            pointer=pointer,
+            source=self.source,
+            tool_index=self.tool_index,
+            tool_name=self.tool_name,
+        )
 
     def unsupported(self, pointer: str, message: str) -> UnsupportedSchema:
         return UnsupportedSchema(f"unsupported JSON Schema {self._where(pointer)}: {message}",

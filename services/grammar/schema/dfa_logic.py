@@ -7,7 +7,13 @@ from __future__ import annotations
 from services.grammar.regex.charset import CharSet
 from services.grammar.regex.tree import Alt, Literal
 from services.grammar.schema.automata import (
-    MAX_STATES, Dfa, TooComplex, _intersect, _trim, minimise, tree_dfa,
+    MAX_STATES,
+    Dfa,
+    TooComplex,
+    _intersect,
+    _trim,
+    minimise,
+    tree_dfa,
 )
 
 _ALL = CharSet.of([(0, 0x10FFFF)]).scalars()

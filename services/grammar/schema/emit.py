@@ -32,8 +32,20 @@ from typing import Any, Callable
 
 from services.grammar.schema import numbers
 from services.grammar.schema.nodes import (
-    AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType, NumberType,
-    ObjectType, ReducedSchema, Ref, StringType, Union,
+    AnyValue,
+    ArrayType,
+    BooleanType,
+    IntegerType,
+    Literals,
+    Node,
+    NoValue,
+    NullType,
+    NumberType,
+    ObjectType,
+    ReducedSchema,
+    Ref,
+    StringType,
+    Union,
 )
 from services.grammar.schema.syntax import NOTHING_TEXT, EbnfSyntax, LarkSyntax
 
@@ -135,13 +147,20 @@ class Emitter:
     `extended(em, node) -> body | None` the xgrammar-only node forms; `explicit_layout`: the
     whitespace profile was requested, not the model's default."""
 
-    def __init__(self, schema: ReducedSchema, pattern_tree: Callable[[StringType], Any], *,
-                 syntax: str = "xgrammar", whitespace: str = "any",
-                 pattern_ebnf: Callable[[StringType, str], tuple[str, dict[str, str]]] | None = None,
-                 one_pattern: Callable[[StringType], bool] = lambda node: True,
-                 generates_nothing: Callable[[Node], bool] = lambda node: False,
-                 extended: Callable[[Any, Node], str | None] | None = None,
-                 explicit_layout: bool = False, context=None) -> None:
+    def __init__(
+        self,
+        schema: ReducedSchema,
+        pattern_tree: Callable[[StringType], Any],
+        *,
+        syntax: str = "xgrammar",
+        whitespace: str = "any",
+        pattern_ebnf: Callable[[StringType, str], tuple[str, dict[str, str]]] | None = None,
+        one_pattern: Callable[[StringType], bool] = lambda node: True,
+        generates_nothing: Callable[[Node], bool] = lambda node: False,
+        extended: Callable[[Any, Node], str | None] | None = None,
+        explicit_layout: bool = False,
+        context=None,
+    ) -> None:
         self.schema = schema
         self.pattern_tree = pattern_tree
         self.pattern_ebnf = pattern_ebnf

@@ -12,8 +12,17 @@ from fractions import Fraction
 
 from services.grammar.schema.algebra import Graph, type_domain
 from services.grammar.schema.nodes import (
-    FULL_TYPES, AnyValue, IntegerType, Literals, Node, NoValue, NumberType, ObjectType, StringType,
-    Union, make_union,
+    FULL_TYPES,
+    AnyValue,
+    IntegerType,
+    Literals,
+    Node,
+    NoValue,
+    NumberType,
+    ObjectType,
+    StringType,
+    Union,
+    make_union,
 )
 from shared.errors import UnsupportedSchema
 

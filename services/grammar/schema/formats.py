@@ -93,7 +93,9 @@ HOSTNAME_MAX = 63
 
 # ---- RFC 5321 Mailbox
 _ATEXT = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
-_LOCAL = f'(?:{_ATEXT}+(?:\\.{_ATEXT}+)*|"(?:[\\x20\\x21\\x23-\\x5b\\x5d-\\x7e]|\\\\[\\x20-\\x7e])*")'
+_LOCAL = (
+    f'(?:{_ATEXT}+(?:\\.{_ATEXT}+)*|"(?:[\\x20\\x21\\x23-\\x5b\\x5d-\\x7e]|\\\\[\\x20-\\x7e])*")'
+)
 _SUBDOMAIN = "[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _ADDRESS_LITERAL = f"\\[(?:{IPV4}|[A-Za-z0-9-]*[A-Za-z0-9]:[\\x21-\\x5a\\x5e-\\x7e]+)\\]"
 EMAIL = f"{_LOCAL}@(?:{_SUBDOMAIN}(?:\\.{_SUBDOMAIN})*|{_ADDRESS_LITERAL})"
@@ -164,6 +166,8 @@ def resembles(name: str) -> str | None:
     """The defined or supported format an unknown `name` is a near-miss of (one case change, or one
     edit of a name of three or more characters), else None."""
     for known in _RESEMBLED:
-        if name.lower() == known.lower() or (min(len(name), len(known)) >= 3 and one_edit(name, known)):
+        if name.lower() == known.lower() or (
+            min(len(name), len(known)) >= 3 and one_edit(name, known)
+        ):
             return known
     return None

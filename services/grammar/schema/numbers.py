@@ -16,7 +16,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from services.grammar.schema.nodes import (
-    INT64_MAX, INT64_MIN, NEVER, IntegerType, Node, NoValue, NumberType,
+    INT64_MAX,
+    INT64_MIN,
+    NEVER,
+    IntegerType,
+    Node,
+    NoValue,
+    NumberType,
 )
 
 if TYPE_CHECKING:

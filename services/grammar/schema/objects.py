@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from services.grammar.schema.automata import Dfa, TooComplex, json_string_rules, tree_dfa
-from services.grammar.schema.dfa_logic import combine, literal_dfa
 from services.grammar.schema.context import Context
+from services.grammar.schema.dfa_logic import combine, literal_dfa
 from services.grammar.schema.nodes import AnyValue, Literals, Node, NoValue, ObjectType, StringType
 from services.grammar.schema.strings import key_excluding, literal
 
@@ -77,9 +77,12 @@ def regions(obj: ObjectType, ps: "PatternSupport", ctx: Context) -> list[tuple[D
                 overlap = combine(base + (either[i], either[j]),
                                   lambda v: inside(v) and v[nb] and v[nb + 1])
                 if overlap.delta:
-                    raise ctx.unsupported(obj.patterns[j][0].pointer, "patternProperties overlap on "
-                                          "names that are not declared (their schemas would have "
-                                          "to be intersected per name): not supported")
+                    raise ctx.unsupported(
+                        obj.patterns[j][0].pointer,
+                        "patternProperties overlap on "
+                        "names that are not declared (their schemas would have "
+                        "to be intersected per name): not supported",
+                    )
         out: list[tuple[Dfa | None, Node]] = []
         for i, (_, value) in enumerate(obj.patterns):
             lang = combine(base + (both[i],), lambda v: inside(v) and v[nb])
@@ -91,7 +94,9 @@ def regions(obj: ObjectType, ps: "PatternSupport", ctx: Context) -> list[tuple[D
                 out.append((rest, obj.additional))
         return out
     except TooComplex as exc:
-        raise ctx.unsupported(where, f"the property-name languages are too complex: {exc}") from None
+        raise ctx.unsupported(
+            where, f"the property-name languages are too complex: {exc}"
+        ) from None
 
 
 def emit_object(em: Any, node: ObjectType, found: list[tuple[Dfa | None, Node]]) -> str:
@@ -140,7 +145,9 @@ def emit_object(em: Any, node: ObjectType, found: list[tuple[Dfa | None, Node]])
             alts = []
             nxt = min(c + 1, cap)
             if (hi is None or c < hi) and feasible(i + 1, nxt):
-                alts.append(f'{comma(c)}{literal(key)} ws ":" ws {em.rule(sub)} ws {name(i + 1, nxt)}')
+                alts.append(
+                    f'{comma(c)}{literal(key)} ws ":" ws {em.rule(sub)} ws {name(i + 1, nxt)}'
+                )
             if key not in required and feasible(i + 1, c):
                 alts.append(name(i + 1, c))
             em.rules[name(i, c)] = " | ".join(alts) if alts else '"\\u0000" "\\u0000"'

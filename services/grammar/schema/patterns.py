@@ -35,16 +35,15 @@ import re
 from dataclasses import dataclass
 
 from services.grammar.regex import reading_bounds, search_tree, whole_tree
-from services.grammar.schema import formats
 from services.grammar.regex.charset import ANY as ANY_CHAR
 from services.grammar.regex.tree import Alt, Chars, Literal, Node, Repeat, Seq
+from services.grammar.schema import formats
 from services.grammar.schema.automata import Dfa, TooComplex, intersect, json_string_rules, tree_dfa
-from services.grammar.schema.dfa_logic import combine
 from services.grammar.schema.context import Context
+from services.grammar.schema.dfa_logic import combine
 from services.grammar.schema.nodes import ObjectType, Pattern, StringType
 from services.grammar.schema.regex_json import json_string_ebnf, lower, whole_matches
 from shared.errors import InvalidRegex, InvalidSchema, UnsupportedSchema
-
 
 # A single pattern or format is emitted as its minimal DFA when the subset construction stays below
 # this many states (measured on the Qwen3.5 vocabulary: email mask p50 481 -> 7 us, uri 471 -> 14 us,

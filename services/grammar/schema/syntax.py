@@ -19,7 +19,12 @@ from services.grammar.engines.lark import ebnf_tree, lark_literal, rust_regex
 from services.grammar.regex.charset import ANY
 from services.grammar.regex.tree import Chars, Literal, Node, Repeat, Seq, ebnf_literal, to_ebnf
 from services.grammar.schema.regex_json import lower
-from services.grammar.schema.strings import CHAR_RULE, MAX_WHITESPACE, STRING_SUB_RULE, key_excluding
+from services.grammar.schema.strings import (
+    CHAR_RULE,
+    MAX_WHITESPACE,
+    STRING_SUB_RULE,
+    key_excluding,
+)
 
 NOTHING_TEXT = "\x00\x00"  # the body of a rule no reachable output uses (a NoValue node)
 

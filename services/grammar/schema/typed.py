@@ -12,26 +12,62 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from services.grammar.schema import formats
-from shared.contract import RoundedNumber
 from services.grammar.schema.algebra import (
-    array_type, free_count_check, integer_bounds, number_range, string_type,
+    array_type,
+    free_count_check,
+    integer_bounds,
+    number_range,
+    string_type,
 )
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
-    ANY, INT64_MAX, INT64_MIN, BooleanType, IntegerType, Node, NullType, NumberType,
-    Pattern, Required, StringType, TYPE_NAMES, make_union,
+    ANY,
+    INT64_MAX,
+    INT64_MIN,
+    TYPE_NAMES,
+    BooleanType,
+    IntegerType,
+    Node,
+    NullType,
+    NumberType,
+    Pattern,
+    Required,
+    StringType,
+    make_union,
 )
+from shared.contract import RoundedNumber
 
 if TYPE_CHECKING:
     from services.grammar.schema.reader import Reader
 
 # Keywords whose presence splits a schema object into per-type branches.
-TYPE_SPECIFIC = frozenset({
-    "contains", "minContains", "maxContains", "properties", "required", "additionalProperties", "patternProperties", "propertyNames",
-    "minProperties", "maxProperties", "items", "prefixItems", "additionalItems",
-    "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "format",
-})
+TYPE_SPECIFIC = frozenset(
+    {
+        "contains",
+        "minContains",
+        "maxContains",
+        "properties",
+        "required",
+        "additionalProperties",
+        "patternProperties",
+        "propertyNames",
+        "minProperties",
+        "maxProperties",
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "format",
+    }
+)
 
 
 def _is_number(v: Any) -> bool:
@@ -187,7 +223,9 @@ def _string(r: "Reader", s: dict, pointer: str, fmt: str | None) -> Node:
             hi = limit if hi is None else min(hi, limit)
     elif fmt is not None and fmt not in formats.STRING_NO_CONSTRAINT and "type" in s and \
             s["type"] == "string":
-        raise r.ctx.unsupported(child(pointer, "format"), f"format {fmt!r} does not apply to strings")
+        raise r.ctx.unsupported(
+            child(pointer, "format"), f"format {fmt!r} does not apply to strings"
+        )
     return r.graph.satisfiable(string_type(lo, hi, patterns))
 
 
@@ -246,7 +284,9 @@ def _object(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
         required = [Required(n, child(at, i)) for i, n in enumerate(names)]
     additional = ANY
     if "additionalProperties" in s:
-        additional = r.read(s["additionalProperties"], child(pointer, "additionalProperties"), depth)
+        additional = r.read(
+            s["additionalProperties"], child(pointer, "additionalProperties"), depth
+        )
     patterns: list[tuple[Pattern, Node]] = []
     if "patternProperties" in s:
         at = child(pointer, "patternProperties")

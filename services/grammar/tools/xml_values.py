@@ -32,11 +32,18 @@ from __future__ import annotations
 import json
 
 from services.grammar.regex.charset import ANY, CharSet, ebnf_class
-from services.grammar.regex.tree import Alt, Chars, Literal, Node as TreeNode, Repeat, Seq, \
-    ebnf_literal, to_ebnf
+from services.grammar.regex.tree import Alt, Chars, Literal, Repeat, Seq, ebnf_literal, to_ebnf
+from services.grammar.regex.tree import Node as TreeNode
 from services.grammar.schema.context import Context
 from services.grammar.schema.nodes import (
-    AnyValue, Literals, Node, NoValue, ReducedSchema, Ref, StringType, Union,
+    AnyValue,
+    Literals,
+    Node,
+    NoValue,
+    ReducedSchema,
+    Ref,
+    StringType,
+    Union,
 )
 from services.grammar.schema.patterns import PatternSupport
 from shared.frontends.formats.qwen_xml import VALUE_END

@@ -95,14 +95,18 @@ class EngineConfig:
         if self.max_len is not None and self.max_len < 2:
             raise ValueError(f"EngineConfig.max_len must be >= 2, got {self.max_len}")
         if self.preempt_after_s is not None and self.preempt_after_s < 0:
-            raise ValueError(f"EngineConfig.preempt_after_s must be >= 0, got {self.preempt_after_s}")
+            raise ValueError(
+                f"EngineConfig.preempt_after_s must be >= 0, got {self.preempt_after_s}"
+            )
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError(f"EngineConfig.max_waiting must be >= 0, got {self.max_waiting}")
         if self.num_draft_tokens < 1:
             raise ValueError(f"EngineConfig.num_draft_tokens must be >= 1, got "
                              f"{self.num_draft_tokens}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
-            raise ValueError(f"EngineConfig.kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}")
+            raise ValueError(
+                f"EngineConfig.kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}"
+            )
 
     @property
     def waiting_limit(self) -> int:

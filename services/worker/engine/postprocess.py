@@ -33,12 +33,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.worker.output.session import PreviewResult
-from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
-from services.worker.request import Request
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import Outbox
 from services.worker.integrity import IntegrityError
+from services.worker.output.session import PreviewResult
+from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
+from services.worker.request import Request
 from services.worker.spec.counters import SpecCounters
 from shared.errors import InfernixError, InternalError
 from shared.generation import Finished, FinishReason, GenerationEvent, Usage
@@ -165,7 +165,10 @@ class Postprocessor:
                 job.session.counters.add_verify_round(row.num_drafts, accepted)
                 spec = self.speculation
                 spec.rounds, spec.drafts = spec.rounds + 1, spec.drafts + row.num_drafts
-                spec.accepted, spec.tokens = spec.accepted + accepted, spec.tokens + len(preview.tokens)
+                spec.accepted, spec.tokens = (
+                    spec.accepted + accepted,
+                    spec.tokens + len(preview.tokens),
+                )
                 self.metrics.spec_rounds.inc()
                 self.metrics.spec_drafts.labels(result="proposed").inc(row.num_drafts)
                 self.metrics.spec_drafts.labels(result="accepted").inc(accepted)
@@ -237,7 +240,9 @@ class Postprocessor:
 
     # ---------------------------------------------------------------- finishing
 
-    def finish(self, job: Request, reason: FinishReason, error: InfernixError | None = None) -> None:
+    def finish(
+        self, job: Request, reason: FinishReason, error: InfernixError | None = None
+    ) -> None:
         """End `job` once: flush its held text, read its tool calls, free its lane and publish
         its Finished event with usage, constraint report and timings."""
         if job.is_terminal:
@@ -278,13 +283,22 @@ class Postprocessor:
                                  timings=timings, stop_sequence=stop_sequence))
         decode_tokens = job.num_output_tokens - 1
         self.metrics.finished(
-            job.constraint_kind, reason.value, ttft=timings.get("ttft"),
-            tpot=timings["decode"] / decode_tokens if "decode" in timings and decode_tokens > 0 else None,
-            mask_seconds=report.mask_seconds + report.rollback_seconds if report is not None else 0.0,
-            prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens,
+            job.constraint_kind,
+            reason.value,
+            ttft=timings.get("ttft"),
+            tpot=timings["decode"] / decode_tokens
+            if "decode" in timings and decode_tokens > 0
+            else None,
+            mask_seconds=report.mask_seconds + report.rollback_seconds
+            if report is not None
+            else 0.0,
+            prompt_tokens=job.num_prompt_tokens,
+            completion_tokens=job.num_output_tokens,
             mask_positions=report.mask_positions if report is not None else 0,
             mask_upload_bytes=report.mask_upload_bytes if report is not None else 0,
-            input_seconds=job.input_seconds, constraint_seconds=job.constraint_seconds)
+            input_seconds=job.input_seconds,
+            constraint_seconds=job.constraint_seconds,
+        )
         log.info("request_done", request_id=job.request_id, finish_reason=reason.value,
                  prompt_tokens=job.num_prompt_tokens, cached_tokens=job.num_cached_prompt,
                  completion_tokens=job.num_output_tokens,

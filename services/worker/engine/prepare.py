@@ -14,7 +14,11 @@ import secrets
 import time
 
 from services.grammar.client import (
-    GrammarClient, NameIndex, ParameterNameConstraint, ToolSpec, argument_codings,
+    GrammarClient,
+    NameIndex,
+    ParameterNameConstraint,
+    ToolSpec,
+    argument_codings,
     needs_tool_grammar,
 )
 from services.worker.output.publication import Publication

@@ -84,7 +84,9 @@ class DFlashConfig:
 
         layers = int(get("num_hidden_layers"))
         types = raw.get("layer_types") or ["full_attention"] * layers
-        if len(types) != layers or any(t not in ("full_attention", "sliding_attention") for t in types):
+        if len(types) != layers or any(
+            t not in ("full_attention", "sliding_attention") for t in types
+        ):
             raise DraftConfigError("layer_types", f"expected {layers} of full_attention / "
                                    f"sliding_attention, got {types}")
         rope = raw.get("rope_parameters") or {}
@@ -231,7 +233,9 @@ class DFlashDraft(nn.Module):
         kw = {"dtype": dtype, "device": device}
         self.layers = nn.ModuleList(DraftLayer(c, s, **kw) for s in c.sliding)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, **kw)
-        self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False, **kw)
+        self.fc = nn.Linear(
+            len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False, **kw
+        )
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, **kw)
         self.candidate_selector = CandidateSelector(c, **kw) if c.dflash2 else None
         w, self.rope_scaling = inverse_frequencies(c.rope, c.head_dim)
@@ -254,8 +258,15 @@ class DFlashDraft(nn.Module):
             cache[i, 0][lanes[:, None], positions] = k.to(cache.dtype)
             cache[i, 1][lanes[:, None], positions] = v.to(cache.dtype)
 
-    def block(self, embedded: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor,
-              lanes: torch.Tensor, context_len: torch.Tensor, kv_len: int | None = None) -> torch.Tensor:
+    def block(
+        self,
+        embedded: torch.Tensor,
+        positions: torch.Tensor,
+        cache: torch.Tensor,
+        lanes: torch.Tensor,
+        context_len: torch.Tensor,
+        kv_len: int | None = None,
+    ) -> torch.Tensor:
         """embedded: [B, S, H] block input at `positions` [B, S]; each row sees its lane's
         context positions < context_len[b] (its anchor's position). kv_len: a host-side bound
         >= every context_len (default: their maximum, read from the device; a CUDA graph passes

@@ -15,7 +15,6 @@ benchmarks use as the "before" of one run.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 

@@ -29,7 +29,12 @@ from services.worker.output.stop_strings import StopStrings
 from shared.frontends.pieces import Control
 from shared.frontends.thinking import PhaseDecoder
 from shared.generation import (
-    GenerationEvent, ReasoningDelta, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallStart,
+    GenerationEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
 )
 
 if TYPE_CHECKING:
@@ -106,7 +111,9 @@ class Publication:
             if not isinstance(piece, ReasoningDelta):
                 events += self.tools.feed(piece)
         self.tools.forget_content()
-        self._pending = [e for e in events if isinstance(e, (ToolCallStart, ToolCallArgumentsDelta))]
+        self._pending = [
+            e for e in events if isinstance(e, (ToolCallStart, ToolCallArgumentsDelta))
+        ]
 
     def feed(self, tokens: Sequence[int]) -> list[GenerationEvent]:
         """Events of newly committed output tokens (EOS ids publish nothing)."""

@@ -39,17 +39,23 @@ from typing import Sequence
 import torch
 
 from services.grammar.client import CompiledConstraint, Matcher, ParameterNameConstraint
+from services.worker.integrity import IntegrityError
+from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
+    LookaheadResult,
+    PositionState,
+    filler_row,
+    int32,
+)
+from services.worker.output.positions import (
+    filler as _filler,
+)
+from services.worker.output.probe import MatcherProbe
 from services.worker.output.report import (
     BRANCHES,
     CACHE_HITS,
     ConstraintCounters,
     ConstraintReport,
 )
-from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
-    LookaheadResult, PositionState, filler as _filler, filler_row, int32,
-)
-from services.worker.output.probe import MatcherProbe
-from services.worker.integrity import IntegrityError
 from shared.errors import InternalError, InvalidRequest
 from shared.frontends.token_domain import TokenDomain
 

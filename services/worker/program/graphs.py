@@ -81,7 +81,9 @@ class DecodeGraph:
         self.masked_graph.replay()
         return self.masked_sampled
 
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor
+    ) -> torch.Tensor:
         """tokens, positions: [n, 1]; lanes: [n] (n <= size); returns logits [n, V] (a view)."""
         n = tokens.shape[0]
         self.tokens[:n].copy_(tokens, non_blocking=True)
@@ -125,7 +127,9 @@ class VerifyGraph:
             self.logits, self.hidden = _forward(model, self.tokens, self.positions, state,
                                                 self.lanes, keep_hidden)  # [S, W, V], [S, W, H]
 
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor
+    ) -> torch.Tensor:
         """tokens, positions: [n, W]; lanes: [n] (n <= size); returns logits [n, W, V] (a view)."""
         n = tokens.shape[0]
         self.tokens[:n].copy_(tokens, non_blocking=True)
@@ -230,7 +234,9 @@ class DecodeGraphs:
                  masked_stage=lambda: None) -> None:
         self._model, self._state, self._scratch = model, state, scratch_lane
         self._width, self._keep_hidden = width, keep_hidden
-        self._sample_stage = sample_stage  # at each decode capture: the in-graph sample stage or None
+        self._sample_stage = (
+            sample_stage  # at each decode capture: the in-graph sample stage or None
+        )
         self._masked_stage = masked_stage  # likewise (stage, mask buffer) of constrained batches
         self._sizes = graph_sizes(max_batch)
         self._pool = torch.cuda.graph_pool_handle()

@@ -236,7 +236,10 @@ class ToolStream:
         truncated constrained output, completed calls are kept and an unfinished call is dropped."""
         events: list = []
         if not self.constrained:
-            tail, self.free_tail = self.free_tail + (self.buf if self.state != "content" else ""), ""
+            tail, self.free_tail = (
+                self.free_tail + (self.buf if self.state != "content" else ""),
+                "",
+            )
             if self.state == "content":
                 self._publish_content(self.buf, events)
             self.buf = ""
