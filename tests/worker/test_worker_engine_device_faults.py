@@ -86,7 +86,7 @@ async def test_an_illegal_device_state_takes_the_worker_out_of_rotation(runtime,
         def lost(self):
             raise RuntimeError("CUDA error: no CUDA-capable device is detected")
 
-        monkeypatch.setattr(engine_module.Engine, "_build", lost)
+        monkeypatch.setattr(engine_module.Engine, "build", lost)
         results = await _two(client, hooked_runtime)
         for _, done in results:
             assert done.finish_reason is FinishReason.ERROR

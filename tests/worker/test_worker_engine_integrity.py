@@ -44,13 +44,13 @@ def _expect(runtime, prompt: str, n: int) -> str:
 
 
 class _HeldRebuild:
-    """Engine._build blocked until `release()` after its first call (the constructor's), so the
+    """Engine.build blocked until `release()` after its first call (the constructor's), so the
     test sees the engine while it is unavailable."""
 
     def __init__(self, monkeypatch) -> None:
         self.entered = threading.Event()
         self.go = threading.Event()
-        original = engine_module.Engine._build
+        original = engine_module.Engine.build
         calls = {"n": 0}
 
         def build(engine):
@@ -60,7 +60,7 @@ class _HeldRebuild:
                 assert self.go.wait(30)
             original(engine)
 
-        monkeypatch.setattr(engine_module.Engine, "_build", build)
+        monkeypatch.setattr(engine_module.Engine, "build", build)
         self.calls = calls
 
     def release(self) -> None:
