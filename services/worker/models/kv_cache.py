@@ -35,7 +35,7 @@ TRASH_BLOCK = 0
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the Triton kernels take
 
 
-def _element_size(dtype: torch.dtype) -> int:
+def element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
@@ -178,7 +178,7 @@ class KVCache:
     @staticmethod
     def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
         """Bytes one cached token costs over all layers (keys and values)."""
-        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * _element_size(dtype)
+        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element_size(dtype)
 
     @staticmethod
     def positions_for_budget(

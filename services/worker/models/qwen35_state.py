@@ -26,7 +26,8 @@ the 9B shape (24 GDN layers, 32 x 128 x 128 float32 state, conv 8192 x 3 bf16), 
 
 (`speculation_bytes_per_lane` computes it; the second slot is also what lets an uncommitted step
 leave no trace.) A lane is reused by a new request without clearing: a forward row whose first
-position is 0 starts from a zero recurrent state and conv window.
+position is 0 starts from a zero recurrent state and conv window. The prefix cache's snapshots of
+the recurrent state live in models/qwen35_snapshots.py (`snapshots`).
 """
 
 from __future__ import annotations
@@ -37,12 +38,9 @@ from dataclasses import dataclass
 import torch
 
 from kernels import gdn_ref
-from services.worker.models.kv_cache import KVCache, positions_for_budget
+from services.worker.models.kv_cache import KVCache, element_size, positions_for_budget
 from services.worker.models.qwen35_config import Qwen35Config
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+from services.worker.models.qwen35_snapshots import Cuts, Snapshots
 
 
 @dataclass(frozen=True)
@@ -55,20 +53,7 @@ class StepIndex:
     reset: torch.Tensor  # [B] int32: 1 where the row starts a sequence (position 0)
     counts: torch.Tensor  # [B] int64 real tokens per row
     record: bool  # 1 < T <= verify_width: the replay buffers take this forward's inputs
-    cuts: "Cuts | None" = None  # prefix-cache snapshots taken inside this forward
-
-
-@dataclass(frozen=True)
-class Cuts:
-    """Where one prefill forward snapshots its rows' recurrent state (`Qwen35State.cut_next`):
-    after `offsets[i]` tokens of the rows `rows[i]` into the snapshot slots `slots[i]`."""
-
-    offsets: tuple[int, ...]  # distinct, ascending, in 1..T
-    rows: tuple[torch.Tensor, ...]  # [n_i] int64 batch rows cut at offsets[i]
-    slots: tuple[torch.Tensor, ...]  # [n_i] int64 their snapshot slots
-    all_rows: torch.Tensor  # [n] every cut's row, offset and slot (the conv windows, at once)
-    all_offsets: torch.Tensor
-    all_slots: torch.Tensor
+    cuts: Cuts | None = None  # prefix-cache snapshots taken inside this forward
 
 
 class Qwen35State:
@@ -131,8 +116,7 @@ class Qwen35State:
             self.A_log = torch.stack([a.detach().float() for a, _ in gates]).to(device)  # [G, Hv]
             self.dt_bias = torch.stack([d.detach().float() for _, d in gates]).to(device)  # [G, Hv]
         self.mtp_layer = len(c.attention_layers) if mtp else None  # kv index of the MTP layer
-        self.snap_ssm = self.snap_conv = None  # prefix-cache snapshots (allocate_snapshots)
-        self._cuts: list[tuple[int, int, int]] = []  # the next forward's (row, offset, slot)
+        self.snapshots = Snapshots()  # prefix-cache snapshots (allocate_snapshots)
         self._last_width = 0  # T of the last forward (host side; checked on CPU only)
 
     @classmethod
@@ -181,9 +165,8 @@ class Qwen35State:
 
     @property
     def nbytes(self) -> int:
-        snaps = [t for t in (self.snap_ssm, self.snap_conv) if t is not None]
         tensors = (
-            *snaps,
+            *self.snapshots.tensors,
             self.ssm,
             self.conv,
             self.slot,
@@ -201,14 +184,14 @@ class Qwen35State:
     def bytes_per_token(config: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False) -> int:
         """Bytes one cached position costs over all attention layers (keys and values)."""
         layers = len(config.attention_layers) + int(mtp)
-        return 2 * layers * config.num_kv_heads * config.head_dim * _element_size(dtype)
+        return 2 * layers * config.num_kv_heads * config.head_dim * element_size(dtype)
 
     @staticmethod
     def bytes_per_lane(config: Qwen35Config, dtype: torch.dtype, *, verify_width: int = 0) -> int:
         """Fixed bytes of one lane, whatever its length: recurrent states and conv windows (two
         slots), replay buffers, bookkeeping."""
         c, W = config, verify_width
-        G, e = len(c.gdn_layers), _element_size(dtype)
+        G, e = len(c.gdn_layers), element_size(dtype)
         hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
         state = 2 * G * (hv * dk * dv * 4 + c.conv_dim * (c.linear_conv_kernel_dim - 1) * e)
         replay = G * W * (2 * c.conv_dim + 2 * hv) * e
@@ -221,7 +204,7 @@ class Qwen35State:
         """What verifying up to `verify_width` tokens costs per lane over a single-slot state
         without replay buffers (the second slot plus the replay buffers)."""
         c = config
-        G, e = len(c.gdn_layers), _element_size(dtype)
+        G, e = len(c.gdn_layers), element_size(dtype)
         one_slot = G * (
             c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
             + c.conv_dim * (c.linear_conv_kernel_dim - 1) * e
@@ -261,41 +244,31 @@ class Qwen35State:
 
     # ---------------------------------------------------------------- prefix-cache snapshots
 
+    @property
+    def snap_ssm(self) -> torch.Tensor | None:
+        return self.snapshots.ssm
+
+    @property
+    def snap_conv(self) -> torch.Tensor | None:
+        return self.snapshots.conv
+
     def allocate_snapshots(self, count: int) -> None:
-        """`count` slots, each holding one lane's committed recurrent state (GDN states and conv
-        windows) at a KV block boundary: what the prefix cache (program/blocks.py) keeps beside
-        the cached KV blocks, so that a hit resumes the recurrence at its last cached boundary."""
-        if count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
-        G = self.ssm.shape[0]
-        self.snap_ssm = torch.zeros(
-            G, count, *self.ssm.shape[2:], dtype=self.ssm.dtype, device=self.device
-        )
-        self.snap_conv = torch.zeros(
-            G, count, *self.conv.shape[2:], dtype=self.conv.dtype, device=self.device
-        )
+        """`count` snapshot slots (models/qwen35_snapshots.py) of this state's recurrent state."""
+        self.snapshots.allocate(count, self.ssm, self.conv)
 
     @staticmethod
     def bytes_per_snapshot(config: Qwen35Config, dtype: torch.dtype) -> int:
-        """Bytes of one snapshot slot (GDN states and conv windows of every GDN layer): half the
-        two-slot state of `bytes_per_lane`."""
-        c = config
-        hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-        return len(c.gdn_layers) * (hv * dk * dv * 4 + c.conv_dim * (c.linear_conv_kernel_dim - 1)
-                                    * _element_size(dtype))
+        return Snapshots.bytes_per_slot(config, dtype)
 
     def cut_next(self, cuts) -> None:
-        """The next forward writes, for each (row b, offset t, slot s), row b's recurrent state
-        and conv window after its first t tokens of that forward (1 <= t <= its real tokens)
-        into snapshot slot s: the GDN layers split their recurrence there (models/gdn.py)."""
-        self._cuts = list(cuts)
+        """Where the next forward snapshots its rows' recurrent state (`Snapshots.cut_next`)."""
+        self.snapshots.cut_next(cuts)
 
     def load_snapshot(self, lane: int, slot: int) -> None:
         """Make snapshot `slot` `lane`'s committed recurrent state (a lane about to resume at the
         snapshot's boundary: its next forward starts there, not at position 0)."""
         row = (2 * lane + self.slot[lane]).view(1)
-        self.ssm.index_copy_(1, row, self.snap_ssm[:, slot:slot + 1])
-        self.conv.index_copy_(1, row, self.snap_conv[:, slot:slot + 1])
+        self.snapshots.restore(self.ssm, self.conv, row, slot)
 
     # ---------------------------------------------------------------- one forward
 
@@ -312,23 +285,10 @@ class Qwen35State:
         )
         live = self.slot[lanes]  # [B]
         self._last_width = T
-        cuts, self._cuts = self._cuts, []
         return StepIndex(lanes=lanes, src=2 * lanes + live, dst=2 * lanes + 1 - live,
                          reset=(positions[:, 0] == 0).to(torch.int32), counts=counts,
                          record=1 < T <= self.verify_width,  # a 1-token step is kept whole
-                         cuts=self._index_cuts(cuts) if cuts else None)
-
-    def _index_cuts(self, cuts: list[tuple[int, int, int]]) -> Cuts:
-        dev = self.device
-
-        def ids(values) -> torch.Tensor:
-            return torch.tensor(list(values), dtype=torch.int64).to(dev, non_blocking=True)
-
-        offsets = tuple(sorted({t for _, t, _ in cuts}))
-        return Cuts(offsets, tuple(ids(b for b, t, _ in cuts if t == o) for o in offsets),
-                    tuple(ids(s for _, t, s in cuts if t == o) for o in offsets),
-                    ids(b for b, _, _ in cuts), ids(t for _, t, _ in cuts),
-                    ids(s for _, _, s in cuts))
+                         cuts=self.snapshots.take(self.device))
 
     def record(
         self,
