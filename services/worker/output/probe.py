@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from services.grammar.client import Matcher
+from services.worker.output.named_matcher import NamedMatcher
 from shared.errors import InternalError
 
 
@@ -19,9 +19,8 @@ class MatcherProbe:
     over a session's matcher;
     `close()` (or leaving the `with` block) rolls back what was accepted."""
 
-    def __init__(self, matcher: Matcher, names, domain, on_close) -> None:
-        self._m = matcher
-        self._names = names
+    def __init__(self, matcher: NamedMatcher, domain, on_close) -> None:
+        self._m = matcher  # with the parameter-name companion, if any
         self.domain = domain
         self._on_close = on_close
         self._accepted = 0
@@ -35,8 +34,6 @@ class MatcherProbe:
         """Accept `token` temporarily; False (nothing changes) when the grammar refuses it."""
         if self._m.is_terminated() or not self._m.accept_token(int(token)):
             return False
-        if self._names is not None:
-            self._names.accept(int(token))
         self._accepted += 1
         return True
 
@@ -46,8 +43,6 @@ class MatcherProbe:
             raise InternalError(f"probe rollback({n}) with {self._accepted} accepted")
         if n:
             self._m.rollback(n)
-            if self._names is not None:
-                self._names.rollback(n)
             self._accepted -= n
 
     @property
@@ -66,8 +61,6 @@ class MatcherProbe:
             self._scratch = torch.empty((1, self.domain.mask_words), dtype=torch.int32)
         row = self._scratch
         self._m.fill_mask(row, 0)
-        if self._names is not None:
-            self._names.apply(row[0])
         words = torch.nonzero(row[0]).flatten().tolist()
         out: list[int] = []
         for w in words:

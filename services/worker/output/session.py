@@ -40,6 +40,7 @@ import torch
 
 from services.grammar.client import CompiledConstraint, Matcher, ParameterNameConstraint
 from services.worker.integrity import IntegrityError
+from services.worker.output.named_matcher import NamedMatcher
 from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
     LookaheadResult,
     PositionState,
@@ -124,8 +125,7 @@ class OutputSession:
         # round counts here directly
         self.counters = ConstraintCounters(cache=cache, built=built, waited=waited,
                                             compile_ms=compile_ms)
-        self._matcher: Matcher | None = None
-        self._names = names if compiled is not None else None
+        self._matcher: NamedMatcher | None = None  # the matcher and its names companion
         self._pending: _Pending | None = None
         self._probing = False  # a MatcherProbe is open
         self._eos = False  # EOS committed
@@ -137,14 +137,12 @@ class OutputSession:
         vocab = compiled.domain.size
         if vocab != domain.size:
             raise InternalError(f"grammar compiled for {vocab} token ids, domain has {domain.size}")
-        self._matcher = compiled.matcher()
+        self._matcher = NamedMatcher(compiled.matcher(), names)
         if prefix_tokens:
             for t in prefix_tokens:
                 if not self._matcher.accept_token(int(t)):
                     raise InvalidRequest("the continued content prefix is not a prefix of the "
                                          "constrained output language", field="prefix")
-                if self._names is not None:
-                    self._names.accept(int(t))
         elif prefix and not self._matcher.accept_bytes(prefix):
             raise InvalidRequest("the continued content prefix is not a prefix of the constrained "
                                  "output language", field="prefix")
@@ -179,43 +177,11 @@ class OutputSession:
                 or out.shape[1] != self.domain.mask_words or out.device.type != "cpu":
             raise InternalError(f"mask buffer must be [>= {n + 1}, {self.domain.mask_words}] int32 "
                                 f"on the CPU, got {list(out.shape)} {out.dtype} on {out.device}")
-        matcher, filler = self._matcher, _filler(size)
-        states = [PositionState.UNREACHABLE] * (n + 1)
-        illegal_at = eos_at = dead_at = None
-        accepted = 0
+        filler = _filler(size)
         start = time.perf_counter()
-        failure = None
-        try:
-            for i in range(n + 1):
-                # out[i]: [ceil(V/32)] int32, the legal set after committed + drafts[:i]
-                matcher.fill_mask(out, i)  # bits past the domain are zero (engine contract)
-                if self._names is not None:
-                    self._names.apply(out[i])
-                self.counters.mask_positions += 1
-                if not bool(out[i].any()):
-                    states[i] = PositionState.DEAD_END
-                    out[i].copy_(filler)
-                    dead_at = i
-                    break
-                states[i] = PositionState.READY
-                if i == n:  # the bonus mask
-                    break
-                draft = int(drafts[i])
-                if not (0 <= draft < size) or not (int(out[i, draft >> 5]) >> (draft & 31)) & 1:
-                    illegal_at = i
-                    break
-                if not matcher.accept_token(draft):
-                    raise InternalError(f"the matcher refused draft {draft} that its mask allowed")
-                if self._names is not None:
-                    self._names.accept(draft)
-                accepted += 1
-                if matcher.is_terminated():
-                    eos_at = i
-                    break
-            if i < n:  # positions after the stop are Unreachable
-                out[i + 1:n + 1].copy_(filler.expand(n - i, -1))
-        except Exception as exc:  # the engine failed on this row's state: only its row fails
-            failure = self._fail(exc, position + accepted)
+        walk = self._matcher.walk(drafts, out, size, filler, self.counters)
+        accepted = walk.accepted
+        failure = None if walk.error is None else self._fail(walk.error, position + accepted)
         mid = time.perf_counter()
         self.counters.mask_seconds += mid - start
         if failure is not None:  # a DeadEnd at position 0 carrying the failure; no rollback
@@ -225,7 +191,8 @@ class OutputSession:
         if accepted:
             self._rollback(accepted)
             self.counters.rollback_seconds += time.perf_counter() - mid
-        return LookaheadResult(tuple(states), position, illegal_at, eos_at, dead_at)
+        return LookaheadResult(tuple(walk.states), position, walk.illegal_at, walk.eos_at,
+                               walk.dead_at)
 
     def fill_matcher(self) -> Matcher:
         """The matcher at the committed baseline, for a batched position-0 fill of several
@@ -235,7 +202,7 @@ class OutputSession:
         self._check_idle("lookahead")
         if self._matcher is None:
             raise InternalError("a batched fill needs constrained sessions")
-        return self._matcher
+        return self._matcher.matcher
 
     def filled(self, row: torch.Tensor, *, seconds: float, position: int = 0) -> LookaheadResult:
         """Finish this session's row of a batched fill, as `lookahead(())` would: `row`
@@ -244,8 +211,7 @@ class OutputSession:
         share of the fill's wall time (the report's)."""
         self.counters.mask_positions += 1
         self.counters.mask_seconds += seconds
-        if self._names is not None:
-            self._names.apply(row)
+        self._matcher.apply_names(row)
         if bool(row.any()):
             return LookaheadResult((PositionState.READY,), position)
         row.copy_(_filler(self.domain.size))
@@ -259,7 +225,7 @@ class OutputSession:
         if self._matcher is None or self._broken is not None:
             raise InternalError("probe needs a constrained session whose matcher works")
         self._probing = True
-        return MatcherProbe(self._matcher, self._names, self.domain, self._close_probe)
+        return MatcherProbe(self._matcher, self.domain, self._close_probe)
 
     def _close_probe(self) -> None:
         self._probing = False
@@ -336,8 +302,6 @@ class OutputSession:
                                                 f"output position {position + accepted}")
                         break
                     matcher_tokens += 1
-                    if self._names is not None:
-                        self._names.accept(token)
                     terminated = matcher.is_terminated()
                 elif not domain.is_ordinary(token) and token not in domain.eos_ids \
                         and token not in domain.control_ids:
@@ -370,8 +334,6 @@ class OutputSession:
         committed baseline is lost), never a request's error: IntegrityError."""
         try:
             self._matcher.rollback(n)  # type: ignore[union-attr]
-            if self._names is not None:
-                self._names.rollback(n)
         except Exception as exc:
             raise IntegrityError(f"the matcher could not roll back {n} tokens: "
                                  f"{type(exc).__name__}: {exc}") from exc
@@ -405,7 +367,7 @@ class OutputSession:
             self._scratch = torch.empty((1, self.domain.mask_words), dtype=torch.int32)
         start = time.perf_counter()
         row = self._scratch  # [1, ceil(V/32)]
-        self._matcher.fill_mask(row, 0)
+        self._matcher.matcher.fill_mask(row, 0)  # the grammar's set, before the companion's
         for eos in self.domain.eos_ids:  # clear the EOS bits (int32: bit 31 is the sign)
             row[0, eos >> 5] &= int32(~(1 << (eos & 31)) & 0xFFFFFFFF)
         self.counters.mask_seconds += time.perf_counter() - start

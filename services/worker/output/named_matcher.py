@@ -1,0 +1,118 @@
+"""NamedMatcher: one session's grammar matcher together with the XML tool grammar's
+parameter-name companion (ParameterNameConstraint), which shares every matcher transaction.
+
+The companion clears, in each mask the matcher fills, the tokens that would repeat an argument
+name, and follows every token the matcher accepts and every rollback. Keeping the pair in one
+object is what makes that hold everywhere: the session's lookahead and previews (session.py) and
+a proposer's probe (probe.py) call only this object. Without a companion it is the matcher alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from services.grammar.client import Matcher, ParameterNameConstraint
+from services.worker.output.positions import PositionState
+from services.worker.output.report import ConstraintCounters
+from shared.errors import InternalError
+
+
+@dataclass
+class Walk:
+    """What `NamedMatcher.walk` did: the position states, the drafts it accepted (to roll back),
+    where it stopped and why, and the exception a failing engine raised (None: it did not)."""
+
+    states: list[PositionState]
+    accepted: int = 0
+    illegal_at: int | None = None
+    eos_at: int | None = None
+    dead_at: int | None = None
+    error: Exception | None = None
+
+
+class NamedMatcher:
+    """`matcher`, and `names` (None: no companion), moving together."""
+
+    def __init__(self, matcher: Matcher, names: ParameterNameConstraint | None = None) -> None:
+        self.matcher = matcher
+        self.names = names
+
+    def accept_token(self, token: int) -> bool:
+        """Accept `token`; False (nothing changes) when the grammar refuses it."""
+        if not self.matcher.accept_token(token):
+            return False
+        if self.names is not None:
+            self.names.accept(token)
+        return True
+
+    def accept_bytes(self, data: bytes) -> bool:
+        """Accept raw bytes: the matcher only (a grammar with a companion takes its prefix as
+        tokens, so that the companion follows it)."""
+        return self.matcher.accept_bytes(data)
+
+    def rollback(self, n: int) -> None:
+        self.matcher.rollback(n)
+        if self.names is not None:
+            self.names.rollback(n)
+
+    def apply_names(self, row: torch.Tensor) -> None:
+        """Clear in `row` ([ceil(V/32)] int32, the matcher's mask) the tokens that would repeat an
+        argument name."""
+        if self.names is not None:
+            self.names.apply(row)
+
+    def fill_mask(self, out: torch.Tensor, i: int) -> None:
+        """Fill `out[i]` with the legal set, the companion's repeats cleared."""
+        self.matcher.fill_mask(out, i)  # bits past the domain are zero (engine contract)
+        self.apply_names(out[i])
+
+    def forced_bytes(self) -> bytes:
+        return self.matcher.forced_bytes()
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def is_completed(self) -> bool:
+        return self.matcher.is_completed()
+
+    def walk(self, drafts: Sequence[int], out: torch.Tensor, size: int, filler: torch.Tensor,
+             counters: ConstraintCounters) -> Walk:
+        """Fill `out[i]` with the mask after the committed output + drafts[:i], accepting the
+        drafts as it goes, for i = 0..len(drafts): it stops at a dead end (its row becomes
+        `filler`), an illegal draft or an accepted EOS, and fills the rows after the stop with
+        `filler`; `size`: the token domain's. The accepted drafts stay accepted (the caller rolls
+        them back). A matcher that raises, or refuses a draft its own mask allowed, ends the walk
+        with `error` set. `counters.mask_positions` counts the masks filled."""
+        n = len(drafts)
+        w = Walk([PositionState.UNREACHABLE] * (n + 1))
+        try:
+            for i in range(n + 1):
+                # out[i]: [ceil(V/32)] int32, the legal set after committed + drafts[:i]
+                self.fill_mask(out, i)
+                counters.mask_positions += 1
+                if not bool(out[i].any()):
+                    w.states[i] = PositionState.DEAD_END
+                    out[i].copy_(filler)
+                    w.dead_at = i
+                    break
+                w.states[i] = PositionState.READY
+                if i == n:  # the bonus mask
+                    break
+                draft = int(drafts[i])
+                if not (0 <= draft < size) or not (int(out[i, draft >> 5]) >> (draft & 31)) & 1:
+                    w.illegal_at = i
+                    break
+                if not self.accept_token(draft):
+                    raise InternalError(f"the matcher refused draft {draft} that its mask allowed")
+                w.accepted += 1
+                if self.is_terminated():
+                    w.eos_at = i
+                    break
+            if i < n:  # positions after the stop are Unreachable
+                out[i + 1:n + 1].copy_(filler.expand(n - i, -1))
+        except Exception as exc:  # the engine failed on this row's state: only its row fails
+            w.error = exc
+        return w
