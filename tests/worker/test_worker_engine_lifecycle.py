@@ -186,7 +186,7 @@ async def test_cancel_waiting_request_and_closed_stream(runtime):
         queued = asyncio.create_task(
             collect(client, text_request("queued", "wait", greedy(5), runtime.name))
         )
-        await wait_for(lambda: "queued" in client.engine._live)
+        await wait_for(lambda: "queued" in client.engine.live_requests())
         await client.cancel("queued")
         release.set()
         deltas, fin = await queued
@@ -200,7 +200,8 @@ async def test_cancel_waiting_request_and_closed_stream(runtime):
         stream = client.generate(text_request("closed", "bye", greedy(60), runtime.name))
         await stream.__anext__()
         await stream.aclose()
-        await wait_for(lambda: client.engine.health()["resident"] == 0 and not client.engine._live)
+        await wait_for(lambda: client.engine.health()["resident"] == 0
+                       and not client.engine.live_requests())
         assert client.engine.program.free_lanes == 1
     finally:
         await client.aclose()
@@ -369,7 +370,7 @@ async def test_request_errors_raise_before_any_event(runtime):
         long = asyncio.create_task(
             collect(client, text_request("dup", "p", greedy(90), runtime.name))
         )
-        await wait_for(lambda: "dup" in client.engine._live)
+        await wait_for(lambda: "dup" in client.engine.live_requests())
         with pytest.raises(InvalidRequest) as err:
             await first_event(text_request("dup", "p", greedy(5), runtime.name))
         assert err.value.field == "request_id"

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from services.grammar.client import GrammarClient
+from services.worker.engine.admission import Admission, check_serving
 from services.worker.engine.health import engine_health, unavailable_boundary
 from services.worker.engine.pipeline import Pipeline
 from services.worker.engine.postprocess import Postprocessor
@@ -49,13 +50,7 @@ from services.worker.spec import (
     check_model,
     make_proposer,
 )
-from shared.errors import (
-    DeadlineExceeded,
-    InternalError,
-    InvalidRequest,
-    Overloaded,
-    ServiceUnavailable,
-)
+from shared.errors import DeadlineExceeded, InternalError
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
@@ -136,13 +131,10 @@ class Engine:
         self.steps = 0
         self.build()
         self._inbox: queue.Queue = queue.Queue()
-        self._live: dict[str, Request] = {}
-        self._lock = threading.Lock()  # guards _live and preparing across threads
-        self.preparing = 0  # admitted requests still in prepare (tokenizing, compiling)
+        self.admission = Admission(config.waiting_limit, self.metrics)  # the live requests
         self._thread: threading.Thread | None = None
         self.running = False
         self.unavailable: str | None = None  # an integrity failure, until the Program is rebuilt
-        self._mean_duration_s = 1.0
         self.warmup: WarmupReport | None = None  # the start-up warm-up's report, once it ended
         self.warming = False  # health says "warming" (not ready) while it runs
 
@@ -196,26 +188,21 @@ class Engine:
         already wait for a lane, ServiceUnavailable(service="worker") when the engine is not
         running."""
         submitted = time.monotonic()
-        self._check_running()
-        self._admission()  # from here it counts as live: a burst cannot all pass at once
+        check_serving(self.running, self.unavailable)
+        self.admission.admit(self.program.max_batch)  # from here it counts as live
         try:
             stream = RequestStream(asyncio.get_running_loop(), request.request_id)
             job = await prepare(request, runtime=self.runtime, grammar=self.grammar,
                                 max_len=self.program.max_len, submitted=submitted, sink=stream)
-            self._check_running()  # compilation may have outlived the engine
+            check_serving(self.running, self.unavailable)  # compilation may outlive the engine
             if job.expired(time.monotonic()):  # the seed: "after the library call returns and
                 # before queueing, the deadline and Engine state are checked again"
                 self.metrics.rejected.labels(reason="deadline").inc()
                 raise DeadlineExceeded(f"the request did not finish within {job.timeout_s} s "
                                        "(its preparation took the time)", timeout_s=job.timeout_s)
-            with self._lock:
-                if request.request_id in self._live:
-                    raise InvalidRequest(f"request id {request.request_id!r} is already running",
-                                         field="request_id")
-                self._live[request.request_id] = job
+            self.admission.register(job)
         finally:
-            with self._lock:
-                self.preparing -= 1
+            self.admission.prepared()
         job.enqueued_at = time.monotonic()  # an expired deadline is retired by the next step
         stream.push(Started(job.num_prompt_tokens))
         self._inbox.put(job)
@@ -223,8 +210,7 @@ class Engine:
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a queued or running request from any thread; False when it is not live."""
-        with self._lock:
-            job = self._live.get(request_id)
+        job = self.admission.get(request_id)
         if job is None:
             return False
         job.cancel_requested = True
@@ -233,8 +219,7 @@ class Engine:
 
     def live_requests(self) -> list[str]:
         """Ids of the requests queued or running (any thread)."""
-        with self._lock:
-            return list(self._live)
+        return self.admission.ids()
 
     def count_tokens(self, prompt: PromptInput) -> int:
         """Prompt tokens after rendering (compiles nothing)."""
@@ -244,37 +229,10 @@ class Engine:
         """The worker's health report (health.py)."""
         return engine_health(self)
 
-    def _admission(self) -> None:
-        """A bounded waiting queue: beyond it the caller is told to come back (Overloaded). An
-        admitted request counts as live from here on (`preparing` until it is queued)."""
-        lanes = self.program.max_batch
-        with self._lock:
-            live = len(self._live) + self.preparing  # queued, running and being prepared
-            if live < lanes + self.config.waiting_limit:
-                self.preparing += 1
-                return
-        waiting = max(0, live - lanes)
-        self.metrics.rejected.labels(reason="queue_full").inc()
-        retry = min(60.0, max(1.0, self._mean_duration_s * (waiting + 1) / lanes))
-        raise Overloaded(f"{waiting} requests already wait for one of {lanes} lanes; retry in "
-                         f"{retry:.0f} s", resource="waiting_queue", retry_after_s=round(retry, 1))
-
-    def _check_running(self) -> None:
-        if not self.running:  # stopped (or its thread failed): another worker may serve it
-            raise ServiceUnavailable("the engine is not running", service="worker",
-                                     retry_after_s=1.0)
-        if self.unavailable is not None:  # recovering from an integrity failure
-            raise ServiceUnavailable(f"the engine is recovering from an integrity failure "
-                                     f"({self.unavailable})", service="worker", retry_after_s=5.0)
-
     def _forget(self, job: Request) -> None:
-        with self._lock:
-            self._live.pop(job.request_id, None)
+        self.admission.forget(job)
         for listener in self.finish_listeners:  # e.g. the benchmark's oracle recording
             listener(job)
-        # Mean time in the engine of recent requests (the Retry-After estimate of a full queue).
-        duration = time.monotonic() - (job.enqueued_at or job.submitted_at)
-        self._mean_duration_s += 0.1 * (duration - self._mean_duration_s)
 
     # ---------------------------------------------------------------- worker thread
 

@@ -30,7 +30,8 @@ def engine_health(engine) -> dict:
     report.update({
         "device": str(program.device), "max_batch": program.max_batch,
         "max_len": program.max_len, "resident": len(scheduler.resident),
-        "waiting": len(scheduler.waiting), "preparing": engine.preparing, "steps": engine.steps,
+        "waiting": len(scheduler.waiting), "preparing": engine.admission.preparing,
+        "steps": engine.steps,
     })
     if engine.warmup is not None:
         report["warmup"] = engine.warmup.to_dict()
