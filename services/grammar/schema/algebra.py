@@ -2,7 +2,8 @@
 
 `Graph.meet` is the allOf intersection: per type, per property, per array position; a reference
 meets by a memoized derived definition so recursion stays a graph. `Graph.matches` decides whether a
-finite value belongs to a node (const/enum filtering, proofs). The oneOf proofs are in `exclusive`.
+finite value belongs to a node (const/enum filtering, proofs). The oneOf proofs are in `exclusive`,
+what plain JSON values need (equality, types) in `values`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from services.grammar.schema.numbers import (  # noqa: F401 (re-exported: the ra
     number_empty,
     number_range,
 )
+from services.grammar.schema.values import in_bounds, json_equal
 
 _IN_PROGRESS = NoValue()  # placeholder while a definition is being built
 
@@ -64,50 +66,6 @@ def _upper(
     if b[0] < a[0]:
         return b
     return a[0], a[1] or b[1]
-
-
-def json_equal(a: Any, b: Any) -> bool:
-    """JSON value equality (1 == 1.0, but true != 1; member order does not matter)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
-
-
-def type_domain(node: Node, graph: "Graph", depth: int = 0) -> frozenset[str]:
-    """The JSON types a node can produce ("integer" and "number" both mean numbers)."""
-    if depth > MAX_DEPTH:
-        return frozenset({"null", "boolean", "number", "string", "array", "object"})
-    if isinstance(node, AnyValue):
-        return frozenset({"null", "boolean", "number", "string", "array", "object"})
-    if isinstance(node, NoValue):
-        return frozenset()
-    if isinstance(node, Ref):
-        return type_domain(graph.defs[node.name], graph, depth + 1)
-    if isinstance(node, Union):
-        return frozenset().union(*(type_domain(b, graph, depth + 1) for b in node.branches))
-    if isinstance(node, Literals):
-        return frozenset(_value_type(json.loads(t)) for t in node.texts)
-    return frozenset({{NullType: "null", BooleanType: "boolean", IntegerType: "number",
-                       NumberType: "number", StringType: "string", ArrayType: "array",
-                       ObjectType: "object"}[type(node)]})
-
-
-def _value_type(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    return "array" if isinstance(v, list) else "object"
 
 
 class Graph:
@@ -329,7 +287,7 @@ class Graph:
                 and value % node.multiple == 0
             )
         if isinstance(node, NumberType):
-            return isinstance(value, (int, float)) and _in_bounds(node, Fraction(value))
+            return isinstance(value, (int, float)) and in_bounds(node, Fraction(value))
         if isinstance(node, StringType):
             if not isinstance(value, str) or len(value) < node.min_length:
                 return False
@@ -373,12 +331,6 @@ def free_count_check(ctx: Context, pointer: str, min_props: int, required: int, 
                                        "fill the count: a generated object could repeat a name, "
                                        "which JSON parsers keep once (not supported yet; declare "
                                        "the members or close the object)")
-
-
-def _in_bounds(n: NumberType, v: Fraction) -> bool:
-    if n.lo is not None and (v < n.lo or (n.lo_exclusive and v == n.lo)):
-        return False
-    return not (n.hi is not None and (v > n.hi or (n.hi_exclusive and v == n.hi)))
 
 
 def _min_opt(a: int | None, b: int | None) -> int | None:

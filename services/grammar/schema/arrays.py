@@ -32,6 +32,7 @@ from services.grammar.schema.nodes import (
     Ref,
     Union,
 )
+from services.grammar.schema.values import json_equal
 
 MAX_UNIQUE = 8  # values of a unique-items domain
 MAX_MODULUS = 100  # multipleOf: the product with an int64 range stays below ~4,000 states
@@ -63,8 +64,6 @@ def finite_domain(graph: Any, node: Node, pointer: str, depth: int = 0) -> list[
     # values equal as JSON (1 and 1.0) count once
     seen: list[Any] = []
     texts = []
-    from services.grammar.schema.algebra import json_equal
-
     for t in out:
         v = json.loads(t)
         if not any(json_equal(v, x) for x in seen):

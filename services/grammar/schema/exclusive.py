@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 
-from services.grammar.schema.algebra import Graph, type_domain
+from services.grammar.schema.algebra import Graph
 from services.grammar.schema.nodes import (
     FULL_TYPES,
     AnyValue,
@@ -24,6 +24,7 @@ from services.grammar.schema.nodes import (
     Union,
     make_union,
 )
+from services.grammar.schema.values import type_domain
 from shared.errors import UnsupportedSchema
 
 
