@@ -38,6 +38,7 @@ import torch.nn.functional as F
 import triton
 
 from kernels import gemv as G
+from kernels import gemv_configs as C
 
 DEV = "cuda"  # "cpu" under --dry-run
 
@@ -159,17 +160,17 @@ _ELEMENTWISE = {
 _SPLITS = (1, 2, 4, 8, 16, 32)
 
 
-def grid_for(M: int, N: int, K: int, sms: int) -> list[G.GemvConfig]:
+def grid_for(M: int, N: int, K: int, sms: int) -> list[C.GemvConfig]:
     bucket = triton.next_power_of_2(M)
     out = []
     for mode, bn, bk, warps, stages in _ELEMENTWISE[bucket] + _DOT:
-        out.append(G.GemvConfig(bn, bk, G.choose_split(M, N, K, bn, bk, sms), warps, stages, mode))
+        out.append(C.GemvConfig(bn, bk, C.choose_split(M, N, K, bn, bk, sms), warps, stages, mode))
     return out
 
 
-def splits_for(base: G.GemvConfig, N: int, K: int, sms: int) -> list[G.GemvConfig]:
+def splits_for(base: C.GemvConfig, N: int, K: int, sms: int) -> list[C.GemvConfig]:
     slabs = triton.cdiv(N, base.block_n)
-    return [G.GemvConfig(base.block_n, base.block_k, s, base.num_warps, base.num_stages, base.mode)
+    return [C.GemvConfig(base.block_n, base.block_k, s, base.num_warps, base.num_stages, base.mode)
             for s in _SPLITS if s != base.split and triton.cdiv(K, s * base.block_k) >= 1
             and (s == 1 or slabs * s <= 32 * sms)]
 
@@ -263,7 +264,7 @@ def check_graph_and_determinism(report: dict) -> None:
         w = (torch.randn(N, K, device=DEV) * K ** -0.5).to(torch.bfloat16)
         b = torch.randn(N, device=DEV).to(torch.bfloat16) if bias else None
         x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
-        config = G.pick_config(M, N, K, G.sm_count(x.device))
+        config = C.pick_config(M, N, K, C.sm_count(x.device))
         eager = G.gemv(x, w, b)
         again = G.gemv(x, w, b)
         static_x = x.clone()
@@ -315,16 +316,16 @@ def precompile(shapes, ms, sms, sweep: bool) -> float:
     for N, K in shapes:
         w = torch.empty((N, K), dtype=torch.bfloat16, device=DEV)
         for M in ms:
-            configs = [G.pick_config(M, N, K, sms)]
+            configs = [C.pick_config(M, N, K, sms)]
             if sweep:
                 grid = grid_for(M, N, K, sms)
                 configs += grid
                 configs += [
-                    G.GemvConfig(c.block_n, c.block_k, 2, c.num_warps, c.num_stages, c.mode)
+                    C.GemvConfig(c.block_n, c.block_k, 2, c.num_warps, c.num_stages, c.mode)
                     for c in grid
                 ]
                 configs += [
-                    G.GemvConfig(c.block_n, c.block_k, 1, c.num_warps, c.num_stages, c.mode)
+                    C.GemvConfig(c.block_n, c.block_k, 1, c.num_warps, c.num_stages, c.mode)
                     for c in grid
                 ]
             jobs += [(M, w, c) for c in configs]
@@ -381,7 +382,7 @@ def bench_shape(N, K, ms, timer: Timer, sms: int, *, sweep: bool, deadline: floa
 
         row = {"M": M}
         row["F.linear_s"] = t_lin()
-        heur = G.pick_config(M, N, K, sms)
+        heur = C.pick_config(M, N, K, sms)
         row["heuristic"] = heur.as_dict()
         row["heuristic_s"], row["heuristic_rel_err"] = t_gemv(heur)
         results = {heur: row["heuristic_s"]}
@@ -489,7 +490,7 @@ def main(argv=None) -> int:
         return 2
     t_start = time.perf_counter()
     ms = [int(m) for m in args.ms.split(",")]
-    sms = G.sm_count(torch.device(DEV))
+    sms = C.sm_count(torch.device(DEV))
     counts = {
         m: [(n, scaled(N), scaled(K), c) for n, N, K, c in v] for m, v in model_counts().items()
     }

@@ -108,7 +108,8 @@ def exercise() -> None:
                 pp = torch.zeros(2, t, dtype=torch.int64)
                 for splits in (1, 4):
                     paged_attention(qq, kc, kc, table, pp, num_splits=splits)
-    from kernels.gemv import GemvConfig, gemv
+    from kernels.gemv import gemv
+    from kernels.gemv_configs import GemvConfig
 
     for dt in (
         torch.bfloat16,

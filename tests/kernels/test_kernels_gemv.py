@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import gemv as G
+from kernels import gemv_configs as C
 from tests.support.kernel_backends import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -42,11 +43,11 @@ def _assert_close(y, ref, dtype, ulps=2.0):
 
 
 INTERP_CONFIGS = [
-    G.GemvConfig(16, 32, 1, 4, 2, "acc"),
-    G.GemvConfig(16, 32, 3, 4, 2, "acc"),
-    G.GemvConfig(32, 64, 2, 4, 2, "sum"),
-    G.GemvConfig(16, 32, 4, 4, 2, "dot"),
-    G.GemvConfig(32, 16, 1, 4, 2, "dot"),
+    C.GemvConfig(16, 32, 1, 4, 2, "acc"),
+    C.GemvConfig(16, 32, 3, 4, 2, "acc"),
+    C.GemvConfig(32, 64, 2, 4, 2, "sum"),
+    C.GemvConfig(16, 32, 4, 4, 2, "dot"),
+    C.GemvConfig(32, 16, 1, 4, 2, "dot"),
 ]
 
 
@@ -66,8 +67,8 @@ def test_gemv_interpreter():
         x = x.reshape(2, 3, 256)
         for config in (
             None,
-            G.GemvConfig(32, 64, 2, 4, 2, "acc"),
-            G.GemvConfig(16, 64, 1, 4, 2, "dot"),
+            C.GemvConfig(32, 64, 2, 4, 2, "acc"),
+            C.GemvConfig(16, 64, 1, 4, 2, "dot"),
         ):
             y = G.gemv(x, w, b, config)
             assert y.shape == (2, 3, 64)
@@ -75,12 +76,12 @@ def test_gemv_interpreter():
     # a split that leaves fewer tiles than splits, and x with a row stride (a column slice)
     x, w, b = _case(2, 40, 48, torch.bfloat16, bias=True, seed=5)
     _assert_close(
-        G.gemv(x, w, b, G.GemvConfig(16, 32, 8, 4, 2, "acc")), G.gemv_ref(x, w, b), torch.bfloat16
+        G.gemv(x, w, b, C.GemvConfig(16, 32, 8, 4, 2, "acc")), G.gemv_ref(x, w, b), torch.bfloat16
     )
     wide = torch.randn(3, 100).to(torch.bfloat16)
     xs, ws = wide[:, 10:58], _case(3, 24, 48, torch.bfloat16, bias=False, seed=6)[1]
     _assert_close(
-        G.gemv(xs, ws, None, G.GemvConfig(16, 16, 2, 4, 2, "sum")),
+        G.gemv(xs, ws, None, C.GemvConfig(16, 16, 2, 4, 2, "sum")),
         G.gemv_ref(xs, ws),
         torch.bfloat16,
     )
@@ -97,8 +98,8 @@ def test_gemv_under_interpreter():
 def test_heuristic_configs():
     """pick_config: elementwise modes at M <= 2, dot above; split-K only when the slabs are too few
     for ~4 waves of 132 SMs, never cutting K below 4 tiles a split; TUNED overrides it."""
-    measured = dict(G.TUNED)
-    G.TUNED.clear()  # the heuristic alone
+    measured = dict(C.TUNED)
+    C.TUNED.clear()  # the heuristic alone
     try:
         for M in (1, 2, 4, 8, 16):
             for N, K in (
@@ -109,21 +110,21 @@ def test_heuristic_configs():
                 (248320, 4096),
                 (12352, 4096),
             ):
-                c = G.pick_config(M, N, K)
+                c = C.pick_config(M, N, K)
                 assert c.mode in ("acc", "sum", "dot") and (c.mode != "dot") == (M <= 2)
                 slabs = -(-N // c.block_n)
                 assert c.split == 1 or slabs * c.split // 2 < 4 * 132
                 assert K // (c.split * c.block_k) >= 4 or c.split == 1
-        assert G.pick_config(1, 248320, 4096).split == 1 and G.pick_config(1, 4096, 4096).split > 1
-        tuned = G.GemvConfig(128, 256, 3, 8, 3, "sum")
-        G.TUNED[(4096, 4096)] = {4: tuned}
-        assert G.pick_config(3, 4096, 4096) == tuned and G.pick_config(5, 4096, 4096) != tuned
+        assert C.pick_config(1, 248320, 4096).split == 1 and C.pick_config(1, 4096, 4096).split > 1
+        tuned = C.GemvConfig(128, 256, 3, 8, 3, "sum")
+        C.TUNED[(4096, 4096)] = {4: tuned}
+        assert C.pick_config(3, 4096, 4096) == tuned and C.pick_config(5, 4096, 4096) != tuned
     finally:
-        G.TUNED.clear()
-        G.TUNED.update(measured)
-    for (N, K), buckets in G.TUNED.items():  # measured entries are what pick_config returns
+        C.TUNED.clear()
+        C.TUNED.update(measured)
+    for (N, K), buckets in C.TUNED.items():  # measured entries are what pick_config returns
         for bucket, config in buckets.items():
-            assert G.pick_config(bucket, N, K) == config
+            assert C.pick_config(bucket, N, K) == config
 
 
 @pytest.mark.skipif(INTERPRETED, reason="checks run in the parent process")
@@ -174,7 +175,7 @@ def test_gemv_cuda_real_shapes(name, N, K):
         _assert_close(y, G.gemv_ref(x, w), torch.bfloat16)
         assert torch.equal(y, G.gemv(x, w))
         bucket = 1 << (M - 1).bit_length()  # linear() takes the kernel where a config was measured
-        assert G.use_gemv(x, w) == (bucket in G.TUNED.get((N, K), {}))
+        assert G.use_gemv(x, w) == (bucket in C.TUNED.get((N, K), {}))
         assert torch.equal(G.linear(x, w), y if G.use_gemv(x, w) else F.linear(x, w))
     del w
     torch.cuda.empty_cache()
@@ -188,9 +189,9 @@ def test_gemv_cuda_modes_bias(mode, dtype):
     """Every mode with split-K and bias on CUDA, and inside a CUDA graph."""
     x, w, b = _case(5, 3000, 4096 + 64, dtype, bias=True, device="cuda")
     for split in (1, 4):
-        c = G.GemvConfig(32, 128, split, 4, 3, mode)
+        c = C.GemvConfig(32, 128, split, 4, 3, mode)
         _assert_close(G.gemv(x, w, b, c), G.gemv_ref(x, w, b), dtype)
-    c = G.GemvConfig(32, 128, 4, 4, 3, mode)
+    c = C.GemvConfig(32, 128, 4, 4, 3, mode)
     eager = G.gemv(x, w, b, c)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
