@@ -416,7 +416,7 @@ def bench_shape(N, K, ms, timer: Timer, sms: int, *, sweep: bool, deadline: floa
             f" st={best.num_stages} ({row['swept']} swept)",
             flush=True,
         )
-    del ws
+    ws = None
     empty_cache()
     return out
 

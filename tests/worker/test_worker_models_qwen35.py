@@ -167,7 +167,10 @@ def test_verify_commit_equals_recomputation(setup):
     drafts = sequences([K1] * rows, seed=5)  # what the verification feeds after the prompt
     lanes = torch.tensor([4, 0, 3, 1, 2], device=device)
     state = model.new_state(6, 40, dtype=dtype, device=device, verify_width=K1 + 1)
-    arange = (lambda a, b: torch.arange(a, b, device=device)[None])
+
+    def arange(a, b):
+        return torch.arange(a, b, device=device)[None]
+
     with torch.no_grad():
         model(
             torch.tensor([s[:prompt_len] for s in seqs], device=device),

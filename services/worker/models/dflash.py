@@ -140,7 +140,6 @@ class GroupedDynamicConv(nn.Module):
     def apply(self, x: torch.Tensor, delta: torch.Tensor, phase: int) -> torch.Tensor:
         # out[i, c] = sum_t (base[phase, t, c] + delta[i, t, g(c)]) * x[i - t, c]; x: [B, S, H]
         B, S, H = x.shape
-        groups = H // self.group
         out = torch.zeros_like(x)
         for t in range(self.taps):
             shifted = x if t == 0 else F.pad(x[:, :-t], (0, 0, t, 0))  # x[i - t], zero before 0
