@@ -4,7 +4,8 @@ checkpoint directory.
 A stack of Qwen3-style layers conditioned on the target's hidden states. Per round and row:
 
     context c = hidden_norm(fc([h_{l1}; ...; h_{ln}]))     target layer outputs at target_layer_ids
-    each layer's k_norm(k_proj(c)) and v_proj(c) at the context positions: extra K/V, cached per lane
+    each layer's k_norm(k_proj(c)) and v_proj(c) at the context positions: extra K/V, cached
+                per lane
     block  x = embed([anchor, MASK x K]) at positions p .. p+K (the target's embedding)
     each layer: queries from the block only; keys/values = cached context (< p) + the block's own,
                 non-causal; sliding-window layers see keys within `sliding_window` positions
