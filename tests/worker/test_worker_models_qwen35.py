@@ -29,7 +29,8 @@ from tests.support.qwen35_support import (
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
-    """Small forwards run fastest on one thread on the shared 2-core machine; restored afterwards."""
+    """Small forwards run fastest on one thread on the shared 2-core machine; restored
+    afterwards."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -89,7 +90,8 @@ SCHEDULE = ((40, 5, 0), (0, 9, 12), (1, 3, 1)) + ((1, 1, 1),) * 8
 def test_prefill_and_decode_match_transformers(setup):
     """Chunked prefill (recurrent and chunked GDN forms), right-padded rows with num_tokens, a row
     sitting out a step, and 8 batched decode steps through the lane state must give, for every real
-    token, the logits transformers computes (float32, CPU) for the whole sequence without a cache."""
+    token, the logits transformers computes (float32, CPU) for the whole sequence without a
+    cache."""
     hf, model, device, dtype, tol = setup
     config = model.config
     assert config.layer_types.count("full_attention") == 2 and len(config.gdn_layers) == 3
@@ -179,7 +181,8 @@ def test_verify_commit_equals_recomputation(setup):
             lanes,
         )
         state.commit(lanes, torch.full((rows,), prompt_len, device=device))
-        # the verification: the accepted prefix of row b agrees with seqs[b], the rest is a wrong draft
+        # the verification: the accepted prefix of row b agrees with seqs[b], the rest is a wrong
+        # draft
         accepted = torch.arange(1, rows + 1)
         verify = torch.tensor(
             [
