@@ -67,8 +67,9 @@ class DecodeBenchOptions:
     @property
     def paths(self) -> tuple[str, ...]:
         """Engine paths the rounds run, the befores first: "unfused" (op-by-op model, no
-        pipeline; the greedy sampler as in production), "serial" (fused model, the pipeline off), "fused" (the
-        production path: the fused model path and, on CUDA, the engine's pipeline) always."""
+        pipeline; the greedy sampler as in production), "serial" (fused model, the pipeline off),
+        "fused" (the production path: the fused model path and, on CUDA, the engine's pipeline)
+        always."""
         return (("unfused",) if self.compare_unfused else ()) + \
             (("serial",) if self.compare_serial else ()) + ("fused",)
 

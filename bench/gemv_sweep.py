@@ -253,9 +253,9 @@ class Timer:
 
 
 def check_graph_and_determinism(report: dict) -> None:
-    """Capture one call in a CUDA graph, replay, compare with the eager output bit for bit; two eager
-    runs bit-equal; and closeness to F.linear — for the heuristic config with and without split-K,
-    and with a bias."""
+    """Capture one call in a CUDA graph, replay, compare with the eager output bit for bit; two
+    eager runs bit-equal; and closeness to F.linear — for the heuristic config with and without
+    split-K, and with a bias."""
     torch.manual_seed(1)
     checks = []
     for M, N, K, bias in ((1, 4096, 4096, False), (8, 4096, 12288, True), (4, 248320, 4096, False),
@@ -410,14 +410,16 @@ def bench_shape(N, K, ms, timer: Timer, sms: int, *, sweep: bool, deadline: floa
         row["speedup_best"] = row["F.linear_s"] / row["best_s"]
         out["by_M"][M] = row
         print(
-            f"  N={N:6d} K={K:5d} M={M:2d}  F.linear {row['F.linear_s'] * 1e6:8.1f} us {row['F.linear_TBps']:.2f} TB/s"
+            f"  N={N:6d} K={K:5d} M={M:2d}"
+            f"  F.linear {row['F.linear_s'] * 1e6:8.1f} us {row['F.linear_TBps']:.2f} TB/s"
             f" | heuristic {row['heuristic_s'] * 1e6:8.1f} us {row['heuristic_TBps']:.2f} TB/s"
-            f" | best {row['best_s'] * 1e6:8.1f} us {row['best_TBps']:.2f} TB/s x{row['speedup_best']:.2f}"
+            f" | best {row['best_s'] * 1e6:8.1f} us {row['best_TBps']:.2f} TB/s"
+            f" x{row['speedup_best']:.2f}"
             f" {best.mode} bn={best.block_n} bk={best.block_k} s={best.split} w={best.num_warps}"
             f" st={best.num_stages} ({row['swept']} swept)",
             flush=True,
         )
-    del ws
+    ws = None
     empty_cache()
     return out
 
@@ -452,7 +454,8 @@ def tuned_snippet(by_shape: dict) -> str:
             if r["best_s"] < r["F.linear_s"] and M == triton.next_power_of_2(M):
                 b = r["best"]
                 entries.append(
-                    f"{M}: GemvConfig({b['block_n']}, {b['block_k']}, {b['split']}, {b['num_warps']}, "
+                    f"{M}: GemvConfig({b['block_n']}, {b['block_k']}, "
+                    f"{b['split']}, {b['num_warps']}, "
                     f"{b['num_stages']}, {b['mode']!r})"
                 )
         if entries:
@@ -476,7 +479,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--dry-run",
         action="store_true",
-        help="CPU under TRITON_INTERPRET=1 with N, K / 64 and few repeats: checks the script, not speed",
+        help="CPU under TRITON_INTERPRET=1 with N, K / 64 and few repeats: checks the script, "
+        "not speed",
     )
     args = ap.parse_args(argv)
     global DEV, _SCALE
@@ -532,8 +536,10 @@ def main(argv=None) -> int:
     for model, by_m in est.items():
         for M, e in by_m.items():
             print(
-                f"  {model:11s} B={M:2d}: F.linear {e['F.linear_ms']:.3f}  triton heuristic {e['heuristic_ms']:.3f}"
-                f"  triton best {e['best_ms']:.3f}  min(F.linear, best) {e['min_F.linear_best_ms']:.3f}"
+                f"  {model:11s} B={M:2d}: F.linear {e['F.linear_ms']:.3f}"
+                f"  triton heuristic {e['heuristic_ms']:.3f}"
+                f"  triton best {e['best_ms']:.3f}"
+                f"  min(F.linear, best) {e['min_F.linear_best_ms']:.3f}"
                 f"  floor {e['floor_at_copy_bw_ms']:.3f}"
             )
     print("\nbest configs as a TUNED table for kernels/gemv.py (only where faster than F.linear):")

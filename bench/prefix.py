@@ -104,7 +104,8 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
             fin = await _collect(client, first)
             cold.append(_row(fin))
             log(
-                f"document {r}: cold TTFT {cold[-1]['ttft_ms']:.0f} ms ({fin.usage.prompt_tokens} prompt tokens)"
+                f"document {r}: cold TTFT {cold[-1]['ttft_ms']:.0f} ms "
+                f"({fin.usage.prompt_tokens} prompt tokens)"
             )
             for h in range(args.hits):
                 q = _QUESTIONS[1 + h % (len(_QUESTIONS) - 1)]
@@ -115,7 +116,8 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
                 hits[-1].update(shared_tokens=shared,
                                 cached_over_shared=ratio(fin.usage.cached_tokens, shared))
                 log(
-                    f"document {r}: hit TTFT {hits[-1]['ttft_ms']:.0f} ms ({fin.usage.cached_tokens} cached)"
+                    f"document {r}: hit TTFT {hits[-1]['ttft_ms']:.0f} ms "
+                    f"({fin.usage.cached_tokens} cached)"
                 )
         stats = client.engine.program.blocks.stats
         cache = {"hit_rate": round(stats.hit_rate, 4), "hit_tokens": stats.hit_tokens,

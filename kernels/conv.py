@@ -4,8 +4,8 @@
 `causal_conv1d_ref` followed by `window_after` in one pass: one program owns one (row, channel
 block), keeps the last three inputs in registers, writes silu(conv) for every token and stores the
 window after the row's first counts[b] tokens into `windows[dst[b]]` (padding tokens past counts[b]
-get outputs, as in the reference, but never enter the stored window). kernels/gdn_ref.py's `causal_conv1d_indexed_ref` is the
-same operation in torch, for any width.
+get outputs, as in the reference, but never enter the stored window). kernels/gdn_ref.py's
+`causal_conv1d_indexed_ref` is the same operation in torch, for any width.
 """
 
 from __future__ import annotations

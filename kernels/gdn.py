@@ -142,11 +142,12 @@ def gdn_step(
     place (CUDA or the interpreter): kernels/gdn_ref.py's `gdn_step_ref`.
 
     y: [B, T, C] the conv output [q | k | v] (C = 2 Hk dk + Hv dv); a, b: [B, T, Hv] the raw
-    in_proj_a / in_proj_b outputs (column slices of a wider projection are read in place); A_log, dt_bias: [Hv]; state: [N, Hv, dk, dv] float32,
-    contiguous; src, dst: [B] int64 rows of state to read / write; reset: [B] int32 (non-zero: start
-    from zeros); counts: [B] int64 real tokens per row (later tokens leave the state unchanged);
-    skip: [B] int32 or None (non-zero: the row does nothing). Returns o: [B, T, Hv, dv] in y's
-    dtype, or None without want_out. No host synchronisation."""
+    in_proj_a / in_proj_b outputs (column slices of a wider projection are read in place); A_log,
+    dt_bias: [Hv]; state: [N, Hv, dk, dv] float32, contiguous; src, dst: [B] int64 rows of state to
+    read / write; reset: [B] int32 (non-zero: start from zeros); counts: [B] int64 real tokens per
+    row (later tokens leave the state unchanged); skip: [B] int32 or None (non-zero: the row does
+    nothing). Returns o: [B, T, Hv, dv] in y's dtype, or None without want_out. No host
+    synchronisation."""
     B, T, C = y.shape
     hv, hk, dk = a.shape[2], num_k_heads, key_dim
     dv = (C - 2 * hk * dk) // hv

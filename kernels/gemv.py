@@ -87,9 +87,9 @@ def _gemv_kernel(
         x_mask = m_mask[:, None]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
-        # 3-D tiles: W [1, BN, BK], x [BM, BN, BK] read through pointers broadcast along N (stride 0),
-        # so both loads get the same register layout and the products need no layout conversion
-        # (through shared memory, with barriers, in every iteration); x's repeats hit L1
+        # 3-D tiles: W [1, BN, BK], x [BM, BN, BK] read through pointers broadcast along N
+        # (stride 0), so both loads get the same register layout and the products need no layout
+        # conversion (through shared memory, with barriers, in every iteration); x's repeats hit L1
         w_ptrs = w_ptr + w_rows[None, :, None] + (k_lo + offs_k)[None, None, :]
         x_ptrs = (
             x_ptr
@@ -148,7 +148,8 @@ def _gemv_kernel(
 def _splitk_reduce(
     p_ptr, b_ptr, y_ptr, M, N, stride_ym, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr
 ):
-    """y[m, n] = sum over s in order of p[s, m, n] (+ bias[n]), rounded once; grid (M, cdiv(N, BLOCK))."""
+    """y[m, n] = sum over s in order of p[s, m, n] (+ bias[n]), rounded once; grid
+    (M, cdiv(N, BLOCK))."""
     m = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N

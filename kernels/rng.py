@@ -1,7 +1,7 @@
 """Counter-based sampling randomness keyed by (seed, logical position, purpose).
 
-One uniform in [0, 1) per (seed, position, purpose), computed by a fixed integer hash, so a draw never
-depends on the batch row, the batch size, the device or the order of calls: a request's random
+One uniform in [0, 1) per (seed, position, purpose), computed by a fixed integer hash, so a draw
+never depends on the batch row, the batch size, the device or the order of calls: a request's random
 stream survives compaction, pausing and replay (design document: "The RNG split by seed, logical
 position and purpose continues, and a changing compact row never resets a request's random
 stream"). Grammars, masks and rollbacks consume no randomness: nothing here has state.
@@ -35,7 +35,8 @@ UNIFORM_BITS = 24
 
 
 class Purpose(IntEnum):
-    """Independent random streams of one (seed, position). Values are part of the hash: never reuse."""
+    """Independent random streams of one (seed, position). Values are part of the hash: never
+    reuse."""
 
     SAMPLE = 0  # ordinary sampling of the next token
     ACCEPT = 1  # speculative acceptance test
@@ -54,7 +55,8 @@ def fmix32_int(x: int) -> int:
 
 
 def purpose_key(purpose: int) -> int:
-    """The hash state after absorbing `purpose` (0 <= purpose < 2**32), a host constant per stream."""
+    """The hash state after absorbing `purpose` (0 <= purpose < 2**32), a host constant per
+    stream."""
     if not 0 <= int(purpose) <= MASK32:
         raise ValueError(f"purpose must be in [0, 2**32), got {purpose}")
     return fmix32_int(_IV ^ int(purpose))

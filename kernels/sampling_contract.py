@@ -2,7 +2,8 @@
 
 Per logits row n (an ordinary row, or one speculative target position; N rows in all):
 
-- `logits[n, :V]`: the model's values; columns from V up to the physical padding width are never read.
+- `logits[n, :V]`: the model's values; columns from V up to the physical padding width are never
+  read.
 - `PenaltyHistory` (optional): the tokens row n has seen, sparse, `ids[n, j]` / `counts[n, j]`
   (int32, `ids == -1` pads; ids unique within a row). `counts` is the number of occurrences in the
   generated output; an entry with count 0 is a token seen only in the prompt. Repetition penalty r
@@ -25,9 +26,9 @@ the rest is normalised to p, and the token is the first in candidate order whose
 exceeds the uniform u of (seed, position, purpose). T = 0 takes the largest z in A, ties to the
 smaller id.
 
-Statuses per row: OK; DEAD_END when A is empty; NONFINITE when a legal value is NaN or +inf, or every
-legal value is -inf (no finite candidate). Illegal values are never inspected. A failed row carries
-token 0 only as an in-range placeholder and probability 0: the caller must not commit it.
+Statuses per row: OK; DEAD_END when A is empty; NONFINITE when a legal value is NaN or +inf, or
+every legal value is -inf (no finite candidate). Illegal values are never inspected. A failed row
+carries token 0 only as an in-range placeholder and probability 0: the caller must not commit it.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class SamplingParams:
                 raise ValueError(f"SamplingParams.{f.name} must be a 1-D tensor, got {t!r:.60}")
             if t.shape != rows or t.device != device or t.dtype != _DTYPES[f.name]:
                 raise ValueError(
-                    f"SamplingParams.{f.name}: expected {_DTYPES[f.name]} {tuple(rows)} on {device}, "
+                    f"SamplingParams.{f.name}: expected {_DTYPES[f.name]} "
+                    f"{tuple(rows)} on {device}, "
                     f"got {t.dtype} {tuple(t.shape)} on {t.device}"
                 )
 

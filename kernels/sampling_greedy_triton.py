@@ -13,7 +13,8 @@ synchronisation, fixed shapes (capturable in a CUDA graph):
    non-generable ids count as -inf), the smallest id holding it, and flags (bit 0: some id of the
    chunk is legal, bit 1: a legal, generable value is NaN or +inf).
 2. `_greedy_combine_kernel`, grid (N,): reduces the C partials of a row with the same tie rule
-   (larger value, then smaller id) and writes token, status, prob and uniform (0: greedy draws none).
+   (larger value, then smaller id) and writes token, status, prob and uniform (0: greedy draws
+   none).
 
 The `generable` words replace the sampler's copy of the logits with never-generable ids at -inf
 (`services.worker.program.sampling.Sampler._generable`): an id whose bit is clear is read as -inf,

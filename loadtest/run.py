@@ -1,9 +1,9 @@
 """A load run against a running Infernix gateway that accounts for every request:
 `python loadtest/run.py --url http://127.0.0.1:8000 --requests 100 --concurrency 8`.
 
-It sends the mix of `scenarios.py` (plain, JSON Schema, regex, choice and tool constraints; streaming
-and not; chat, Responses, Anthropic messages and completions) from `--concurrency` concurrent
-clients and sorts each request's end into one of four outcomes:
+It sends the mix of `scenarios.py` (plain, JSON Schema, regex, choice and tool constraints;
+streaming and not; chat, Responses, Anthropic messages and completions) from `--concurrency`
+concurrent clients and sorts each request's end into one of four outcomes:
 
 - `ok`: a 200 response, or a stream that ended with its protocol's terminal event and no error;
 - `typed`: a typed failure: a 4xx/503 error body, or a stream's terminal error event, whose code

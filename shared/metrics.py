@@ -96,7 +96,8 @@ _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 6
 
 
 class WorkerMetrics:
-    """Engine metrics: requests by constraint kind and outcome, lanes, queue, latencies, mask work."""
+    """Engine metrics: requests by constraint kind and outcome, lanes, queue, latencies, mask
+    work."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()

@@ -3,10 +3,10 @@
 check   compiles each constraint and prints one JSON line per constraint:
         {"ok": true, "kind": ..., "compile_ms": ...} or {"ok": false, "error": {...}}
         With --instances, one line per candidate output: {"instance": i, "accepted": bool}
-        (i counts the file's lines from 0). Exit status 0 when all compiled, 2 when any was rejected.
-        --batch FILE.jsonl: many constraints in one process, one output line per input line; a
-        json_schema line may carry "values" (JSON values, checked in the generation layout under
-        the `any` whitespace profile unless the line or --json-whitespace names one:
+        (i counts the file's lines from 0). Exit status 0 when all compiled, 2 when any was
+        rejected. --batch FILE.jsonl: many constraints in one process, one output line per input
+        line; a json_schema line may carry "values" (JSON values, checked in the generation layout
+        under the `any` whitespace profile unless the line or --json-whitespace names one:
         "values_accepted", and as plain json.dumps text: "values_accepted_raw"). Schema lines
         list the keywords read as annotations ("annotations").
 sample  random walks through the legal masks (see services.grammar.engines.matching.random_walk).

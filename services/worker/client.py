@@ -76,7 +76,8 @@ class InProcessWorkerClient(WorkerClient):
             await asyncio.sleep(0.02)
 
     async def aclose(self) -> None:
-        """Stop the engine (unfinished requests finish as cancelled) and close its grammar client."""
+        """Stop the engine (unfinished requests finish as cancelled) and close its grammar
+        client."""
         await asyncio.to_thread(self.engine.stop)
         await self.engine.grammar.close()
 

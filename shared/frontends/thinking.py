@@ -50,8 +50,8 @@ SPECS = {QWEN_THINK.framing: QWEN_THINK}
 class ThinkingFraming:
     """A `ThinkingSpec` bound to one token domain.
 
-    `close_tokens`: the canonical close `\\n</think>\\n\\n` as the model's tokenizer writes it (what a
-    thinking budget forces); `close_tokens_after_newline`: `</think>\\n\\n`, forced when the
+    `close_tokens`: the canonical close `\\n</think>\\n\\n` as the model's tokenizer writes it (what
+    a thinking budget forces); `close_tokens_after_newline`: `</think>\\n\\n`, forced when the
     reasoning already ends with its line break."""
 
     spec: ThinkingSpec

@@ -126,7 +126,8 @@ def options_to_proto(o: RequestOptions) -> pb.RequestOptions:
 def options_from_proto(msg: pb.RequestOptions) -> RequestOptions:
     return RequestOptions(
         max_tokens=_opt(msg, "max_tokens"),
-        sampling=sampling_from_proto(msg.sampling) if msg.HasField("sampling") else SamplingParams(),
+        sampling=(sampling_from_proto(msg.sampling) if msg.HasField("sampling")
+                  else SamplingParams()),
         constraint=constraint_from_proto(msg.constraint) if msg.HasField("constraint") else None,
         tool_choice=(tool_choice_from_proto(msg.tool_choice) if msg.HasField("tool_choice")
                      else ToolChoice()),

@@ -3,8 +3,8 @@ environment parsed from the file, and requests go through them (issue 4 §3).
 
 CI has no Docker engine, so each service runs as the process its `command` names, with its
 `environment`; service host names are rewritten to 127.0.0.1 and ports to free ones, and the worker
-runs on the CPU. Also checked here: a schema compiled once through the grammar service is a Redis hit
-for a second worker process (issue 4 §5), every service's metrics answer on the port the file
+runs on the CPU. Also checked here: a schema compiled once through the grammar service is a Redis
+hit for a second worker process (issue 4 §5), every service's metrics answer on the port the file
 gives it, and the health checks import nothing heavy (issue 12 §8).
 """
 

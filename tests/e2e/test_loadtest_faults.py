@@ -9,8 +9,8 @@ grammar service and one worker are killed and restarted, and counts 0 lost reque
 ends with a response or a terminal event, and every failure is typed)."
 
 The workers are `infernix worker serve` with small random weights over the SmolLM2 vocabulary
-(tests/support/tiny_worker.py), so a step costs milliseconds on a CPU; everything else is the product's
-own command line. The same stack (one per module) first shows, with real processes, that a
+(tests/support/tiny_worker.py), so a step costs milliseconds on a CPU; everything else is the
+product's own command line. The same stack (one per module) first shows, with real processes, that a
 non-streaming request whose client left is cancelled at its worker (§4), that a full worker queue
 answers 429 with a Retry-After (§5), and then, under the faults, that a stream on the SIGKILLed
 worker ends with a typed terminal event and is logged with what it had streamed (§6, §8). Two
@@ -165,8 +165,8 @@ class Stack:
 def stack():
     """Redis, the grammar service, two workers (4 lanes, at most 2 waiting each) and the gateway,
     started side by side. Compiles run in threads: the children of process isolation (tested in
-    tests/grammar/test_grammar_reliability.py) would triple the processes starting on two cores, and what
-    is tested here is what clients see while processes die and come back."""
+    tests/grammar/test_grammar_reliability.py) would triple the processes starting on two cores, and
+    what is tested here is what clients see while processes die and come back."""
     redis = RedisServer(free_port(), None, tempfile.mkdtemp(prefix="infernix-redis-"))
     redis.start()
     isolation = ("--compile-isolation", "thread")

@@ -43,7 +43,8 @@ PADDING_ROWS = 30
 
 # A Qwen-style ChatML template with Hermes tool framing, written for this test.
 TEMPLATE = """
-{%- if messages[0].role == 'system' %}{% set system = messages[0].content %}{% set rest = messages[1:] %}
+{%- if messages[0].role == 'system' %}{% set system = messages[0].content %}\
+{% set rest = messages[1:] %}
 {%- else %}{% set system = none %}{% set rest = messages %}{% endif %}
 {%- if tools %}
 {{- '<|im_start|>system\\n' }}{% if system %}{{ system + '\\n\\n' }}{% endif %}

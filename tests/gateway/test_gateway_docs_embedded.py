@@ -1,8 +1,8 @@
 """The "Using Infernix" pages run as written against the real embedded default: the gateway and
 an in-process worker over the built-in SmolLM2 on the CPU, built by the same settings and
 `open_worker` as `infernix serve` with no flags. Every Python block of each page runs in order
-with the official SDK (tests/gateway/test_gateway_docs.py runs the same blocks against the scripted fake
-worker, which checks the constraint each block sends). A block whose printed output on the
+with the official SDK (tests/gateway/test_gateway_docs.py runs the same blocks against the scripted
+fake worker, which checks the constraint each block sends). A block whose printed output on the
 default model is known (a refusal) says so with `embedded_prints`, a regex its output must match
 line by line, in its fake-worker comment."""
 

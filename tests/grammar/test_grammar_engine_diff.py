@@ -4,8 +4,8 @@ DESIGN.md, "Constraint engines": a second engine is allowed where measured bette
 equivalent by differential tests ... Neither engine may make a language looser." For many
 generated schemas (and every fixture schema of the schema tests) the xgrammar EBNF and the
 llguidance Lark lowering must give identical masks at every position of the same random walks,
-agree on may-end, termination and the forced bytes, accept and reject the same instances, and every completed walk
-must be valid for the `jsonschema` library (the independent base).
+agree on may-end, termination and the forced bytes, accept and reject the same instances, and every
+completed walk must be valid for the `jsonschema` library (the independent base).
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def both(constraint: OutputConstraint, comp: ModelCompiler):
 
 def compare_walks(gx, gl, rng: random.Random, walks: int, steps: int) -> list[bytes]:
     """Walk both engines' matchers with the same random legal tokens; assert identical masks,
-    may-end, termination and forced bytes at every position; roll back now and then and compare again.
-    Returns the outputs of the walks that ended with EOS."""
+    may-end, termination and forced bytes at every position; roll back now and then and compare
+    again. Returns the outputs of the walks that ended with EOS."""
     domain = gx.domain
     done = []
     bx = np.zeros((1, domain.mask_words), dtype=np.int32)

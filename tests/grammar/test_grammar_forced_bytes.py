@@ -3,7 +3,8 @@
 Contract: `forced_bytes()` is "the bytes every continuation of the output so far starts with (the
 grammar forces them, across rules ...); b"" where the next byte is free, or the output ended.
 Never changes the state." DESIGN.md, "Constraint engines": the engines are "proved equivalent by
-differential tests" (tests/grammar/test_grammar_engine_diff.py compares forced bytes along its walks).
+differential tests" (tests/grammar/test_grammar_engine_diff.py compares forced bytes along its
+walks).
 
 Independent base: on the byte test vocabulary the forced bytes are the longest run along which the
 mask holds exactly one legal single-byte token and no EOS, found by walking masks byte by byte.

@@ -2,9 +2,9 @@
 
 Issue 15: "The language must stay exactly what it is". Design document: "(= ...) lookahead ...
 must agree with [the rule bodies] (upstream's compile-hint semantics)". Three independent bases:
-an Earley recogniser over the unrewritten parse tree (tests/support/gbnf_oracle.py) decides every walk
-output and random strings; the unrewritten grammar compiled by xgrammar gives identical masks at
-every position of the same random walks (with rollbacks); and the rewritten text is checked for
+an Earley recogniser over the unrewritten parse tree (tests/support/gbnf_oracle.py) decides every
+walk output and random strings; the unrewritten grammar compiled by xgrammar gives identical masks
+at every position of the same random walks (with rollbacks); and the rewritten text is checked for
 what the rewrites promise (annotations only where no token terminal can follow).
 """
 

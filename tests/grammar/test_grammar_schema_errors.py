@@ -1,5 +1,6 @@
 """JSON Schema rejection: every keyword outside the enforced subset is an UnsupportedSchema at its
-exact RFC 6901 pointer; malformed schemas are InvalidSchema; strict tool roots must be closed objects.
+exact RFC 6901 pointer; malformed schemas are InvalidSchema; strict tool roots must be closed
+objects.
 """
 
 from __future__ import annotations
@@ -137,7 +138,8 @@ def test_pattern_and_length_hold_together(schema):
 
 def test_tool_arguments_errors_carry_the_tool():
     """'A tool's argument root must reduce to type=object ... it requires
-    additionalProperties=false; a root that still reduces to const/enum/anyOf/oneOf is unsupported.'"""
+    additionalProperties=false; a root that still reduces to const/enum/anyOf/oneOf is
+    unsupported.'"""
     closed = {"$defs": {"args": {"type": "object", "properties": {"city": {"type": "string"}},
                                  "required": ["city"], "additionalProperties": False}},
               "$ref": "#/$defs/args"}

@@ -206,8 +206,9 @@ CASES = [
 def test_format_strings_agree_with_the_checkers(fmt, good, bad):
     """Valid strings are accepted, invalid ones refused; both lists are first confirmed by the
     independent checker (leap seconds, which RFC 3339 allows and rfc3339-validator refuses, are
-    refused by both; a trailing dot or "--" in a hostname label's 3rd and 4th positions, and the ISO 8601 durations
-    outside RFC 3339's ABNF, are documented disagreements: the checker accepts them, we refuse)."""
+    refused by both; a trailing dot or "--" in a hostname label's 3rd and 4th positions, and the
+    ISO 8601 durations outside RFC 3339's ABNF, are documented disagreements: the checker accepts
+    them, we refuse)."""
     grammar = compiled(fmt)
     for s in good:
         assert independent(fmt, s), s

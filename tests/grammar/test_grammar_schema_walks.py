@@ -255,7 +255,8 @@ def test_walks_validate_and_instances_agree(name, schema, valid, invalid):
 
 
 def test_whitespace_runs_at_most_32():
-    """'JSON ... admits insignificant whitespace between tokens in runs of at most 32 characters'."""
+    """'JSON ... admits insignificant whitespace between tokens in runs of at most 32
+    characters'."""
     compiled = compile_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
     for n in (0, 1, 32):
         assert accepts(compiled, '{' + " \n\t\r"[n % 4] * n + '"a":1}')

@@ -265,7 +265,8 @@ async def test_a_grammar_cheaper_to_compile_than_to_load_is_compiled_where_used(
 @pytest.mark.asyncio
 async def test_grpc_client_refuses_a_service_with_another_vocabulary(redis_server, grammar_server):
     """'Different vocabularies use different compiler instances': a worker whose vocabulary differs
-    from the service's gets a different key and refuses the reply instead of using a wrong grammar."""
+    from the service's gets a different key and refuses the reply instead of using a wrong
+    grammar."""
     port, _ = grammar_server
     other = dataclasses.replace(byte_domain(), name="other-bytes")
     store = RedisStore(StoreConfig(redis_server.url, timeout_s=0.3))

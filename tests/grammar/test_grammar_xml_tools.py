@@ -1,6 +1,6 @@
 """The Qwen3.5 XML tool grammar (services/grammar/tools/xml_tools.py) under every output framing,
-judged by an independent reader of the format (tests/support/xml_walks.py), jsonschema, and the production decoder
-(shared/frontends/formats/qwen_xml_stream.py) reading the same walks.
+judged by an independent reader of the format (tests/support/xml_walks.py), jsonschema, and the
+production decoder (shared/frontends/formats/qwen_xml_stream.py) reading the same walks.
 
 Design document: "Strict arguments use explicit physical framing ... The two \\n are the framing
 newlines. Decoding strips only that pair"; "The non-strict base argument language allows any order

@@ -1,6 +1,6 @@
 """Strict XML argument values (services/grammar/tools/xml_values.py): raw strings with their
-assertions and the delimiter exclusion, and the schemas the XML format cannot represent, rejected while
-preparing with a typed error naming the parameter.
+assertions and the delimiter exclusion, and the schemas the XML format cannot represent, rejected
+while preparing with a typed error naming the parameter.
 
 Design document: "A raw string argument ends at \\n</parameter>, which must not occur in the
 value ... A string's pattern/length and the delimiter exclusion hold together"; "A raw argument

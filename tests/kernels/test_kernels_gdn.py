@@ -31,7 +31,10 @@ def inputs(B, T, hk, hv, dk, dv, *, seed=0, dtype=torch.float32, device="cpu"):
     gate = -torch.rand(B, T, hv, generator=g, dtype=torch.float64) * 2
     beta = torch.rand(B, T, hv, generator=g, dtype=torch.float64)
     s = torch.randn(B, hv, dk, dv, generator=g, dtype=torch.float64)
-    cast = (lambda x: x.to(device=device, dtype=dtype))
+
+    def cast(x):
+        return x.to(device=device, dtype=dtype)
+
     return (
         cast(q),
         cast(k),
@@ -76,9 +79,10 @@ def test_padding_tokens_leave_state_unchanged():
 
 def _indexed_case(device, dtype, B=3, T=5, hk=2, hv=4, dk=16, dv=12, C=40, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    rnd = lambda *shape, scale=1.0: (scale * torch.randn(*shape, generator=gen)).to(
-        device=device, dtype=dtype
-    )
+
+    def rnd(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=gen)).to(device=device, dtype=dtype)
+
     y = rnd(B, T, 2 * hk * dk + hv * dv)  # conv output [q | k | v]
     ab = rnd(B, T, 2 * hv + 3, scale=2.0)  # a and b as column slices of a wider projection
     a, b = ab[..., 1:1 + hv], ab[..., 1 + hv:1 + 2 * hv]

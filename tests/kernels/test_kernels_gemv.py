@@ -2,8 +2,9 @@
 
 Backends: `interpreter` (small shapes under TRITON_INTERPRET=1, every mode, split-K, bias, bf16 /
 fp16 / fp32) in a child pytest, because TRITON_INTERPRET must be set before triton is first
-imported (see tests/kernels/test_kernels_gdn.py); `cuda` marked gpu at the real decode shapes (Qwen3-8B and
-Qwen3.5-9B linear layers) against F.linear within bf16 tolerance, plus run-to-run bit equality.
+imported (see tests/kernels/test_kernels_gdn.py); `cuda` marked gpu at the real decode shapes
+(Qwen3-8B and Qwen3.5-9B linear layers) against F.linear within bf16 tolerance, plus run-to-run bit
+equality.
 """
 
 from __future__ import annotations

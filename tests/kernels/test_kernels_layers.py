@@ -1,9 +1,10 @@
 """RMSNorm, RoPE and SwiGLU kernels (Triton, interpreted and CUDA) and their torch references.
 
-Each scenario runs per backend (tests/support/kernel_backends.py) against a float64 oracle written from
-the checkpoints' formulas; the Triton backends are also compared with the torch reference, within
-one rounding step of the dtype. Independent bases: float64 arithmetic, and the model code that
-serves today (`services.worker.models.dense.RMSNorm`, `services.worker.models.rope.apply_rope`).
+Each scenario runs per backend (tests/support/kernel_backends.py) against a float64 oracle written
+from the checkpoints' formulas; the Triton backends are also compared with the torch reference,
+within one rounding step of the dtype. Independent bases: float64 arithmetic, and the model code
+that serves today (`services.worker.models.dense.RMSNorm`,
+`services.worker.models.rope.apply_rope`).
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def test_rms_norm_matches_float64(backend, dtype, zero_centered):
 
 
 def test_rms_norm_reference_is_the_serving_module():
-    """The reference is the formula the dense model serves today (services/worker/models/dense.py)."""
+    """The reference is the formula the dense model serves today
+    (services/worker/models/dense.py)."""
     from services.worker.models.dense import RMSNorm
     gen = np.random.default_rng(2)
     for dtype in DTYPES:
@@ -228,7 +230,8 @@ def test_rope_rotates_q_and_k_in_place(backend, dtype, rotary):
 
 
 def test_rope_reference_is_the_serving_module():
-    """With the full rotary dimension the reference equals services/worker/models/rope.apply_rope."""
+    """With the full rotary dimension the reference equals
+    services/worker/models/rope.apply_rope."""
     from services.worker.models.rope import apply_rope
     gen = np.random.default_rng(6)
     x = rand(gen, (2, 5, 3, 16), torch.bfloat16, "cpu")

@@ -39,7 +39,8 @@ class Expected:
     ambiguous: bool = False  # a truncation threshold within float32 noise of a candidate
 
     def pick(self, u: float) -> tuple[int, float]:
-        """Inverse CDF in candidate order: first with cumulative p > u; and the distance to a step."""
+        """Inverse CDF in candidate order: first with cumulative p > u; and the distance to a
+        step."""
         cdf = np.cumsum(self.p)
         i = min(int(np.searchsorted(cdf, u, side="right")), len(cdf) - 1)
         return int(self.order[i]), float(np.min(np.abs(cdf - u)))
@@ -248,8 +249,8 @@ def test_mixed_batch_matches_oracle(backend):
 
 
 def test_legal_tokens_beyond_unconstrained_top_k(backend):
-    """Design: "Filtering an already chosen top 20 does not meet this contract: a legal token may lie
-    beyond the original 20th." Only tokens ranked 21..30 are legal; top_k = 20."""
+    """Design: "Filtering an already chosen top 20 does not meet this contract: a legal token may
+    lie beyond the original 20th." Only tokens ranked 21..30 are legal; top_k = 20."""
     gen = np.random.default_rng(11)
     n, vocab = 8, backend.vocab
     logits = gen.normal(0, 1, (n, vocab)).astype(np.float32)
@@ -575,7 +576,8 @@ def test_invalid_inputs_name_the_field():
 @pytest.mark.skipif(INTERPRETED, reason="this process is the interpreter run itself")
 def test_triton_kernels_under_interpreter():
     """Design: "kernels have torch references and Triton's interpreter (TRITON_INTERPRET=1) for
-    small shapes": every scenario above, run on the Triton kernels in a fresh interpreted process."""
+    small shapes": every scenario above, run on the Triton kernels in a fresh interpreted
+    process."""
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-x",

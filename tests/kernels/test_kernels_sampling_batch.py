@@ -1,5 +1,5 @@
-"""Device-resident sampling parameters (kernels/sampling_batch.py) against `SamplingParams.from_rows`
-and the sampling reference."""
+"""Device-resident sampling parameters (kernels/sampling_batch.py) against
+`SamplingParams.from_rows` and the sampling reference."""
 
 from __future__ import annotations
 

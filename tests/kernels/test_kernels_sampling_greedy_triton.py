@@ -8,9 +8,9 @@ every legal value is -inf (no finite candidate). Illegal values are never inspec
 carries token 0 only as an in-range placeholder and probability 0."
 
 Backends: `interpreter` (Triton's interpreter on the CPU, small shapes, in a child pytest:
-TRITON_INTERPRET must be set before triton is first imported, see tests/kernels/test_kernels_sampling.py)
-and `cuda` (native, marked gpu). The generable-mask helper, the dispatcher's torch fallback and the
-sampler's CPU path run in this process.
+TRITON_INTERPRET must be set before triton is first imported, see
+tests/kernels/test_kernels_sampling.py) and `cuda` (native, marked gpu). The generable-mask helper,
+the dispatcher's torch fallback and the sampler's CPU path run in this process.
 """
 
 from __future__ import annotations

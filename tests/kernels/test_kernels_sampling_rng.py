@@ -1,4 +1,5 @@
-"""The counter-based RNG of the sampling kernels against a plain-Python transcription of its spec."""
+"""The counter-based RNG of the sampling kernels against a plain-Python transcription of its
+spec."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def chi2_upper(df: int, z: float = 4.75) -> float:
 
 
 def test_uniform_matches_python_transcription():
-    """Design: "The RNG split by seed, logical position and purpose" -- one fixed hash, any device."""
+    """Design: "The RNG split by seed, logical position and purpose" -- one fixed hash, any
+    device."""
     gen = np.random.default_rng(1)
     seeds = [0, 1, -1, 2**63 - 1, -2**63] + [int(x) for x in gen.integers(-2**63, 2**63 - 1, 60)]
     positions = [0, 1, 2**31, 2**40 + 3] + [int(x) for x in gen.integers(0, 2**62, 61)]

@@ -1,6 +1,6 @@
 """The layering rules DESIGN.md ("Grammar service layout") says a test checks, on the import graph
-of tests/support/import_graph.py (every import statement, module-level and function-level; those under
-`if TYPE_CHECKING:` never run and are left out of the rules):
+of tests/support/import_graph.py (every import statement, module-level and function-level; those
+under `if TYPE_CHECKING:` never run and are left out of the rules):
 
 - "the worker reaches the grammar service only through `services/grammar/client.py`";
 - "the gateway knows only the `WorkerClient` interface": it imports nothing of the worker, the

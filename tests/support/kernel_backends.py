@@ -1,4 +1,5 @@
-"""How kernel tests run one scenario on several backends (see tests/kernels/test_kernels_sampling.py).
+"""How kernel tests run one scenario on several backends (see
+tests/kernels/test_kernels_sampling.py).
 
 `reference` runs the plain-torch reference in this process; `interpreter` runs the Triton kernels
 under TRITON_INTERPRET=1 on the CPU, which must be set before triton is first imported, so it only

@@ -1,11 +1,11 @@
 """`infernix worker serve` with small random weights, for tests with real worker processes.
 
-`python -m tests.support.tiny_worker ARGS...` runs the real command line (`services.cli main(["worker",
-"serve", *ARGS])`: its settings, grammar client, metrics port, gRPC service and drain) with one
-change: the built-in model's weights are a 2-layer random-weight decoder over the SmolLM2
-vocabulary and Frontend (chat template, tokenizer, tool formats), so the grammar service compiles
-for the same vocabulary and a step costs milliseconds on a CPU. Structure only, never a quality
-claim: the output text is noise, constrained output is still exactly in its language.
+`python -m tests.support.tiny_worker ARGS...` runs the real command line (`services.cli
+main(["worker", "serve", *ARGS])`: its settings, grammar client, metrics port, gRPC service and
+drain) with one change: the built-in model's weights are a 2-layer random-weight decoder over the
+SmolLM2 vocabulary and Frontend (chat template, tokenizer, tool formats), so the grammar service
+compiles for the same vocabulary and a step costs milliseconds on a CPU. Structure only, never a
+quality claim: the output text is noise, constrained output is still exactly in its language.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ if __name__ == "__main__":
 
 
 class WorkerProcess:
-    """A tiny worker (this module as `python -m tests.support.tiny_worker`) on a fixed loopback port, with
-    its metrics port; it can be SIGKILLed and started again on the same ports."""
+    """A tiny worker (this module as `python -m tests.support.tiny_worker`) on a fixed loopback
+    port, with its metrics port; it can be SIGKILLed and started again on the same ports."""
 
     def __init__(self, *flags: str, name: str = "worker", env: dict | None = None) -> None:
         import tempfile

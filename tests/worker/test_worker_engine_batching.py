@@ -1,4 +1,5 @@
-"""Engine: continuous batching, lanes, KV reuse and chunked prefill against an engine-free oracle."""
+"""Engine: continuous batching, lanes, KV reuse and chunked prefill against an engine-free
+oracle."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Engine: request lifecycle (cancellation, deadlines, limits, stops, per-row failures, rejections)."""
+"""Engine: request lifecycle (cancellation, deadlines, limits, stops, per-row failures,
+rejections)."""
 
 from __future__ import annotations
 

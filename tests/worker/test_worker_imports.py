@@ -1,9 +1,10 @@
 """The worker's rooms import each other one way only (DESIGN.md, "Worker layout": "no import
 cycles"; the speculation room: the Program "names no backend").
 
-On tests/support/import_graph.py's scan (every import of every module, function-level ones included);
-here TYPE_CHECKING imports count too, so the worker's rooms stay one-way even for the type
-checker. `python3 -m tests.worker.test_worker_imports` prints the worker's module and room cycles.
+On tests/support/import_graph.py's scan (every import of every module, function-level ones
+included); here TYPE_CHECKING imports count too, so the worker's rooms stay one-way even for the
+type checker. `python3 -m tests.worker.test_worker_imports` prints the worker's module and room
+cycles.
 """
 
 from __future__ import annotations

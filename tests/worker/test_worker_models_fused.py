@@ -160,7 +160,8 @@ def test_fused_model_under_interpreter():
 def test_interpreter_kernels_serve_qwen35(monkeypatch):
     """Issue 14: "the same kernels serve the Qwen3.5 model's attention layers and MLPs": the
     zero-centred Triton norms (per head on q of the q|gate projection, the residual-fused
-    post-attention norm), partial-rotary RoPE in place and SwiGLU give the op-by-op path's logits."""
+    post-attention norm), partial-rotary RoPE in place and SwiGLU give the op-by-op path's
+    logits."""
     from bench.random_weights import random_qwen35
 
     model = random_qwen35(dtype=torch.float32, device="cpu", seed=4, vocab_size=64, hidden_size=32,

@@ -3,8 +3,8 @@ checkpoints written with `save_pretrained` and read back by `load_hf_model`.
 
 The oracle runs each row's whole token sequence through the transformers model without any cache
 (eager attention); ours runs the same tokens through the serving path: chunked prefill into the
-lane KV cache, a chunk mixed with a decode row, then batched decode of two rows at different lengths.
-The helpers here are shared with test_worker_models_smollm2.py.
+lane KV cache, a chunk mixed with a decode row, then batched decode of two rows at different
+lengths. The helpers here are shared with test_worker_models_smollm2.py.
 """
 
 from __future__ import annotations
@@ -157,10 +157,11 @@ def random_sequences(vocab: int, seed: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 def test_logits_match_transformers(tmp_path, family):
-    """DESIGN 'Models and token domain': Llama-family dense models (Llama, Qwen2, Qwen3) load by their
-    Hugging Face names; "transformers is used in tests as an independent oracle (same weights, same
-    logits within tolerance)". Prefill chunks, a chunk beside a decode row, and batched decode of
-    rows at different lengths through the lane KV cache must all match the cache-free reference."""
+    """DESIGN 'Models and token domain': Llama-family dense models (Llama, Qwen2, Qwen3) load by
+    their Hugging Face names; "transformers is used in tests as an independent oracle (same weights,
+    same logits within tolerance)". Prefill chunks, a chunk beside a decode row, and batched decode
+    of rows at different lengths through the lane KV cache must all match the cache-free
+    reference."""
     path, hf = make_checkpoint(tmp_path, family)
     model, config = load_hf_model(path)
     assert config.architecture == family and model.source_path == path

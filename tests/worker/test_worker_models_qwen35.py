@@ -29,7 +29,8 @@ from tests.support.qwen35_support import (
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
-    """Small forwards run fastest on one thread on the shared 2-core machine; restored afterwards."""
+    """Small forwards run fastest on one thread on the shared 2-core machine; restored
+    afterwards."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -89,7 +90,8 @@ SCHEDULE = ((40, 5, 0), (0, 9, 12), (1, 3, 1)) + ((1, 1, 1),) * 8
 def test_prefill_and_decode_match_transformers(setup):
     """Chunked prefill (recurrent and chunked GDN forms), right-padded rows with num_tokens, a row
     sitting out a step, and 8 batched decode steps through the lane state must give, for every real
-    token, the logits transformers computes (float32, CPU) for the whole sequence without a cache."""
+    token, the logits transformers computes (float32, CPU) for the whole sequence without a
+    cache."""
     hf, model, device, dtype, tol = setup
     config = model.config
     assert config.layer_types.count("full_attention") == 2 and len(config.gdn_layers) == 3
@@ -167,7 +169,10 @@ def test_verify_commit_equals_recomputation(setup):
     drafts = sequences([K1] * rows, seed=5)  # what the verification feeds after the prompt
     lanes = torch.tensor([4, 0, 3, 1, 2], device=device)
     state = model.new_state(6, 40, dtype=dtype, device=device, verify_width=K1 + 1)
-    arange = (lambda a, b: torch.arange(a, b, device=device)[None])
+
+    def arange(a, b):
+        return torch.arange(a, b, device=device)[None]
+
     with torch.no_grad():
         model(
             torch.tensor([s[:prompt_len] for s in seqs], device=device),
@@ -176,7 +181,8 @@ def test_verify_commit_equals_recomputation(setup):
             lanes,
         )
         state.commit(lanes, torch.full((rows,), prompt_len, device=device))
-        # the verification: the accepted prefix of row b agrees with seqs[b], the rest is a wrong draft
+        # the verification: the accepted prefix of row b agrees with seqs[b], the rest is a wrong
+        # draft
         accepted = torch.arange(1, rows + 1)
         verify = torch.tensor(
             [

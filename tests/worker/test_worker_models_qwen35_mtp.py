@@ -90,7 +90,8 @@ def test_mtp_matches_transcription(tmp_path):
 
 
 def test_mtp_absent():
-    """A model without mtp.* weights has no module (and its state no MTP KV); mtp_forward says so."""
+    """A model without mtp.* weights has no module (and its state no MTP KV); mtp_forward says
+    so."""
     from bench.random_weights import random_qwen35
 
     model = random_qwen35(

@@ -9,8 +9,8 @@ clears, in every mask, tokens that would complete a name already used in the cal
 walks through the masks of every framing accepted by an independent parser of the format".
 
 The model is a small random-weight one over a byte-level domain with the Qwen3.5 control tokens
-(tests/support/qwen_support.py), rendered with the real Qwen3.5 template, with a logit bias towards the
-framing's tokens so that walks finish; the sampler, the masks (batched fills included), the
+(tests/support/qwen_support.py), rendered with the real Qwen3.5 template, with a logit bias towards
+the framing's tokens so that walks finish; the sampler, the masks (batched fills included), the
 companion, the phase decoder and the tool stream are the production ones. The output ids are read
 from what the model is fed (by position), and `tests/xml_walks.parse` reads them independently.
 """

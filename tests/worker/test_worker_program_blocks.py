@@ -91,7 +91,8 @@ def test_disabled_cache_allocates_but_never_matches():
 
 def test_eviction_under_a_small_pool_is_lru_and_spares_blocks_in_use():
     """The minimum pool (every lane's full length + trash): cached blocks without references are
-    reused least recently used first, deepest block of a released lane first; blocks in use never."""
+    reused least recently used first, deepest block of a released lane first; blocks in use
+    never."""
     m = BlockManager(_cache(2, 32), 2, identity="m")  # 1 + 2 x 2 blocks
     a, b = list(range(1, 33)), list(range(201, 233))
     _fill(m, 0, a)
@@ -129,7 +130,8 @@ def test_replay_after_release_finds_output_blocks():
 def test_stress_references_never_free_a_block_in_use():
     """Many lanes join and leave with prompts that share prefixes or not, grow by decode steps and
     abandon uncommitted writes, under a pool that must evict; after every operation each live
-    lane reads back exactly its own tokens, and every block's refcount equals the lanes naming it."""
+    lane reads back exactly its own tokens, and every block's refcount equals the lanes naming
+    it."""
     rng = random.Random(7)
     lanes, max_len = 6, 80
     m = BlockManager(_cache(lanes, max_len, num_blocks=1 + lanes * 5 + 4), lanes, identity="m")

@@ -276,8 +276,9 @@ async def test_health_models_and_count_tokens(remote):
 @pytest.mark.asyncio
 async def test_server_close_mid_stream_and_unreachable_worker(remote):
     """A worker going away mid-stream ends the stream with Finished(ERROR, ServiceUnavailable
-    'worker connection lost': a dependency failure, not a bug) and cancels on the worker; before the first event an unreachable
-    or closing worker raises WorkerUnavailable (a ConnectionError a pool may retry)."""
+    'worker connection lost': a dependency failure, not a bug) and cancels on the worker; before the
+    first event an unreachable or closing worker raises WorkerUnavailable (a ConnectionError a pool
+    may retry)."""
     fake, client, server = remote
     fake.reset(Script(text=tuple("abcdefghij"), delay_s=0.05))
     stream = client.generate(GenerateRequest("r-close", PromptInput(text="x")))

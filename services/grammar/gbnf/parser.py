@@ -4,10 +4,11 @@ Syntax (xgrammar 0.2.8's EBNF with the llama.cpp dialect): `name ::= alternative
 a rule definition starting its own line; a body runs until the next `name ::=` or the end, across
 lines (a superset of llama.cpp, which ends a body at a newline outside parentheses). Alternatives
 may be empty anywhere (llama.cpp's `ws ::= | " "`). Elements: string literals, character classes,
-rule references, `( ... )`, `.` (any character, llama.cpp), `Token(id, ...)`, `ExcludeToken(id, ...)`,
-`<[id]>` and `!<[id]>` (llama.cpp token references); each may carry `* + ? {m} {m,} {m,n} {,n}`
-(stacked operators nest). A name with dots is a rule only when a rule of that exact name exists
-(xgrammar allows dots in names); otherwise each `.` in it is llama.cpp's any-character.
+rule references, `( ... )`, `.` (any character, llama.cpp), `Token(id, ...)`,
+`ExcludeToken(id, ...)`, `<[id]>` and `!<[id]>` (llama.cpp token references); each may carry
+`* + ? {m} {m,} {m,n} {,n}` (stacked operators nest). A name with dots is a rule only when a rule
+of that exact name exists (xgrammar allows dots in names); otherwise each `.` in it is llama.cpp's
+any-character.
 """
 
 from __future__ import annotations

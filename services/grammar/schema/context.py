@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from shared.errors import InvalidSchema, SchemaSource, UnsupportedSchema
 
-# Limits of the composition reduction (design document, "Composition compilation has explicit limits").
+# Limits of the composition reduction (design document, "Composition compilation has explicit
+# limits").
 MAX_MERGES = 16384  # intersection merges per reduction
 MAX_DEPTH = 256  # nesting / finite-value recursion depth
 

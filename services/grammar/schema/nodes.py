@@ -1,4 +1,5 @@
-"""The reduced schema graph: immutable, hashable nodes that the reduction builds and the emitter reads.
+"""The reduced schema graph: immutable, hashable nodes that the reduction builds and the emitter
+reads.
 
 A node is the exact set of JSON values it accepts. Typed nodes hold only assertions of one JSON
 type; compositions are already reduced (allOf intersected, oneOf proved exclusive and turned into a

@@ -3,7 +3,8 @@
 Both write the same language. They differ in where the terminals are: in EBNF every string,
 number and whitespace run is made of rules and character classes; in Lark each is one lexeme
 (a regex terminal), which llguidance's lexer matches in one automaton. The whitespace run between
-JSON tokens is at most 32 characters in both (`[ \\t\\n\\r]{0,32}` / an optional `/[ \\t\\n\\r]{1,32}/`).
+JSON tokens is at most 32 characters in both (`[ \\t\\n\\r]{0,32}` / an optional
+`/[ \\t\\n\\r]{1,32}/`).
 
 A Lark grammar never relies on the lexer's longest-match choice: every terminal here ends where
 the next one cannot continue it (a string ends at its closing quote, a number before whitespace,

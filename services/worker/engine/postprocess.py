@@ -8,7 +8,8 @@
 Published events are held in an Outbox (stream.py) and delivered by `flush()`, one event-loop
 wake-up for all of them: on CUDA the Engine flushes right after the next step's forward is
 launched, so the event loop's work on them overlaps the device instead of the host tail, and
-before the worker idles; on the CPU at the end of each step. Each stream's order is kept; the events are published (confirmed) before they are held.
+before the worker idles; on the CPU at the end of each step. Each stream's order is kept; the events
+are published (confirmed) before they are held.
 
 Failure rules (design document, section 5):
 - a row whose request was cancelled commits nothing of the round and finishes as cancelled;

@@ -69,7 +69,8 @@ class RopeConfig:
             if self.original_max_position_embeddings <= 0:
                 raise ModelConfigError(
                     "rope_parameters.original_max_position_embeddings",
-                    f"must be a positive integer for {self.rope_type}, got {self.original_max_position_embeddings!r}",
+                    f"must be a positive integer for {self.rope_type}, "
+                    f"got {self.original_max_position_embeddings!r}",
                 )
         if self.rope_type == "llama3" and not (0 < self.low_freq_factor < self.high_freq_factor):
             raise ModelConfigError(
@@ -86,7 +87,8 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape and numerics of one dense decoder; built with `ModelConfig.from_hf(config_dict)`."""
+    """The shape and numerics of one dense decoder; built with
+    `ModelConfig.from_hf(config_dict)`."""
 
     architecture: str  # one of ARCHITECTURES
     vocab_size: int  # rows of the embedding and of the LM head
@@ -109,7 +111,8 @@ class ModelConfig:
         if self.architecture not in ARCHITECTURES:
             raise ModelConfigError(
                 "model_type",
-                f"unsupported architecture {self.architecture!r}; supported: {', '.join(ARCHITECTURES)}",
+                f"unsupported architecture {self.architecture!r}; "
+                f"supported: {', '.join(ARCHITECTURES)}",
             )
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim", "max_position_embeddings"):

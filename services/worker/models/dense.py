@@ -16,7 +16,8 @@ reads before the row's next forward overwrites them. Their logits are meaningles
 Module and parameter names follow Hugging Face (`model.layers.3.self_attn.q_proj.weight`), so a
 checkpoint's state dict loads as is. Per block (pre-norm):
 
-    h = x + o_proj(attention(rope(q_norm(q_proj(n))), rope(k_norm(k_proj(n))), v_proj(n))),  n = norm(x)
+    h = x + o_proj(attention(rope(q_norm(q_proj(n))), rope(k_norm(k_proj(n))), v_proj(n))),
+        n = norm(x)
     out = h + down_proj(silu(gate_proj(m)) * up_proj(m)),  m = norm(h)
 """
 

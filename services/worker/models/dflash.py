@@ -4,7 +4,8 @@ checkpoint directory.
 A stack of Qwen3-style layers conditioned on the target's hidden states. Per round and row:
 
     context c = hidden_norm(fc([h_{l1}; ...; h_{ln}]))     target layer outputs at target_layer_ids
-    each layer's k_norm(k_proj(c)) and v_proj(c) at the context positions: extra K/V, cached per lane
+    each layer's k_norm(k_proj(c)) and v_proj(c) at the context positions: extra K/V, cached
+                per lane
     block  x = embed([anchor, MASK x K]) at positions p .. p+K (the target's embedding)
     each layer: queries from the block only; keys/values = cached context (< p) + the block's own,
                 non-causal; sliding-window layers see keys within `sliding_window` positions
@@ -140,7 +141,6 @@ class GroupedDynamicConv(nn.Module):
     def apply(self, x: torch.Tensor, delta: torch.Tensor, phase: int) -> torch.Tensor:
         # out[i, c] = sum_t (base[phase, t, c] + delta[i, t, g(c)]) * x[i - t, c]; x: [B, S, H]
         B, S, H = x.shape
-        groups = H // self.group
         out = torch.zeros_like(x)
         for t in range(self.taps):
             shifted = x if t == 0 else F.pad(x[:, :-t], (0, 0, t, 0))  # x[i - t], zero before 0

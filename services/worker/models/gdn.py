@@ -2,7 +2,8 @@
 
 Per layer, for x: [B, T, hidden] (as transformers' Qwen3.5 computes it):
 
-    y = [q; k; v] = silu(causal_conv1d(in_proj_qkv(x)))   depthwise, K taps, continuing the lane's window
+    y = [q; k; v] = silu(causal_conv1d(in_proj_qkv(x)))   depthwise, K taps, continuing the
+                                                          lane's window
     q, k      = l2norm(q) * dk^-1/2, l2norm(k)            float32, per key head
     beta      = sigmoid(in_proj_b(x)),  g = -exp(A_log) * softplus(in_proj_a(x) + dt_bias)
     o         = gated delta rule(q, k, v, g, beta) from the lane's recurrent state (float32)
@@ -11,8 +12,8 @@ Per layer, for x: [B, T, hidden] (as transformers' Qwen3.5 computes it):
 Right-padded tokens (t >= num_tokens[b]) get g = beta = 0, which leaves the recurrent state bit for
 bit unchanged, and never enter the conv window. Dispatch: Triton kernels on CUDA (kernels/conv.py;
 kernels/gdn.py's `gdn_step`, which computes the gates, norms and recurrence from y, a and b in one
-kernel; fla-core's chunked kernel for long bf16 / fp16 prefill when installed), the torch references of
-kernels/gdn_ref.py elsewhere.
+kernel; fla-core's chunked kernel for long bf16 / fp16 prefill when installed), the torch references
+of kernels/gdn_ref.py elsewhere.
 """
 
 from __future__ import annotations

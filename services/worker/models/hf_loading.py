@@ -46,7 +46,8 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torc
     if missing or unexpected:
         raise ModelConfigError(
             "weights",
-            f"checkpoint does not match the config: missing {missing[:8]}, unexpected {unexpected[:8]}",
+            f"checkpoint does not match the config: missing {missing[:8]}, "
+            f"unexpected {unexpected[:8]}",
         )
     for name, shape in expected.items():
         if tuple(state[name].shape) != tuple(shape):

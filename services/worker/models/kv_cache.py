@@ -16,9 +16,10 @@ position p to positions 0..p of its row through the table (`attend`): the Triton
 `kernels.paged_kv.write_kv` + `kernels.paged_attention.paged_attention` on CUDA (one kernel pair,
 whose plain-torch reference is `kernels.paged_kv_ref`, for prefill chunks, decode and verification
 alike); on the CPU the rows' blocks are gathered whole through the same tables and attended with
-torch's scaled_dot_product_attention (`attend`). Slots past a lane's committed frontier are overwritten before being
-read (models/state.py), so a lane is reused without clearing anything and `commit` has nothing to
-do. A shared (cached) block is never written: a lane only writes positions after its cached prefix.
+torch's scaled_dot_product_attention (`attend`). Slots past a lane's committed frontier are
+overwritten before being read (models/state.py), so a lane is reused without clearing anything and
+`commit` has nothing to do. A shared (cached) block is never written: a lane only writes positions
+after its cached prefix.
 """
 
 from __future__ import annotations
@@ -142,10 +143,11 @@ class KVCache:
 
         CUDA (bf16 / fp16 / fp32 caches): `kernels.paged_kv.write_kv` +
         `kernels.paged_attention.paged_attention` (the kernel pair whose reference is
-        `kernels.paged_kv_ref`). Elsewhere (the CPU; float64 test models): the same slots written with
-        one index_put, the rows' blocks gathered whole through their tables (positions < kv_len)
-        and torch's scaled_dot_product_attention under the causal mask: the numerical route the
-        CPU engine had before paging, several times faster there than the per-token reference."""
+        `kernels.paged_kv_ref`). Elsewhere (the CPU; float64 test models): the same slots written
+        with one index_put, the rows' blocks gathered whole through their tables (positions
+        < kv_len) and torch's scaled_dot_product_attention under the causal mask: the numerical
+        route the CPU engine had before paging, several times faster there than the per-token
+        reference."""
         kc, vc = self.keys(layer), self.values(layer)
         dtype = q.dtype
         q, k, v = q.to(kc.dtype), k.to(kc.dtype), v.to(kc.dtype)

@@ -38,7 +38,8 @@ _MOE_KEYS = (
 
 @dataclass(frozen=True)
 class Qwen35Config:
-    """Shape and numerics of one Qwen3.5 text model; build it with `Qwen35Config.from_hf(config_dict)`."""
+    """Shape and numerics of one Qwen3.5 text model; build it with
+    `Qwen35Config.from_hf(config_dict)`."""
 
     vocab_size: int  # rows of the embedding and of the LM head
     hidden_size: int  # residual width

@@ -71,7 +71,8 @@ def build_qwen35(config: Qwen35Config, state: dict[str, torch.Tensor], dtype: to
     if missing or unexpected:
         raise ModelConfigError(
             "weights",
-            f"checkpoint does not match the config: missing {missing[:8]}, unexpected {unexpected[:8]}",
+            f"checkpoint does not match the config: missing {missing[:8]}, "
+            f"unexpected {unexpected[:8]}",
         )
     for name, shape in expected.items():
         if tuple(state[name].shape) != tuple(shape):

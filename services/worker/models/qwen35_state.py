@@ -21,8 +21,10 @@ projection, no recomputation of the prompt), and rebuilds the conv window; rows 
 tokens only flip. On CUDA that is two kernel launches for all layers. The cost over one slot, at
 the 9B shape (24 GDN layers, 32 x 128 x 128 float32 state, conv 8192 x 3 bf16), K = 15 (W = 16):
 
-    second slot: 24 x (2 MiB + 48 KiB) = 49 MiB/lane;  replay buffers: 24 x 16 x 32 KiB = 12 MiB/lane
-    -> 61 MiB/lane, 3.8 GiB for 64 lanes (per-position snapshots: 16 x 49 MiB = 784 MiB/lane, 49 GiB)
+    second slot: 24 x (2 MiB + 48 KiB) = 49 MiB/lane;
+    replay buffers: 24 x 16 x 32 KiB = 12 MiB/lane
+    -> 61 MiB/lane, 3.8 GiB for 64 lanes
+    (per-position snapshots: 16 x 49 MiB = 784 MiB/lane, 49 GiB)
 
 (`speculation_bytes_per_lane` computes it; the second slot is also what lets an uncommitted step
 leave no trace.) A lane is reused by a new request without clearing: a forward row whose first

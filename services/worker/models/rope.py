@@ -92,7 +92,8 @@ def rope_cos_sin(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate heads x: [B, T, H, D] by cos, sin: [B, T, D/2]; computed in float32, returns x's dtype."""
+    """Rotate heads x: [B, T, H, D] by cos, sin: [B, T, D/2]; computed in float32, returns x's
+    dtype."""
     half = x.shape[-1] // 2
     x1 = x[..., :half].float()  # [B, T, H, D/2]
     x2 = x[..., half:].float()

@@ -15,9 +15,9 @@ Only committed tokens are fed (after the Program commit and the session's confir
 here is ever rolled back. A continued final assistant message (`continue_from`) is read first and
 not published ("Only the new suffix is published"), except the head of a call the prefix leaves
 unfinished: its start and argument fragments so far go out with the first events, so that the
-streamed fragments still concatenate to the call's arguments. `feed` and `finish` return the protocol events in order; afterwards
-`content()`, `reasoning()` and `tool_calls()` hold the aggregate result, which the streamed
-events concatenate to by construction.
+streamed fragments still concatenate to the call's arguments. `feed` and `finish` return the
+protocol events in order; afterwards `content()`, `reasoning()` and `tool_calls()` hold the
+aggregate result, which the streamed events concatenate to by construction.
 """
 
 from __future__ import annotations

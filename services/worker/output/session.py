@@ -85,12 +85,13 @@ class OutputSession:
 
     `compiled`: the shared compiled grammar, or None for an unconstrained request. `prefix`: the
     content a ContinueFinalAssistant request continues (UTF-8 bytes; accepted by the matcher at
-    creation, never published, part of completeness; default b""). `branch`: the report's branch (default "content"). `cache` ("l1" | "redis" | None), `built`,
-    `waited`, `compile_ms`: the compile-cache outcome for the report. `names`: the XML tool
-    grammar's ParameterNameConstraint companion (non-strict tools), which shares every matcher
-    transaction: it clears the masks' tokens that would repeat an argument name and follows
-    every accept and rollback. `prefix_tokens`: the continued content as tokens, for a tool
-    grammar (the Frontend's `continuation_tokens`), accepted instead of `prefix` bytes.
+    creation, never published, part of completeness; default b""). `branch`: the report's branch
+    (default "content"). `cache` ("l1" | "redis" | None), `built`, `waited`, `compile_ms`: the
+    compile-cache outcome for the report. `names`: the XML tool grammar's ParameterNameConstraint
+    companion (non-strict tools), which shares every matcher transaction: it clears the masks'
+    tokens that would repeat an argument name and follows every accept and rollback.
+    `prefix_tokens`: the continued content as tokens, for a tool grammar (the Frontend's
+    `continuation_tokens`), accepted instead of `prefix` bytes.
 
     Raises InvalidRequest(field="prefix") when the prefix is not UTF-8 or the grammar refuses it,
     InternalError when the grammar
@@ -164,9 +165,10 @@ class OutputSession:
         """Fill `out[0..len(drafts)]` with the masks of committed + drafts[:i] and roll back.
 
         `out`: `[>= len(drafts)+1, ceil(V/32)]` int32 CPU tensor (a view of the Program's pinned
-        buffer). `position`: committed output tokens (the result's base position). An unconstrained session returns DISABLED states and writes nothing. Raises
-        InternalError while a preview is pending, after the session finished, on a wrong buffer,
-        or when the matcher refuses a draft its own mask allowed.
+        buffer). `position`: committed output tokens (the result's base position). An unconstrained
+        session returns DISABLED states and writes nothing. Raises InternalError while a preview is
+        pending, after the session finished, on a wrong buffer, or when the matcher refuses a draft
+        its own mask allowed.
         """
         self._check_idle("lookahead")
         n = len(drafts)

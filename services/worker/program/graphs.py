@@ -7,10 +7,10 @@ write the scratch lane. Each decode graph also captures the greedy sample stage 
 unconstrained, unpenalized batch (program/sampling.py `greedy_in_graph`), so such a step is one
 graph replay and two small copies to the host; and, in a second small graph replayed once the
 CPU's masks are uploaded, the masked greedy stage of a constrained, unpenalized batch
-(`masked_greedy_in_graph`, the fused kernel on the Program's static mask buffer). The verify graph holds the target forward only:
-drafts are fixed on the host before it, masks are filled while it runs, and acceptance runs after
-it outside the graph (design document: "sampling and acceptance run on the host-launched path
-after the verify forward, outside the CUDA Graph").
+(`masked_greedy_in_graph`, the fused kernel on the Program's static mask buffer). The verify graph
+holds the target forward only: drafts are fixed on the host before it, masks are filled while it
+runs, and acceptance runs after it outside the graph (design document: "sampling and acceptance run
+on the host-launched path after the verify forward, outside the CUDA Graph").
 """
 
 from __future__ import annotations

@@ -91,7 +91,8 @@ class MaskBuffers:
                 for k, (s, r, p) in enumerate(zip(sessions, rows, positions))]
 
     def upload(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy the first m rows to the device (on the current stream); returns (masks, mask_row)."""
+        """Copy the first m rows to the device (on the current stream); returns (masks,
+        mask_row)."""
         self.upload_masks(m)
         return self.device_masks, self.host_row[:m].to(self.device, non_blocking=True)
 

@@ -114,7 +114,8 @@ class Sampler:
         return result.tokens, result.status
 
     def _generable(self, z: torch.Tensor) -> torch.Tensor:
-        """Logits as the sampling kernels read them (float32 / half), never-generable ids at -inf."""
+        """Logits as the sampling kernels read them (float32 / half), never-generable ids at
+        -inf."""
         if z.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             z = z.float()
         if self._never is not None:
