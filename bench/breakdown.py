@@ -28,9 +28,13 @@ import time
 
 import torch
 
+from bench.qwen35_model import (
+    copy_bandwidth,
+    cuda_ms,
+    recurrent_state_bytes_per_step,
+    weight_bytes_per_step,
+)
 from kernels.sampling_contract import SamplingParams
-from bench.qwen35_model import (copy_bandwidth, cuda_ms, recurrent_state_bytes_per_step,
-                                                 weight_bytes_per_step)
 from services.worker.program.graphs import DecodeGraph
 
 
@@ -112,9 +116,9 @@ def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: in
                                "forward_over_floor": round(forward / floor, 3)}
                 if not cuda:  # CPU seconds of all the process's threads per forward (spin included)
                     entry[path]["forward_cpu_ms"] = round(cpu_ms, 3)
-                del graph, z
+                graph = z = None
             rows[b] = entry
-            del state
+            state = None
             if cuda:
                 torch.cuda.empty_cache()
     finally:

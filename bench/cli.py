@@ -21,6 +21,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     from bench.serve import add_parser as add_serve_parser
 
     add_serve_parser(sub)
+    from bench.coldstart import add_parser as add_coldstart_parser  # likewise: no torch
+
+    add_coldstart_parser(sub)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -33,12 +33,21 @@ from typing import Any
 import torch
 
 from bench.models import build_runtime, prompt_texts
-from bench.stats import ratio as _ratio, schemas as _schemas, summary as _summary
+from bench.stats import ratio as _ratio
+from bench.stats import schemas as _schemas
+from bench.stats import summary as _summary
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime
 from shared.contract import OutputConstraint
-from shared.generation import Finished, GenerateRequest, PromptInput, RequestOptions, SamplingParams, Started
+from shared.generation import (
+    Finished,
+    GenerateRequest,
+    PromptInput,
+    RequestOptions,
+    SamplingParams,
+    Started,
+)
 
 
 @dataclass(frozen=True)
@@ -58,8 +67,9 @@ class DecodeBenchOptions:
     @property
     def paths(self) -> tuple[str, ...]:
         """Engine paths the rounds run, the befores first: "unfused" (op-by-op model, no
-        pipeline; the greedy sampler as in production), "serial" (fused model, the pipeline off), "fused" (the
-        production path: the fused model path and, on CUDA, the engine's pipeline) always."""
+        pipeline; the greedy sampler as in production), "serial" (fused model, the pipeline off),
+        "fused" (the production path: the fused model path and, on CUDA, the engine's pipeline)
+        always."""
         return (("unfused",) if self.compare_unfused else ()) + \
             (("serial",) if self.compare_serial else ()) + ("fused",)
 
@@ -67,10 +77,14 @@ class DecodeBenchOptions:
         for name in ("batch_sizes", "reference_batch_sizes"):
             sizes = getattr(self, name)
             if not sizes or any(b < 1 for b in sizes):
-                raise ValueError(f"DecodeBenchOptions.{name} must be non-empty sizes >= 1, got {sizes}")
+                raise ValueError(
+                    f"DecodeBenchOptions.{name} must be non-empty sizes >= 1, got {sizes}"
+                )
         for name, low in (("max_tokens", 2), ("prompt_tokens", 1), ("warmup_tokens", 2)):
             if getattr(self, name) < low:
-                raise ValueError(f"DecodeBenchOptions.{name} must be >= {low}, got {getattr(self, name)}")
+                raise ValueError(
+                    f"DecodeBenchOptions.{name} must be >= {low}, got {getattr(self, name)}"
+                )
         if self.reference_max_tokens is not None and self.reference_max_tokens < 2:
             raise ValueError(f"DecodeBenchOptions.reference_max_tokens must be >= 2, got "
                              f"{self.reference_max_tokens}")
@@ -110,11 +124,21 @@ def _steady_step_ms(marks: list[dict]) -> float | None:
 async def _engine_round(client, runtime: ModelRuntime, prompts: list[str], max_tokens: int,
                         schemas: list[dict] | None, tag: str) -> dict[str, Any]:
     sampling = SamplingParams(temperature=0.0)
-    requests = [GenerateRequest(
-        f"{tag}-{i}", PromptInput(text=p), RequestOptions(
-            max_tokens=max_tokens, sampling=sampling,
-            constraint=OutputConstraint.json_schema(schemas[i % len(schemas)]) if schemas else None),
-        model=runtime.name) for i, p in enumerate(prompts)]
+    requests = [
+        GenerateRequest(
+            f"{tag}-{i}",
+            PromptInput(text=p),
+            RequestOptions(
+                max_tokens=max_tokens,
+                sampling=sampling,
+                constraint=OutputConstraint.json_schema(schemas[i % len(schemas)])
+                if schemas
+                else None,
+            ),
+            model=runtime.name,
+        )
+        for i, p in enumerate(prompts)
+    ]
     marks: list[dict] = [{} for _ in requests]
     start = time.perf_counter()
     finished = await asyncio.gather(*(_collect(client, r, m) for r, m in zip(requests, marks)))
@@ -153,12 +177,16 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
     client = open_in_process(runtime, config)
     try:
         for schema in schemas:  # compile outside every timed round
-            await client.engine.grammar.compile(OutputConstraint.json_schema(schema), model=runtime.name)
+            await client.engine.grammar.compile(
+                OutputConstraint.json_schema(schema), model=runtime.name
+            )
         rows = {}
         for b in opts.batch_sizes:
             prompts = prompt_texts(runtime, b, opts.prompt_tokens)
             for mode, sch in (("unconstrained", None), ("constrained", schemas)):
-                await _engine_round(client, runtime, prompts, opts.warmup_tokens, sch, f"w{b}{mode}")
+                await _engine_round(
+                    client, runtime, prompts, opts.warmup_tokens, sch, f"w{b}{mode}"
+                )
             entry = {}
             for mode, sch in (("unconstrained", None), ("constrained", schemas)):
                 entry[mode] = await _engine_round(client, runtime, prompts, opts.max_tokens, sch,
@@ -192,7 +220,9 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
     paths: dict[str, dict] = {}  # model path -> the engine's rows
     for path in opts.paths:
         def partial_path(rows: dict, path: str = path) -> None:
-            partial({**{f"engine_{p}": r for p, r in paths.items()}, f"engine_{path}": rows["engine"]})
+            partial(
+                {**{f"engine_{p}": r for p, r in paths.items()}, f"engine_{path}": rows["engine"]}
+            )
 
         paths[path] = asyncio.run(_bench_engine(runtime, opts, log, partial_path, path))
     engine = paths["fused"]
@@ -303,7 +333,9 @@ def _speed_targets(rows: list[dict], first: dict | None) -> dict:
         if r.get("reference") is not None:
             out["speedup_vs_reference_ge_5x"][b] = (r["speedup_tpot_unconstrained"] or 0) >= 5.0
     if 64 in by_b:
-        out["throughput_b64_ge_5000"] = by_b[64]["engine"]["constrained"]["throughput_tok_s"] >= 5000
+        out["throughput_b64_ge_5000"] = (
+            by_b[64]["engine"]["constrained"]["throughput_tok_s"] >= 5000
+        )
     return out
 
 
@@ -322,11 +354,17 @@ def _machine(device: str) -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "python": sys.version.split()[0], "cpu_count": __import__("os").cpu_count(),
-            "torch": torch.__version__, "triton": version("triton"),
-            "transformers": version("transformers"), "xgrammar": version("xgrammar"),
-            "torch_threads": torch.get_num_threads()}
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": sys.version.split()[0],
+        "cpu_count": __import__("os").cpu_count(),
+        "torch": torch.__version__,
+        "triton": version("triton"),
+        "transformers": version("transformers"),
+        "xgrammar": version("xgrammar"),
+        "torch_threads": torch.get_num_threads(),
+    }
     if device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name()
         info["cuda"] = torch.version.cuda

@@ -43,8 +43,16 @@ DEV = "cuda"  # "cpu" under --dry-run
 
 # The Qwen3-8B-shaped random model as benchmarked (hidden 4096, 32 q / 8 kv heads of 128,
 # intermediate 12288, 36 layers) with a 248320-row lm_head (the real Qwen3-8B vocabulary is 151936)
-QWEN3_8B = {"layers": 36, "per_layer": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096),
-                                        ("down", 4096, 12288)], "lm_head": ("lm_head", 248320, 4096)}
+QWEN3_8B = {
+    "layers": 36,
+    "per_layer": [
+        ("qkv", 6144, 4096),
+        ("o", 4096, 4096),
+        ("gate_up", 24576, 4096),
+        ("down", 4096, 12288),
+    ],
+    "lm_head": ("lm_head", 248320, 4096),
+}
 
 
 def qwen35_9b() -> dict:
@@ -52,15 +60,30 @@ def qwen35_9b() -> dict:
     try:
         from bench.random_weights import QWEN35_9B as c
     except Exception:  # pragma: no cover - bench run outside the repo
-        c = dict(vocab_size=248_320, hidden_size=4096, intermediate_size=12288,
-                 layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(32)),
-                 num_heads=16, num_kv_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32,
-                 linear_key_head_dim=128, linear_value_head_dim=128)
+        c = dict(
+            vocab_size=248_320,
+            hidden_size=4096,
+            intermediate_size=12288,
+            layer_types=tuple(
+                "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(32)
+            ),
+            num_heads=16,
+            num_kv_heads=4,
+            head_dim=256,
+            linear_num_key_heads=16,
+            linear_num_value_heads=32,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+        )
     h = c["hidden_size"]
     key_dim = c["linear_num_key_heads"] * c["linear_key_head_dim"]
     value_dim = c["linear_num_value_heads"] * c["linear_value_head_dim"]
-    gdn_in = 2 * key_dim + value_dim + value_dim + 2 * c["linear_num_value_heads"]  # qkv | z | a | b
-    attn_qkv = 2 * c["num_heads"] * c["head_dim"] + 2 * c["num_kv_heads"] * c["head_dim"]  # query+gate | k | v
+    gdn_in = (
+        2 * key_dim + value_dim + value_dim + 2 * c["linear_num_value_heads"]
+    )  # qkv | z | a | b
+    attn_qkv = (
+        2 * c["num_heads"] * c["head_dim"] + 2 * c["num_kv_heads"] * c["head_dim"]
+    )  # query+gate | k | v
     attn_o = c["num_heads"] * c["head_dim"]
     n_gdn = sum(t == "linear_attention" for t in c["layer_types"])
     n_attn = len(c["layer_types"]) - n_gdn
@@ -74,9 +97,13 @@ def qwen35_9b() -> dict:
 
 def model_counts() -> dict[str, list[tuple[str, int, int, int]]]:
     """model -> [(name, N, K, count per forward)]."""
-    q3 = [(n, N, K, QWEN3_8B["layers"]) for n, N, K in QWEN3_8B["per_layer"]] + [(*QWEN3_8B["lm_head"], 1)]
+    q3 = [(n, N, K, QWEN3_8B["layers"]) for n, N, K in QWEN3_8B["per_layer"]] + [
+        (*QWEN3_8B["lm_head"], 1)
+    ]
     m = qwen35_9b()
-    q35 = [(n, N, K, count) for count, group in m["groups"] for n, N, K in group] + [(*m["lm_head"], 1)]
+    q35 = [(n, N, K, count) for count, group in m["groups"] for n, N, K in group] + [
+        (*m["lm_head"], 1)
+    ]
     return {"qwen3-8b": q3, "qwen3.5-9b": q35}
 
 
@@ -84,17 +111,48 @@ def model_counts() -> dict[str, list[tuple[str, int, int, int]]]:
 # compiled kernels serve every bucket. num_stages only matters for "dot" (its tiles go through
 # cp.async into shared memory); the elementwise modes' loads are not pipelined by Triton 3.9 (sm_90
 # PTX: plain ld.global.v4 in the loop), so they hide latency by occupancy and wide tiles instead
-_DOT = [("dot", 32, 128, 4, 4), ("dot", 64, 128, 4, 4), ("dot", 64, 128, 4, 3), ("dot", 64, 256, 4, 3),
-        ("dot", 128, 128, 4, 4), ("dot", 128, 64, 4, 5), ("dot", 64, 128, 8, 4), ("dot", 32, 256, 4, 3),
-        ("dot", 128, 256, 8, 3), ("dot", 64, 64, 4, 6)]
+_DOT = [
+    ("dot", 32, 128, 4, 4),
+    ("dot", 64, 128, 4, 4),
+    ("dot", 64, 128, 4, 3),
+    ("dot", 64, 256, 4, 3),
+    ("dot", 128, 128, 4, 4),
+    ("dot", 128, 64, 4, 5),
+    ("dot", 64, 128, 8, 4),
+    ("dot", 32, 256, 4, 3),
+    ("dot", 128, 256, 8, 3),
+    ("dot", 64, 64, 4, 6),
+]
 _ELEMENTWISE = {
-    1: [("acc", 32, 128, 4, 2), ("acc", 64, 128, 4, 2), ("acc", 64, 256, 8, 2), ("acc", 128, 128, 8, 2),
-        ("acc", 32, 256, 4, 2), ("acc", 128, 64, 4, 2), ("acc", 64, 128, 2, 2), ("acc", 128, 256, 8, 2),
-        ("sum", 64, 128, 4, 2), ("sum", 32, 256, 4, 2)],
-    2: [("acc", 16, 128, 4, 2), ("acc", 32, 128, 4, 2), ("acc", 32, 256, 8, 2), ("acc", 64, 128, 8, 2),
-        ("sum", 32, 128, 4, 2), ("sum", 64, 128, 8, 2), ("sum", 32, 256, 4, 2)],
-    4: [("acc", 16, 128, 4, 2), ("acc", 32, 128, 8, 2), ("acc", 16, 256, 8, 2),
-        ("sum", 16, 128, 4, 2), ("sum", 32, 128, 4, 2), ("sum", 32, 256, 8, 2)],
+    1: [
+        ("acc", 32, 128, 4, 2),
+        ("acc", 64, 128, 4, 2),
+        ("acc", 64, 256, 8, 2),
+        ("acc", 128, 128, 8, 2),
+        ("acc", 32, 256, 4, 2),
+        ("acc", 128, 64, 4, 2),
+        ("acc", 64, 128, 2, 2),
+        ("acc", 128, 256, 8, 2),
+        ("sum", 64, 128, 4, 2),
+        ("sum", 32, 256, 4, 2),
+    ],
+    2: [
+        ("acc", 16, 128, 4, 2),
+        ("acc", 32, 128, 4, 2),
+        ("acc", 32, 256, 8, 2),
+        ("acc", 64, 128, 8, 2),
+        ("sum", 32, 128, 4, 2),
+        ("sum", 64, 128, 8, 2),
+        ("sum", 32, 256, 4, 2),
+    ],
+    4: [
+        ("acc", 16, 128, 4, 2),
+        ("acc", 32, 128, 8, 2),
+        ("acc", 16, 256, 8, 2),
+        ("sum", 16, 128, 4, 2),
+        ("sum", 32, 128, 4, 2),
+        ("sum", 32, 256, 8, 2),
+    ],
     8: [("sum", 16, 128, 4, 2), ("sum", 32, 128, 8, 2), ("sum", 16, 256, 4, 2)],
     16: [("sum", 16, 128, 4, 2), ("sum", 32, 128, 8, 2), ("sum", 16, 256, 8, 2)],
 }
@@ -194,9 +252,9 @@ class Timer:
 
 
 def check_graph_and_determinism(report: dict) -> None:
-    """Capture one call in a CUDA graph, replay, compare with the eager output bit for bit; two eager
-    runs bit-equal; and closeness to F.linear — for the heuristic config with and without split-K,
-    and with a bias."""
+    """Capture one call in a CUDA graph, replay, compare with the eager output bit for bit; two
+    eager runs bit-equal; and closeness to F.linear — for the heuristic config with and without
+    split-K, and with a bias."""
     torch.manual_seed(1)
     checks = []
     for M, N, K, bias in ((1, 4096, 4096, False), (8, 4096, 12288, True), (4, 248320, 4096, False),
@@ -221,14 +279,26 @@ def check_graph_and_determinism(report: dict) -> None:
             graph, out = None, G.gemv(static_x, w, b)
         fresh = G.gemv(static_x, w, b)
         ref = F.linear(x, w, b)
-        err = (eager.float() - ref.float()).abs().max().item() / max(1e-6, ref.float().abs().max().item())
-        row = dict(M=M, N=N, K=K, bias=bias, config=config.as_dict(), graph_equal=bool(torch.equal(out, fresh)),
-                   deterministic=bool(torch.equal(eager, again)), rel_err_vs_F_linear=err)
+        err = (eager.float() - ref.float()).abs().max().item() / max(
+            1e-6, ref.float().abs().max().item()
+        )
+        row = dict(
+            M=M,
+            N=N,
+            K=K,
+            bias=bias,
+            config=config.as_dict(),
+            graph_equal=bool(torch.equal(out, fresh)),
+            deterministic=bool(torch.equal(eager, again)),
+            rel_err_vs_F_linear=err,
+        )
         checks.append(row)
         del w, graph
     empty_cache()
     report["checks"] = checks
-    ok = all(c["graph_equal"] and c["deterministic"] and c["rel_err_vs_F_linear"] < 2 ** -6 for c in checks)
+    ok = all(
+        c["graph_equal"] and c["deterministic"] and c["rel_err_vs_F_linear"] < 2**-6 for c in checks
+    )
     report["checks_ok"] = ok
     print(f"graph capture / determinism / accuracy checks: {'ok' if ok else 'FAILED'}", flush=True)
     for c in checks:
@@ -249,16 +319,28 @@ def precompile(shapes, ms, sms, sweep: bool) -> float:
             if sweep:
                 grid = grid_for(M, N, K, sms)
                 configs += grid
-                configs += [G.GemvConfig(c.block_n, c.block_k, 2, c.num_warps, c.num_stages, c.mode) for c in grid]
-                configs += [G.GemvConfig(c.block_n, c.block_k, 1, c.num_warps, c.num_stages, c.mode) for c in grid]
+                configs += [
+                    G.GemvConfig(c.block_n, c.block_k, 2, c.num_warps, c.num_stages, c.mode)
+                    for c in grid
+                ]
+                configs += [
+                    G.GemvConfig(c.block_n, c.block_k, 1, c.num_warps, c.num_stages, c.mode)
+                    for c in grid
+                ]
             jobs += [(M, w, c) for c in configs]
         del w
     try:
-        with ThreadPoolExecutor(max_workers=16) as pool, triton.AsyncCompileMode(pool, ignore_errors=True):
+        with (
+            ThreadPoolExecutor(max_workers=16) as pool,
+            triton.AsyncCompileMode(pool, ignore_errors=True),
+        ):
             for M, w, c in jobs:
                 G.warmup(M, w, c)
     except Exception as exc:  # pragma: no cover - compile on first use instead
-        print(f"parallel precompile failed ({type(exc).__name__}: {exc}); compiling on first use", flush=True)
+        print(
+            f"parallel precompile failed ({type(exc).__name__}: {exc}); compiling on first use",
+            flush=True,
+        )
     empty_cache()
     return time.perf_counter() - t0
 
@@ -269,7 +351,14 @@ def bench_shape(N, K, ms, timer: Timer, sms: int, *, sweep: bool, deadline: floa
     calls = max(copies, math.ceil((512 << 20) / nbytes)) if DEV == "cuda" else 1
     torch.manual_seed(N + K)
     ws = [(torch.randn(N, K, device=DEV) * K ** -0.5).to(torch.bfloat16) for _ in range(copies)]
-    out = {"N": N, "K": K, "weight_bytes": nbytes, "copies": copies, "calls_per_graph": calls, "by_M": {}}
+    out = {
+        "N": N,
+        "K": K,
+        "weight_bytes": nbytes,
+        "copies": copies,
+        "calls_per_graph": calls,
+        "by_M": {},
+    }
     for M in ms:
         x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
         ref = F.linear(x, ws[0])
@@ -283,7 +372,9 @@ def bench_shape(N, K, ms, timer: Timer, sms: int, *, sweep: bool, deadline: floa
             except Exception as exc:  # e.g. out of shared memory / registers for this config
                 print(f"    config {c} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 return float("nan"), float("nan")
-            err = (y.float() - ref.float()).abs().max().item() / max(1e-6, ref.float().abs().max().item())
+            err = (y.float() - ref.float()).abs().max().item() / max(
+                1e-6, ref.float().abs().max().item()
+            )
             if err > 2 ** -6:
                 return float("nan"), err
             return timer(lambda i: G.gemv(x, ws[i % copies], None, c), calls), err
@@ -308,19 +399,26 @@ def bench_shape(N, K, ms, timer: Timer, sms: int, *, sweep: bool, deadline: floa
         valid = {c: t for c, t in results.items() if t == t}
         best = min(valid, key=valid.get) if valid else heur
         row["best"], row["best_s"] = best.as_dict(), valid.get(best, float("nan"))
-        row["top5"] = [dict(c.as_dict(), time_s=t) for c, t in sorted(valid.items(), key=lambda kv: kv[1])[:5]]
+        row["top5"] = [
+            dict(c.as_dict(), time_s=t) for c, t in sorted(valid.items(), key=lambda kv: kv[1])[:5]
+        ]
         row["bad_configs"] = [c.as_dict() for c, t in results.items() if t != t]
         for key in ("F.linear", "heuristic", "best"):
             row[f"{key}_TBps"] = nbytes / row[f"{key}_s"] / 1e12
         row["speedup_heuristic"] = row["F.linear_s"] / row["heuristic_s"]
         row["speedup_best"] = row["F.linear_s"] / row["best_s"]
         out["by_M"][M] = row
-        print(f"  N={N:6d} K={K:5d} M={M:2d}  F.linear {row['F.linear_s'] * 1e6:8.1f} us {row['F.linear_TBps']:.2f} TB/s"
-              f" | heuristic {row['heuristic_s'] * 1e6:8.1f} us {row['heuristic_TBps']:.2f} TB/s"
-              f" | best {row['best_s'] * 1e6:8.1f} us {row['best_TBps']:.2f} TB/s x{row['speedup_best']:.2f}"
-              f" {best.mode} bn={best.block_n} bk={best.block_k} s={best.split} w={best.num_warps}"
-              f" st={best.num_stages} ({row['swept']} swept)", flush=True)
-    del ws
+        print(
+            f"  N={N:6d} K={K:5d} M={M:2d}"
+            f"  F.linear {row['F.linear_s'] * 1e6:8.1f} us {row['F.linear_TBps']:.2f} TB/s"
+            f" | heuristic {row['heuristic_s'] * 1e6:8.1f} us {row['heuristic_TBps']:.2f} TB/s"
+            f" | best {row['best_s'] * 1e6:8.1f} us {row['best_TBps']:.2f} TB/s"
+            f" x{row['speedup_best']:.2f}"
+            f" {best.mode} bn={best.block_n} bk={best.block_k} s={best.split} w={best.num_warps}"
+            f" st={best.num_stages} ({row['swept']} swept)",
+            flush=True,
+        )
+    ws = None
     empty_cache()
     return out
 
@@ -354,8 +452,11 @@ def tuned_snippet(by_shape: dict) -> str:
         for M, r in s["by_M"].items():
             if r["best_s"] < r["F.linear_s"] and M == triton.next_power_of_2(M):
                 b = r["best"]
-                entries.append(f"{M}: GemvConfig({b['block_n']}, {b['block_k']}, {b['split']}, {b['num_warps']}, "
-                               f"{b['num_stages']}, {b['mode']!r})")
+                entries.append(
+                    f"{M}: GemvConfig({b['block_n']}, {b['block_k']}, "
+                    f"{b['split']}, {b['num_warps']}, "
+                    f"{b['num_stages']}, {b['mode']!r})"
+                )
         if entries:
             lines.append(f"    ({N}, {K}): {{" + ", ".join(entries) + "},")
     lines.append("}")
@@ -367,10 +468,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--budget", type=float, default=150.0, help="seconds for the whole run (sweeps stop past it)")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=150.0,
+        help="seconds for the whole run (sweeps stop past it)",
+    )
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="CPU under TRITON_INTERPRET=1 with N, K / 64 and few repeats: checks the script, not speed")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="CPU under TRITON_INTERPRET=1 with N, K / 64 and few repeats: checks the script, "
+        "not speed",
+    )
     args = ap.parse_args(argv)
     global DEV, _SCALE
     if args.dry_run:
@@ -384,23 +494,37 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     ms = [int(m) for m in args.ms.split(",")]
     sms = G.sm_count(torch.device(DEV))
-    counts = {m: [(n, scaled(N), scaled(K), c) for n, N, K, c in v] for m, v in model_counts().items()}
+    counts = {
+        m: [(n, scaled(N), scaled(K), c) for n, N, K, c in v] for m, v in model_counts().items()
+    }
     shapes = list(dict.fromkeys((N, K) for layers in counts.values() for _, N, K, _ in layers))
-    report = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "sms": sms,
-              "torch": torch.__version__, "triton": triton.__version__, "ms": ms, "repeats": args.repeats,
-              "shapes": shapes,
-              "models": {m: [dict(name=n, N=N, K=K, count=c) for n, N, K, c in v] for m, v in counts.items()}}
+    report = {
+        "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)",
+        "sms": sms,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "ms": ms,
+        "repeats": args.repeats,
+        "shapes": shapes,
+        "models": {
+            m: [dict(name=n, N=N, K=K, count=c) for n, N, K, c in v] for m, v in counts.items()
+        },
+    }
     report["copy_bw_Bps"] = copy_bw = copy_bandwidth()
     print(f"{report['device']} ({sms} SMs), copy bandwidth {copy_bw / 1e12:.2f} TB/s", flush=True)
     check_graph_and_determinism(report)
-    report["precompile_s"] = precompile(shapes, ms, sms, not args.no_sweep) if DEV == "cuda" else 0.0
+    report["precompile_s"] = (
+        precompile(shapes, ms, sms, not args.no_sweep) if DEV == "cuda" else 0.0
+    )
     print(f"precompile {report['precompile_s']:.1f} s", flush=True)
     timer = Timer(args.repeats) if DEV == "cuda" else CpuTimer(min(args.repeats, 2))
     by_shape = {}
     reserve_per_shape = 4.0  # F.linear + heuristic at every M of one shape, generously
     for i, (N, K) in enumerate(shapes):
         deadline = t_start + args.budget - reserve_per_shape * (len(shapes) - i - 1)
-        by_shape[(N, K)] = bench_shape(N, K, ms, timer, sms, sweep=not args.no_sweep, deadline=deadline)
+        by_shape[(N, K)] = bench_shape(
+            N, K, ms, timer, sms, sweep=not args.no_sweep, deadline=deadline
+        )
     report["by_shape"] = {f"{N}x{K}": v for (N, K), v in by_shape.items()}
     report["model_estimates"] = est = model_estimates(by_shape, counts, ms, copy_bw)
     report["tuned_snippet"] = snippet = tuned_snippet(by_shape)
@@ -410,9 +534,13 @@ def main(argv=None) -> int:
     print("\nwhole-model linear layers per forward (ms; floor = weight bytes / copy bandwidth):")
     for model, by_m in est.items():
         for M, e in by_m.items():
-            print(f"  {model:11s} B={M:2d}: F.linear {e['F.linear_ms']:.3f}  triton heuristic {e['heuristic_ms']:.3f}"
-                  f"  triton best {e['best_ms']:.3f}  min(F.linear, best) {e['min_F.linear_best_ms']:.3f}"
-                  f"  floor {e['floor_at_copy_bw_ms']:.3f}")
+            print(
+                f"  {model:11s} B={M:2d}: F.linear {e['F.linear_ms']:.3f}"
+                f"  triton heuristic {e['heuristic_ms']:.3f}"
+                f"  triton best {e['best_ms']:.3f}"
+                f"  min(F.linear, best) {e['min_F.linear_best_ms']:.3f}"
+                f"  floor {e['floor_at_copy_bw_ms']:.3f}"
+            )
     print("\nbest configs as a TUNED table for kernels/gemv.py (only where faster than F.linear):")
     print(snippet)
     print(f"\nchecks_ok={report['checks_ok']} total {report['total_s']:.1f} s -> {args.out}")

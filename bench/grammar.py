@@ -247,8 +247,8 @@ async def _cache_rows(model: str, redis_url: str, repeats: int) -> list[dict[str
     """The typical schemas through the real GrammarCache: cold, L1 hit, Redis hit."""
     from services.grammar.cache.grammar_cache import CacheConfig, GrammarCache, encode_blob
     from services.grammar.cache.limits import StorePolicy
-    from services.grammar.compiler import ModelCompiler
     from services.grammar.cache.store import RedisStore, StoreConfig
+    from services.grammar.compiler import ModelCompiler
 
     compiler = ModelCompiler(get_domain(model))
     rows = []

@@ -24,7 +24,9 @@ class Case:
     outputs: tuple[str, ...]
 
 
-def _schema(name: str, category: str, schema: dict, *values: Any, indent: int | None = None) -> Case:
+def _schema(
+    name: str, category: str, schema: dict, *values: Any, indent: int | None = None
+) -> Case:
     texts = tuple(json.dumps(v, ensure_ascii=False, indent=indent) for v in values)
     # `any`, the contract's layout and the costliest: runs of up to 32 whitespace characters
     return Case(name, category, OutputConstraint.json_schema(schema, whitespace="any"), texts)
@@ -58,37 +60,111 @@ _LONG = ("The committee met on Tuesday to review the \"harbour\" proposal.\nMemb
          "that a tab\tseparated annex lists every objection received so far. ")
 
 SCHEMAS: list[Case] = [
-    _schema("person", "schema", PERSON,
-            {"name": "Ada Lovelace", "age": 36, "email": "ada@example.org",
-             "tags": ["mathematics", "poetry", "engines"]},
-            {"name": "Alan Turing", "age": 41, "tags": []}),
-    _schema("forecast", "schema", FORECAST,
-            {"city": "Shanghai", "days": 2, "forecast": [
-                {"day": "mon", "high": 21.5, "low": 14.0, "summary": "Light rain in the afternoon."},
-                {"day": "tue", "high": 24.25, "low": 15.5, "summary": "Sunny with a gentle breeze."}]}),
-    _schema("order", "schema", ORDER,
-            {"order_id": 1042, "customer": {"name": "Grace Hopper", "email": "grace@navy.mil"},
-             "items": [{"sku": "KB-101", "qty": 2, "price": 49.99},
-                       {"sku": "MS-7", "qty": 1, "price": 19.5}],
-             "gift": False, "notes": None, "status": "paid"}, indent=2),
-    _schema("maxlen60", "bounded", {"type": "object", "properties": {
-        "title": {"type": "string", "maxLength": 60},
-        "tags": {"type": "array", "maxItems": 5, "items": {"type": "string", "maxLength": 60}}},
-        "required": ["title", "tags"], "additionalProperties": False},
-        {"title": "Harbour proposal: \"phase two\" review and next steps",
-         "tags": ["harbour", "budget \u2014 2027", "fishing rights"]}),
-    _schema("maxlen1000_min20", "bounded", {"type": "object", "properties": {
-        "summary": {"type": "string", "minLength": 20, "maxLength": 1000}},
-        "required": ["summary"], "additionalProperties": False},
-        {"summary": (_LONG * 3)[:990]}),
-    _schema("pattern", "pattern", {"type": "object", "properties": {
-        "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
-        "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-        "slug": {"type": "string", "pattern": "^[a-z0-9]+(-[a-z0-9]+)*$"},
-        "note": {"type": "string", "pattern": "^[A-Za-z ,.'-]+$"}},
-        "required": ["date", "sku", "slug", "note"], "additionalProperties": False},
-        {"date": "2026-12-01", "sku": "HBR-2027", "slug": "harbour-phase-two-review",
-         "note": "Members asked about costs, the timeline and the effect on local fishing."}),
+    _schema(
+        "person",
+        "schema",
+        PERSON,
+        {
+            "name": "Ada Lovelace",
+            "age": 36,
+            "email": "ada@example.org",
+            "tags": ["mathematics", "poetry", "engines"],
+        },
+        {"name": "Alan Turing", "age": 41, "tags": []},
+    ),
+    _schema(
+        "forecast",
+        "schema",
+        FORECAST,
+        {
+            "city": "Shanghai",
+            "days": 2,
+            "forecast": [
+                {
+                    "day": "mon",
+                    "high": 21.5,
+                    "low": 14.0,
+                    "summary": "Light rain in the afternoon.",
+                },
+                {
+                    "day": "tue",
+                    "high": 24.25,
+                    "low": 15.5,
+                    "summary": "Sunny with a gentle breeze.",
+                },
+            ],
+        },
+    ),
+    _schema(
+        "order",
+        "schema",
+        ORDER,
+        {
+            "order_id": 1042,
+            "customer": {"name": "Grace Hopper", "email": "grace@navy.mil"},
+            "items": [
+                {"sku": "KB-101", "qty": 2, "price": 49.99},
+                {"sku": "MS-7", "qty": 1, "price": 19.5},
+            ],
+            "gift": False,
+            "notes": None,
+            "status": "paid",
+        },
+        indent=2,
+    ),
+    _schema(
+        "maxlen60",
+        "bounded",
+        {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string", "maxLength": 60},
+                "tags": {
+                    "type": "array",
+                    "maxItems": 5,
+                    "items": {"type": "string", "maxLength": 60},
+                },
+            },
+            "required": ["title", "tags"],
+            "additionalProperties": False,
+        },
+        {
+            "title": 'Harbour proposal: "phase two" review and next steps',
+            "tags": ["harbour", "budget \u2014 2027", "fishing rights"],
+        },
+    ),
+    _schema(
+        "maxlen1000_min20",
+        "bounded",
+        {
+            "type": "object",
+            "properties": {"summary": {"type": "string", "minLength": 20, "maxLength": 1000}},
+            "required": ["summary"],
+            "additionalProperties": False,
+        },
+        {"summary": (_LONG * 3)[:990]},
+    ),
+    _schema(
+        "pattern",
+        "pattern",
+        {
+            "type": "object",
+            "properties": {
+                "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+                "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+                "slug": {"type": "string", "pattern": "^[a-z0-9]+(-[a-z0-9]+)*$"},
+                "note": {"type": "string", "pattern": "^[A-Za-z ,.'-]+$"},
+            },
+            "required": ["date", "sku", "slug", "note"],
+            "additionalProperties": False,
+        },
+        {
+            "date": "2026-12-01",
+            "sku": "HBR-2027",
+            "slug": "harbour-phase-two-review",
+            "note": "Members asked about costs, the timeline and the effect on local fishing.",
+        },
+    ),
 ]
 
 _JSON_VALUE = r'''
@@ -199,26 +275,75 @@ int main() {
 """
 
 GBNF = [
-    Case("gbnf_json", "gbnf", OutputConstraint.grammar(GBNF_JSON), (
-        json.dumps({"name": "Ada \"the countess\"", "born": 1815, "fields": ["maths", "poetry"],
-                    "alive": False, "notes": None}, indent=2),
-        json.dumps({"id": 7, "tags": {"a": "x\ny", "b": [1.5, -2e3]}}))),
-    Case("gbnf_json_arr", "gbnf", OutputConstraint.grammar(GBNF_JSON_ARR), (
-        "[\n" + ",\n".join(json.dumps(v) for v in (
-            {"city": "Paris", "temp": 21.5, "sky": "clear"},
-            {"city": "Oslo", "temp": -3, "sky": "snow \"heavy\""},
-            {"city": "Lima", "temp": 18, "sky": "overcast"})) + "]",)),
+    Case(
+        "gbnf_json",
+        "gbnf",
+        OutputConstraint.grammar(GBNF_JSON),
+        (
+            json.dumps(
+                {
+                    "name": 'Ada "the countess"',
+                    "born": 1815,
+                    "fields": ["maths", "poetry"],
+                    "alive": False,
+                    "notes": None,
+                },
+                indent=2,
+            ),
+            json.dumps({"id": 7, "tags": {"a": "x\ny", "b": [1.5, -2e3]}}),
+        ),
+    ),
+    Case(
+        "gbnf_json_arr",
+        "gbnf",
+        OutputConstraint.grammar(GBNF_JSON_ARR),
+        (
+            "[\n"
+            + ",\n".join(
+                json.dumps(v)
+                for v in (
+                    {"city": "Paris", "temp": 21.5, "sky": "clear"},
+                    {"city": "Oslo", "temp": -3, "sky": 'snow "heavy"'},
+                    {"city": "Lima", "temp": 18, "sky": "overcast"},
+                )
+            )
+            + "]",
+        ),
+    ),
     Case("gbnf_c", "gbnf", OutputConstraint.grammar(GBNF_C), (_C_PROGRAM,)),
-    Case("gbnf_arith", "gbnf", OutputConstraint.grammar(GBNF_ARITH),
-         ("x + 2 * y = total\n(rate * 12) - fee = yearly\nn / 4 = quarter\n",)),
-    Case("gbnf_list", "gbnf", OutputConstraint.grammar(GBNF_LIST),
-         ("- Buy bread, milk and eggs\n- Call the plumber about the kitchen sink\n"
-          "- Book tickets for the 18:30 train to Lyon\n",)),
-    Case("gbnf_english", "gbnf", OutputConstraint.grammar(GBNF_ENGLISH),
-         ("The harbour committee met on Tuesday (at 10:30) to review costs, timelines and "
-          "objections; members agreed to publish the annex by Friday.",)),
-    Case("gbnf_japanese", "gbnf", OutputConstraint.grammar(GBNF_JAPANESE),
-         ("港の委員会は火曜日に会合を開き、費用と日程を検討した。 次の会合は金曜日に予定されている。",)),
+    Case(
+        "gbnf_arith",
+        "gbnf",
+        OutputConstraint.grammar(GBNF_ARITH),
+        ("x + 2 * y = total\n(rate * 12) - fee = yearly\nn / 4 = quarter\n",),
+    ),
+    Case(
+        "gbnf_list",
+        "gbnf",
+        OutputConstraint.grammar(GBNF_LIST),
+        (
+            "- Buy bread, milk and eggs\n- Call the plumber about the kitchen sink\n"
+            "- Book tickets for the 18:30 train to Lyon\n",
+        ),
+    ),
+    Case(
+        "gbnf_english",
+        "gbnf",
+        OutputConstraint.grammar(GBNF_ENGLISH),
+        (
+            "The harbour committee met on Tuesday (at 10:30) to review costs, timelines and "
+            "objections; members agreed to publish the annex by Friday.",
+        ),
+    ),
+    Case(
+        "gbnf_japanese",
+        "gbnf",
+        OutputConstraint.grammar(GBNF_JAPANESE),
+        (
+            "港の委員会は火曜日に会合を開き、費用と日程を検討した。"
+            " 次の会合は金曜日に予定されている。",
+        ),
+    ),
 ]
 
 

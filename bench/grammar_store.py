@@ -50,7 +50,9 @@ def grammars(quick: bool) -> list[tuple[str, OutputConstraint]]:
                 'root ::= item ("\\n" item){0,9}\nitem ::= "- " [^\\r\\n]{1,80}\n')),
             ("regex_date", OutputConstraint.regex(r"\d{4}-\d{2}-\d{2}"))]
     for n in (5, 25) if quick else (5, 25, 60):
-        out.append((f"optional_properties_{n}", OutputConstraint.json_schema(_optional_properties(n))))
+        out.append(
+            (f"optional_properties_{n}", OutputConstraint.json_schema(_optional_properties(n)))
+        )
     return out
 
 
@@ -148,10 +150,10 @@ def bench_model(model: str, redis_url: str | None, quick: bool, policy: StorePol
 async def _isolation(domain) -> dict[str, float]:
     """A typical schema compiled in process, and in a compile child (verdict only; grammar sent
     back and deserialised), p50 of 5 each after a warm-up."""
-    from services.grammar.cache import records
     from bench.grammar import SCHEMAS
-    from services.grammar.compiler import ModelCompiler
+    from services.grammar.cache import records
     from services.grammar.cache.isolation import CompilePool
+    from services.grammar.compiler import ModelCompiler
 
     constraint = OutputConstraint.json_schema(SCHEMAS[0][0])
     compiler = ModelCompiler(domain)
@@ -182,8 +184,12 @@ async def _grpc_blob(domain) -> dict[str, Any]:
     with the blob, decompress, deserialise) and the decode part of it, p50 over 3 fresh workers."""
     import socket
 
-    from services.grammar.cache.grammar_cache import (CacheConfig, GrammarCache, ModelCaches,
-                                                      RecordCache)
+    from services.grammar.cache.grammar_cache import (
+        CacheConfig,
+        GrammarCache,
+        ModelCaches,
+        RecordCache,
+    )
     from services.grammar.client import GrpcGrammarClient
     from services.grammar.compiler import ModelCompiler
     from services.grammar.service import create_server

@@ -51,7 +51,12 @@ async def run(args: argparse.Namespace) -> dict:
     from services.worker.runtime import DEFAULT_MODEL, load_runtime
     from shared.contract import OutputConstraint
     from shared.generation import (
-        ChatMessage, FinishReason, GenerateRequest, PromptInput, RequestOptions, SamplingParams,
+        ChatMessage,
+        FinishReason,
+        GenerateRequest,
+        PromptInput,
+        RequestOptions,
+        SamplingParams,
     )
 
     runtime = load_runtime(None, device="cpu")

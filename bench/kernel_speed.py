@@ -159,7 +159,7 @@ def bench_attention(results: list, sh: Shape) -> None:
                      {"triton": lambda: write_kv(kc, vc, k_new, v_new, table, wpos),
                       "torch_ref": lambda: write_kv_ref(kc, vc, k_new, v_new, table, wpos)})
             bench_prepare(results, sh, b, context, kc, vc, table, wpos)
-            del kc, vc, keys, values, k_sdpa, v_sdpa
+            kc = vc = keys = values = k_sdpa = v_sdpa = None
             if dev == "cuda":
                 torch.cuda.empty_cache()
 
@@ -191,7 +191,7 @@ def bench_attention_tuning(results: list, sh: Shape) -> None:
             kv_bytes = 2 * b * context * sh.kv_heads * sh.head_dim * 2
             run_case(results, "attention_tuning", {"B": b, "context": context, "T": t}, impls,
                      nbytes=kv_bytes)
-        del kc, vc
+        kc = vc = None
         if dev == "cuda":
             torch.cuda.empty_cache()
 

@@ -36,8 +36,10 @@ from shared.generation import (
 
 _TOPICS = ("lighthouses", "glaciers", "printing presses", "river deltas", "clockmakers",
            "salt marshes", "observatories", "canal locks")
-_SENTENCE = ("Section {k} notes that {topic} changed slowly over the years, shaped by weather, trade "
-             "and the patient work of people who kept records of what they saw. ")
+_SENTENCE = (
+    "Section {k} notes that {topic} changed slowly over the years, shaped by weather, trade "
+    "and the patient work of people who kept records of what they saw. "
+)
 _QUESTIONS = ("What is the main subject?", "Summarise section 3.", "Who kept the records?",
               "Name one force that shaped it.", "How fast did things change?")
 
@@ -90,7 +92,9 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
     chat = getattr(args, "chat", False)
     longest = max(len(runtime.prepare(_request(runtime, "n", d, 1, q, chat).prompt).token_ids)
                   for d in docs for q in _QUESTIONS)
-    config = dict(max_batch=1, max_len=longest + args.max_tokens + 1, prefill_chunk=args.prefill_chunk)
+    config = dict(
+        max_batch=1, max_len=longest + args.max_tokens + 1, prefill_chunk=args.prefill_chunk
+    )
     cold, hits = [], []
     client = open_in_process(runtime, EngineConfig(**config, prefix_cache=True))
     try:
@@ -99,7 +103,10 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
             first = _request(runtime, f"cold-{r}", doc, args.max_tokens, _QUESTIONS[0], chat)
             fin = await _collect(client, first)
             cold.append(_row(fin))
-            log(f"document {r}: cold TTFT {cold[-1]['ttft_ms']:.0f} ms ({fin.usage.prompt_tokens} prompt tokens)")
+            log(
+                f"document {r}: cold TTFT {cold[-1]['ttft_ms']:.0f} ms "
+                f"({fin.usage.prompt_tokens} prompt tokens)"
+            )
             for h in range(args.hits):
                 q = _QUESTIONS[1 + h % (len(_QUESTIONS) - 1)]
                 again = _request(runtime, f"hit-{r}-{h}", doc, args.max_tokens, q, chat)
@@ -108,7 +115,10 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
                 shared = _shared(runtime, first, again)
                 hits[-1].update(shared_tokens=shared,
                                 cached_over_shared=ratio(fin.usage.cached_tokens, shared))
-                log(f"document {r}: hit TTFT {hits[-1]['ttft_ms']:.0f} ms ({fin.usage.cached_tokens} cached)")
+                log(
+                    f"document {r}: hit TTFT {hits[-1]['ttft_ms']:.0f} ms "
+                    f"({fin.usage.cached_tokens} cached)"
+                )
         stats = client.engine.program.blocks.stats
         cache = {"hit_rate": round(stats.hit_rate, 4), "hit_tokens": stats.hit_tokens,
                  "lookup_tokens": stats.lookup_tokens, "evictions": stats.evictions,
@@ -156,9 +166,15 @@ def run(args: argparse.Namespace) -> int:
     log(f"runtime {args.model} on {args.device} ready in {time.perf_counter() - started:.1f} s")
     report: dict[str, Any] = {
         **report_header("prefix", args, runtime),
-        "options": {"prefix_tokens": args.prefix_tokens, "repeats": args.repeats, "hits": args.hits,
-                    "max_tokens": args.max_tokens, "prefill_chunk": args.prefill_chunk, "greedy": True,
-                    "chat": getattr(args, "chat", False)},
+        "options": {
+            "prefix_tokens": args.prefix_tokens,
+            "repeats": args.repeats,
+            "hits": args.hits,
+            "max_tokens": args.max_tokens,
+            "prefill_chunk": args.prefill_chunk,
+            "greedy": True,
+            "chat": getattr(args, "chat", False),
+        },
     }
     report.update(asyncio.run(_rounds(runtime, args, log)))
     report["total_s"] = round(time.perf_counter() - started, 1)

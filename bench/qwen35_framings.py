@@ -23,8 +23,8 @@ import time
 import xgrammar as xgr
 
 from services.grammar.compiler import build_framed_grammar
-from services.grammar.tools.param_names import NameIndex, ParameterNameConstraint
 from services.grammar.tools.hermes import ToolSpec
+from services.grammar.tools.param_names import NameIndex, ParameterNameConstraint
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
 from shared.frontends import get_frontend
 from shared.frontends.qwen35 import qwen35_tokenizer

@@ -72,7 +72,9 @@ def cuda_ms(fn, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, graphs: bool = True) -> dict:
+def bench_batch(
+    model, batch: int, *, prompt: int, steps: int, verify: int, graphs: bool = True
+) -> dict:
     """One batch size: a prefill of `prompt` tokens per row, `steps` decode steps with their
     commits (graph and eager), one verification forward of `verify` tokens plus its commit of a
     random accepted prefix."""
@@ -85,7 +87,9 @@ def bench_batch(model, batch: int, *, prompt: int, steps: int, verify: int, grap
     positions = torch.arange(prompt, device=device)[None].expand(batch, -1)
     last = torch.full((batch, 1), prompt - 1, device=device)
     ones = torch.ones(batch, dtype=torch.long, device=device)
-    model(tokens, positions, state, lanes, logit_index=last)  # compile and autotune kernels (fla-core)
+    model(
+        tokens, positions, state, lanes, logit_index=last
+    )  # compile and autotune kernels (fla-core)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     model(tokens, positions, state, lanes, logit_index=last)
@@ -148,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.qwen35_model needs CUDA", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    layer_types = tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(args.layers))
+    layer_types = tuple(
+        "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(args.layers)
+    )
     model = random_qwen35(dtype=torch.bfloat16, device=device, layer_types=layer_types)
     bandwidth = copy_bandwidth(device)
     try:
@@ -156,8 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         fla_version = getattr(fla, "__version__", "installed")
     except ImportError:
         fla_version = None
-    report = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "fla_core": fla_version,
-              "layers": args.layers, "copy_bandwidth_GBps": bandwidth / 1e9, "rows": []}
+    report = {
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "fla_core": fla_version,
+        "layers": args.layers,
+        "copy_bandwidth_GBps": bandwidth / 1e9,
+        "rows": [],
+    }
     for batch in (int(b) for b in args.batches.split(",")):
         unfused = None
         if args.compare_unfused:
@@ -170,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         if unfused is not None:
             row["unfused"] = unfused
             before = unfused["decode_ms_graph"] or unfused["decode_ms_eager"]
-            row["decode_speedup_fused_over_unfused"] = before / (row["decode_ms_graph"] or row["decode_ms_eager"])
+            row["decode_speedup_fused_over_unfused"] = before / (
+                row["decode_ms_graph"] or row["decode_ms_eager"]
+            )
         weights = weight_bytes_per_step(model, batch)
         gdn_state = recurrent_state_bytes_per_step(model, batch)
         row.update(weight_bytes=weights, floor_ms=weights / bandwidth * 1e3,

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bench.models import prompt_texts
-from bench.stats import ratio as _ratio, schemas as _schemas, summary as _summary
+from bench.stats import ratio as _ratio
+from bench.stats import schemas as _schemas
+from bench.stats import summary as _summary
 from services.worker.models import KVCache
 from services.worker.runtime import ModelRuntime
 from shared.generation import PromptInput
@@ -36,14 +38,19 @@ def hf_reference_model(runtime: ModelRuntime):
     if c.architecture == "qwen3":
         config, cls = transformers.Qwen3Config(**kw), transformers.Qwen3ForCausalLM
     elif c.architecture == "llama" and c.qkv_bias == c.o_bias:
-        config, cls = transformers.LlamaConfig(mlp_bias=c.mlp_bias, **kw), transformers.LlamaForCausalLM
+        config, cls = (
+            transformers.LlamaConfig(mlp_bias=c.mlp_bias, **kw),
+            transformers.LlamaForCausalLM,
+        )
     else:
         raise ValueError(f"no reference class for architecture {c.architecture!r}")
     config._attn_implementation = "sdpa"
     device, dtype = runtime.device, runtime.dtype
     with torch.device("meta"):
         model = cls(config)
-    missing, unexpected = model.load_state_dict(runtime.model.state_dict(), strict=False, assign=True)
+    missing, unexpected = model.load_state_dict(
+        runtime.model.state_dict(), strict=False, assign=True
+    )
     if unexpected or set(missing) - {"lm_head.weight"}:
         raise ValueError(f"weights do not match: missing {missing}, unexpected {unexpected}")
     with torch.device(device):  # its inverse frequencies are a non-persistent buffer
@@ -64,7 +71,9 @@ class _StepClock:
     def __init__(self, runtime: ModelRuntime) -> None:
         domain = runtime.domain
         never = sorted(set(range(len(domain.token_bytes), domain.size)) | set(domain.never_ids))
-        self._never = torch.tensor(never, dtype=torch.int64, device=runtime.device) if never else None
+        self._never = (
+            torch.tensor(never, dtype=torch.int64, device=runtime.device) if never else None
+        )
         self._sync = runtime.device.type == "cuda"
         self.times: list[float] = []
 
@@ -86,7 +95,9 @@ def _reference_round(model, runtime: ModelRuntime, prompts: list[str], max_token
     width = max(len(x) for x in ids)
     pad = min(domain.eos_ids)
     input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=dev)  # [B, L]
-    attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=dev)  # [B, L]
+    attention = torch.tensor(
+        [[0] * (width - len(x)) + [1] * len(x) for x in ids], device=dev
+    )  # [B, L]
     clock = _StepClock(runtime)
     procs = [clock]
     if compiled is not None:
@@ -109,7 +120,9 @@ def _reference_round(model, runtime: ModelRuntime, prompts: list[str], max_token
                      .decode("utf-8", "replace"))
     steps = len(new[0])
     tpot = [(end - clock.times[0]) / (steps - 1)] * len(ids) if steps >= 2 else []
-    result = _summary([clock.times[0] - start] * len(ids), tpot, tokens, end - start, texts, schemas)
+    result = _summary(
+        [clock.times[0] - start] * len(ids), tpot, tokens, end - start, texts, schemas
+    )
     result["texts"] = texts
     return result
 
@@ -153,7 +166,9 @@ def bench_reference(runtime: ModelRuntime, opts: DecodeBenchOptions, log, partia
 def _logits_check(model, runtime: ModelRuntime, prompt_tokens: int) -> dict[str, Any]:
     """Last-position logits of one prompt through both models: relative L2 error (float64) and
     whether the argmax agrees (the reference must be the same function of the same weights)."""
-    ids = list(runtime.prepare(PromptInput(text=prompt_texts(runtime, 1, prompt_tokens)[0])).token_ids)
+    ids = list(
+        runtime.prepare(PromptInput(text=prompt_texts(runtime, 1, prompt_tokens)[0])).token_ids
+    )
     dev = runtime.device
     tokens = torch.tensor([ids], device=dev)  # [1, L]
     cache = KVCache.allocate(runtime.config, 1, len(ids), runtime.dtype, dev)

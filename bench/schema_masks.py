@@ -27,37 +27,94 @@ D4 = "http://json-schema.org/draft-04/schema#"
 # (name, schema, outputs); the first two are the baselines the others are compared with.
 CASES = [
     ("baseline-string", {"type": "string"}, ["2024-05-01T10:00:00Z", "ada@example.org"]),
-    ("baseline-object", {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}},
-     [{"a": "x", "b": 1}, {"b": 22, "zz": True}]),
-    ("format-date-time", {"type": "string", "format": "date-time"}, ["2024-05-01T10:00:00.125+02:00"]),
+    (
+        "baseline-object",
+        {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}},
+        [{"a": "x", "b": 1}, {"b": 22, "zz": True}],
+    ),
+    (
+        "format-date-time",
+        {"type": "string", "format": "date-time"},
+        ["2024-05-01T10:00:00.125+02:00"],
+    ),
     ("format-date", {"type": "string", "format": "date"}, ["2024-02-29"]),
     ("format-email", {"type": "string", "format": "email"}, ["ada.lovelace@example.org"]),
     ("format-hostname", {"type": "string", "format": "hostname"}, ["api.eu-west-1.example.com"]),
     ("format-uuid", {"type": "string", "format": "uuid"}, ["2eb8aa08-aa98-11ea-b4aa-73b441d16380"]),
     ("format-ipv6", {"type": "string", "format": "ipv6"}, ["2001:db8::8a2e:370:7334"]),
     ("format-uri", {"type": "string", "format": "uri"}, ["https://example.com/a/b?c=d#e"]),
-    ("pattern+maxLength", {"type": "string", "pattern": "^[a-z][a-z0-9-]*$", "maxLength": 40},
-     ["my-package-name-2"]),
-    ("draft04-object", {"$schema": D4, "type": "object", "properties": {
-        "port": {"type": "integer", "minimum": 0, "exclusiveMinimum": True}, "x-note": {}}},
-     [{"port": 8080}]),
-    ("patternProperties", {"type": "object", "properties": {"name": {"type": "string"}},
-                           "patternProperties": {"^x-": {"type": "string"}}, "additionalProperties": False},
-     [{"name": "a", "x-b": "c", "x-d": "e"}]),
-    ("min/maxProperties", {"type": "object", "additionalProperties": {"type": "integer"},
-                           "minProperties": 1, "maxProperties": 4},
-     [{"a": 1, "b": 2, "c": 3}]),
-    ("dependentRequired", {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
-                           "dependentRequired": {"a": ["b"]}}, [{"a": "x", "b": "y"}]),
-    ("if/then/else", {"type": "object", "properties": {"k": {"enum": ["a", "b"]}, "x": {"type": "integer"}},
-                      "if": {"properties": {"k": {"const": "a"}}}, "then": {"required": ["x"]}},
-     [{"k": "a", "x": 3}]),
+    (
+        "pattern+maxLength",
+        {"type": "string", "pattern": "^[a-z][a-z0-9-]*$", "maxLength": 40},
+        ["my-package-name-2"],
+    ),
+    (
+        "draft04-object",
+        {
+            "$schema": D4,
+            "type": "object",
+            "properties": {
+                "port": {"type": "integer", "minimum": 0, "exclusiveMinimum": True},
+                "x-note": {},
+            },
+        },
+        [{"port": 8080}],
+    ),
+    (
+        "patternProperties",
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string"}},
+            "patternProperties": {"^x-": {"type": "string"}},
+            "additionalProperties": False,
+        },
+        [{"name": "a", "x-b": "c", "x-d": "e"}],
+    ),
+    (
+        "min/maxProperties",
+        {
+            "type": "object",
+            "additionalProperties": {"type": "integer"},
+            "minProperties": 1,
+            "maxProperties": 4,
+        },
+        [{"a": 1, "b": 2, "c": 3}],
+    ),
+    (
+        "dependentRequired",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+            "dependentRequired": {"a": ["b"]},
+        },
+        [{"a": "x", "b": "y"}],
+    ),
+    (
+        "if/then/else",
+        {
+            "type": "object",
+            "properties": {"k": {"enum": ["a", "b"]}, "x": {"type": "integer"}},
+            "if": {"properties": {"k": {"const": "a"}}},
+            "then": {"required": ["x"]},
+        },
+        [{"k": "a", "x": 3}],
+    ),
     ("not-enum", {"type": "string", "not": {"enum": ["admin", "root"]}}, ["operator"]),
-    ("oneOf-complement", {"type": "object", "properties": {"e": {"type": "string"}, "ok": {"type": "boolean"}},
-                          "oneOf": [{"required": ["e"]}, {"required": ["ok"]}]}, [{"ok": True}]),
+    (
+        "oneOf-complement",
+        {
+            "type": "object",
+            "properties": {"e": {"type": "string"}, "ok": {"type": "boolean"}},
+            "oneOf": [{"required": ["e"]}, {"required": ["ok"]}],
+        },
+        [{"ok": True}],
+    ),
     ("multipleOf", {"type": "integer", "multipleOf": 7}, [7000007]),
-    ("uniqueItems-enum", {"type": "array", "items": {"enum": ["r", "w", "x"]}, "uniqueItems": True},
-     [["x", "r"]]),
+    (
+        "uniqueItems-enum",
+        {"type": "array", "items": {"enum": ["r", "w", "x"]}, "uniqueItems": True},
+        [["x", "r"]],
+    ),
 ]
 
 
@@ -83,7 +140,9 @@ def bench_model(model: str) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--models", nargs="+", default=["smollm2"])
     p.add_argument("--out")
     args = p.parse_args()

@@ -277,6 +277,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="approximate prompt length in words (default: 16)")
     p.add_argument("--warmup", type=int, default=1,
                    help="untimed rounds of one request per kind first (default: 1)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: 600)")
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds per request (default: 600)"
+    )
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=run)

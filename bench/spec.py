@@ -42,14 +42,20 @@ from typing import Any
 
 from bench.decode import report_header, write_report
 from bench.models import build_runtime
+from bench.oracle import OracleProposer
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime
 from services.worker.spec import ContextProposer, NgramProposer
-from bench.oracle import OracleProposer
 from shared.contract import OutputConstraint
-from shared.generation import (ChatMessage, Finished, GenerateRequest, PromptInput, RequestOptions,
-                               SamplingParams)
+from shared.generation import (
+    ChatMessage,
+    Finished,
+    GenerateRequest,
+    PromptInput,
+    RequestOptions,
+    SamplingParams,
+)
 
 BACKENDS = ("ngram", "ngram-alone", "grammar", "oracle", "mtp", "dflash", "dflash2")
 DEFAULT_BACKENDS = ("ngram", "oracle")
@@ -122,7 +128,9 @@ def _requests(runtime: ModelRuntime, prompts: list[str], schema: dict | list[dic
     chat = runtime.name == "smollm2"  # a real chat model answers its template
     out = []
     for i, text in enumerate(prompts):
-        prompt = PromptInput(messages=(ChatMessage("user", text),)) if chat else PromptInput(text=text)
+        prompt = (
+            PromptInput(messages=(ChatMessage("user", text),)) if chat else PromptInput(text=text)
+        )
         one = schema[i] if isinstance(schema, list) else schema
         out.append(GenerateRequest(f"{tag}-{i}", prompt, RequestOptions(
             max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0),
@@ -212,7 +220,10 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
                                    _requests(runtime, prompts, schema, 2 * k + 4, f"v{tag}")))
         if record is not None:
             engine.finish_listeners.append(
-                lambda job: record.__setitem__(job.request_id, job.prompt_ids + tuple(job.output_ids)))
+                lambda job: record.__setitem__(
+                    job.request_id, job.prompt_ids + tuple(job.output_ids)
+                )
+            )
         before = dict(vars(engine.speculation), model=engine.program.draft_wait_seconds)
         requests = _requests(runtime, prompts, schema, opts.max_tokens, tag)
         start = time.perf_counter()
@@ -231,14 +242,20 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
            "mask_positions": sum(r.get("mask_positions", 0) for r in reports)}
     if backend:
         rounds = spec["rounds"]
-        out.update({
-            "verify_rounds": rounds, "drafts": spec["drafts"], "accepted": spec["accepted"],
-            "mean_accepted": round(spec["accepted"] / rounds, 3) if rounds else 0.0,
-            "acceptance_rate": round(spec["accepted"] / spec["drafts"], 4) if spec["drafts"] else 0.0,
-            "tokens_per_round": round(spec["tokens"] / rounds, 3) if rounds else 0.0,
-            "draft_wait_exposed_s": round(spec["draft_seconds"], 6),
-            "draft_wait_fraction": round(spec["draft_seconds"] / wall, 5),
-        })
+        out.update(
+            {
+                "verify_rounds": rounds,
+                "drafts": spec["drafts"],
+                "accepted": spec["accepted"],
+                "mean_accepted": round(spec["accepted"] / rounds, 3) if rounds else 0.0,
+                "acceptance_rate": round(spec["accepted"] / spec["drafts"], 4)
+                if spec["drafts"]
+                else 0.0,
+                "tokens_per_round": round(spec["tokens"] / rounds, 3) if rounds else 0.0,
+                "draft_wait_exposed_s": round(spec["draft_seconds"], 6),
+                "draft_wait_fraction": round(spec["draft_seconds"] / wall, 5),
+            }
+        )
     return out
 
 
@@ -295,12 +312,16 @@ def _targets(rows: list[dict]) -> dict[str, Any]:
     keep, wait = {}, {}
     for r in rows:
         for run in r["runs"]:
-            wait[f"{r['task']}/{r['mode']}/{run['backend']}/K={run['k']}"] = run["draft_wait_fraction"]
+            wait[f"{r['task']}/{r['mode']}/{run['backend']}/K={run['k']}"] = run[
+                "draft_wait_fraction"
+            ]
     for c_row in (r for r in rows if r["mode"] == "constrained"):
         u_row = next((r for r in rows if r["task"] == c_row["task"]
                       and r["mode"] == "unconstrained"), None)
         for c, u in zip(c_row["runs"], u_row["runs"] if u_row else []):
-            keep[f"{c_row['task']}/{c['backend']}/K={c['k']}"] = round(c["speedup"] / u["speedup"], 3)
+            keep[f"{c_row['task']}/{c['backend']}/K={c['k']}"] = round(
+                c["speedup"] / u["speedup"], 3
+            )
     return {"constrained_over_unconstrained_speedup_ge_0.95": keep,
             "draft_wait_fraction_lt_0.05": wait}
 

@@ -24,8 +24,7 @@ import triton
 import triton.language as tl
 
 from kernels import rng
-from kernels.acceptance_contract import (AcceptResult, PositionState, check_accept_inputs,
-                                         mask_rows)
+from kernels.acceptance_contract import AcceptResult, PositionState, check_accept_inputs, mask_rows
 from kernels.sampling import _candidate_weights, _key_value, _uniform, build_candidates
 from kernels.sampling_contract import PenaltyHistory, SamplingParams
 

@@ -11,8 +11,13 @@ from __future__ import annotations
 import torch
 
 from kernels import rng
-from kernels.acceptance_contract import (AcceptResult, PositionState, check_accept_inputs,
-                                         mask_rows, position_params)
+from kernels.acceptance_contract import (
+    AcceptResult,
+    PositionState,
+    check_accept_inputs,
+    mask_rows,
+    position_params,
+)
 from kernels.sampling_contract import PenaltyHistory, SampleStatus, SamplingParams
 from kernels.sampling_ref import sorted_weights
 
@@ -23,7 +28,8 @@ def position_outcomes(logits: torch.Tensor, params: SamplingParams, drafts: torc
                       q_probs: torch.Tensor | None, penalties: PenaltyHistory | None,
                       candidate_width: int | None):
     """Per position (b, i), flattened to N = B*(K+1): (status [N] int32, accept [N] bool, token
-    [N] int64 (the correction for i < n_b, the bonus for i == n_b), q(d) [N] float32, greedy [N])."""
+    [N] int64 (the correction for i < n_b, the bonus for i == n_b), q(d) [N] float32,
+    greedy [N])."""
     rows, k = drafts.shape
     n = rows * (k + 1)
     dev = logits.device

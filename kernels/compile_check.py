@@ -109,7 +109,11 @@ def exercise() -> None:
                 for splits in (1, 4):
                     paged_attention(qq, kc, kc, table, pp, num_splits=splits)
     from kernels.gemv import GemvConfig, gemv
-    for dt in (torch.bfloat16, torch.float16):  # decode GEMV: the heuristic config, each mode, a bias
+
+    for dt in (
+        torch.bfloat16,
+        torch.float16,
+    ):  # decode GEMV: the heuristic config, each mode, a bias
         for n, k in ((6144, 4096), (4096, 12288), (248320, 4096)):
             w = torch.zeros(n, k, dtype=dt)
             for m in (1, 2, 4, 8, 16):

@@ -32,10 +32,37 @@ from kernels.gdn_ref import chunk_gated_delta_rule_ref
 
 
 @triton.jit
-def _gdn_step_kernel(y_ptr, a_ptr, b_ptr, yrow_ptr, alog_ptr, dtb_ptr, o_ptr, s_ptr, src_ptr, dst_ptr,
-                     reset_ptr, count_ptr, skip_ptr, T, C, scale, y_layer, ab_layer, s_layer, ab_stride,
-                     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr, STORE_O: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_YROW: tl.constexpr):
+def _gdn_step_kernel(
+    y_ptr,
+    a_ptr,
+    b_ptr,
+    yrow_ptr,
+    alog_ptr,
+    dtb_ptr,
+    o_ptr,
+    s_ptr,
+    src_ptr,
+    dst_ptr,
+    reset_ptr,
+    count_ptr,
+    skip_ptr,
+    T,
+    C,
+    scale,
+    y_layer,
+    ab_layer,
+    s_layer,
+    ab_stride,
+    HV: tl.constexpr,
+    HK: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    STORE_O: tl.constexpr,
+    HAS_SKIP: tl.constexpr,
+    HAS_YROW: tl.constexpr,
+):
     pid = tl.program_id(0)
     b = pid // HV
     h = pid % HV
@@ -87,36 +114,82 @@ def _gdn_step_kernel(y_ptr, a_ptr, b_ptr, yrow_ptr, alog_ptr, dtb_ptr, o_ptr, s_
             qt = tl.load(y + hk * DK + ok, mask=mk, other=0.0).to(tl.float32)  # [BK]
             qt = qt * (scale / tl.sqrt(tl.sum(qt * qt, 0) + 1e-6))
             ot = tl.sum(s * qt[:, None], 0)  # [BV]
-            tl.store(o_ptr + ((b * T + t) * HV + h) * DV + ov, ot.to(o_ptr.dtype.element_ty), mask=mv)
+            tl.store(
+                o_ptr + ((b * T + t) * HV + h) * DV + ov, ot.to(o_ptr.dtype.element_ty), mask=mv
+            )
     tl.store(s_ptr + (dst * HV + h) * DK * DV + block, s, mask=m_store)
 
 
-def gdn_step(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-             state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, reset: torch.Tensor, counts: torch.Tensor,
-             skip: torch.Tensor | None = None, *, num_k_heads: int, key_dim: int, want_out: bool = True,
-             block_v: int = 32) -> torch.Tensor | None:
+def gdn_step(
+    y: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    reset: torch.Tensor,
+    counts: torch.Tensor,
+    skip: torch.Tensor | None = None,
+    *,
+    num_k_heads: int,
+    key_dim: int,
+    want_out: bool = True,
+    block_v: int = 32,
+) -> torch.Tensor | None:
     """The GDN gates, q/k normalisation and recurrence over T tokens per row on indexed state, in
     place (CUDA or the interpreter): kernels/gdn_ref.py's `gdn_step_ref`.
 
     y: [B, T, C] the conv output [q | k | v] (C = 2 Hk dk + Hv dv); a, b: [B, T, Hv] the raw
-    in_proj_a / in_proj_b outputs (column slices of a wider projection are read in place); A_log, dt_bias: [Hv]; state: [N, Hv, dk, dv] float32,
-    contiguous; src, dst: [B] int64 rows of state to read / write; reset: [B] int32 (non-zero: start
-    from zeros); counts: [B] int64 real tokens per row (later tokens leave the state unchanged);
-    skip: [B] int32 or None (non-zero: the row does nothing). Returns o: [B, T, Hv, dv] in y's
-    dtype, or None without want_out. No host synchronisation."""
+    in_proj_a / in_proj_b outputs (column slices of a wider projection are read in place); A_log,
+    dt_bias: [Hv]; state: [N, Hv, dk, dv] float32, contiguous; src, dst: [B] int64 rows of state to
+    read / write; reset: [B] int32 (non-zero: start from zeros); counts: [B] int64 real tokens per
+    row (later tokens leave the state unchanged); skip: [B] int32 or None (non-zero: the row does
+    nothing). Returns o: [B, T, Hv, dv] in y's dtype, or None without want_out. No host
+    synchronisation."""
     B, T, C = y.shape
     hv, hk, dk = a.shape[2], num_k_heads, key_dim
     dv = (C - 2 * hk * dk) // hv
-    assert state.is_contiguous() and state.dtype == torch.float32 and state.shape[1:] == (hv, dk, dv)
+    assert (
+        state.is_contiguous() and state.dtype == torch.float32 and state.shape[1:] == (hv, dk, dv)
+    )
     assert hv % hk == 0 and C == 2 * hk * dk + hv * dv
     y = y.contiguous()
     a, b = _rows(a), _rows(b)
     out = torch.empty(B, T, hv, dv, dtype=y.dtype, device=y.device) if want_out else None
     bv = min(block_v, triton.next_power_of_2(dv))
     _gdn_step_kernel[(B * hv, triton.cdiv(dv, bv), 1)](
-        y, a, b, src, A_log, dt_bias, y if out is None else out, state, src, dst, reset, counts,
-        reset if skip is None else skip, T, C, dk ** -0.5, 0, 0, 0, a.stride(1), HV=hv, HK=hk, DK=dk, DV=dv,
-        BK=triton.next_power_of_2(dk), BV=bv, STORE_O=want_out, HAS_SKIP=skip is not None, HAS_YROW=False)
+        y,
+        a,
+        b,
+        src,
+        A_log,
+        dt_bias,
+        y if out is None else out,
+        state,
+        src,
+        dst,
+        reset,
+        counts,
+        reset if skip is None else skip,
+        T,
+        C,
+        dk**-0.5,
+        0,
+        0,
+        0,
+        a.stride(1),
+        HV=hv,
+        HK=hk,
+        DK=dk,
+        DV=dv,
+        BK=triton.next_power_of_2(dk),
+        BV=bv,
+        STORE_O=want_out,
+        HAS_SKIP=skip is not None,
+        HAS_YROW=False,
+    )
     return out
 
 
@@ -129,10 +202,24 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
-def gdn_replay(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor, A_log: torch.Tensor,
-               dt_bias: torch.Tensor, state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
-               reset: torch.Tensor, counts: torch.Tensor, skip: torch.Tensor, *, num_k_heads: int,
-               key_dim: int, block_v: int = 32) -> None:
+def gdn_replay(
+    y: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    rows: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    reset: torch.Tensor,
+    counts: torch.Tensor,
+    skip: torch.Tensor,
+    *,
+    num_k_heads: int,
+    key_dim: int,
+    block_v: int = 32,
+) -> None:
     """`gdn_step` without output over all G layers in one launch, reading recorded inputs in place:
     kernels/gdn_ref.py's `gdn_replay_ref`.
 
@@ -147,9 +234,36 @@ def gdn_replay(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Te
     B = rows.shape[0]
     bv = min(block_v, triton.next_power_of_2(dv))
     _gdn_step_kernel[(B * hv, triton.cdiv(dv, bv), G)](
-        y, a, b, rows, A_log, dt_bias, y, state, src, dst, reset, counts, skip, W, C, dk ** -0.5,
-        R * W * C, R * W * hv, state[0].numel(), hv, HV=hv, HK=hk, DK=dk, DV=dv, BK=triton.next_power_of_2(dk),
-        BV=bv, STORE_O=False, HAS_SKIP=True, HAS_YROW=True)
+        y,
+        a,
+        b,
+        rows,
+        A_log,
+        dt_bias,
+        y,
+        state,
+        src,
+        dst,
+        reset,
+        counts,
+        skip,
+        W,
+        C,
+        dk**-0.5,
+        R * W * C,
+        R * W * hv,
+        state[0].numel(),
+        hv,
+        HV=hv,
+        HK=hk,
+        DK=dk,
+        DV=dv,
+        BK=triton.next_power_of_2(dk),
+        BV=bv,
+        STORE_O=False,
+        HAS_SKIP=True,
+        HAS_YROW=True,
+    )
 
 
 @functools.cache
@@ -164,8 +278,16 @@ def _fla_chunk():
     return chunk_gated_delta_rule
 
 
-def gdn_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-              initial: torch.Tensor, *, use_fla: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial: torch.Tensor,
+    *,
+    use_fla: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrence over a long chunk from dense initial states (prefill).
 
     q, k: [B, T, Hk, dk] normalised as for `gdn_recurrent`; v: [B, T, Hv, dv]; g, beta: [B, T, Hv]
@@ -177,6 +299,14 @@ def gdn_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         else None
     if fla is None:
         return chunk_gated_delta_rule_ref(q, k, v, g, beta, initial)
-    o, final = fla(q.to(v.dtype), k.to(v.dtype), v, g, beta.to(v.dtype), scale=1.0, initial_state=initial,
-                   output_final_state=True)
+    o, final = fla(
+        q.to(v.dtype),
+        k.to(v.dtype),
+        v,
+        g,
+        beta.to(v.dtype),
+        scale=1.0,
+        initial_state=initial,
+        output_final_state=True,
+    )
     return o.to(v.dtype), final.float()

@@ -16,8 +16,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _gated_rmsnorm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, z_stride, eps, HV: tl.constexpr, DV: tl.constexpr,
-                          BD: tl.constexpr):
+def _gated_rmsnorm_kernel(
+    o_ptr,
+    z_ptr,
+    w_ptr,
+    out_ptr,
+    z_stride,
+    eps,
+    HV: tl.constexpr,
+    DV: tl.constexpr,
+    BD: tl.constexpr,
+):
     r = tl.program_id(0)  # row = token * HV + head
     token = r // HV
     head = r % HV
@@ -25,7 +34,9 @@ def _gated_rmsnorm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, z_stride, eps, HV: tl.co
     md = od < DV
     o = tl.load(o_ptr + r * DV + od, mask=md, other=0.0).to(tl.float32)
     normed = o / tl.sqrt(tl.sum(o * o, 0) / DV + eps)
-    normed = normed.to(o_ptr.dtype.element_ty).to(tl.float32)  # as the reference: back to o's dtype first
+    normed = normed.to(o_ptr.dtype.element_ty).to(
+        tl.float32
+    )  # as the reference: back to o's dtype first
     w = tl.load(w_ptr + od, mask=md, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + token * z_stride + head * DV + od, mask=md, other=0.0).to(tl.float32)
     scaled = (w * normed).to(o_ptr.dtype.element_ty).to(tl.float32)
@@ -33,7 +44,9 @@ def _gated_rmsnorm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, z_stride, eps, HV: tl.co
     tl.store(out_ptr + r * DV + od, out.to(out_ptr.dtype.element_ty), mask=md)
 
 
-def gated_rmsnorm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rmsnorm(
+    o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """o: [N, Hv, dv] contiguous; z: [N, Hv * dv] with unit column stride (any row stride);
     weight: [dv]. Returns [N, Hv, dv] in o's dtype. No host synchronisation."""
     N, hv, dv = o.shape

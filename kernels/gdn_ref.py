@@ -26,8 +26,14 @@ def _expand_heads(x: torch.Tensor, hv: int) -> torch.Tensor:
     return x.repeat_interleave(hv // x.shape[2], dim=2) if x.shape[2] != hv else x
 
 
-def gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                         beta: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gated_delta_rule_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrence token by token, in float32 (float64 inputs stay float64).
 
     q, k: [B, T, Hk, dk]; v: [B, T, Hv, dv]; g, beta: [B, T, Hv]; state: [B, Hv, dk, dv].
@@ -74,7 +80,9 @@ def chunk_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     g, beta = g.reshape(B, hv, n, chunk), beta.reshape(B, hv, n, chunk)  # [B, Hv, N, C]
     G = g.cumsum(-1)  # [B, Hv, N, C]
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=v.device).tril()  # i <= t
-    decay = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # [.., C, C]
+    decay = (
+        (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    )  # [.., C, C]
     kk = k @ k.transpose(-1, -2)  # [B, Hv, N, C, C]
     system = torch.eye(chunk, dtype=ct, device=v.device) + \
         (beta[..., :, None] * decay * kk).masked_fill(causal.logical_not() | torch.eye(
@@ -128,8 +136,15 @@ def gdn_recurrent_ref(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, 
     return None if q is None else o
 
 
-def causal_conv1d_indexed_ref(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, src: torch.Tensor,
-                              dst: torch.Tensor, reset: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def causal_conv1d_indexed_ref(
+    x: torch.Tensor,
+    windows: torch.Tensor,
+    weight: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    reset: torch.Tensor,
+    counts: torch.Tensor,
+) -> torch.Tensor:
     """kernels/conv.py's `causal_conv1d` in torch (any kernel width): y [B, T, C]; windows[dst[b]]
     becomes the window after the row's first counts[b] tokens."""
     before = torch.where(reset[:, None, None] != 0, 0, windows[src])  # [B, C, K-1]
@@ -144,8 +159,17 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-def gdn_inputs(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-               counts: torch.Tensor, *, num_k_heads: int, key_dim: int) -> tuple[torch.Tensor, ...]:
+def gdn_inputs(
+    y: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    counts: torch.Tensor,
+    *,
+    num_k_heads: int,
+    key_dim: int,
+) -> tuple[torch.Tensor, ...]:
     """A GDN layer's recurrence inputs from the conv output y [B, T, C] = [q | k | v] and the raw
     gate projections a, b [B, T, Hv]: (q [B, T, Hk, dk] normalised and scaled by dk^-1/2, k
     normalised, both float32; v [B, T, Hv, dv]; g = -exp(A_log) softplus(a + dt_bias) and
@@ -161,28 +185,78 @@ def gdn_inputs(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.T
     return q, k, v, g, beta
 
 
-def gdn_step_ref(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                 state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, reset: torch.Tensor,
-                 counts: torch.Tensor, skip: torch.Tensor | None = None, *, num_k_heads: int, key_dim: int,
-                 want_out: bool = True) -> torch.Tensor | None:
+def gdn_step_ref(
+    y: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    reset: torch.Tensor,
+    counts: torch.Tensor,
+    skip: torch.Tensor | None = None,
+    *,
+    num_k_heads: int,
+    key_dim: int,
+    want_out: bool = True,
+) -> torch.Tensor | None:
     """kernels/gdn.py's `gdn_step` in torch: `gdn_inputs`, then `gdn_recurrent_ref`."""
-    q, k, v, g, beta = gdn_inputs(y, a, b, A_log, dt_bias, counts, num_k_heads=num_k_heads, key_dim=key_dim)
+    q, k, v, g, beta = gdn_inputs(
+        y, a, b, A_log, dt_bias, counts, num_k_heads=num_k_heads, key_dim=key_dim
+    )
     return gdn_recurrent_ref(q if want_out else None, k, v, g, beta, state, src, dst, reset, skip)
 
 
-def gdn_replay_ref(y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor, A_log: torch.Tensor,
-                   dt_bias: torch.Tensor, state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
-                   reset: torch.Tensor, counts: torch.Tensor, skip: torch.Tensor, *, num_k_heads: int,
-                   key_dim: int) -> None:
+def gdn_replay_ref(
+    y: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    rows: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    reset: torch.Tensor,
+    counts: torch.Tensor,
+    skip: torch.Tensor,
+    *,
+    num_k_heads: int,
+    key_dim: int,
+) -> None:
     """kernels/gdn.py's `gdn_replay` in torch: for each layer g, `gdn_step_ref` without output on
     y[g, rows], a[g, rows], b[g, rows] into state[g]."""
     for g in range(y.shape[0]):
-        gdn_step_ref(y[g, rows], a[g, rows], b[g, rows], A_log[g], dt_bias[g], state[g], src, dst, reset, counts,
-                     skip, num_k_heads=num_k_heads, key_dim=key_dim, want_out=False)
+        gdn_step_ref(
+            y[g, rows],
+            a[g, rows],
+            b[g, rows],
+            A_log[g],
+            dt_bias[g],
+            state[g],
+            src,
+            dst,
+            reset,
+            counts,
+            skip,
+            num_k_heads=num_k_heads,
+            key_dim=key_dim,
+            want_out=False,
+        )
 
 
-def commit_windows_ref(windows: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, src: torch.Tensor,
-                       dst: torch.Tensor, reset: torch.Tensor, counts: torch.Tensor, skip: torch.Tensor) -> None:
+def commit_windows_ref(
+    windows: torch.Tensor,
+    x: torch.Tensor,
+    rows: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    reset: torch.Tensor,
+    counts: torch.Tensor,
+    skip: torch.Tensor,
+) -> None:
     """The conv windows after the first counts[b] recorded inputs, for all layers at once.
 
     windows: [G, N, C, K-1]; x: [G, R, W, C] recorded conv inputs; rows: [B] their rows; src: [B]
@@ -194,4 +268,6 @@ def commit_windows_ref(windows: torch.Tensor, x: torch.Tensor, rows: torch.Tenso
     # (a skipped row may have fed more than W tokens: clamp its unused indices into range)
     idx = counts.clamp(max=x.shape[2])[:, None] + torch.arange(taps, device=x.device)  # [B, K-1]
     after = stream.gather(3, idx[None, :, None, :].expand(stream.shape[0], -1, stream.shape[2], -1))
-    windows[:, dst] = torch.where(skip[None, :, None, None] != 0, windows[:, dst], after.to(windows.dtype))
+    windows[:, dst] = torch.where(
+        skip[None, :, None, None] != 0, windows[:, dst], after.to(windows.dtype)
+    )

@@ -62,10 +62,30 @@ class GemvConfig:
 
 
 @triton.jit(do_not_specialize=["M"])
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
-                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, MODE: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-                 F32_DOT: tl.constexpr, IEEE: tl.constexpr):
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    p_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    k_per_split,
+    HAS_BIAS: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MODE: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -75,7 +95,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     offs_k = tl.arange(0, BLOCK_K)
-    w_rows = offs_n.to(tl.int64) * stride_wn  # int64: lm_head is ~1e9 elements; within a row K stays int32
+    w_rows = (
+        offs_n.to(tl.int64) * stride_wn
+    )  # int64: lm_head is ~1e9 elements; within a row K stays int32
     if MODE == "dot":
         # 2-D tiles into tl.dot (through shared memory, pipelined over num_stages)
         w_ptrs = w_ptr + w_rows[:, None] + (k_lo + offs_k)[None, :]  # [BN, BK]
@@ -84,11 +106,16 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
         x_mask = m_mask[:, None]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
-        # 3-D tiles: W [1, BN, BK], x [BM, BN, BK] read through pointers broadcast along N (stride 0),
-        # so both loads get the same register layout and the products need no layout conversion
-        # (through shared memory, with barriers, in every iteration); x's repeats hit L1
+        # 3-D tiles: W [1, BN, BK], x [BM, BN, BK] read through pointers broadcast along N
+        # (stride 0), so both loads get the same register layout and the products need no layout
+        # conversion (through shared memory, with barriers, in every iteration); x's repeats hit L1
         w_ptrs = w_ptr + w_rows[None, :, None] + (k_lo + offs_k)[None, None, :]
-        x_ptrs = x_ptr + offs_m[:, None, None] * stride_xm + offs_n[None, :, None] * 0 + (k_lo + offs_k)[None, None, :]
+        x_ptrs = (
+            x_ptr
+            + offs_m[:, None, None] * stride_xm
+            + offs_n[None, :, None] * 0
+            + (k_lo + offs_k)[None, None, :]
+        )
         w_mask = n_mask[None, :, None]
         x_mask = m_mask[:, None, None]
         if MODE == "acc":
@@ -137,8 +164,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
 
 
 @triton.jit(do_not_specialize=["SPLIT"])
-def _splitk_reduce(p_ptr, b_ptr, y_ptr, M, N, stride_ym, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """y[m, n] = sum over s in order of p[s, m, n] (+ bias[n]), rounded once; grid (M, cdiv(N, BLOCK))."""
+def _splitk_reduce(
+    p_ptr, b_ptr, y_ptr, M, N, stride_ym, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr
+):
+    """y[m, n] = sum over s in order of p[s, m, n] (+ bias[n]), rounded once; grid
+    (M, cdiv(N, BLOCK))."""
     m = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -241,20 +271,44 @@ def _launch_args(x2, weight, bias, y, config: GemvConfig):
     split = triton.cdiv(K, k_per_split)  # drop empty trailing splits
     partial = split > 1
     p = torch.empty((split, M, N), dtype=torch.float32, device=x2.device) if partial else y
-    args = (x2, weight, bias if bias is not None else weight, y, p, M, N, K, x2.stride(0), weight.stride(0),
-            y.stride(0), k_per_split)
-    kw = dict(HAS_BIAS=bias is not None, PARTIAL=partial, BLOCK_M=config.block_m(M), BLOCK_N=config.block_n,
-              BLOCK_K=bk, MODE=config.mode, EVEN_K=K % bk == 0,
-              EVEN_N=N % config.block_n == 0, F32_DOT=INTERPRETED, IEEE=x2.dtype == torch.float32,
-              num_warps=config.num_warps, num_stages=config.num_stages)
+    args = (
+        x2,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        p,
+        M,
+        N,
+        K,
+        x2.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        k_per_split,
+    )
+    kw = dict(
+        HAS_BIAS=bias is not None,
+        PARTIAL=partial,
+        BLOCK_M=config.block_m(M),
+        BLOCK_N=config.block_n,
+        BLOCK_K=bk,
+        MODE=config.mode,
+        EVEN_K=K % bk == 0,
+        EVEN_N=N % config.block_n == 0,
+        F32_DOT=INTERPRETED,
+        IEEE=x2.dtype == torch.float32,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
     grid = (triton.cdiv(N, config.block_n), split)
     return args, kw, grid, split, p
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     if weight.dim() != 2 or weight.stride(1) != 1:
-        raise ValueError(f"weight must be [N, K] with contiguous rows, got shape {tuple(weight.shape)} "
-                         f"strides {weight.stride()}")
+        raise ValueError(
+            f"weight must be [N, K] with contiguous rows, got shape {tuple(weight.shape)} "
+            f"strides {weight.stride()}"
+        )
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x's last dim {x.shape[-1]} != weight's K {weight.shape[1]}")
     if x.dtype != weight.dtype:
@@ -283,8 +337,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     args, kw, grid, split, p = _launch_args(x2, weight, bias, y, config)
     _gemv_kernel[grid](*args, **kw)
     if split > 1:
-        _splitk_reduce[(M, triton.cdiv(N, _REDUCE_BLOCK))](p, bias if bias is not None else p, y, M, N, y.stride(0),
-                                                           split, HAS_BIAS=bias is not None, BLOCK=_REDUCE_BLOCK)
+        _splitk_reduce[(M, triton.cdiv(N, _REDUCE_BLOCK))](
+            p,
+            bias if bias is not None else p,
+            y,
+            M,
+            N,
+            y.stride(0),
+            split,
+            HAS_BIAS=bias is not None,
+            BLOCK=_REDUCE_BLOCK,
+        )
     return y.reshape(*lead, N)
 
 
@@ -298,11 +361,23 @@ def warmup(M: int, weight: torch.Tensor, config: GemvConfig, bias: bool = False)
     args, kw, grid, split, p = _launch_args(x2, weight, b, y, config)
     _gemv_kernel.warmup(*args, grid=grid, **kw)
     if split > 1:
-        _splitk_reduce.warmup(p, b if b is not None else p, y, M, N, y.stride(0), split, HAS_BIAS=bias,
-                              BLOCK=_REDUCE_BLOCK, grid=(M, triton.cdiv(N, _REDUCE_BLOCK)))
+        _splitk_reduce.warmup(
+            p,
+            b if b is not None else p,
+            y,
+            M,
+            N,
+            y.stride(0),
+            split,
+            HAS_BIAS=bias,
+            BLOCK=_REDUCE_BLOCK,
+            grid=(M, triton.cdiv(N, _REDUCE_BLOCK)),
+        )
 
 
-def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def gemv_ref(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """The reference: F.linear in float32, rounded once to x's dtype."""
     b = bias.float() if bias is not None else None
     return F.linear(x.float(), weight.float(), b).to(x.dtype)
@@ -313,7 +388,12 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     contiguous weight, and a TUNED entry for the weight's shape and the rows' bucket."""
     if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype):
         return False
-    if x.dim() == 0 or weight.dim() != 2 or not weight.is_contiguous() or x.shape[-1] != weight.shape[1]:
+    if (
+        x.dim() == 0
+        or weight.dim() != 2
+        or not weight.is_contiguous()
+        or x.shape[-1] != weight.shape[1]
+    ):
         return False
     if bias is not None and (bias.dtype != x.dtype or bias.dim() != 1 or not bias.is_contiguous()):
         return False

@@ -36,7 +36,9 @@ _LOG2E = 1.4426950408889634
 _NEG_INF = tl.constexpr(float("-inf"))
 
 
-@triton.jit
+# The split count S is a loop bound and an index only: unspecialized, so a context that picks a
+# new S reuses the kernel compiled for its block BLOCK_S (the warm-up visits each BLOCK_S once).
+@triton.jit(do_not_specialize=["S"])
 def _attn_kernel(q_ptr, q_sb, q_st, q_sh, kc_ptr, vc_ptr, c_sblk, c_stok, c_sh,
                  table_ptr, table_stride, pos_ptr, pos_sb, pos_st,
                  out_ptr, o_sb, o_st, o_sh, acc_ptr, ml_ptr, qk_scale,
@@ -75,7 +77,9 @@ def _attn_kernel(q_ptr, q_sb, q_st, q_sh, kc_ptr, vc_ptr, c_sblk, c_stok, c_sh,
         blk = tl.load(table + n // BS, mask=live, other=0).to(tl.int64)
         row = blk * c_sblk + (n % BS).to(tl.int64) * c_stok + head_off  # [BLOCK_N]
         kv_mask = live[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        k = tl.load(
+            kc_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0
+        )  # [BLOCK_N, BLOCK_D]
         v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if F32_DOT:
             k = k.to(tl.float32)
@@ -109,7 +113,7 @@ def _attn_kernel(q_ptr, q_sb, q_st, q_sh, kc_ptr, vc_ptr, c_sblk, c_stok, c_sh,
         tl.store(dst, to_dtype(out, out_ptr.dtype.element_ty), mask=valid[:, None] & dmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S"])
 def _combine_kernel(acc_ptr, ml_ptr, out_ptr, o_sb, o_st, o_sh, T, G, D, S, M_TILES,
                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0) // M_TILES
@@ -118,7 +122,9 @@ def _combine_kernel(acc_ptr, ml_ptr, out_ptr, o_sb, o_st, o_sh, T, G, D, S, M_TI
     first = ((b * M_TILES + mt) * tl.num_programs(1) + kvh) * S  # partial index of split 0
     r = tl.arange(0, BLOCK_M)
     sp = tl.arange(0, BLOCK_S)
-    ml = ml_ptr + ((first + sp[:, None]).to(tl.int64) * BLOCK_M + r[None, :]) * 2  # [BLOCK_S, BLOCK_M]
+    ml = (
+        ml_ptr + ((first + sp[:, None]).to(tl.int64) * BLOCK_M + r[None, :]) * 2
+    )  # [BLOCK_S, BLOCK_M]
     m_s = tl.load(ml, mask=(sp < S)[:, None], other=_NEG_INF)
     l_s = tl.load(ml + 1, mask=(sp < S)[:, None], other=0.0)
     m_max = tl.max(m_s, axis=0)  # [BLOCK_M]

@@ -40,10 +40,12 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch
     block_table is int32 [B, max_blocks] on their device."""
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype \
             or k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
-        raise ValueError(f"k_cache, v_cache: expected equal [num_blocks, block_size, Hkv, D] of one "
-                         f"dtype and equal strides with a unit last stride, got "
-                         f"{tuple(k_cache.shape)} {k_cache.dtype} {k_cache.stride()} and "
-                         f"{tuple(v_cache.shape)} {v_cache.dtype} {v_cache.stride()}")
+        raise ValueError(
+            f"k_cache, v_cache: expected equal [num_blocks, block_size, Hkv, D] of one "
+            f"dtype and equal strides with a unit last stride, got "
+            f"{tuple(k_cache.shape)} {k_cache.dtype} {k_cache.stride()} and "
+            f"{tuple(v_cache.shape)} {v_cache.dtype} {v_cache.stride()}"
+        )
     if block_table.dim() != 2 or block_table.dtype != torch.int32 \
             or block_table.device != k_cache.device or v_cache.device != k_cache.device:
         raise ValueError(f"block_table: expected int32 [B, max_blocks] on {k_cache.device}, got "
@@ -74,7 +76,12 @@ def _write_kv_kernel(k_ptr, k_sb, k_st, k_sh, v_ptr, v_sb, v_st, v_sh,
     k = tl.load(k_ptr + row.to(tl.int64) * k_sb + t * k_st + src, mask=ok)
     src = h[:, None].to(tl.int64) * v_sh + d[None, :]
     v = tl.load(v_ptr + row.to(tl.int64) * v_sb + t * v_st + src, mask=ok)
-    dst = blk.to(tl.int64) * c_sblk + (pos % BS) * c_stok + h[:, None].to(tl.int64) * c_sh + d[None, :]
+    dst = (
+        blk.to(tl.int64) * c_sblk
+        + (pos % BS) * c_stok
+        + h[:, None].to(tl.int64) * c_sh
+        + d[None, :]
+    )
     tl.store(kc_ptr + dst, to_dtype(k.to(tl.float32), kc_ptr.dtype.element_ty), mask=ok)
     tl.store(vc_ptr + dst, to_dtype(v.to(tl.float32), vc_ptr.dtype.element_ty), mask=ok)
 

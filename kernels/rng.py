@@ -1,7 +1,7 @@
 """Counter-based sampling randomness keyed by (seed, logical position, purpose).
 
-One uniform in [0, 1) per (seed, position, purpose), computed by a fixed integer hash, so a draw never
-depends on the batch row, the batch size, the device or the order of calls: a request's random
+One uniform in [0, 1) per (seed, position, purpose), computed by a fixed integer hash, so a draw
+never depends on the batch row, the batch size, the device or the order of calls: a request's random
 stream survives compaction, pausing and replay (design document: "The RNG split by seed, logical
 position and purpose continues, and a changing compact row never resets a request's random
 stream"). Grammars, masks and rollbacks consume no randomness: nothing here has state.
@@ -35,7 +35,8 @@ UNIFORM_BITS = 24
 
 
 class Purpose(IntEnum):
-    """Independent random streams of one (seed, position). Values are part of the hash: never reuse."""
+    """Independent random streams of one (seed, position). Values are part of the hash: never
+    reuse."""
 
     SAMPLE = 0  # ordinary sampling of the next token
     ACCEPT = 1  # speculative acceptance test
@@ -54,7 +55,8 @@ def fmix32_int(x: int) -> int:
 
 
 def purpose_key(purpose: int) -> int:
-    """The hash state after absorbing `purpose` (0 <= purpose < 2**32), a host constant per stream."""
+    """The hash state after absorbing `purpose` (0 <= purpose < 2**32), a host constant per
+    stream."""
     if not 0 <= int(purpose) <= MASK32:
         raise ValueError(f"purpose must be in [0, 2**32), got {purpose}")
     return fmix32_int(_IV ^ int(purpose))
@@ -82,12 +84,19 @@ def hash32(seed: torch.Tensor, position: torch.Tensor, purpose: int) -> torch.Te
     seed = seed.to(torch.int64)
     position = position.to(torch.int64)
     h = torch.full_like(seed, purpose_key(purpose))
-    for word in (seed & MASK32, (seed >> 32) & MASK32, (position >> 32) & MASK32, position & MASK32):
+    for word in (
+        seed & MASK32,
+        (seed >> 32) & MASK32,
+        (position >> 32) & MASK32,
+        position & MASK32,
+    ):
         h = _fmix32(h ^ word)
     return _fmix32(h ^ _FINAL)
 
 
-def uniform(seed: torch.Tensor, position: torch.Tensor, purpose: int = Purpose.SAMPLE) -> torch.Tensor:
+def uniform(
+    seed: torch.Tensor, position: torch.Tensor, purpose: int = Purpose.SAMPLE
+) -> torch.Tensor:
     """One float32 uniform in [0, 1) per (seed, position) element for the given purpose stream.
 
     Multiples of 2**-24, so the value is exact in float32 and identical on every device."""

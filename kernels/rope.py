@@ -21,7 +21,9 @@ def _rotate(ptr, tok_stride, head_stride, tok, c, s, NH, HALF,
     heads = tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_HALF)
     ok = (heads < NH)[:, None] & (i < HALF)[None, :]  # [BLOCK_H, BLOCK_HALF]
-    base = ptr + tok.to(tl.int64) * tok_stride + heads[:, None].to(tl.int64) * head_stride + i[None, :]
+    base = (
+        ptr + tok.to(tl.int64) * tok_stride + heads[:, None].to(tl.int64) * head_stride + i[None, :]
+    )
     x1 = tl.load(base, mask=ok, other=0.0)
     x2 = tl.load(base + HALF, mask=ok, other=0.0)
     a, b = x1.to(tl.float32), x2.to(tl.float32)

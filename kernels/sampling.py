@@ -18,14 +18,16 @@ the plain-torch reference. The work is split in three steps, no host sync betwee
 3. `_sample_kernel`, grid (N,): reduces the stats to the row's status, takes the first candidate
    for T = 0, otherwise walks the sorted candidates in chunks: weights exp((z - z_max) / T) (the
    design's exp(z/T - max z/T), computed without overflow), top-k and support, min-p, top-p with a
-   running prefix sum, then the inverse CDF at the counter-based uniform (`kernels.rng`, same words).
+   running prefix sum, then the inverse CDF at the counter-based uniform (`kernels.rng`, same
+   words).
 
 On CPU use the reference, or this module under Triton's interpreter: TRITON_INTERPRET=1 must be
-in the environment before triton itself is first imported (checked with triton 3.9: triton.language's
-own helpers such as tl.sum are jit functions decorated at import, so switching the variable later, or
-loading a second copy of this module, fails with "Cannot call @triton.jit'd outside of the scope of a
-kernel"); the tests therefore run the interpreter in a child process. Triton 3.6's interpreter (the
-GPU image's) rejects the runtime loop bounds used here; its compiled kernels pass.
+in the environment before triton itself is first imported (checked with triton 3.9:
+triton.language's own helpers such as tl.sum are jit functions decorated at import, so switching the
+variable later, or loading a second copy of this module, fails with "Cannot call @triton.jit'd
+outside of the scope of a kernel"); the tests therefore run the interpreter in a child process.
+Triton 3.6's interpreter (the GPU image's) rejects the runtime loop bounds used here; its compiled
+kernels pass.
 """
 
 from __future__ import annotations
@@ -35,8 +37,7 @@ import triton
 import triton.language as tl
 
 from kernels import rng
-from kernels.sampling_contract import (PenaltyHistory, SampleResult, SamplingParams,
-                                       check_inputs)
+from kernels.sampling_contract import PenaltyHistory, SampleResult, SamplingParams, check_inputs
 
 _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))

@@ -109,8 +109,8 @@ class DeviceSamplingParams:
     def params(self, rows: int | None = None) -> SamplingParams:
         """`SamplingParams` of the first `rows` rows (default the assigned ones): views of the
         device buffer (no copy, no sync) whose addresses never change. A CUDA graph padded to a
-        larger batch may take more rows than assigned: the extra rows hold valid stale values (greedy
-        defaults before their first assignment).
+        larger batch may take more rows than assigned: the extra rows hold valid stale values
+        (greedy defaults before their first assignment).
         Raises ValueError for rows beyond the capacity."""
         floats, top_k, longs = self._dev_views
         n = self.rows if rows is None else rows

@@ -2,7 +2,8 @@
 
 Per logits row n (an ordinary row, or one speculative target position; N rows in all):
 
-- `logits[n, :V]`: the model's values; columns from V up to the physical padding width are never read.
+- `logits[n, :V]`: the model's values; columns from V up to the physical padding width are never
+  read.
 - `PenaltyHistory` (optional): the tokens row n has seen, sparse, `ids[n, j]` / `counts[n, j]`
   (int32, `ids == -1` pads; ids unique within a row). `counts` is the number of occurrences in the
   generated output; an entry with count 0 is a token seen only in the prompt. Repetition penalty r
@@ -25,17 +26,17 @@ the rest is normalised to p, and the token is the first in candidate order whose
 exceeds the uniform u of (seed, position, purpose). T = 0 takes the largest z in A, ties to the
 smaller id.
 
-Statuses per row: OK; DEAD_END when A is empty; NONFINITE when a legal value is NaN or +inf, or every
-legal value is -inf (no finite candidate). Illegal values are never inspected. A failed row carries
-token 0 only as an in-range placeholder and probability 0: the caller must not commit it.
+Statuses per row: OK; DEAD_END when A is empty; NONFINITE when a legal value is NaN or +inf, or
+every legal value is -inf (no finite candidate). Illegal values are never inspected. A failed row
+carries token 0 only as an in-range placeholder and probability 0: the caller must not commit it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from enum import IntEnum
-import math
 
 import torch
 
@@ -82,8 +83,10 @@ class SamplingParams:
                 raise ValueError(f"SamplingParams.{f.name} must be a 1-D tensor, got {t!r:.60}")
             if t.shape != rows or t.device != device or t.dtype != _DTYPES[f.name]:
                 raise ValueError(
-                    f"SamplingParams.{f.name}: expected {_DTYPES[f.name]} {tuple(rows)} on {device}, "
-                    f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+                    f"SamplingParams.{f.name}: expected {_DTYPES[f.name]} "
+                    f"{tuple(rows)} on {device}, "
+                    f"got {t.dtype} {tuple(t.shape)} on {t.device}"
+                )
 
     @property
     def rows(self) -> int:
@@ -150,7 +153,9 @@ class SampleResult:
 
     tokens: torch.Tensor  # [N] int64, the chosen id; 0 as a placeholder unless status == OK
     status: torch.Tensor  # [N] int32, SampleStatus values
-    prob: torch.Tensor  # [N] float32, final normalised probability of the token (1 greedy, 0 failed)
+    prob: (
+        torch.Tensor
+    )  # [N] float32, final normalised probability of the token (1 greedy, 0 failed)
     uniform: torch.Tensor  # [N] float32, the (seed, position, purpose) uniform this call used
 
 
@@ -185,8 +190,10 @@ def check_inputs(logits: torch.Tensor, params: SamplingParams, vocab_size: int,
     words = mask_words(vocab_size)
     if mask.dtype != torch.int32 or mask.dim() < 2 or mask.shape[-1] != words \
             or mask.device != logits.device:
-        raise ValueError(f"mask: expected int32 [..., {words}] on {logits.device}, got {mask.dtype} "
-                         f"{tuple(mask.shape)} on {mask.device}")
+        raise ValueError(
+            f"mask: expected int32 [..., {words}] on {logits.device}, got {mask.dtype} "
+            f"{tuple(mask.shape)} on {mask.device}"
+        )
     if mask_row is None or mask_row.shape != (n,) or mask_row.dtype != torch.int32 \
             or mask_row.device != logits.device:
         raise ValueError(f"mask_row: expected int32 [{n}] on {logits.device} with a mask, got "

@@ -19,8 +19,13 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.sampling_contract import (PenaltyHistory, SampleResult, SampleStatus, SamplingParams,
-                                       mask_words)
+from kernels.sampling_contract import (
+    PenaltyHistory,
+    SampleResult,
+    SampleStatus,
+    SamplingParams,
+    mask_words,
+)
 from kernels.sampling_ref import legal_set, penalized_logits
 
 
@@ -43,7 +48,9 @@ def sample_greedy(logits: torch.Tensor, *, vocab_size: int, mask: torch.Tensor |
     if mask is not None:
         if mask_row is None or mask_row.shape != (n,):
             raise ValueError(f"mask_row: expected int32 [{n}] with a mask")
-        legal = legal_set(mask.view(-1, mask.shape[-1]), mask_row, n, vocab_size, z.device)  # [N, V]
+        legal = legal_set(
+            mask.view(-1, mask.shape[-1]), mask_row, n, vocab_size, z.device
+        )  # [N, V]
         z = torch.where(legal, z, float("-inf"))  # illegal values are never inspected
         dead = ~legal.any(dim=1)
     # amax propagates NaN and +inf and is -inf when nothing is finite: one pass finds every

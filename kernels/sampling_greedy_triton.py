@@ -13,7 +13,8 @@ synchronisation, fixed shapes (capturable in a CUDA graph):
    non-generable ids count as -inf), the smallest id holding it, and flags (bit 0: some id of the
    chunk is legal, bit 1: a legal, generable value is NaN or +inf).
 2. `_greedy_combine_kernel`, grid (N,): reduces the C partials of a row with the same tie rule
-   (larger value, then smaller id) and writes token, status, prob and uniform (0: greedy draws none).
+   (larger value, then smaller id) and writes token, status, prob and uniform (0: greedy draws
+   none).
 
 The `generable` words replace the sampler's copy of the logits with never-generable ids at -inf
 (`services.worker.program.sampling.Sampler._generable`): an id whose bit is clear is read as -inf,
@@ -117,9 +118,16 @@ def default_block(rows: int) -> int:
     return 2048
 
 
-def sample_greedy_triton(logits: torch.Tensor, *, vocab_size: int, mask: torch.Tensor | None = None,
-                         mask_row: torch.Tensor | None = None, generable: torch.Tensor | None = None,
-                         block_v: int | None = None, num_warps: int | None = None) -> SampleResult:
+def sample_greedy_triton(
+    logits: torch.Tensor,
+    *,
+    vocab_size: int,
+    mask: torch.Tensor | None = None,
+    mask_row: torch.Tensor | None = None,
+    generable: torch.Tensor | None = None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> SampleResult:
     """One greedy token per row of logits [N, V_pad] (float32 / bf16 / fp16, unit column stride,
     any row stride; only the first vocab_size columns are read), no penalties.
 

@@ -10,8 +10,13 @@ from __future__ import annotations
 import torch
 
 from kernels import rng
-from kernels.sampling_contract import (PenaltyHistory, SampleResult, SampleStatus, SamplingParams,
-                                       check_inputs)
+from kernels.sampling_contract import (
+    PenaltyHistory,
+    SampleResult,
+    SampleStatus,
+    SamplingParams,
+    check_inputs,
+)
 
 
 def penalized_logits(logits: torch.Tensor, vocab_size: int, params: SamplingParams,

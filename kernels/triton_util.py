@@ -3,7 +3,8 @@
 `to_dtype(x, dtype)` converts float32 to a storage dtype with round-to-nearest-even everywhere:
 compiled kernels do that natively, but Triton's CPU interpreter (checked with triton 3.9) truncates
 float32 -> bfloat16, so under TRITON_INTERPRET=1 the value is rounded first with integer arithmetic
-(exact, ties to even) and the conversion only drops zero bits. Compiled code never takes that branch.
+(exact, ties to even) and the conversion only drops zero bits. Compiled code never takes that
+branch.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A load run against a running Infernix gateway that accounts for every request:
 `python loadtest/run.py --url http://127.0.0.1:8000 --requests 100 --concurrency 8`.
 
-It sends the mix of `scenarios.py` (plain, JSON Schema, regex, choice and tool constraints; streaming
-and not; chat, Responses, Anthropic messages and completions) from `--concurrency` concurrent
-clients and sorts each request's end into one of four outcomes:
+It sends the mix of `scenarios.py` (plain, JSON Schema, regex, choice and tool constraints;
+streaming and not; chat, Responses, Anthropic messages and completions) from `--concurrency`
+concurrent clients and sorts each request's end into one of four outcomes:
 
 - `ok`: a 200 response, or a stream that ended with its protocol's terminal event and no error;
 - `typed`: a typed failure: a 4xx/503 error body, or a stream's terminal error event, whose code
@@ -15,7 +15,7 @@ clients and sorts each request's end into one of four outcomes:
 
 The summary (JSON, also written to `--out`) counts outcomes per scenario and lists the codes of
 typed failures; the exit status is 1 when any request was untyped or lost. The fault test
-(tests/test_loadtest_faults.py) runs this same mix while it kills and restarts services.
+(tests/e2e/test_loadtest_faults.py) runs this same mix while it kills and restarts services.
 """
 
 from __future__ import annotations

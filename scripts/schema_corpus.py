@@ -48,11 +48,26 @@ MUTATIONS_PER_VALUE = 3
 def _git_files(git_dir: str, prefix: str) -> Iterator[tuple[str, bytes]]:
     """(path, content) of every blob under `prefix` at HEAD; blobs absent from the snapshot (large
     files) are skipped."""
-    names = subprocess.run(["git", f"--git-dir={git_dir}", "ls-tree", "-r", "--format=%(objectname) %(path)",
-                            "HEAD", prefix], check=True, capture_output=True, text=True).stdout.split("\n")
+    names = subprocess.run(
+        [
+            "git",
+            f"--git-dir={git_dir}",
+            "ls-tree",
+            "-r",
+            "--format=%(objectname) %(path)",
+            "HEAD",
+            prefix,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\n")
     pairs = [ln.split(" ", 1) for ln in names if ln]
-    proc = subprocess.Popen(["git", f"--git-dir={git_dir}", "cat-file", "--batch"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["git", f"--git-dir={git_dir}", "cat-file", "--batch"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert proc.stdin and proc.stdout
     for sha, path in pairs:
         proc.stdin.write(sha.encode() + b"\n")
@@ -203,8 +218,12 @@ def summarize(args: argparse.Namespace) -> int:
                         invalid_accepted += 1
                         bad.append(c["id"])
         rejected = [r for _, r in rows if not r.get("ok")]
-        typed = [r for r in rejected if r["error"].get("type") in ("UnsupportedSchema", "InvalidSchema")
-                 and "pointer" in r["error"]]
+        typed = [
+            r
+            for r in rejected
+            if r["error"].get("type") in ("UnsupportedSchema", "InvalidSchema")
+            and "pointer" in r["error"]
+        ]
         reasons = Counter(_reason(r["error"]) for r in rejected)
         annotations = Counter(a for _, r in compiled for a in r.get("annotations", []))
         out[split] = {
@@ -298,10 +317,14 @@ def _reason(error: dict) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build")
-    b.add_argument("--jsb-git", required=True, help="git directory of a guidance-ai/jsonschemabench snapshot")
+    b.add_argument(
+        "--jsb-git", required=True, help="git directory of a guidance-ai/jsonschemabench snapshot"
+    )
     b.add_argument("--out", required=True)
     b.set_defaults(func=build)
     s = sub.add_parser("summarize")

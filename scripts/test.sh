@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: installs what it needs, then runs pytest. Tests that need
-# Redis start their own redis-server on a free loopback port and stop it afterwards; tests marked
-# `gpu` skip without CUDA.
+# The whole test suite on a fresh machine: installs what it needs, runs ruff, then pytest. Tests
+# that need Redis start their own redis-server on a free loopback port and stop it afterwards;
+# tests marked `gpu` skip without CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
+# Lint first (pyproject.toml's [tool.ruff]): a style or pyflakes error fails the suite.
+"${PYTHON:-python3}" -m ruff check services shared kernels bench tests loadtest scripts
 exec "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider "$@"

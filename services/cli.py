@@ -5,7 +5,7 @@
     infernix grammar check|sample|serve|health
     infernix worker serve|health        the gRPC worker
     infernix gateway serve --worker ADDR [--worker ADDR ...]
-    infernix bench grammar|decode|spec|prefix|serve  benchmarks writing JSON
+    infernix bench grammar|decode|spec|prefix|serve|coldstart  benchmarks writing JSON
 
 Every flag is also an environment variable named after it: --redis-url is INFERNIX_REDIS_URL.
 Building the parser imports nothing heavy (no torch, xgrammar or transformers): `--help` answers
@@ -132,9 +132,14 @@ def run_worker_serve(args: argparse.Namespace) -> int:
                                                 read_only=bool(args.grammar))
 
     async def main() -> None:
-        grammar = open_grammar(settings.model, redis_url=args.redis_url, service=args.grammar,
-                               config=config, client_options=grammar_cli.client_kwargs_from_args(args),
-                               registry=registry)
+        grammar = open_grammar(
+            settings.model,
+            redis_url=args.redis_url,
+            service=args.grammar,
+            config=config,
+            client_options=grammar_cli.client_kwargs_from_args(args),
+            registry=registry,
+        )
         worker = await asyncio.to_thread(open_worker, settings, grammar=grammar, registry=registry)
         try:
             await serve_worker(host=args.host, port=args.port, worker=worker,
@@ -161,7 +166,8 @@ def _exit_past_compile_threads() -> None:
 
 
 def run_worker_health(args: argparse.Namespace) -> int:
-    """Exit 0 when the worker at --address answers Health (docker health checks)."""
+    """Exit 0 when the worker at --address answers Health (docker health checks), 1 while it
+    still warms up (its kernels compile before it serves)."""
     import json
 
     from services.worker.remote import GrpcWorkerClient
@@ -181,7 +187,7 @@ def run_worker_health(args: argparse.Namespace) -> int:
         print(json.dumps({"status": "UNREACHABLE", "error": type(exc).__name__}))
         return 1
     print(json.dumps(health, default=str))
-    return 0
+    return 1 if health.get("status") == "warming" else 0
 
 
 def run_gateway_serve(args: argparse.Namespace) -> int:
@@ -216,9 +222,9 @@ def run_gateway_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bench import cli as bench_cli  # the product's one import of bench/: its commands
     from services.grammar import cli as grammar_cli
     from services.worker import cli as worker_cli
-    from bench import cli as bench_cli  # the product's one import of bench/: its commands
 
     parser = argparse.ArgumentParser(prog="infernix", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -227,9 +233,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run Infernix on its embedded default (CPU, in-memory)",
                            description="The gateway, a worker and the grammar service in one "
                            "process: OpenAI- and Anthropic-compatible HTTP.")
-    add_settings(serve, "host", "port", "api_keys", "ignore_unknown_fields", "model",
-                 "served_model_name", "device", "lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting", "kv_cache_tokens",
-                 "no_prefix_cache", "no_pipeline", "log_level", "speculative", "draft_model", "num_draft_tokens")
+    add_settings(
+        serve,
+        "host",
+        "port",
+        "api_keys",
+        "ignore_unknown_fields",
+        "model",
+        "served_model_name",
+        "device",
+        "lanes",
+        "max_len",
+        "prefill_chunk",
+        "preempt_after",
+        "max_waiting",
+        "kv_cache_tokens",
+        "no_prefix_cache",
+        "no_pipeline",
+        "no_warmup",
+        "kernel_cache",
+        "log_level",
+        "speculative",
+        "draft_model",
+        "num_draft_tokens",
+    )
     serve.set_defaults(func=run_serve)
 
     worker_cli.add_generate_parser(sub)
@@ -238,10 +265,33 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="the gRPC worker")
     wsub = worker.add_subparsers(dest="worker_command", required=True, metavar="COMMAND")
     wserve = wsub.add_parser("serve", help="run the gRPC WorkerService")
-    add_settings(wserve, "host", "port", "grammar", "redis_url", "grammar_cache_bytes",
-                 "drain_seconds", "metrics_port", "model", "device", "lanes", "max_len", "prefill_chunk",
-                 "preempt_after", "max_waiting", "kv_cache_tokens", "no_prefix_cache", "no_pipeline", "log_level",
-                 "speculative", "draft_model", "num_draft_tokens", port=50052)
+    add_settings(
+        wserve,
+        "host",
+        "port",
+        "grammar",
+        "redis_url",
+        "grammar_cache_bytes",
+        "drain_seconds",
+        "metrics_port",
+        "model",
+        "device",
+        "lanes",
+        "max_len",
+        "prefill_chunk",
+        "preempt_after",
+        "max_waiting",
+        "kv_cache_tokens",
+        "no_prefix_cache",
+        "no_pipeline",
+        "no_warmup",
+        "kernel_cache",
+        "log_level",
+        "speculative",
+        "draft_model",
+        "num_draft_tokens",
+        port=50052,
+    )
     grammar_cli.add_compile_args(wserve, isolation="process")
     grammar_cli.add_client_args(wserve)
     wserve.set_defaults(func=run_worker_serve)

@@ -36,6 +36,8 @@ class WorkerSettings:
     prefix_cache: bool = not default("no_prefix_cache")  # the automatic prefix cache
     pipeline: bool = not default("no_pipeline")  # CUDA: launch step n+1 before committing step n
     kv_cache_tokens: int | None = default("kv_cache_tokens")  # KV positions; None: lanes x max_len
+    warmup: bool = not default("no_warmup")  # CUDA: every kernel shape compiled before ready
+    kernel_cache: str = default("kernel_cache")  # CUDA: the on-disk compiled-kernel cache
 
     def __post_init__(self) -> None:
         for name, low in (("lanes", 1), ("max_len", 2), ("prefill_chunk", 1),
@@ -56,7 +58,9 @@ class WorkerSettings:
                    draft_model=args.draft_model, num_draft_tokens=args.num_draft_tokens,
                    prefix_cache=not getattr(args, "no_prefix_cache", False),
                    pipeline=not getattr(args, "no_pipeline", False),
-                   kv_cache_tokens=getattr(args, "kv_cache_tokens", None))
+                   kv_cache_tokens=getattr(args, "kv_cache_tokens", None),
+                   warmup=not getattr(args, "no_warmup", False),
+                   kernel_cache=getattr(args, "kernel_cache", None) or default("kernel_cache"))
 
 
 def open_grammar(model: str, *, redis_url: str | None = None, service: str | None = None,
@@ -80,6 +84,20 @@ def open_grammar(model: str, *, redis_url: str | None = None, service: str | Non
     return GrpcGrammarClient(host, int(port), caches, **(client_options or {}))
 
 
+def use_kernel_cache(path: str) -> str:
+    """Point this process's compiled-kernel caches at `path` (created): Triton's binaries and
+    its autotuning results (fla-core's chunked gated delta rule caches its autotuning there
+    too), so a restart on the same machine compiles and benchmarks nothing it has seen. An
+    operator's own TRITON_CACHE_DIR wins. Returns the directory in use."""
+    import os
+
+    directory = os.environ.setdefault("TRITON_CACHE_DIR", os.path.expanduser(path))
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+    os.makedirs(directory, exist_ok=True)
+    log.info("kernel_cache", directory=directory)
+    return directory
+
+
 def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
     """Load the model and start an Engine over it behind an InProcessWorkerClient (bf16 on CUDA,
     float32 on the CPU). Without `grammar`, an in-process grammar client for the model."""
@@ -89,7 +107,10 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
     from services.worker.engine import EngineConfig
     from services.worker.runtime import load_runtime
 
-    dtype = torch.bfloat16 if settings.device.startswith("cuda") else torch.float32
+    cuda = settings.device.startswith("cuda")
+    if cuda:  # before the first kernel compiles
+        use_kernel_cache(settings.kernel_cache)
+    dtype = torch.bfloat16 if cuda else torch.float32
     log.info("model_loading", model=settings.model, device=settings.device)
     runtime = load_runtime(settings.model, device=settings.device, dtype=dtype)
     config = EngineConfig(max_batch=settings.lanes, max_len=settings.max_len,
@@ -100,5 +121,6 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
                           num_draft_tokens=settings.num_draft_tokens,
                           draft_model=settings.draft_model, prefix_cache=settings.prefix_cache,
                           pipeline=None if settings.pipeline else False,
-                          kv_cache_tokens=settings.kv_cache_tokens)
+                          kv_cache_tokens=settings.kv_cache_tokens,
+                          warmup=settings.warmup and cuda)
     return open_in_process(runtime, config, grammar=grammar, registry=registry)

@@ -101,6 +101,13 @@ _TABLE = (
     Setting("no_pipeline", None, False, "launch each decode step only after the previous one's "
             "commit (on CUDA the next step's forward is launched first by default, so the commit's "
             "host work overlaps it; the CPU never pipelines)"),
+    Setting("no_warmup", None, False, "serve without the start-up warm-up (on CUDA every "
+            "prefill width, batch size, decode and verify graph and sampler variant runs once "
+            "before health says ready, so no kernel compiles on the request path; the CPU never "
+            "warms up)"),
+    Setting("kernel_cache", str, "~/.cache/infernix/kernels", "directory of the compiled-kernel "
+            "cache on CUDA (Triton's binaries and autotuning results, fla-core's included): a "
+            "restart on the same machine reuses it; TRITON_CACHE_DIR, when set, wins", "DIR"),
     Setting("host", str, "127.0.0.1", "address to listen on"),
     Setting("port", int, 8000, "port to listen on"),
     Setting("api_keys", str, "", "comma-separated API keys; when set, requests must carry one",

@@ -7,7 +7,11 @@ grammar service validates the language itself (GBNF syntax, regex constructs, sc
 from __future__ import annotations
 
 import json
+import math
+import re
+import uuid
 from dataclasses import dataclass
+from decimal import Decimal
 from enum import Enum
 from typing import Any, Mapping, Sequence
 
@@ -35,20 +39,73 @@ def _whitespace(value: str | None) -> str | None:
     return value
 
 
+class RoundedNumber(float):
+    """A JSON number that binary64 parsing rounds (its decimal value is not that of the float's
+    shortest text, e.g. 0.10000000000000000000001 or 12345678901234567891234.5): the float, with
+    the text as written. Schema readers refuse it where it asserts (a bound, const/enum); JSON
+    written by `canonical_json` keeps the text, so the source stays what the client sent."""
+
+    text: str
+
+    def __new__(cls, text: str) -> "RoundedNumber":
+        obj = super().__new__(cls, text)
+        obj.text = text
+        return obj
+
+
+def read_float(text: str) -> float:
+    """`json.loads`'s parse_float: a finite float, or a RoundedNumber where parsing rounds the
+    decimal value. Raises ValueError for a number beyond binary64's range (1e400)."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is out of the range of a double")
+    if Decimal(text) != Decimal(repr(value)):
+        return RoundedNumber(text)
+    return value
+
+
+def _has_rounded(value: Any) -> bool:
+    if isinstance(value, RoundedNumber):
+        return True
+    if isinstance(value, dict):
+        return any(_has_rounded(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_rounded(v) for v in value)
+    return False
+
+
 def canonical_json(value: Any) -> str:
-    """Order-preserving compact JSON: the declared property order is part of a schema's meaning."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    """Order-preserving compact JSON: the declared property order is part of a schema's meaning.
+    RoundedNumbers are written as their own text."""
+    if not _has_rounded(value):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    texts: list[str] = []
+    mark = f"\ue000rounded-{uuid.uuid4().hex}-"
+
+    def swap(v: Any) -> Any:
+        if isinstance(v, RoundedNumber):
+            texts.append(v.text)
+            return f"{mark}{len(texts) - 1}"
+        if isinstance(v, dict):
+            return {k: swap(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [swap(x) for x in v]
+        return v
+
+    out = json.dumps(swap(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return re.sub(f'"{re.escape(mark)}(\\d+)"', lambda m: texts[int(m.group(1))], out)
 
 
 def parse_json_text(text: str, *, field: str) -> Any:
-    """Parse JSON text, refusing NaN/Infinity and reporting errors against `field`."""
+    """Parse JSON text, refusing NaN/Infinity and numbers beyond binary64 (1e400), marking
+    the numbers parsing rounds (RoundedNumber), and reporting errors against `field`."""
 
     def _no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        return json.loads(text, parse_constant=_no_constant)
-    except (ValueError, TypeError) as exc:
+        return json.loads(text, parse_constant=_no_constant, parse_float=read_float)
+    except (ValueError, TypeError, RecursionError) as exc:
         raise InvalidRequest(f"{field} is not valid JSON: {exc}", field=field) from None
 
 
@@ -95,7 +152,9 @@ class OutputConstraint:
         if isinstance(options, (str, bytes)) or not isinstance(options, Sequence):
             raise InvalidChoice("choice must be a list of strings")
         if len(options) == 0:
-            raise InvalidChoice("choice must hold at least one string; an empty list allows nothing")
+            raise InvalidChoice(
+                "choice must hold at least one string; an empty list allows nothing"
+            )
         seen: dict[str, None] = {}
         for i, option in enumerate(options):
             if not isinstance(option, str):
@@ -115,7 +174,7 @@ class OutputConstraint:
     def schema(self) -> Any:
         """The parsed schema of a JSON_SCHEMA constraint."""
         assert self.kind is ConstraintKind.JSON_SCHEMA
-        return json.loads(self.source)
+        return json.loads(self.source, parse_float=read_float)
 
     def canonical_source(self) -> str:
         """The text the compile cache keys on: choices as their sorted de-duplicated set."""
@@ -172,7 +231,7 @@ class ToolDefinition:
 
     @property
     def parameters(self) -> Any:
-        return json.loads(self.parameters_json)
+        return json.loads(self.parameters_json, parse_float=read_float)
 
 
 class ToolMode(str, Enum):

@@ -26,9 +26,9 @@ class InfernixError(Exception):
     """Base of all Infernix errors. `message` is a complete sentence for humans."""
 
     message: str
-    # Whose fault: "request" errors map to 4xx / INVALID_ARGUMENT, "internal" ones to 5xx / INTERNAL,
-    # "overloaded" to 429 / RESOURCE_EXHAUSTED and "unavailable" to 503 / UNAVAILABLE (both: retry
-    # later, after `retry_after_s` when the error carries one).
+    # Whose fault: "request" errors map to 4xx / INVALID_ARGUMENT, "internal" ones to 5xx /
+    # INTERNAL, "overloaded" to 429 / RESOURCE_EXHAUSTED and "unavailable" to 503 / UNAVAILABLE
+    # (both: retry later, after `retry_after_s` when the error carries one).
     fault: ClassVar[str] = "internal"
     registry: ClassVar[dict[str, type["InfernixError"]]] = {}
 
@@ -94,7 +94,8 @@ class Unsupported(RequestError):
 
 @dataclass
 class InvalidGrammar(RequestError):
-    """GBNF text that does not parse or breaks a rule of the grammar contract (1-based positions)."""
+    """GBNF text that does not parse or breaks a rule of the grammar contract (1-based
+    positions)."""
 
     line: int | None = None
     column: int | None = None
@@ -126,7 +127,8 @@ class UnsupportedSchema(_SchemaError):
 
 @dataclass
 class InvalidRegex(RequestError):
-    """A regex that does not parse or uses an unsupported construct. `position` is a 0-based index."""
+    """A regex that does not parse or uses an unsupported construct. `position` is a 0-based
+    index."""
 
     position: int | None = None
 

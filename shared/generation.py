@@ -58,7 +58,9 @@ class RequestOptions:
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}", field="max_tokens")
+            raise InvalidRequest(
+                f"max_tokens must be >= 1, got {self.max_tokens}", field="max_tokens"
+            )
         if self.thinking_budget is not None and self.thinking_budget < 0:
             raise InvalidRequest(f"thinking_budget must be >= 0, got {self.thinking_budget}",
                                  field="thinking_budget")
@@ -85,7 +87,8 @@ class ChatMessage:
 
 @dataclass(frozen=True)
 class PromptInput:
-    """Either chat messages (rendered by the model's chat template) or raw text to continue."""
+    """Chat messages (rendered by the model's chat template), raw text to continue, or raw token
+    ids to continue (exactly one)."""
 
     messages: tuple[ChatMessage, ...] | None = None
     text: str | None = None
@@ -94,10 +97,16 @@ class PromptInput:
     # Thinking on/off for templates with a thinking mode (the template's `enable_thinking`, as
     # vLLM/SGLang clients send it in chat_template_kwargs); None: the template's own default.
     enable_thinking: bool | None = None
+    token_ids: tuple[int, ...] | None = None
+    # Where the prompt sits in the client's body: an id outside the vocabulary is named
+    # `{source}[position]` (a completions batch of id lists gives each its own `prompt[i]`).
+    source: str = "prompt"
 
     def __post_init__(self) -> None:
-        if (self.messages is None) == (self.text is None):
-            raise InvalidRequest("give either messages or a raw text prompt", field="prompt")
+        given = [x is not None for x in (self.messages, self.text, self.token_ids)]
+        if sum(given) != 1:
+            raise InvalidRequest("give either messages, a raw text prompt or token ids",
+                                 field="prompt")
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,8 @@ _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 6
 
 
 class WorkerMetrics:
-    """Engine metrics: requests by constraint kind and outcome, lanes, queue, latencies, mask work."""
+    """Engine metrics: requests by constraint kind and outcome, lanes, queue, latencies, mask
+    work."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -105,18 +106,42 @@ class WorkerMetrics:
             "Finished requests by constraint kind and finish reason", ["constraint", "outcome"],
             registry=self.registry)
         self.lanes_in_use = Gauge(
-            "infernix_worker_lanes_in_use", "Resident lanes holding a request", registry=self.registry)
+            "infernix_worker_lanes_in_use",
+            "Resident lanes holding a request",
+            registry=self.registry,
+        )
         self.queue_depth = Gauge(
             "infernix_worker_queue_depth", "Requests waiting for a lane", registry=self.registry)
+        self.warmup_seconds = Gauge(
+            "infernix_worker_warmup_seconds", "Seconds the start-up warm-up took (every kernel "
+            "shape compiled before ready; 0 while it runs or when off)", registry=self.registry)
+        self.warmup_shapes = Gauge(
+            "infernix_worker_warmup_shapes", "Forward, graph and sampler shapes the warm-up ran",
+            ["kind"], registry=self.registry)
         self.ttft_seconds = Histogram(
             "infernix_worker_ttft_seconds", "Submission to first published token",
             buckets=_TTFT_BUCKETS, registry=self.registry)
         self.tpot_seconds = Histogram(
-            "infernix_worker_time_per_token_seconds", "Decode time per output token after the first",
-            buckets=_TOKEN_BUCKETS, registry=self.registry)
+            "infernix_worker_time_per_token_seconds",
+            "Decode time per output token after the first",
+            buckets=_TOKEN_BUCKETS,
+            registry=self.registry,
+        )
         self.mask_cpu_seconds = Counter(
             "infernix_worker_mask_cpu_seconds_total",
-            "CPU seconds spent filling masks, looking ahead and rolling back", registry=self.registry)
+            "CPU seconds spent filling masks, looking ahead and rolling back",
+            registry=self.registry,
+        )
+        self.mask_positions = Counter(
+            "infernix_worker_mask_positions_total", "Mask rows computed for finished requests "
+            "(ready and dead-end positions, lookahead included)", registry=self.registry)
+        self.mask_upload_bytes = Counter(
+            "infernix_worker_mask_upload_bytes_total", "Mask bytes copied to the device for the "
+            "committed steps of finished requests", registry=self.registry)
+        self.prepare_seconds = Histogram(
+            "infernix_worker_prepare_seconds", "Preparation of finished requests by stage: input "
+            "(render and tokenize the prompt), constraint (grammar, matcher, tool stream)",
+            ["stage"], buckets=_TOKEN_BUCKETS + (5.0, 10.0, 30.0), registry=self.registry)
         self.tokens = Counter(
             "infernix_worker_tokens_total", "Prompt and completion tokens of finished requests",
             ["kind"], registry=self.registry)
@@ -133,7 +158,7 @@ class WorkerMetrics:
         self.spec_drafts = Counter(
             "infernix_worker_spec_draft_tokens_total",
             "Speculative drafts verified in committed rounds, and of them accepted",
-            ["result"], registry=self.registry)  # result: proposed | accepted
+            ["result"], registry=self.registry)  # result: proposed | accepted | rolled_back
         self.spec_rounds = Counter(
             "infernix_worker_spec_rounds_total",
             "Committed verification rounds of one request that carried drafts",
@@ -190,7 +215,10 @@ class WorkerMetrics:
         self.state_snapshots.set(stats.snapshots)
 
     def finished(self, constraint: str, outcome: str, *, ttft: float | None, tpot: float | None,
-                 mask_seconds: float, prompt_tokens: int, completion_tokens: int) -> None:
+                 mask_seconds: float, prompt_tokens: int, completion_tokens: int,
+                 mask_positions: int = 0, mask_upload_bytes: int = 0,
+                 input_seconds: float | None = None,
+                 constraint_seconds: float | None = None) -> None:
         if constraint not in CONSTRAINT_KINDS or outcome not in FINISH_REASONS:
             raise ValueError(f"unknown label value in ({constraint!r}, {outcome!r})")
         self.requests.labels(constraint=constraint, outcome=outcome).inc()
@@ -201,6 +229,11 @@ class WorkerMetrics:
         self.mask_cpu_seconds.inc(mask_seconds)
         self.tokens.labels(kind="prompt").inc(prompt_tokens)
         self.tokens.labels(kind="completion").inc(completion_tokens)
+        self.mask_positions.inc(mask_positions)
+        self.mask_upload_bytes.inc(mask_upload_bytes)
+        for stage, seconds in (("input", input_seconds), ("constraint", constraint_seconds)):
+            if seconds is not None:
+                self.prepare_seconds.labels(stage=stage).observe(seconds)
 
 
 def serve_metrics(port: int, registry: CollectorRegistry, host: str = "0.0.0.0") -> None:

@@ -8,8 +8,7 @@ from typing import Any
 
 from services.gateway import fields as f
 from services.gateway import known
-from services.gateway.anthropic_replies import Streamer, aggregate  # noqa: F401 - the entry's
-from services.gateway.anthropic_replies import signature_matches
+from services.gateway.anthropic_replies import Streamer, aggregate, signature_matches  # noqa: F401 - the entry's
 from services.gateway.errors import ErrorPaths
 from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
@@ -187,8 +186,11 @@ def _user(blocks: list[dict], path: str) -> list[ChatMessage]:
             content = f.get(block, "content", bpath)
             text = "" if content is f.MISSING else f.text_parts(content, f"{bpath}.content",
                                                                 part_types=("text",))
-            out.append(ChatMessage("tool", text,
-                                   tool_call_id=f.get_str(block, "tool_use_id", bpath, required=True)))
+            out.append(
+                ChatMessage(
+                    "tool", text, tool_call_id=f.get_str(block, "tool_use_id", bpath, required=True)
+                )
+            )
     if texts or not out:
         out.append(ChatMessage("user", "".join(texts)))
     return out

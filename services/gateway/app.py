@@ -166,10 +166,13 @@ def _degraded(health: dict[str, Any]) -> bool:
 
 async def _healthz(request: web.Request) -> web.Response:
     """Liveness: 200 while requests are served, with `degraded` when a dependency is missing
-    (the grammar service or Redis down, a pool's worker out); 503 only when nothing serves."""
+    (the grammar service or Redis down, a pool's worker out); 503 only when nothing serves, and
+    while the worker still warms up (its kernels compile before the first request is served)."""
     health = await _worker_health(request)
     if isinstance(health, web.Response):
         return health
+    if health.get("status") == "warming":
+        return web.json_response({"status": "warming", "worker": health}, status=503)
     return web.json_response({"status": "ok", "degraded": _degraded(health), "worker": health})
 
 

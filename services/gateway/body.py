@@ -16,7 +16,6 @@ surrogates.
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any
 
@@ -24,6 +23,7 @@ import numpy as np
 
 from services.gateway.errors import GatewayError
 from services.gateway.fields import join
+from shared.contract import read_float
 
 # A JSON string token; `[^"\\]` and `\\.` are disjoint, so matching is linear in the input.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -67,10 +67,9 @@ def _no_constant(name: str) -> Any:
 
 
 def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"the number {text[:40]} is out of the range of a double")
-    return value
+    """A finite float; a number parsing rounds stays marked (shared.contract.read_float), so a
+    schema reader can refuse it where it asserts."""
+    return read_float(text)
 
 
 def parse_body(raw: bytes, max_depth: int) -> dict:

@@ -69,7 +69,9 @@ class Results:
         """Prompt tokens the worker's prefix cache held: known at admission, so reported in
         Finished's usage (a Started event may carry it too)."""
         pairs = zip(self.finished[::self.per_prompt], self.counts[::self.per_prompt])
-        return sum(max(f.usage.cached_tokens, c.cached_tokens if c is not None else 0) for f, c in pairs)
+        return sum(
+            max(f.usage.cached_tokens, c.cached_tokens if c is not None else 0) for f, c in pairs
+        )
 
     @property
     def usage(self) -> Usage:

@@ -21,7 +21,6 @@ from services.gateway.translate import (
     structured_outputs,
     structured_outputs_key,
 )
-from shared.errors import Unsupported
 from shared.generation import (
     Finished,
     FinishReason,
@@ -43,19 +42,39 @@ def error_paths(body: dict) -> ErrorPaths:
                       aliases={"constraint": constraint or "structured_outputs"})
 
 
-def _prompts(body: dict, limits: GatewayLimits) -> tuple[str, ...]:
-    """One prompt string or a non-empty list of them (token-id prompts are not supported)."""
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ids(value: list, path: str) -> PromptInput:
+    for j, token in enumerate(value):
+        if not _is_id(token):
+            raise f.wrong_type(f"{path}[{j}]", "a token id (an integer)", token)
+    return PromptInput(token_ids=tuple(value), source=path)
+
+
+def _prompts(body: dict, limits: GatewayLimits) -> tuple[PromptInput, ...]:
+    """The protocol's four prompt shapes: a string, a non-empty list of strings, a list of token
+    ids, or a non-empty list of token-id lists (raw ids are continued as they are, like text;
+    the worker checks them against the vocabulary)."""
     value = f.get(body, "prompt", "", required=True)
+    expected = "a string, an array of strings, an array of token ids or an array of such arrays"
     if isinstance(value, str):
-        return (value,)
+        return (PromptInput(text=value),)
     if not isinstance(value, list) or not value:
-        raise f.wrong_type("prompt", "a string or a non-empty array of strings", value)
+        raise f.wrong_type("prompt", expected, value)
+    if _is_id(value[0]):
+        return (_ids(value, "prompt"),)
+    prompts: list[PromptInput] = []
     for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise Unsupported(f"prompt[{i}] must be a string (token-id prompts are not "
-                              "supported)", field=f"prompt[{i}]")
-    limits.check_choices(len(value), "prompt")  # one choice per prompt at least
-    return tuple(value)
+        if isinstance(item, str):
+            prompts.append(PromptInput(text=item))
+        elif isinstance(item, list) and item:
+            prompts.append(_ids(item, f"prompt[{i}]"))
+        else:
+            raise f.wrong_type(f"prompt[{i}]", "a string or a non-empty array of token ids", item)
+    limits.check_choices(len(prompts), "prompt")  # one choice per prompt at least
+    return tuple(prompts)
 
 
 def translate(body: dict, request_id: str, limits: GatewayLimits,
@@ -76,7 +95,7 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
     include_usage = f.get_bool(stream_options, "include_usage", "stream_options", default=False)
     requests: tuple[GenerateRequest, ...] = ()
     for p, prompt in enumerate(prompts):
-        base = GenerateRequest(request_id, PromptInput(text=prompt), options, model)
+        base = GenerateRequest(request_id, prompt, options, model)
         if p:
             base = dataclasses.replace(base, request_id=f"{request_id}-p{p}")
         requests += choice_requests(base, n)

@@ -133,15 +133,28 @@ def retry_after(err: InfernixError | None, status: int) -> int | None:
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                  413: "invalid_request_error", 422: "invalid_request_error",
                  429: "rate_limit_error", 500: "server_error", 503: "server_error"}
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                    413: "request_too_large", 422: "invalid_request_error",
-                    429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
 
 
 def openai_error(status: int, message: str, *, param: str | None, code: str | None) -> dict:
     """OpenAI's error body `{"error": {message, type, param, code}}`."""
-    return {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code}}
+    return {
+        "error": {
+            "message": message,
+            "type": _OPENAI_TYPES.get(status, "invalid_request_error"),
+            "param": param,
+            "code": code,
+        }
+    }
 
 
 def anthropic_error(status: int, message: str, *, param: str | None, code: str | None) -> dict:

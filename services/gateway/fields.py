@@ -44,7 +44,9 @@ def get(obj: dict, key: str, parent: str, *, required: bool = False) -> Any:
     return value
 
 
-def get_str(obj: dict, key: str, parent: str, *, required: bool = False, default: Any = None) -> Any:
+def get_str(
+    obj: dict, key: str, parent: str, *, required: bool = False, default: Any = None
+) -> Any:
     value = get(obj, key, parent, required=required)
     if value is MISSING:
         return default
@@ -62,7 +64,9 @@ def get_bool(obj: dict, key: str, parent: str, *, default: Any = None) -> Any:
     return value
 
 
-def get_int(obj: dict, key: str, parent: str, *, required: bool = False, default: Any = None) -> Any:
+def get_int(
+    obj: dict, key: str, parent: str, *, required: bool = False, default: Any = None
+) -> Any:
     value = get(obj, key, parent, required=required)
     if value is MISSING:
         return default

@@ -169,7 +169,9 @@ class RequestRecord:
         if ttft is not None:
             metrics.ttft_seconds.labels(protocol=self.protocol).observe(ttft)
         if fin is not None:
-            metrics.tokens.labels(protocol=self.protocol, kind="prompt").inc(fin.usage.prompt_tokens)
+            metrics.tokens.labels(protocol=self.protocol, kind="prompt").inc(
+                fin.usage.prompt_tokens
+            )
             metrics.tokens.labels(protocol=self.protocol, kind="completion").inc(
                 fin.usage.completion_tokens)
         log.info(

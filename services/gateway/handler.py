@@ -70,12 +70,24 @@ STATE = web.AppKey("infernix_gateway", GatewayState)
 
 def error_response(entry: Entry, status: int, message: str, param: str | None,
                     code: str | None, request_id: str | None = None,
-                    retry: int | None = None) -> web.Response:
+                    retry: int | None = None, committed: dict | None = None) -> web.Response:
     headers = {"X-Request-Id": request_id} if request_id else {}
     if retry is not None:
         headers["Retry-After"] = str(retry)
-    return web.json_response(entry.error_body(status, message, param, code), status=status,
-                             headers=headers or None)
+    body = entry.error_body(status, message, param, code)
+    if committed is not None:
+        body["error"]["committed"] = committed
+    return web.json_response(body, status=status, headers=headers or None)
+
+
+def committed_output(finished: Finished, index: int) -> dict:
+    """What a choice that failed while generating had already committed: a stream published it
+    before its error event, so the aggregate's 422 carries it too (earlier committed output is
+    kept; only the failed round's uncommitted tokens are dropped)."""
+    return {"index": index, "content": finished.content, "reasoning": finished.reasoning,
+            "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments_json}
+                           for c in finished.tool_calls],
+            "output_tokens": finished.usage.completion_tokens}
 
 
 async def read_body(request: web.Request, limits: GatewayLimits) -> dict:
@@ -117,19 +129,23 @@ _OUTCOMES = {401: "unauthorized", 413: "too_large", 429: "overloaded", 503: "una
 
 
 def _fail(entry: Entry, record: RequestRecord, status: int, message: str, param: str | None,
-          code: str | None, outcome: str, retry: int | None = None) -> web.Response:
+          code: str | None, outcome: str, retry: int | None = None,
+          committed: dict | None = None) -> web.Response:
     record.status, record.outcome, record.error_type = status, outcome, code
     # Only the field path, never the pointer into the caller's schema (schema text).
     record.error_param = None if param is None else param.split("/", 1)[0]
-    return error_response(entry, status, message, param, code, record.request_id, retry)
+    return error_response(entry, status, message, param, code, record.request_id, retry,
+                          committed)
 
 
 def _fail_typed(entry: Entry, record: RequestRecord, err: InfernixError, paths: ErrorPaths, *,
-                started: bool = False, outcome: str | None = None) -> web.Response:
+                started: bool = False, outcome: str | None = None,
+                committed: dict | None = None) -> web.Response:
     status, message, param, code = infernix_error_parts(err, paths, started=started)
     if outcome is None:
         outcome = _OUTCOMES.get(status, "rejected" if status < 500 else "error")
-    return _fail(entry, record, status, message, param, code, outcome, retry_after(err, status))
+    return _fail(entry, record, status, message, param, code, outcome, retry_after(err, status),
+                 committed if status == 422 else None)
 
 
 async def _generate(request: web.Request, entry: Entry, state: GatewayState,
@@ -199,7 +215,8 @@ async def _aggregate(entry: Entry, tr: Translated, choices: Choices,
     if failed is not None:
         outcome = "cancelled" if failed.finish_reason is FinishReason.CANCELLED else None
         return _fail_typed(entry, record, _terminal_error(failed), tr.paths, started=True,
-                           outcome=outcome)
+                           outcome=outcome,
+                           committed=committed_output(failed, finished.index(failed)))
     record.outcome = results.first.finish_reason.value
     return web.json_response(entry.aggregate(tr, results, int(time.time())),
                              headers={"X-Request-Id": record.request_id})

@@ -27,8 +27,12 @@ class GatewayMetrics:
             "infernix_gateway_request_seconds", "Wall time from request arrival to the last byte",
             ["protocol"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.ttft_seconds = Histogram(
-            "infernix_gateway_ttft_seconds", "Wall time from request arrival to the first output event",
-            ["protocol"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+            "infernix_gateway_ttft_seconds",
+            "Wall time from request arrival to the first output event",
+            ["protocol"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.tokens = Counter(
             "infernix_gateway_tokens_total", "Prompt and completion tokens of finished requests",
             ["protocol", "kind"], registry=self.registry)

@@ -259,8 +259,10 @@ def _tool_choice(body: dict, policy: FieldPolicy) -> ToolChoice:
         allowed = f.get_dict(value, "allowed_tools", "tool_choice", required=True)
         mode = f.get_str(allowed, "mode", "tool_choice.allowed_tools", required=True)
         if mode not in ("auto", "required"):
-            raise InvalidRequest(f"tool_choice.allowed_tools.mode {mode!r} must be auto or required",
-                                 field="tool_choice.allowed_tools.mode")
+            raise InvalidRequest(
+                f"tool_choice.allowed_tools.mode {mode!r} must be auto or required",
+                field="tool_choice.allowed_tools.mode",
+            )
         names = allowed_names(allowed.get("tools"), "tool_choice.allowed_tools.tools",
                               nested_function=True)
         return ToolChoice(ToolMode(mode), names, parallel)

@@ -51,6 +51,17 @@ def response_object(tr: Translated, created: float, status: str, output: list[di
         "output": output, **tr.echo,
         "usage": None,
     }
+    # The resource's other required members (Open Responses), at what this stateless server
+    # does: nothing stored or chained, no truncation, no background runs.
+    sampling = tr.request.options.sampling
+    for name, value in (("completed_at", int(time.time()) if status == "completed" else None),
+                        ("previous_response_id", None), ("truncation", "disabled"),
+                        ("presence_penalty", sampling.presence_penalty),
+                        ("frequency_penalty", sampling.frequency_penalty),
+                        ("top_logprobs", 0), ("user", None), ("max_tool_calls", None),
+                        ("store", False), ("background", False), ("service_tier", "default"),
+                        ("safety_identifier", None), ("prompt_cache_key", None)):
+        obj.setdefault(name, value)
     if results is not None:
         finished = results.first
         obj["usage"] = {"input_tokens": results.prompt_tokens,

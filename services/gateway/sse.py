@@ -11,7 +11,8 @@ from aiohttp import web
 
 @dataclass(frozen=True)
 class SSE:
-    """One event: `data` is a JSON value (or the literal text `[DONE]`), `event` an optional name."""
+    """One event: `data` is a JSON value (or the literal text `[DONE]`), `event` an optional
+    name."""
 
     data: Any
     event: str | None = None

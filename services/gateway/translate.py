@@ -12,7 +12,12 @@ from services.gateway.errors import ErrorPaths
 from services.gateway.limits import GatewayLimits
 from services.gateway.schema_meta import check_meta_schema
 from shared.contract import (
-    JSON_WHITESPACE, ConstraintKind, OutputConstraint, ToolChoice, ToolDefinition, ToolMode,
+    JSON_WHITESPACE,
+    ConstraintKind,
+    OutputConstraint,
+    ToolChoice,
+    ToolDefinition,
+    ToolMode,
     validate_tools,
 )
 from shared.errors import ConflictingConstraint, InvalidRequest
@@ -97,7 +102,9 @@ def structured_outputs(body: dict, limits: GatewayLimits) -> OutputConstraint | 
     return OutputConstraint.regex(source)
 
 
-def with_json_whitespace(constraint: OutputConstraint | None, body: dict) -> OutputConstraint | None:
+def with_json_whitespace(
+    constraint: OutputConstraint | None, body: dict
+) -> OutputConstraint | None:
     """`constraint` with `structured_outputs.whitespace` applied. Raises InvalidRequest for a
     profile that is not one of JSON_WHITESPACE, ConflictingConstraint when the content is not
     JSON (field `structured_outputs.whitespace` in both)."""

@@ -3,10 +3,10 @@
 check   compiles each constraint and prints one JSON line per constraint:
         {"ok": true, "kind": ..., "compile_ms": ...} or {"ok": false, "error": {...}}
         With --instances, one line per candidate output: {"instance": i, "accepted": bool}
-        (i counts the file's lines from 0). Exit status 0 when all compiled, 2 when any was rejected.
-        --batch FILE.jsonl: many constraints in one process, one output line per input line; a
-        json_schema line may carry "values" (JSON values, checked in the generation layout under
-        the `any` whitespace profile unless the line or --json-whitespace names one:
+        (i counts the file's lines from 0). Exit status 0 when all compiled, 2 when any was
+        rejected. --batch FILE.jsonl: many constraints in one process, one output line per input
+        line; a json_schema line may carry "values" (JSON values, checked in the generation layout
+        under the `any` whitespace profile unless the line or --json-whitespace names one:
         "values_accepted", and as plain json.dumps text: "values_accepted_raw"). Schema lines
         list the keywords read as annotations ("annotations").
 sample  random walks through the legal masks (see services.grammar.engines.matching.random_walk).
@@ -23,7 +23,7 @@ from typing import Any, Iterable, TextIO
 
 from services.constraint_flags import add_constraint_args, constraints_from_args, read_text_file
 from services.settings import UsageError, add_settings, default, switch
-from shared.contract import OutputConstraint
+from shared.contract import OutputConstraint, parse_json_text
 from shared.errors import InfernixError, InvalidRequest
 from shared.frontends import MODELS, get_domain
 
@@ -64,7 +64,7 @@ def _error_json(exc: InfernixError) -> dict[str, Any]:
 
 def _read_instances(path: str) -> list[str]:
     out = []
-    for n, line in enumerate(read_text_file(path).splitlines()):
+    for n, line in enumerate(_lines(read_text_file(path))):
         if not line.strip():
             continue
         try:
@@ -75,6 +75,22 @@ def _read_instances(path: str) -> list[str]:
             raise UsageError(f"{path} line {n + 1}: an instance must be a JSON string")
         out.append(value)
     return out
+
+
+def _lines(text: str) -> list[str]:
+    """JSON Lines: split on "\\n" only (str.splitlines would also split inside a line at
+    U+2028/U+2029, \\x1c-\\x1e, \\x85 ..., which JSON strings may hold raw)."""
+    return text.split("\n")
+
+
+SLOW_COMPILE_MS = 5000.0  # a compile slower than this gets a note on stderr
+
+
+def _note_slow(label: str, outcome: Any) -> None:
+    if outcome.compile_ms > SLOW_COMPILE_MS:
+        print(f"note: {label} took {outcome.compile_ms / 1000:.1f} s to compile (slow: more than "
+              f"{SLOW_COMPILE_MS / 1000:.0f} s; the service refuses a compile past its deadline)",
+              file=sys.stderr)
 
 
 def _emit(out: TextIO, obj: dict[str, Any]) -> None:
@@ -102,12 +118,12 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     status = EXIT_OK
     if args.batch:
-        lines: Iterable[str] = [ln for ln in read_text_file(args.batch).splitlines() if ln.strip()]
+        lines: Iterable[str] = [ln for ln in _lines(read_text_file(args.batch)) if ln.strip()]
         compiler = ModelCompiler(get_domain(args.model))
-        for line in lines:
+        for n, line in enumerate(lines):
             result: dict[str, Any]
             try:
-                obj = json.loads(line)
+                obj = parse_json_text(line, field="line")
                 ws = getattr(args, "json_whitespace", None)
                 if isinstance(obj, dict) and "whitespace" not in obj and (ws or obj.get("values")):
                     # A line's own profile, else --json-whitespace; values are checked in the
@@ -116,12 +132,15 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
                     obj = {**obj, "whitespace": ws or "any"}
                 constraint = constraint_from_batch_line(obj)
                 outcome = compiler.compile(constraint)
+                _note_slow(f"batch entry {n + 1}", outcome)
             except InfernixError as exc:
                 _emit(out, _error_json(exc))
                 status = EXIT_REJECTED
                 continue
             except json.JSONDecodeError as exc:
-                _emit(out, _error_json(InvalidRequest(f"batch line is not JSON: {exc}", field="line")))
+                _emit(
+                    out, _error_json(InvalidRequest(f"batch line is not JSON: {exc}", field="line"))
+                )
                 status = EXIT_REJECTED
                 continue
             result = {"ok": True, "kind": constraint.kind.value,
@@ -144,6 +163,7 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
     for label, constraint in pairs:
         try:
             outcome = compiler.compile(constraint)
+            _note_slow(label, outcome)
         except InfernixError as exc:
             _emit(out, {**_error_json(exc), "source": label})
             status = EXIT_REJECTED
@@ -187,7 +207,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_constraint_args(check, many_files=True)
     check.add_argument("--instances", metavar="FILE.jsonl",
                        help="candidate outputs, one JSON string a line")
-    check.add_argument("--batch", metavar="FILE.jsonl", help="many constraints, one JSON object a line")
+    check.add_argument(
+        "--batch", metavar="FILE.jsonl", help="many constraints, one JSON object a line"
+    )
     check.set_defaults(func=run_check)
 
     sample = gsub.add_parser("sample", help="random legal walks through a constraint")
@@ -195,7 +217,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_constraint_args(sample, many_files=False)
     sample.add_argument("--n", type=int, default=5, help="walks (default: 5)")
     sample.add_argument("--seed", type=int, default=0, help="default: 0")
-    sample.add_argument("--max-tokens", type=int, default=256, help="tokens per walk (default: 256)")
+    sample.add_argument(
+        "--max-tokens", type=int, default=256, help="tokens per walk (default: 256)"
+    )
     sample.add_argument("--end-bias", type=float, default=0.5,
                         help="probability of taking EOS whenever it is legal (default: 0.5)")
     sample.set_defaults(func=run_sample)
@@ -203,8 +227,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     serve = gsub.add_parser("serve", help="run the gRPC GrammarService")
     add_settings(serve, "host", "port", "redis_url", "grammar_cache_bytes", "metrics_port",
                  "log_level", port=50051)
-    serve.add_argument("--models", nargs="+", default=switch("models").split(","), choices=MODELS,
-                       help=f"models to serve (default: {default('models')}; env INFERNIX_MODELS=a,b)")
+    serve.add_argument(
+        "--models",
+        nargs="+",
+        default=switch("models").split(","),
+        choices=MODELS,
+        help=f"models to serve (default: {default('models')}; env INFERNIX_MODELS=a,b)",
+    )
     add_compile_args(serve, isolation="process")
     serve.set_defaults(func=run_serve)
 

@@ -27,8 +27,12 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from services.grammar.cache.grammar_cache import (CompileStats, ModelCaches, Remote,
-                                                  UpstreamUnavailable)
+from services.grammar.cache.grammar_cache import (
+    CompileStats,
+    ModelCaches,
+    Remote,
+    UpstreamUnavailable,
+)
 from services.grammar.service import constraint_to_request, record_from_reply, stats_from_proto
 from services.settings import default
 from shared.contract import OutputConstraint
@@ -245,8 +249,11 @@ class GrpcGrammarClient(GrammarClient):
         if not (self._up and time.monotonic() - self._last_ok < self.retry_s):
             await self.probe()
         redis = await _redis_state(self.caches)
-        missing = [name for name, ok in (("grammar_service", self._up), ("redis", redis != "unreachable"))
-                   if not ok]
+        missing = [
+            name
+            for name, ok in (("grammar_service", self._up), ("redis", redis != "unreachable"))
+            if not ok
+        ]
         down_s = None if self._down_since is None else round(time.monotonic() - self._down_since, 3)
         return {"grammar_service": "ok" if self._up else "unreachable",
                 "degraded": bool(missing), "ready": bool(self._up or self.fallback),
@@ -273,13 +280,16 @@ def _carries_typed_error(exc: GRPCError) -> bool:
 
 from services.grammar.engines.batch import MaskFiller, fill_masks  # noqa: E402,F401 - re-exported
 from services.grammar.engines.engine import (  # noqa: E402,F401 - re-exported: the interface
-    CompiledConstraint, Matcher,
+    CompiledConstraint,
+    Matcher,
 )
 from services.grammar.tools.hermes import (  # noqa: E402,F401 - re-exported
-    ToolSpec, needs_tool_grammar,
+    ToolSpec,
+    needs_tool_grammar,
 )
 from services.grammar.tools.param_names import (  # noqa: E402,F401 - re-exported: the XML companion
-    NameIndex, ParameterNameConstraint,
+    NameIndex,
+    ParameterNameConstraint,
 )
 from services.grammar.tools.xml_tools import (  # noqa: E402,F401 - the decoder's contract
     argument_codings,

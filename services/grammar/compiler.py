@@ -23,7 +23,10 @@ from services.grammar.engines.engine import LLGUIDANCE, XGRAMMAR, CompiledConstr
 from services.grammar.engines.engine_llguidance import BeyondLimits, LlguidanceConstraint
 from services.grammar.engines.engine_xgrammar import XgrammarConstraint
 from services.grammar.framing import (
-    check_framing, implicit_close_applies, implicit_close_ebnf, thinking_prefix_ebnf,
+    check_framing,
+    implicit_close_applies,
+    implicit_close_ebnf,
+    thinking_prefix_ebnf,
 )
 from services.grammar.regex.tree import ebnf_literal
 from services.settings import UsageError, switch

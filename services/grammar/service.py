@@ -11,17 +11,21 @@ details (`shared.proto.errors`).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
-
 import asyncio
 import signal
+from typing import Mapping, Sequence
 
 from grpclib.server import Server, Stream
 
-from services.grammar.cache.grammar_cache import (DEFAULT_CACHE_BYTES, CacheConfig, CompileStats,
-                                                  ModelCaches, RecordCache)
-from services.grammar.compiler import RAW_FRAMING, framing_of, source_kind
+from services.grammar.cache.grammar_cache import (
+    DEFAULT_CACHE_BYTES,
+    CacheConfig,
+    CompileStats,
+    ModelCaches,
+    RecordCache,
+)
 from services.grammar.cache.records import BLOB_FORMAT, BuildInfo, Record
+from services.grammar.compiler import RAW_FRAMING, framing_of, source_kind
 from shared.contract import ConstraintKind, OutputConstraint
 from shared.errors import InfernixError, InternalError, InvalidRequest
 from shared.frontends import get_domain
@@ -63,8 +67,11 @@ def constraint_from_request(request: pb.CompileRequest) -> OutputConstraint:
     try:
         kind = ConstraintKind(request.kind)
     except ValueError:
-        raise InvalidRequest(f"unknown constraint kind {request.kind!r}; expected one of "
-                             f"{', '.join(k.value for k in ConstraintKind)}", field="kind") from None
+        raise InvalidRequest(
+            f"unknown constraint kind {request.kind!r}; expected one of "
+            f"{', '.join(k.value for k in ConstraintKind)}",
+            field="kind",
+        ) from None
     if kind is ConstraintKind.GRAMMAR:
         return OutputConstraint.grammar(request.source)
     if kind is ConstraintKind.REGEX:
@@ -135,12 +142,18 @@ class GrammarService(GrammarBase):
             if exc.fault == "internal":
                 log.error("grammar_compile_failed", model=request.model, error=exc.type_name)
             elif exc.fault != "request" or exc.type_name == "ConstraintTooComplex":
-                log.warning("grammar_compile_refused", model=request.model, error=exc.type_name,
-                            limit=getattr(exc, "limit", None) or getattr(exc, "resource", None))
+                log.warning(
+                    "grammar_compile_refused",
+                    model=request.model,
+                    error=exc.type_name,
+                    limit=getattr(exc, "limit", None) or getattr(exc, "resource", None),
+                )
             raise grpc_error(exc) from None
         except Exception as exc:  # a bug: logged with its traceback, reported as internal
             log.exception("grammar_compile_crashed", model=request.model)
-            raise grpc_error(InternalError(f"grammar compile failed: {type(exc).__name__}")) from None
+            raise grpc_error(
+                InternalError(f"grammar compile failed: {type(exc).__name__}")
+            ) from None
         await stream.send_message(reply)
 
     async def Health(self, stream: Stream[pb.HealthRequest, pb.HealthReply]) -> None:

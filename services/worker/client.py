@@ -12,13 +12,13 @@ from services.grammar.client import GrammarClient, in_process_client
 from services.worker.engine import Engine, EngineConfig
 from services.worker.runtime import ModelRuntime
 from shared.errors import InvalidRequest
-from shared.metrics import WorkerMetrics
 from shared.generation import (
     GenerateRequest,
     GenerationEvent,
     PromptInput,
     WorkerClient,
 )
+from shared.metrics import WorkerMetrics
 
 
 class InProcessWorkerClient(WorkerClient):
@@ -76,7 +76,8 @@ class InProcessWorkerClient(WorkerClient):
             await asyncio.sleep(0.02)
 
     async def aclose(self) -> None:
-        """Stop the engine (unfinished requests finish as cancelled) and close its grammar client."""
+        """Stop the engine (unfinished requests finish as cancelled) and close its grammar
+        client."""
         await asyncio.to_thread(self.engine.stop)
         await self.engine.grammar.close()
 

@@ -94,8 +94,10 @@ class GrpcWorkerClient(WorkerClient):
 
     async def count_tokens(self, prompt: PromptInput, model: str) -> int:
         """Prompt tokens as the worker renders them; raises its typed errors, WorkerUnavailable."""
-        reply = await self._unary(self._stub.CountTokens,
-                                  pb.CountTokensRequest(prompt=prompt_to_proto(prompt), model=model))
+        reply = await self._unary(
+            self._stub.CountTokens,
+            pb.CountTokensRequest(prompt=prompt_to_proto(prompt), model=model),
+        )
         return reply.tokens
 
     async def health(self) -> dict[str, Any]:

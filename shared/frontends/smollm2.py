@@ -69,7 +69,9 @@ def smollm2_domain(path: str | None = None) -> TokenDomain:
     (<|im_start|>, the code-repository markers) are never content."""
     vocab = read_gguf_vocab(path or gguf_path())
     decoder = gpt2_byte_decoder()
-    specials = {t: i for i, (t, ty) in enumerate(zip(vocab.tokens, vocab.token_types)) if ty == _CONTROL}
+    specials = {
+        t: i for i, (t, ty) in enumerate(zip(vocab.tokens, vocab.token_types)) if ty == _CONTROL
+    }
     token_bytes = tuple(
         tok.encode("utf-8") if ty == _CONTROL else byte_level_to_bytes(tok, decoder)
         for tok, ty in zip(vocab.tokens, vocab.token_types)

@@ -36,7 +36,9 @@ class TemplateError(ValueError):
 
 
 def _raise_exception(message: str) -> None:
-    raise InvalidRequest(f"the model's chat template rejects the messages: {message}", field="messages")
+    raise InvalidRequest(
+        f"the model's chat template rejects the messages: {message}", field="messages"
+    )
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,

@@ -50,8 +50,8 @@ SPECS = {QWEN_THINK.framing: QWEN_THINK}
 class ThinkingFraming:
     """A `ThinkingSpec` bound to one token domain.
 
-    `close_tokens`: the canonical close `\\n</think>\\n\\n` as the model's tokenizer writes it (what a
-    thinking budget forces); `close_tokens_after_newline`: `</think>\\n\\n`, forced when the
+    `close_tokens`: the canonical close `\\n</think>\\n\\n` as the model's tokenizer writes it (what
+    a thinking budget forces); `close_tokens_after_newline`: `</think>\\n\\n`, forced when the
     reasoning already ends with its line break."""
 
     spec: ThinkingSpec
@@ -77,9 +77,13 @@ class ThinkingFraming:
         for seq, lead in ((full, spec.newline), (bare, b"")):
             at = seq.index(close_id) if close_id in seq else -1
             ordinary = [t for i, t in enumerate(seq) if i != at]
-            if at < 0 or seq.count(close_id) != 1 or not all(domain.is_ordinary(t) for t in ordinary) \
-                    or b"".join(domain.token_bytes[t] for t in seq[:at]) != lead \
-                    or b"".join(domain.token_bytes[t] for t in seq[at + 1:]) != spec.separator:
+            if (
+                at < 0
+                or seq.count(close_id) != 1
+                or not all(domain.is_ordinary(t) for t in ordinary)
+                or b"".join(domain.token_bytes[t] for t in seq[:at]) != lead
+                or b"".join(domain.token_bytes[t] for t in seq[at + 1 :]) != spec.separator
+            ):
                 raise ValueError(f"the tokenizer writes the thinking close as {list(seq)}")
         return cls(spec, open_id, close_id, full, bare)
 

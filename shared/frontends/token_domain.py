@@ -13,8 +13,8 @@ xgrammar is given these classes explicitly. A control token's bytes are handed t
 `CONTROL_PREFIX + spelling`: the prefix is not valid UTF-8 and no grammar literal or character
 class can match it, so the token stays out of every content rule, while `Token(id)` still reaches
 it. (xgrammar 0.2.8 treats an empty-bytes token as "special", and `Token(id)` of such a token is
-never legal; measured in tests/test_frontends_token_domain.py.) Never-generable ids get empty bytes,
-which xgrammar never allows.
+never legal; measured in tests/frontends/test_frontends_token_domain.py.) Never-generable ids get
+empty bytes, which xgrammar never allows.
 """
 
 from __future__ import annotations
@@ -50,8 +50,12 @@ class TokenDomain:
 
     def __post_init__(self) -> None:
         if self.size < len(self.token_bytes):
-            raise ValueError(f"size {self.size} is smaller than the vocabulary {len(self.token_bytes)}")
-        overlap = (self.eos_ids & self.control_ids) | (self.never_ids & (self.eos_ids | self.control_ids))
+            raise ValueError(
+                f"size {self.size} is smaller than the vocabulary {len(self.token_bytes)}"
+            )
+        overlap = (self.eos_ids & self.control_ids) | (
+            self.never_ids & (self.eos_ids | self.control_ids)
+        )
         if overlap:
             raise ValueError(f"token ids {sorted(overlap)} are in more than one special class")
 
@@ -119,7 +123,8 @@ class TokenDomain:
 
 
 def gpt2_byte_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's byte-to-printable-character table used by byte-level BPE vocabularies."""
+    """The inverse of GPT-2's byte-to-printable-character table used by byte-level BPE
+    vocabularies."""
     printable = (
         list(range(ord("!"), ord("~") + 1))
         + list(range(ord("\xa1"), ord("\xac") + 1))

@@ -24,7 +24,7 @@ from shared.contract import (
     ToolDefinition,
     ToolMode,
 )
-from shared.errors import InternalError, InvalidRequest
+from shared.errors import InternalError, InvalidRequest, Unsupported
 from shared.generation import (
     ChatMessage,
     Finished,
@@ -126,7 +126,8 @@ def options_to_proto(o: RequestOptions) -> pb.RequestOptions:
 def options_from_proto(msg: pb.RequestOptions) -> RequestOptions:
     return RequestOptions(
         max_tokens=_opt(msg, "max_tokens"),
-        sampling=sampling_from_proto(msg.sampling) if msg.HasField("sampling") else SamplingParams(),
+        sampling=(sampling_from_proto(msg.sampling) if msg.HasField("sampling")
+                  else SamplingParams()),
         constraint=constraint_from_proto(msg.constraint) if msg.HasField("constraint") else None,
         tool_choice=(tool_choice_from_proto(msg.tool_choice) if msg.HasField("tool_choice")
                      else ToolChoice()),
@@ -164,6 +165,9 @@ def message_from_proto(msg: pb.ChatMessage) -> ChatMessage:
 
 
 def prompt_to_proto(p: PromptInput) -> pb.PromptInput:
+    if p.token_ids is not None:
+        raise Unsupported("token-id prompts are served by the embedded worker only (the worker "
+                          "protocol carries text and messages)", field=p.source)
     out = pb.PromptInput(tools=[tool_to_proto(t) for t in p.tools],
                          continue_final_assistant=p.continue_final_assistant,
                          enable_thinking=p.enable_thinking)

@@ -103,8 +103,12 @@ def main() -> int:
         if want == "always" or (want == "stored"
                                 and policy.worth_serializing(outcome.compile_ms, size)):
             blob, serialized = records.serialize_sized(outcome.grammar)
-            info = records.BuildInfo(outcome.compile_ms, size,
-                                     policy.should_store(outcome.compile_ms, serialized), serialized)
+            info = records.BuildInfo(
+                outcome.compile_ms,
+                size,
+                policy.should_store(outcome.compile_ms, serialized),
+                serialized,
+            )
         if want != "always" and not info.stored:
             blob = None
         write_message(out, ("built", (info, blob)))

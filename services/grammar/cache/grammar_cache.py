@@ -37,13 +37,21 @@ from typing import Any, Mapping
 
 from services.grammar.cache import records
 from services.grammar.cache.builders import BuildOutcome
-from services.grammar.cache.cache_types import (DEFAULT_CACHE_BYTES, CacheConfig, Cached,
-                                                CompileStats, Fill, Hit, Remote, Upstream,
-                                                UpstreamUnavailable)
-from services.grammar.compiler import ModelCompiler
+from services.grammar.cache.cache_types import (
+    DEFAULT_CACHE_BYTES,
+    CacheConfig,
+    Cached,
+    CompileStats,
+    Fill,
+    Hit,
+    Remote,
+    Upstream,
+    UpstreamUnavailable,
+)
 from services.grammar.cache.keycache import KeyCache, ms_since
 from services.grammar.cache.records import Record
 from services.grammar.cache.store import RedisStore, StoreConfig
+from services.grammar.compiler import ModelCompiler
 from shared.errors import InvalidRequest
 from shared.frontends.token_domain import TokenDomain
 from shared.logging import get_logger

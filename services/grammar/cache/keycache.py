@@ -11,12 +11,20 @@ import time
 from collections import OrderedDict
 from typing import Any, Generic
 
-from services.grammar.cache.builders import BuildOutcome, Builder
-from services.grammar.cache.cache_types import (CacheConfig, Cached, CompileStats, Upstream,
-                                          UpstreamUnavailable, V, Fill, LRU)
-from services.grammar.compiler import Framed, ModelCompiler, cache_key, framed, framing_of
+from services.grammar.cache.builders import Builder, BuildOutcome
+from services.grammar.cache.cache_types import (
+    LRU,
+    CacheConfig,
+    Cached,
+    CompileStats,
+    Fill,
+    Upstream,
+    UpstreamUnavailable,
+    V,
+)
 from services.grammar.cache.records import Record
 from services.grammar.cache.store import RedisStore, StoreUnavailable
+from services.grammar.compiler import Framed, ModelCompiler, cache_key, framed, framing_of
 from shared.errors import ConstraintTooComplex, Overloaded, RequestError, ServiceUnavailable
 from shared.frontends.token_domain import TokenDomain
 from shared.logging import get_logger

@@ -138,9 +138,12 @@ class ColdSlots:
                 fut.cancel()
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            raise Overloaded(f"all {self.size} cold-compile slots stayed busy for {self.wait_s:g} s;"
-                             " retry later", resource="cold_compile_slots",
-                             retry_after_s=self.retry_after_s()) from None
+            raise Overloaded(
+                f"all {self.size} cold-compile slots stayed busy for {self.wait_s:g} s;"
+                " retry later",
+                resource="cold_compile_slots",
+                retry_after_s=self.retry_after_s(),
+            ) from None
         finally:
             try:
                 self._waiters.remove(fut)

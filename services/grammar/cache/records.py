@@ -13,8 +13,8 @@ loads, and it compiled within the limits, so whoever needs it compiles it itself
 
 from __future__ import annotations
 
-import json
 import importlib.metadata
+import json
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +22,9 @@ from typing import Any
 import xgrammar as xgr
 
 # xgrammar's serialisation version, and our compression (zlib level 1).
-BLOB_FORMAT = f"xgr{xgr.get_serialization_version()}-llg{importlib.metadata.version('llguidance')}-z1"
+BLOB_FORMAT = (
+    f"xgr{xgr.get_serialization_version()}-llg{importlib.metadata.version('llguidance')}-z1"
+)
 _RECORD_MAGIC = b"IXR1"
 
 

@@ -24,7 +24,6 @@ each; the first success after it logs `grammar_redis_reconnected`.
 from __future__ import annotations
 
 import asyncio
-
 import secrets
 import time
 from dataclasses import dataclass
@@ -184,7 +183,8 @@ class RedisStore:
         StoreUnavailable."""
         name = self.blob_name(vocab_id, key)
         evicted = await self._call(
-            "put", lambda: self._put(keys=[name, *self._index], args=[blob, self.config.budget_bytes])
+            "put",
+            lambda: self._put(keys=[name, *self._index], args=[blob, self.config.budget_bytes]),
         )
         if evicted > 0:
             log.info("grammar_redis_evicted", count=int(evicted))
@@ -213,7 +213,9 @@ class RedisStore:
     async def renew_lock(self, vocab_id: str, key: str, token: str, ttl_ms: int) -> bool:
         """Extend our lock to `ttl_ms` from now; False when it is no longer ours."""
         name = self.lock_name(vocab_id, key)
-        return bool(await self._call("renew", lambda: self._renew(keys=[name], args=[token, ttl_ms])))
+        return bool(
+            await self._call("renew", lambda: self._renew(keys=[name], args=[token, ttl_ms]))
+        )
 
     async def unlock(self, vocab_id: str, key: str, token: str) -> None:
         """Release our lock (a lock that expired and was taken by someone else stays theirs)."""

@@ -7,7 +7,11 @@ from typing import Any, Sequence
 
 from services.grammar.engines import engine_llguidance, engine_xgrammar
 from services.grammar.engines.engine import (
-    LLGUIDANCE, XGRAMMAR, Matcher, buffer_address, check_mask_buffer,
+    LLGUIDANCE,
+    XGRAMMAR,
+    Matcher,
+    buffer_address,
+    check_mask_buffer,
 )
 from shared.errors import InternalError
 

@@ -1,6 +1,7 @@
 """Constraint engines behind one interface: compile -> CompiledConstraint -> Matcher.
 
-Two engines run constraints (the rule that picks one per compiled grammar: docs/constraint-engines.md):
+Two engines run constraints (the rule that picks one per compiled grammar:
+docs/constraint-engines.md):
 
 - `xgrammar` (engine of record): GBNF with token terminals, regex, choice, tool framing, and every
   grammar the other engine does not take (`engine_xgrammar.py`);

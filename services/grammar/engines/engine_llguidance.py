@@ -28,7 +28,12 @@ from typing import Any, Sequence
 import llguidance as llg
 
 from services.grammar.engines.engine import (
-    LLGUIDANCE, CompiledConstraint, Matcher, buffer_address, check_mask_buffer, lookahead_extent,
+    LLGUIDANCE,
+    CompiledConstraint,
+    Matcher,
+    buffer_address,
+    check_mask_buffer,
+    lookahead_extent,
 )
 from shared.errors import InternalError
 from shared.frontends.token_domain import TokenDomain

@@ -15,7 +15,12 @@ import torch
 import xgrammar as xgr
 
 from services.grammar.engines.engine import (
-    XGRAMMAR, CompiledConstraint, Matcher, buffer_address, check_mask_buffer, lookahead_extent,
+    XGRAMMAR,
+    CompiledConstraint,
+    Matcher,
+    buffer_address,
+    check_mask_buffer,
+    lookahead_extent,
 )
 from shared.errors import InternalError
 from shared.frontends.token_domain import TokenDomain

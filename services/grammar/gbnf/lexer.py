@@ -7,8 +7,8 @@ of scalar values), repetition operators (`value` = (lo, hi)), llama.cpp token re
 
 Escapes, in strings and classes: \\xHH (exactly two hex digits, as llama.cpp reads it; a third hex
 digit is refused because xgrammar would read them all), \\uHHHH, \\UHHHHHHHH (not surrogates, at
-most U+10FFFF), \\t \\n \\r \\f \\v \\a \\b \\e \\0, and a backslash before ASCII punctuation for the
-character itself. Regex shorthands (\\d \\w \\s) and other letter escapes are errors.
+most U+10FFFF), \\t \\n \\r \\f \\v \\a \\b \\e \\0, and a backslash before ASCII punctuation for
+the character itself. Regex shorthands (\\d \\w \\s) and other letter escapes are errors.
 """
 
 from __future__ import annotations
@@ -94,7 +94,9 @@ class Lexer:
                 return
 
     def make(self, kind: str, start: int, line: int, column: int, value: Any = None) -> Tok:
-        tok = Tok(kind, self.src[start:self.pos], line, column, line != self.last_line, start, value)
+        tok = Tok(
+            kind, self.src[start : self.pos], line, column, line != self.last_line, start, value
+        )
         self.last_line = line
         return tok
 

@@ -4,10 +4,11 @@ Syntax (xgrammar 0.2.8's EBNF with the llama.cpp dialect): `name ::= alternative
 a rule definition starting its own line; a body runs until the next `name ::=` or the end, across
 lines (a superset of llama.cpp, which ends a body at a newline outside parentheses). Alternatives
 may be empty anywhere (llama.cpp's `ws ::= | " "`). Elements: string literals, character classes,
-rule references, `( ... )`, `.` (any character, llama.cpp), `Token(id, ...)`, `ExcludeToken(id, ...)`,
-`<[id]>` and `!<[id]>` (llama.cpp token references); each may carry `* + ? {m} {m,} {m,n} {,n}`
-(stacked operators nest). A name with dots is a rule only when a rule of that exact name exists
-(xgrammar allows dots in names); otherwise each `.` in it is llama.cpp's any-character.
+rule references, `( ... )`, `.` (any character, llama.cpp), `Token(id, ...)`,
+`ExcludeToken(id, ...)`, `<[id]>` and `!<[id]>` (llama.cpp token references); each may carry
+`* + ? {m} {m,} {m,n} {,n}` (stacked operators nest). A name with dots is a rule only when a rule
+of that exact name exists (xgrammar allows dots in names); otherwise each `.` in it is llama.cpp's
+any-character.
 """
 
 from __future__ import annotations
@@ -65,7 +66,12 @@ class _Parser:
             if tok.kind != "ASSIGN":
                 continue
             prev = self.toks[j - 1] if j else None
-            if prev is not None and prev.kind == "CLASS" and j >= 2 and self.toks[j - 2].kind == "NAME":
+            if (
+                prev is not None
+                and prev.kind == "CLASS"
+                and j >= 2
+                and self.toks[j - 2].kind == "NAME"
+            ):
                 raise _error(prev, "rule attributes name[...] are not supported")
             if prev is None or prev.kind != "NAME":
                 raise _error(tok, "'::=' must follow a rule name")
@@ -131,7 +137,7 @@ class _Parser:
         xgrammar 0.2.8 masks `ExcludeToken(a) | ExcludeToken(b)` as if it were the intersection
         (neither a nor b legal) although it accepts both; the union is one ExcludeToken of the
         ids every branch refuses. (Exclusions at one position reached through different rules or
-        sequences are not merged: see the report and tests/test_grammar_gbnf.py.)"""
+        sequences are not merged: see the report and tests/grammar/test_grammar_gbnf.py.)"""
         tokens = [b for b in branches if isinstance(b, Tokens)]
         if len(tokens) < 2 or not any(t.exclude for t in tokens):
             return branches

@@ -13,11 +13,11 @@ an identity of languages:
    natively.
 2. Repetitions: `X* rest` (X not nullable; rest the remainder of the sequence, already
    rewritten) becomes `R` with `R ::= rest | X R` (`X{m,} = X{m} X*`; a repetition at the end
-   gives `R ::= "" | X R`). R cannot end inside the repetition, and it carries a lookahead annotation
-   `(= [c...])` listing every character that can follow it anywhere (FIRST of what follows, through
-   FOLLOW of the enclosing rules), so tokens that cross its end are decided at compile time too.
-   The annotation is a superset of what follows, as xgrammar's compile-hint semantics require; it
-   is left out when a token terminal (Token/ExcludeToken) can follow.
+   gives `R ::= "" | X R`). R cannot end inside the repetition, and it carries a lookahead
+   annotation `(= [c...])` listing every character that can follow it anywhere (FIRST of what
+   follows, through FOLLOW of the enclosing rules), so tokens that cross its end are decided at
+   compile time too. The annotation is a superset of what follows, as xgrammar's compile-hint
+   semantics require; it is left out when a token terminal (Token/ExcludeToken) can follow.
 3. Small rules (whitespace, identifiers, numbers) no recursion passes through are copied into
    the rules that use them, so a token running from one into the next is decided in one rule.
 4. Trailing repetitions that may be empty (`statement ::= (...) ws`) move to every use of the
@@ -34,7 +34,18 @@ from dataclasses import dataclass, field
 from services.grammar.gbnf.inline import hoist_trailing, inline_small, reachable
 from services.grammar.gbnf.parser import Rule
 from services.grammar.regex.charset import ANY, EMPTY, CharSet
-from services.grammar.regex.tree import Alt, Chars, Literal, Node, Ref, Repeat, Seq, Tokens, alt, seq
+from services.grammar.regex.tree import (
+    Alt,
+    Chars,
+    Literal,
+    Node,
+    Ref,
+    Repeat,
+    Seq,
+    Tokens,
+    alt,
+    seq,
+)
 
 
 @dataclass

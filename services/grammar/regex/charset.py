@@ -7,7 +7,10 @@ encodings, e.g. its negated class `[^a]` accepts the bytes ED A0 80.
 
 from __future__ import annotations
 
+import re
+from bisect import bisect_right
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable
 
 MAX_CODE_POINT = 0x10FFFF
@@ -66,7 +69,8 @@ class CharSet:
         return CharSet(tuple(out))
 
     def __contains__(self, cp: int) -> bool:
-        return any(lo <= cp <= hi for lo, hi in self.ranges)
+        i = bisect_right(self.ranges, (cp, MAX_CODE_POINT + 1)) - 1  # the last range from <= cp
+        return i >= 0 and cp <= self.ranges[i][1]
 
     @property
     def single(self) -> int | None:
@@ -132,3 +136,36 @@ def regex_class(cs: CharSet) -> str:
              else f"{regex_char(lo, in_class=True)}-{regex_char(hi, in_class=True)}"
              for lo, hi in cs.ranges]
     return "[" + "".join(parts) + "]"
+
+# Python's `re` (str patterns, no flags), the reading of the validators users run: `.` excludes
+# only \n; \d \w \s are read from sre itself over every scalar value of the running
+# interpreter's Unicode database (so they are the validators' own).
+PY_DOT = CharSet.of([(0x0A, 0x0A)]).invert()
+
+
+def python_class(letter: str) -> CharSet:
+    """Python's `\\d`, `\\w` or `\\s` (letter "d", "w" or "s") over the Unicode scalar values."""
+    return _python_classes()[letter]
+
+
+@lru_cache(maxsize=1)
+def _python_classes() -> dict[str, CharSet]:
+    text = "".join(map(chr, range(SURROGATE_LO))) + \
+        "".join(map(chr, range(SURROGATE_HI + 1, MAX_CODE_POINT + 1)))
+    gap = SURROGATE_HI - SURROGATE_LO + 1  # text index i >= SURROGATE_LO is code point i + gap
+    out = {}
+    for letter in "dws":
+        runs = [tuple(i + gap if i >= SURROGATE_LO else i for i in (m.start(), m.end() - 1))
+                for m in re.finditer(f"\\{letter}+", text)]
+        out[letter] = CharSet.of(_split_gap(runs))
+    return out
+
+
+def _split_gap(ranges: list) -> list:
+    out = []
+    for lo, hi in ranges:
+        if lo < SURROGATE_LO <= hi:
+            out += [(lo, SURROGATE_LO - 1), (SURROGATE_HI + 1, hi)]
+        else:
+            out.append((lo, hi))
+    return out

@@ -35,15 +35,22 @@ class Branch:
     ends_anchored: bool
 
 
-def parse_regex(pattern: str) -> list[Branch]:
-    """Parse `pattern` into its top-level alternatives. Raises InvalidRegex (0-based position)."""
-    return _Parser(pattern).parse()
+def parse_regex(pattern: str, *, python: bool = False) -> list[Branch]:
+    """Parse `pattern` into its top-level alternatives. Raises InvalidRegex (0-based position).
+
+    `python=True` reads it as Python's `re` does (the reading of the validators users run, e.g.
+    `jsonschema`): `.` excludes only \\n, `\\d \\w \\s` are Unicode (`charset.python_class`), and
+    constructs whose meaning differs structurally (`[]`, `[^]`, `\\c`, `\\u{..}`,
+    `(?<name>..)`) raise InvalidRegex. A `$` anchor is recorded as in ECMAScript; Python's
+    extra match before a final newline is added by the caller (`regex.search_tree`)."""
+    return _Parser(pattern, python).parse()
 
 
 class _Parser:
-    def __init__(self, pattern: str) -> None:
+    def __init__(self, pattern: str, python: bool = False) -> None:
         self.src = pattern
         self.pos = 0
+        self.python = python
 
     # ---- helpers
     def peek(self, delta: int = 0) -> str:
@@ -151,7 +158,7 @@ class _Parser:
         ch = self.peek()
         if ch == ".":
             self.pos += 1
-            return Chars(cs.DOT)
+            return Chars(cs.PY_DOT if self.python else cs.DOT)
         if ch == "[":
             return Chars(self.char_class())
         if ch == "(":
@@ -183,6 +190,8 @@ class _Parser:
             elif nxt in ("=", "!") or (nxt == "<" and self.peek(2) in ("=", "!")):
                 raise self.error("lookaround assertions are not supported", start)
             elif nxt == "<":
+                if self.python:
+                    raise self.error("Python reads (?<...> as a lookbehind", start)
                 self.pos += 2
                 name_start = self.pos
                 while self.peek() and (self.peek().isalnum() or self.peek() in "_$"):
@@ -204,6 +213,8 @@ class _Parser:
         negated = self.peek() == "^"
         if negated:
             self.pos += 1
+        if self.python and self.peek() == "]":
+            raise self.error("Python reads a ']' right after '[' or '[^' as a member", start)
         members = cs.EMPTY
         while self.peek() != "]":
             if self.peek() == "":
@@ -241,7 +252,7 @@ class _Parser:
             raise self.error("the pattern ends inside an escape", start)
         self.pos += 1
         if ch.lower() in _CLASS_ESCAPES:
-            value = _CLASS_ESCAPES[ch.lower()]
+            value = cs.python_class(ch.lower()) if self.python else _CLASS_ESCAPES[ch.lower()]
             return value.invert() if ch.isupper() else value
         if ch in _CONTROL_ESCAPES:
             return _CONTROL_ESCAPES[ch]
@@ -260,6 +271,8 @@ class _Parser:
         if ch == "x":
             return self.hex_digits(2, start)
         if ch == "u":
+            if self.peek() == "{" and self.python:
+                raise self.error("Python has no \\u{...} escape", start)
             if self.peek() == "{":
                 self.pos += 1
                 end = self.src.find("}", self.pos)
@@ -270,6 +283,8 @@ class _Parser:
                 return self.code_point(int(digits, 16), start)
             return self.code_point(self.hex_digits(4, start), start)
         if ch == "c":
+            if self.python:
+                raise self.error("Python has no \\c escape", start)
             letter = self.peek()
             if not (letter.isascii() and letter.isalpha()):
                 raise self.error("\\c must be followed by an ASCII letter", start)

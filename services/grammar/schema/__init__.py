@@ -15,19 +15,31 @@ from typing import Any
 import xgrammar as xgr
 
 from services.grammar.schema.algebra import Graph
-from shared.errors import ConstraintTooComplex
+from services.grammar.schema.arrays import extended
 from services.grammar.schema.context import Context
 from services.grammar.schema.emit import Emitter
 from services.grammar.schema.layout import layout_text
-from services.grammar.schema.arrays import extended
 from services.grammar.schema.nodes import (
-    ArrayType, Literals, NoValue, ObjectType, ReducedSchema, Ref, StringType, Union,
+    ArrayType,
+    Literals,
+    NoValue,
+    ObjectType,
+    ReducedSchema,
+    Ref,
+    StringType,
+    Union,
 )
-from services.grammar.schema.patterns import PatternSupport, _tree_only
-from services.grammar.schema.regex_json import lower
+from services.grammar.schema.patterns import PatternSupport
 from services.grammar.schema.reader import Reader
+from services.grammar.schema.regex_json import lower
 from services.settings import switch
-from shared.errors import InternalError, InvalidSchema, SchemaSource, UnsupportedSchema
+from shared.errors import (
+    ConstraintTooComplex,
+    InternalError,
+    InvalidSchema,
+    SchemaSource,
+    UnsupportedSchema,
+)
 
 
 def _context(source: SchemaSource, tool_index: int | None, tool_name: str | None) -> Context:
@@ -38,8 +50,10 @@ def _reduce(schema: Any, ctx: Context, patterns: PatternSupport) -> ReducedSchem
     return _reduce_graph(schema, ctx, patterns)[0]
 
 
-def _reduce_graph(schema: Any, ctx: Context, patterns: PatternSupport) -> tuple[ReducedSchema, Graph]:
-    graph = Graph(ctx, patterns.matches, patterns.empty)
+def _reduce_graph(
+    schema: Any, ctx: Context, patterns: PatternSupport
+) -> tuple[ReducedSchema, Graph]:
+    graph = Graph(ctx, patterns.matches, patterns.empty, patterns.pattern_check)
     reader = Reader(schema, ctx, graph)
     root = reader.read(schema)
     reduced = ReducedSchema(root, graph.defs, tuple(sorted(reader.annotations)))
@@ -61,7 +75,8 @@ def _finalize(reduced: ReducedSchema, ctx: Context, patterns: PatternSupport) ->
             continue
         seen.add(id(node))
         if isinstance(node, Union):
-            stack.extend(node.branches)
+            kept = [b for b in node.branches if not patterns.generates_nothing(b)]
+            stack.extend(kept or node.branches)  # the emitter leaves the others out
         elif isinstance(node, ArrayType):
             stack.extend(node.prefix)
             stack.append(node.items)
@@ -100,7 +115,8 @@ def make_emitter(reduced: ReducedSchema, graph: Graph, patterns: PatternSupport,
         return body
 
     return Emitter(reduced, pattern_tree, syntax=syntax, whitespace=whitespace,
-                   pattern_ebnf=patterns.ebnf, one_pattern=_tree_only,
+                   pattern_ebnf=patterns.ebnf, one_pattern=patterns.tree_only,
+                   generates_nothing=patterns.generates_nothing,
                    extended=lambda em, node: extended(em, node, graph, patterns.regions),
                    explicit_layout=explicit_layout, context=ctx)
 
@@ -223,5 +239,15 @@ def json_object_grammar(whitespace: str = "any") -> xgr.Grammar:
     return schema_to_grammar({"type": "object"}, whitespace=whitespace)
 
 
-__all__ = ["ReducedSchema", "check_schema", "json_object_grammar", "layout_values",
-           "make_emitter", "reduce_tool_arguments", "schema_to_ebnf", "schema_to_grammar", "schema_to_lark", "tool_argument_parts"]
+__all__ = [
+    "ReducedSchema",
+    "check_schema",
+    "json_object_grammar",
+    "layout_values",
+    "make_emitter",
+    "reduce_tool_arguments",
+    "schema_to_ebnf",
+    "schema_to_grammar",
+    "schema_to_lark",
+    "tool_argument_parts",
+]

@@ -14,14 +14,37 @@ from typing import Any
 
 from services.grammar.schema.context import MAX_DEPTH, Context
 from services.grammar.schema.nodes import (
-    ANY, NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
-    NumberType, ObjectType, Ref, Required, StringType, Union, make_union,
+    ANY,
+    NEVER,
+    AnyValue,
+    ArrayType,
+    BooleanType,
+    IntegerType,
+    Literals,
+    Node,
+    NoValue,
+    NullType,
+    NumberType,
+    ObjectType,
+    Ref,
+    Required,
+    StringType,
+    Union,
+    make_union,
+)
+from services.grammar.schema.numbers import (  # noqa: F401 (re-exported: the range helpers)
+    integer_bounds,
+    integer_type,
+    number_empty,
+    number_range,
 )
 
 _IN_PROGRESS = NoValue()  # placeholder while a definition is being built
 
 
-def _lower(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> tuple[Fraction | None, bool]:
+def _lower(
+    a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]
+) -> tuple[Fraction | None, bool]:
     if a[0] is None:
         return b
     if b[0] is None or a[0] > b[0]:
@@ -31,7 +54,9 @@ def _lower(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> 
     return a[0], a[1] or b[1]
 
 
-def _upper(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> tuple[Fraction | None, bool]:
+def _upper(
+    a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]
+) -> tuple[Fraction | None, bool]:
     if a[0] is None:
         return b
     if b[0] is None or a[0] < b[0]:
@@ -39,29 +64,6 @@ def _upper(a: tuple[Fraction | None, bool], b: tuple[Fraction | None, bool]) -> 
     if b[0] < a[0]:
         return b
     return a[0], a[1] or b[1]
-
-
-def integer_bounds(num: NumberType, lo: int, hi: int, multiple: int = 1) -> IntegerType | NoValue:
-    """Fold a number's exact bounds into an int64 integer range (of multiples of `multiple`)."""
-    if num.lo is not None:
-        lo = max(lo, math.floor(num.lo) + 1 if num.lo_exclusive else math.ceil(num.lo))
-    if num.hi is not None:
-        hi = min(hi, math.ceil(num.hi) - 1 if num.hi_exclusive else math.floor(num.hi))
-    return integer_type(lo, hi, multiple)
-
-
-def integer_type(lo: int, hi: int, multiple: int = 1) -> IntegerType | NoValue:
-    """Integers in [lo, hi] divisible by `multiple`; NEVER when there is none."""
-    if multiple > 1:
-        lo = -((-lo) // multiple) * multiple  # the first multiple >= lo
-        hi = (hi // multiple) * multiple
-    return IntegerType(lo, hi, multiple) if lo <= hi else NEVER
-
-
-def number_empty(n: NumberType) -> bool:
-    if n.lo is None or n.hi is None:
-        return False
-    return n.lo > n.hi or (n.lo == n.hi and (n.lo_exclusive or n.hi_exclusive))
 
 
 def json_equal(a: Any, b: Any) -> bool:
@@ -111,8 +113,12 @@ def _value_type(v: Any) -> str:
 class Graph:
     """The definitions of one reduction and the operations on them."""
 
-    def __init__(self, ctx: Context, pattern_matcher: Any, string_empty: Any = None) -> None:
+    def __init__(self, ctx: Context, pattern_matcher: Any, string_empty: Any = None,
+                 pattern_check: Any = None) -> None:
         self.ctx = ctx
+        # pattern_check(pattern: Pattern, negated: bool = False): raises where the pattern does
+        # not parse, or (negated) where its complement would not be exact
+        self.pattern_check = pattern_check or (lambda p, negated=False: pattern_matcher(p, ""))
         self.defs: dict[str, Node] = {}
         self._meet_memo: dict[tuple[str, Node], str] = {}
         # pattern_matcher(pattern: Pattern, value: str) -> bool, or raises UnsupportedSchema
@@ -188,8 +194,7 @@ class Graph:
         if isinstance(a, NumberType):
             lo = _lower((a.lo, a.lo_exclusive), (b.lo, b.lo_exclusive))
             hi = _upper((a.hi, a.hi_exclusive), (b.hi, b.hi_exclusive))
-            n = NumberType(lo[0], lo[1], hi[0], hi[1])
-            return NEVER if number_empty(n) else n
+            return number_range(NumberType(lo[0], lo[1], hi[0], hi[1]), self.ctx, pointer)
         if isinstance(a, StringType):
             return self.satisfiable(string_type(max(a.min_length, b.min_length),
                                                 _min_opt(a.max_length, b.max_length),
@@ -200,11 +205,11 @@ class Graph:
 
     def satisfiable(self, node: Node) -> Node:
         """`node`, or NEVER where it is a string node whose patterns/formats and lengths together
-        provably match no string (an intersection: e.g. a oneOf branch's format under the
-        parent's pattern). Single patterns without lengths keep their own check where emitted;
-        undecided nodes (past the automaton limits) are kept and refused where emitted."""
+        provably match no string in any reading (`PatternSupport.empty`: e.g. a oneOf branch's
+        format under the parent's pattern, or the complement of a pattern every string matches:
+        the rest of the schema may still be satisfiable); undecided nodes (past the automaton
+        limits) are kept and refused where emitted."""
         if isinstance(node, StringType) and self.string_empty is not None and node.patterns and \
-                (len(node.patterns) > 1 or node.min_length > 0 or node.max_length is not None) and \
                 self.string_empty(node) is True:
             if self.first_empty is None:
                 self.first_empty = node.patterns[-1].pointer
@@ -275,13 +280,17 @@ class Graph:
         declared = {k for k, _ in out}
         out += [(r.name, self.value_of(probe, r.name, pointer)) for r in required
                 if r.name not in declared]
-        obj = ObjectType(tuple(out), required, additional, tuple(patterns), names, min_props, max_props)
+        free_count_check(self.ctx, pointer, min_props, len(required), additional, patterns)
+        obj = ObjectType(
+            tuple(out), required, additional, tuple(patterns), names, min_props, max_props
+        )
         if any(isinstance(obj.value_of(r.name), NoValue) for r in required):
             return NEVER
         if max_props is not None and (max_props < min_props or max_props < len(required)):
             return NEVER
         possible = sum(1 for _, v in out if not isinstance(v, NoValue))
-        if min_props > possible and isinstance(additional, NoValue) and not patterns:
+        free = not isinstance(names, NoValue) and (not isinstance(additional, NoValue) or patterns)
+        if min_props > possible and not free:  # propertyNames false: no undeclared name either
             return NEVER
         return obj
 
@@ -314,7 +323,11 @@ class Graph:
         if isinstance(node, IntegerType):
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
-            return isinstance(value, int) and node.lo <= value <= node.hi and value % node.multiple == 0
+            return (
+                isinstance(value, int)
+                and node.lo <= value <= node.hi
+                and value % node.multiple == 0
+            )
         if isinstance(node, NumberType):
             return isinstance(value, (int, float)) and _in_bounds(node, Fraction(value))
         if isinstance(node, StringType):
@@ -328,7 +341,9 @@ class Graph:
                 return False
             if node.max_items is not None and len(value) > node.max_items:
                 return False
-            if node.unique and any(json_equal(x, y) for i, x in enumerate(value) for y in value[i + 1:]):
+            if node.unique and any(
+                json_equal(x, y) for i, x in enumerate(value) for y in value[i + 1 :]
+            ):
                 return False
             if node.contains is not None and not any(self.matches(node.contains, x, pointer, d)
                                                      for x in value):
@@ -338,9 +353,27 @@ class Graph:
         assert isinstance(node, ObjectType)
         if not isinstance(value, dict) or not node.required_names <= value.keys():
             return False
-        if len(value) < node.min_props or (node.max_props is not None and len(value) > node.max_props):
+        if len(value) < node.min_props or (
+            node.max_props is not None and len(value) > node.max_props
+        ):
             return False
-        return all(self.matches(self.value_of(node, k, pointer), v, pointer, d) for k, v in value.items())
+        return all(
+            self.matches(self.value_of(node, k, pointer), v, pointer, d) for k, v in value.items()
+        )
+
+
+def free_count_check(ctx: Context, pointer: str, min_props: int, required: int, additional: Node,
+                     patterns: tuple) -> None:
+    """Refuse a minimum member count that undeclared names could reach only by repeating a
+    name: the grammar cannot exclude a name used earlier, counts a repeat as a member, and a
+    parser keeps one (`{"minProperties": 2}` accepted `{"a":1,"a":2}`). Members beyond the
+    required ones count safely only while one free member suffices."""
+    if min_props >= required + 2 and (patterns or not isinstance(additional, NoValue)):
+        raise ctx.unsupported(pointer, f"at least {min_props} members where undeclared names may "
+                                       "fill the count: a generated object could repeat a name, "
+                                       "which JSON parsers keep once (not supported yet; declare "
+                                       "the members or close the object)")
+
 
 def _in_bounds(n: NumberType, v: Fraction) -> bool:
     if n.lo is not None and (v < n.lo or (n.lo_exclusive and v == n.lo)):

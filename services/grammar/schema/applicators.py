@@ -25,10 +25,28 @@ import json
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from services.grammar.schema.algebra import free_count_check, number_range
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
-    ANY, FULL_TYPES, NEVER, AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType,
-    NumberType, ObjectType, Pattern, Ref, Required, StringType, Union, make_union,
+    ANY,
+    FULL_TYPES,
+    NEVER,
+    AnyValue,
+    ArrayType,
+    BooleanType,
+    IntegerType,
+    Literals,
+    Node,
+    NoValue,
+    NullType,
+    NumberType,
+    ObjectType,
+    Pattern,
+    Ref,
+    Required,
+    StringType,
+    Union,
+    make_union,
 )
 
 if TYPE_CHECKING:
@@ -72,9 +90,11 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | 
     if isinstance(node, NumberType):
         parts = _others("number")
         if node.lo is not None:
-            parts.append(NumberType(hi=node.lo, hi_exclusive=not node.lo_exclusive))
+            parts.append(number_range(NumberType(hi=node.lo, hi_exclusive=not node.lo_exclusive),
+                                      None, pointer))
         if node.hi is not None:
-            parts.append(NumberType(lo=node.hi, lo_exclusive=not node.hi_exclusive))
+            parts.append(number_range(NumberType(lo=node.hi, lo_exclusive=not node.hi_exclusive),
+                                      None, pointer))
         return make_union(parts)
     if isinstance(node, StringType):
         parts = _others("string")
@@ -83,8 +103,10 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | 
         if node.max_length is not None:
             parts.append(StringType(node.max_length + 1, None))
         for p in node.patterns:
-            parts.append(StringType(patterns=(Pattern(p.source, p.pointer, p.whole, not p.negated,
-                                                      p.literal),)))
+            g.pattern_check(p, negated=True)  # raises where it has no exact complement
+            # a pattern every string matches has an empty complement: no value, not an error
+            parts.append(g.satisfiable(StringType(patterns=(
+                Pattern(p.source, p.pointer, p.whole, not p.negated, p.literal, p.fmt),))))
         return make_union(parts)
     if isinstance(node, ArrayType):
         if node.prefix or not isinstance(node.items, AnyValue) or node.unique or \
@@ -113,7 +135,8 @@ def _literals_complement(node: Literals) -> Node | None:
         cuts = sorted({Fraction(v) for v in values if isinstance(v, (int, float)) and
                        not isinstance(v, bool)})
         parts.append(NumberType(hi=cuts[0], hi_exclusive=True))
-        parts += [NumberType(a, True, b, True) for a, b in zip(cuts, cuts[1:])]
+        parts += [number_range(NumberType(a, True, b, True), None, "")
+                  for a, b in zip(cuts, cuts[1:])]
         parts.append(NumberType(lo=cuts[-1], lo_exclusive=True))
     if "boolean" in kinds:
         rest = [b for b in (True, False) if b not in [v for v in values if isinstance(v, bool)]]
@@ -127,7 +150,11 @@ def _literals_complement(node: Literals) -> Node | None:
 
 def _object_complement(r: "Reader", node: ObjectType, pointer: str, depth: int) -> Node | None:
     g = r.graph
-    if node.patterns or not isinstance(node.names, AnyValue) or not isinstance(node.additional, AnyValue):
+    if (
+        node.patterns
+        or not isinstance(node.names, AnyValue)
+        or not isinstance(node.additional, AnyValue)
+    ):
         return None
     parts = _others("object")
     for req in node.required:
@@ -142,6 +169,7 @@ def _object_complement(r: "Reader", node: ObjectType, pointer: str, depth: int) 
     if node.min_props > 0:
         parts.append(ObjectType(max_props=node.min_props - 1))
     if node.max_props is not None:
+        free_count_check(r.ctx, pointer, node.max_props + 1, 0, ANY, ())
         parts.append(ObjectType(min_props=node.max_props + 1))
     return make_union(parts)
 
@@ -218,6 +246,9 @@ def _dependencies(r: "Reader", s: dict, key: str, pointer: str, depth: int) -> N
 def _multiple(r: "Reader", k: Any, at: str) -> Node:
     if not isinstance(k, (int, float)) or isinstance(k, bool) or k <= 0:
         raise r.ctx.invalid(at, "multipleOf must be a number greater than 0")
+    from services.grammar.schema.typed import rounded
+
+    rounded(r, k, at)
     if isinstance(k, float):
         if not k.is_integer():
             raise r.ctx.unsupported(at, f"multipleOf {k}: a fractional multiple is not supported "

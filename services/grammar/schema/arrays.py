@@ -21,7 +21,16 @@ from services.grammar.regex.tree import Chars, to_ebnf
 from services.grammar.schema import numbers
 from services.grammar.schema.automata import Dfa, TooComplex, intersect, tree_dfa
 from services.grammar.schema.nodes import (
-    AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType, Ref, Union,
+    AnyValue,
+    ArrayType,
+    BooleanType,
+    IntegerType,
+    Literals,
+    Node,
+    NoValue,
+    NullType,
+    Ref,
+    Union,
 )
 
 MAX_UNIQUE = 8  # values of a unique-items domain

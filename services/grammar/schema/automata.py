@@ -157,12 +157,17 @@ def tree_dfa(tree: Node, limit: int = MAX_STATES) -> Dfa:
 
 
 def _intersect(a: CharSet, b: CharSet) -> CharSet:
-    out = []
-    for lo, hi in a.ranges:
-        for blo, bhi in b.ranges:
-            if blo <= hi and bhi >= lo:
-                out.append((max(lo, blo), min(hi, bhi)))
-    return CharSet.of(out)
+    """A linear merge of the sorted ranges (Python's Unicode classes hold hundreds of ranges)."""
+    out, i, j, ra, rb = [], 0, 0, a.ranges, b.ranges
+    while i < len(ra) and j < len(rb):
+        lo, hi = max(ra[i][0], rb[j][0]), min(ra[i][1], rb[j][1])
+        if lo <= hi:
+            out.append((lo, hi))
+        if ra[i][1] < rb[j][1]:
+            i += 1
+        else:
+            j += 1
+    return CharSet(tuple(out))
 
 
 @lru_cache(maxsize=256)
@@ -359,56 +364,3 @@ def json_string_rules(dfa: Dfa, prefix: str) -> tuple[str, dict[str, str]]:
                 alts.append(f"({to_ebnf(unit)}) {prefix}{t}")
         rules[f"{prefix}{q}"] = " | ".join(alts)
     return f'"\\"" {prefix}0', rules
-
-
-# ---- boolean combinations (property-name languages) ---------------------------------------------
-
-_ALL = CharSet.of([(0, 0x10FFFF)]).scalars()
-
-
-def _complete(dfa: Dfa) -> Dfa:
-    """The same language with a transition for every character (a sink state added last)."""
-    sink = dfa.size
-    delta = []
-    for moves in list(dfa.delta) + [()]:
-        covered = CharSet.of([r for cs, _ in moves for r in cs.ranges])
-        rest = covered.invert()
-        delta.append(tuple(moves) + (((rest, sink),) if rest.ranges else ()))
-    if not dfa.delta:  # the empty language: only the sink, as state 0
-        return Dfa((((_ALL, 0),),), frozenset())
-    return Dfa(tuple(delta), dfa.accepting)
-
-
-def combine(dfas: tuple[Dfa, ...], accept) -> Dfa:
-    """The language of strings whose membership vector (one bool per DFA) satisfies `accept`:
-    complement, union, difference. Trimmed and minimised; TooComplex beyond MAX_STATES."""
-    full = [_complete(d) for d in dfas]
-    start = tuple(0 for _ in full)
-    index, order, delta = {start: 0}, [start], []
-    i = 0
-    while i < len(order):
-        qs = order[i]
-        moves = [(cs, (t,)) for cs, t in full[0].delta[qs[0]]]
-        for d, q in zip(full[1:], qs[1:]):
-            moves = [(c, ts + (t,)) for c0, ts in moves for cs, t in d.delta[q]
-                     for c in (_intersect(c0, cs),) if c.ranges]
-        out = []
-        for cs, ts in moves:
-            if ts not in index:
-                if len(order) >= MAX_STATES:
-                    raise TooComplex(f"the name language needs more than {MAX_STATES} states")
-                index[ts] = len(order)
-                order.append(ts)
-            out.append((cs, index[ts]))
-        delta.append(tuple(out))
-        i += 1
-    accepting = frozenset(k for k, qs in enumerate(order)
-                          if accept(tuple(q in d.accepting for d, q in zip(full, qs))))
-    return minimise(_trim(Dfa(tuple(delta), accepting)))
-
-
-def literal_dfa(texts: tuple[str, ...]) -> Dfa:
-    """The finite language `texts`."""
-    if not texts:
-        return Dfa((), frozenset())
-    return tree_dfa(Alt(tuple(Literal(t) for t in texts)) if len(texts) > 1 else Literal(texts[0]))

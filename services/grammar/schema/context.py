@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from shared.errors import InvalidSchema, SchemaSource, UnsupportedSchema
 
-# Limits of the composition reduction (design document, "Composition compilation has explicit limits").
+# Limits of the composition reduction (design document, "Composition compilation has explicit
+# limits").
 MAX_MERGES = 16384  # intersection merges per reduction
 MAX_DEPTH = 256  # nesting / finite-value recursion depth
 
@@ -33,8 +34,13 @@ class Context:
         return where
 
     def invalid(self, pointer: str, message: str) -> InvalidSchema:
-        return InvalidSchema(f"invalid JSON Schema {self._where(pointer)}: {message}", pointer=pointer,
-                             source=self.source, tool_index=self.tool_index, tool_name=self.tool_name)
+        return InvalidSchema(
+            f"invalid JSON Schema {self._where(pointer)}: {message}",
+            pointer=pointer,
+            source=self.source,
+            tool_index=self.tool_index,
+            tool_name=self.tool_name,
+        )
 
     def unsupported(self, pointer: str, message: str) -> UnsupportedSchema:
         return UnsupportedSchema(f"unsupported JSON Schema {self._where(pointer)}: {message}",

@@ -39,7 +39,10 @@ _D7_ASSERT = _D6_ASSERT | {"if", "then", "else"}
 _D2019_ASSERT = (_D7_ASSERT - {"dependencies"}) | {
     "dependentRequired", "dependentSchemas", "minContains", "maxContains", "unevaluatedItems",
     "unevaluatedProperties", "$recursiveRef"}
-_D2020_ASSERT = (_D2019_ASSERT - {"$recursiveRef", "additionalItems"}) | {"prefixItems", "$dynamicRef"}
+_D2020_ASSERT = (_D2019_ASSERT - {"$recursiveRef", "additionalItems"}) | {
+    "prefixItems",
+    "$dynamicRef",
+}
 ALL_ASSERTIONS = _D2020_ASSERT | _D2019_ASSERT | _D7_ASSERT | _D4_ASSERT | {"additionalItems"}
 
 # Descriptive keywords of the meta-data and content vocabularies, and identifiers/containers.
@@ -135,4 +138,8 @@ def near_miss(name: str, dialect: Dialect) -> str | None:
 
 def foreign_dialects(name: str) -> list[str]:
     """The dialects in which `name` is an assertion keyword."""
-    return [d.name for d in (DRAFT_04, DRAFT_06, DRAFT_07, DRAFT_2019, DRAFT_2020) if name in d.assertions]
+    return [
+        d.name
+        for d in (DRAFT_04, DRAFT_06, DRAFT_07, DRAFT_2019, DRAFT_2020)
+        if name in d.assertions
+    ]

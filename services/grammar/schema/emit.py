@@ -32,8 +32,20 @@ from typing import Any, Callable
 
 from services.grammar.schema import numbers
 from services.grammar.schema.nodes import (
-    AnyValue, ArrayType, BooleanType, IntegerType, Literals, Node, NoValue, NullType, NumberType,
-    ObjectType, ReducedSchema, Ref, StringType, Union,
+    AnyValue,
+    ArrayType,
+    BooleanType,
+    IntegerType,
+    Literals,
+    Node,
+    NoValue,
+    NullType,
+    NumberType,
+    ObjectType,
+    ReducedSchema,
+    Ref,
+    StringType,
+    Union,
 )
 from services.grammar.schema.syntax import NOTHING_TEXT, EbnfSyntax, LarkSyntax
 
@@ -135,16 +147,25 @@ class Emitter:
     `extended(em, node) -> body | None` the xgrammar-only node forms; `explicit_layout`: the
     whitespace profile was requested, not the model's default."""
 
-    def __init__(self, schema: ReducedSchema, pattern_tree: Callable[[StringType], Any], *,
-                 syntax: str = "xgrammar", whitespace: str = "any",
-                 pattern_ebnf: Callable[[StringType, str], tuple[str, dict[str, str]]] | None = None,
-                 one_pattern: Callable[[StringType], bool] = lambda node: True,
-                 extended: Callable[[Any, Node], str | None] | None = None,
-                 explicit_layout: bool = False, context=None) -> None:
+    def __init__(
+        self,
+        schema: ReducedSchema,
+        pattern_tree: Callable[[StringType], Any],
+        *,
+        syntax: str = "xgrammar",
+        whitespace: str = "any",
+        pattern_ebnf: Callable[[StringType, str], tuple[str, dict[str, str]]] | None = None,
+        one_pattern: Callable[[StringType], bool] = lambda node: True,
+        generates_nothing: Callable[[Node], bool] = lambda node: False,
+        extended: Callable[[Any, Node], str | None] | None = None,
+        explicit_layout: bool = False,
+        context=None,
+    ) -> None:
         self.schema = schema
         self.pattern_tree = pattern_tree
         self.pattern_ebnf = pattern_ebnf
         self.one_pattern = one_pattern
+        self.generates_nothing = generates_nothing
         self.extended = extended
         self.explicit_layout = explicit_layout
         self.context = context
@@ -240,7 +261,10 @@ class Emitter:
         if isinstance(node, NoValue):
             return self._nothing  # unreachable in a satisfiable graph
         if isinstance(node, Union):
-            return " | ".join(self.rule(b, d) for b in node.branches)
+            # A branch whose strings intersect to nothing in the generated reading is left out
+            # here, after every reduction (a complement still sees the branch as written).
+            kept = [b for b in node.branches if not self.generates_nothing(b)] or node.branches
+            return " | ".join(self.rule(b, d) for b in kept)
         if isinstance(node, Literals):
             return " | ".join(self._value_literal(json.loads(t), d) for t in node.texts)
         if isinstance(node, NullType):

@@ -12,8 +12,17 @@ from fractions import Fraction
 
 from services.grammar.schema.algebra import Graph, type_domain
 from services.grammar.schema.nodes import (
-    FULL_TYPES, AnyValue, IntegerType, Literals, Node, NoValue, NumberType, ObjectType, StringType,
-    Union, make_union,
+    FULL_TYPES,
+    AnyValue,
+    IntegerType,
+    Literals,
+    Node,
+    NoValue,
+    NumberType,
+    ObjectType,
+    StringType,
+    Union,
+    make_union,
 )
 from shared.errors import UnsupportedSchema
 
@@ -128,9 +137,10 @@ def exclusive_by_type(graph: Graph, branches: list[Node], pointer: str) -> Node 
     """oneOf read one JSON type at a time, exactly: a value of type T is valid when exactly one
     branch accepts it. Where two branches accept every value of T (their T parts are the whole
     type: e.g. object keywords without `type` leave null, strings, ... unconstrained), or the same
-    T part (equal nodes) in every branch that has one, no value of T is valid; where one branch does and no other has a T part, all of T is; otherwise the T parts
-    of different branches must be provably disjoint (`_disjoint`) and their union is the result.
-    None where a type cannot be decided so (the caller refuses or tries complements)."""
+    T part (equal nodes) in every branch that has one, no value of T is valid; where one branch does
+    and no other has a T part, all of T is; otherwise the T parts of different branches must be
+    provably disjoint (`_disjoint`) and their union is the result. None where a type cannot be
+    decided so (the caller refuses or tries complements)."""
     try:
         split = [_parts(graph, b, pointer) for b in branches]
     except UnsupportedSchema:

@@ -20,8 +20,9 @@ than either):
   the size limits of RFC 5321 4.5.3.1 are not applied (they are implementation minimums).
 - ipv4 (RFC 2673 dotted-quad, no leading zeros), ipv6 (RFC 4291 2.2, the RFC 3986 IPv6address
   production; no zone identifier), uuid (RFC 4122 3, hex digits of either case), uri and
-  uri-reference (RFC 3986, ASCII), json-pointer (RFC 6901), relative-json-pointer (its draft;
-  jsonschema's checker wrongly refuses a "0" after another digit, e.g. "10#").
+  uri-reference (RFC 3986, ASCII; an IPvFuture literal with a lowercase "v", as rfc3987-syntax
+  reads it), json-pointer (RFC 6901), relative-json-pointer (its draft; jsonschema's checker
+  refuses a digit after a "0", e.g. "100#", so those integers are not generated).
 - OpenAPI's registry, applied to the type it is defined for: int32/int64 (integer ranges on
   numbers), float/double (numbers; no constraint beyond finite binary64), byte (RFC 4648 base64),
   binary and password (any string).
@@ -92,7 +93,9 @@ HOSTNAME_MAX = 63
 
 # ---- RFC 5321 Mailbox
 _ATEXT = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
-_LOCAL = f'(?:{_ATEXT}+(?:\\.{_ATEXT}+)*|"(?:[\\x20\\x21\\x23-\\x5b\\x5d-\\x7e]|\\\\[\\x20-\\x7e])*")'
+_LOCAL = (
+    f'(?:{_ATEXT}+(?:\\.{_ATEXT}+)*|"(?:[\\x20\\x21\\x23-\\x5b\\x5d-\\x7e]|\\\\[\\x20-\\x7e])*")'
+)
 _SUBDOMAIN = "[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _ADDRESS_LITERAL = f"\\[(?:{IPV4}|[A-Za-z0-9-]*[A-Za-z0-9]:[\\x21-\\x5a\\x5e-\\x7e]+)\\]"
 EMAIL = f"{_LOCAL}@(?:{_SUBDOMAIN}(?:\\.{_SUBDOMAIN})*|{_ADDRESS_LITERAL})"
@@ -104,7 +107,7 @@ _PCHAR = f"(?:[{_UNRESERVED_SUB}:@]|{_PCT})"
 _SEGMENT_NZ_NC = f"(?:[{_UNRESERVED_SUB}@]|{_PCT})+"
 _USERINFO = f"(?:[{_UNRESERVED_SUB}:]|{_PCT})*"
 _REG_NAME = f"(?:[{_UNRESERVED_SUB}]|{_PCT})*"
-_IP_LITERAL = f"\\[(?:{IPV6}|[vV]{_HEX}+\\.[{_UNRESERVED_SUB}:]+)\\]"
+_IP_LITERAL = f"\\[(?:{IPV6}|v{_HEX}+\\.[{_UNRESERVED_SUB}:]+)\\]"
 _AUTHORITY = f"(?:{_USERINFO}@)?(?:{_IP_LITERAL}|{_REG_NAME})(?::[0-9]*)?"
 _PATH_ABEMPTY = f"(?:/{_PCHAR}*)*"
 _PATH_ABSOLUTE = f"/(?:{_PCHAR}+(?:/{_PCHAR}*)*)?"
@@ -119,7 +122,8 @@ URI_REFERENCE = f"(?:{URI}|{_RELATIVE_REF})"
 
 # ---- RFC 6901 and relative JSON pointers (draft-handrews-relative-json-pointer-01)
 JSON_POINTER = "(?:/(?:[^/~]|~[01])*)*"
-RELATIVE_JSON_POINTER = f"(?:0|[1-9][0-9]*)(?:#|{JSON_POINTER})"
+# jsonschema refuses a digit after a "0" ("100", "00"): the integer part is narrowed to agree.
+RELATIVE_JSON_POINTER = f"(?:0|[1-9]+0?)(?:#|{JSON_POINTER})"
 
 BYTE = "(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 
@@ -130,6 +134,17 @@ STRING_FORMATS: dict[str, tuple[str, int | None]] = {
     "ipv4": (IPV4, None), "ipv6": (IPV6, None), "uuid": (UUID, None), "uri": (URI, None),
     "uri-reference": (URI_REFERENCE, None), "json-pointer": (JSON_POINTER, None),
     "relative-json-pointer": (RELATIVE_JSON_POINTER, None), "byte": (BYTE, None),
+}
+# Formats whose language for the validators (`jsonschema`'s checkers with the format-nongpl
+# libraries, e.g. Python's ipaddress, datetime, rfc3339-validator) is known exactly as a regular
+# language, each checked by differential tests: these alone may be complemented (`not`, `oneOf`,
+# `if`/`else`) or decided on a finite value the automaton refuses. The value is the validators'
+# language where it is wider than ours (a `$` anchor in rfc3339-validator also admits a final
+# newline), else the same regex. Every other format is narrower than its checker (fqdn's hostnames,
+# "@" for email, uuid.UUID's braces, isoduration, rfc3987's URIs) or unchecked (`byte`).
+VALIDATOR_FORMATS: dict[str, str] = {
+    "date": DATE, "ipv4": IPV4, "ipv6": IPV6, "json-pointer": JSON_POINTER,
+    "date-time": f"{DATE_TIME}\n?", "time": f"{TIME}\n?",
 }
 # Formats that assert nothing for the type they apply to (OpenAPI: descriptive).
 STRING_NO_CONSTRAINT = frozenset({"binary", "password"})
@@ -151,6 +166,8 @@ def resembles(name: str) -> str | None:
     """The defined or supported format an unknown `name` is a near-miss of (one case change, or one
     edit of a name of three or more characters), else None."""
     for known in _RESEMBLED:
-        if name.lower() == known.lower() or (min(len(name), len(known)) >= 3 and one_edit(name, known)):
+        if name.lower() == known.lower() or (
+            min(len(name), len(known)) >= 3 and one_edit(name, known)
+        ):
             return known
     return None

@@ -50,9 +50,11 @@ def layout_text(node: Node, value: Any, defs: dict[str, Node],
         if isinstance(node, ObjectType):
             declared = [k for k, _ in node.properties if k in value]
             rest = [k for k in value if k not in dict(node.properties)]
-            parts = [f"{json.dumps(k, ensure_ascii=False)}:"
-                     f"{layout_text(value_of(node, k), value[k], defs, member, depth + 1, value_of)}"
-                     for k in declared + rest]
+            parts = [
+                f"{json.dumps(k, ensure_ascii=False)}:"
+                f"{layout_text(value_of(node, k), value[k], defs, member, depth + 1, value_of)}"
+                for k in declared + rest
+            ]
             return "{" + ",".join(parts) + "}"
         return _plain(value)
     if isinstance(value, list):
@@ -71,4 +73,8 @@ def _plain(value: Any) -> str:
         return _number(value)
     if isinstance(value, list):
         return "[" + ",".join(_plain(x) for x in value) + "]"
-    return "{" + ",".join(f"{json.dumps(k, ensure_ascii=False)}:{_plain(v)}" for k, v in value.items()) + "}"
+    return (
+        "{"
+        + ",".join(f"{json.dumps(k, ensure_ascii=False)}:{_plain(v)}" for k, v in value.items())
+        + "}"
+    )

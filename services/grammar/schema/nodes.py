@@ -1,4 +1,5 @@
-"""The reduced schema graph: immutable, hashable nodes that the reduction builds and the emitter reads.
+"""The reduced schema graph: immutable, hashable nodes that the reduction builds and the emitter
+reads.
 
 A node is the exact set of JSON values it accepts. Typed nodes hold only assertions of one JSON
 type; compositions are already reduced (allOf intersected, oneOf proved exclusive and turned into a
@@ -78,7 +79,10 @@ class Pattern:
     pointer: str  # where it was written
     whole: bool = False  # True: the whole string must match (a `format`); False: search (`pattern`)
     negated: bool = False  # True: the string must NOT match (from `not`)
-    literal: bool = False  # True: `source` is one literal string (whole match), from `not` of a const
+    literal: bool = (
+        False  # True: `source` is one literal string (whole match), from `not` of a const
+    )
+    fmt: str = ""  # the format's name, for a `format`
 
 
 @dataclass(frozen=True)
@@ -152,8 +156,14 @@ Node = _U[AnyValue, NoValue, Ref, Literals, Typed, Union]
 
 TYPE_NAMES = ("null", "boolean", "integer", "number", "string", "array", "object")
 # Per JSON type ("integer" is part of "number"), the node of every value of that type.
-FULL_TYPES: dict[str, "Node"] = {"null": NullType(), "boolean": BooleanType(), "number": NumberType(),
-                                 "string": StringType(), "array": ArrayType(), "object": ObjectType()}
+FULL_TYPES: dict[str, "Node"] = {
+    "null": NullType(),
+    "boolean": BooleanType(),
+    "number": NumberType(),
+    "string": StringType(),
+    "array": ArrayType(),
+    "object": ObjectType(),
+}
 
 
 @dataclass

@@ -4,15 +4,29 @@ Integers use an exact int64 range over their canonical digits. Non-integral numb
 decimals with 1 to `FRACTION_DIGITS` fraction digits; their range is first tightened to the floats
 that satisfy the schema's bounds, then to the decimals strictly inside the rounding midpoints
 next to those floats (binary64 rounding is monotone: such a decimal parses to a satisfying float),
-then to decimals of that many digits.
+then to decimals of that many digits. The range nodes' constructors (`integer_bounds`,
+`number_range`) live here too: whether a range holds a value is decided by the same language.
 """
 
 from __future__ import annotations
 
 import math
 from fractions import Fraction
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from services.grammar.schema.nodes import INT64_MAX, INT64_MIN, IntegerType, NumberType
+from services.grammar.schema.nodes import (
+    INT64_MAX,
+    INT64_MIN,
+    NEVER,
+    IntegerType,
+    Node,
+    NoValue,
+    NumberType,
+)
+
+if TYPE_CHECKING:
+    from services.grammar.schema.context import Context
 
 FRACTION_DIGITS = 16
 
@@ -173,3 +187,51 @@ def number_ebnf(node: NumberType) -> str | None:
         if hi_d >= 0:
             parts += _decimal_nonneg(max(0, lo_d), hi_d)
     return _alt(parts) if parts else None
+
+
+# ---- ranges as nodes --------------------------------------------------------------------------
+
+
+def integer_bounds(num: NumberType, lo: int, hi: int, multiple: int = 1) -> IntegerType | NoValue:
+    """Fold a number's exact bounds into an int64 integer range (of multiples of `multiple`)."""
+    if num.lo is not None:
+        lo = max(lo, math.floor(num.lo) + 1 if num.lo_exclusive else math.ceil(num.lo))
+    if num.hi is not None:
+        hi = min(hi, math.ceil(num.hi) - 1 if num.hi_exclusive else math.floor(num.hi))
+    return integer_type(lo, hi, multiple)
+
+
+def integer_type(lo: int, hi: int, multiple: int = 1) -> IntegerType | NoValue:
+    """Integers in [lo, hi] divisible by `multiple`; NEVER when there is none."""
+    if multiple > 1:
+        lo = -((-lo) // multiple) * multiple  # the first multiple >= lo
+        hi = (hi // multiple) * multiple
+    return IntegerType(lo, hi, multiple) if lo <= hi else NEVER
+
+
+@lru_cache(maxsize=4096)
+def _publishable(n: NumberType) -> bool:
+    return number_ebnf(n) is not None
+
+
+def number_range(n: NumberType, ctx: Context | None, pointer: str) -> Node:
+    """`n`, NEVER where the range is mathematically empty; a non-empty range without a value the
+    number language publishes (`numbers.number_ebnf`: no binary64 value, as in (0, 5e-324), or
+    none of its plain decimals) is UnsupportedSchema at `pointer` (the design's rule), or NEVER
+    where `ctx` is None (a range a complement derived, which no user wrote: dropping it only
+    narrows)."""
+    if number_empty(n):
+        return NEVER
+    if n.lo is not None and n.hi is not None and not _publishable(n):
+        if ctx is None:
+            return NEVER
+        raise ctx.unsupported(pointer, "the numeric range is not empty but holds no number that "
+                                       "is generated (int64 integers and plain decimals of at "
+                                       "most 16 fraction digits whose binary64 value is inside)")
+    return n
+
+
+def number_empty(n: NumberType) -> bool:
+    if n.lo is None or n.hi is None:
+        return False
+    return n.lo > n.hi or (n.lo == n.hi and (n.lo_exclusive or n.hi_exclusive))

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from services.grammar.schema.automata import Dfa, TooComplex, combine, json_string_rules, literal_dfa, tree_dfa
+from services.grammar.schema.automata import Dfa, TooComplex, json_string_rules, tree_dfa
 from services.grammar.schema.context import Context
+from services.grammar.schema.dfa_logic import combine, literal_dfa
 from services.grammar.schema.nodes import AnyValue, Literals, Node, NoValue, ObjectType, StringType
 from services.grammar.schema.strings import key_excluding, literal
 
@@ -65,26 +66,37 @@ def regions(obj: ObjectType, ps: "PatternSupport", ctx: Context) -> list[tuple[D
         def inside(v: tuple[bool, ...]) -> bool:  # not declared, allowed by propertyNames
             return not v[0] and (nb == 1 or v[1])
 
-        pats = tuple(tree_dfa(ps.tree(p)) for p, _ in obj.patterns)
-        for i in range(len(pats)):
-            for j in range(i + 1, len(pats)):
-                both = combine(base + (pats[i], pats[j]), lambda v: inside(v) and v[nb] and v[nb + 1])
-                if both.delta:
-                    raise ctx.unsupported(obj.patterns[j][0].pointer, "patternProperties overlap on "
-                                          "names that are not declared (their schemas would have "
-                                          "to be intersected per name): not supported")
+        # Per pattern, the names both readings match (where its schema applies for sure) and the
+        # names either reading matches (where it may apply: no other region may take them).
+        both, either = [], []
+        for p, _ in obj.patterns:
+            both.append(tree_dfa(ps.readings(p).meet))
+            either.append(tree_dfa(ps.readings(p).join))
+        for i in range(len(either)):
+            for j in range(i + 1, len(either)):
+                overlap = combine(base + (either[i], either[j]),
+                                  lambda v: inside(v) and v[nb] and v[nb + 1])
+                if overlap.delta:
+                    raise ctx.unsupported(
+                        obj.patterns[j][0].pointer,
+                        "patternProperties overlap on "
+                        "names that are not declared (their schemas would have "
+                        "to be intersected per name): not supported",
+                    )
         out: list[tuple[Dfa | None, Node]] = []
         for i, (_, value) in enumerate(obj.patterns):
-            lang = combine(base + (pats[i],), lambda v: inside(v) and v[nb])
+            lang = combine(base + (both[i],), lambda v: inside(v) and v[nb])
             if lang.delta and not isinstance(value, NoValue):
                 out.append((lang, value))
         if not isinstance(obj.additional, NoValue):
-            rest = combine(base + pats, lambda v: inside(v) and not any(v[nb:]))
+            rest = combine(base + tuple(either), lambda v: inside(v) and not any(v[nb:]))
             if rest.delta:
                 out.append((rest, obj.additional))
         return out
     except TooComplex as exc:
-        raise ctx.unsupported(where, f"the property-name languages are too complex: {exc}") from None
+        raise ctx.unsupported(
+            where, f"the property-name languages are too complex: {exc}"
+        ) from None
 
 
 def emit_object(em: Any, node: ObjectType, found: list[tuple[Dfa | None, Node]]) -> str:
@@ -133,7 +145,9 @@ def emit_object(em: Any, node: ObjectType, found: list[tuple[Dfa | None, Node]])
             alts = []
             nxt = min(c + 1, cap)
             if (hi is None or c < hi) and feasible(i + 1, nxt):
-                alts.append(f'{comma(c)}{literal(key)} ws ":" ws {em.rule(sub)} ws {name(i + 1, nxt)}')
+                alts.append(
+                    f'{comma(c)}{literal(key)} ws ":" ws {em.rule(sub)} ws {name(i + 1, nxt)}'
+                )
             if key not in required and feasible(i + 1, c):
                 alts.append(name(i + 1, c))
             em.rules[name(i, c)] = " | ".join(alts) if alts else '"\\u0000" "\\u0000"'

@@ -16,15 +16,28 @@ from typing import Any
 from services.grammar.schema import applicators
 from services.grammar.schema.algebra import Graph
 from services.grammar.schema.context import MAX_DEPTH, Context, child
-from services.grammar.schema.exclusive import exclusive_by_type, prove_exclusive
 from services.grammar.schema.dialects import (
-    ALL_ASSERTIONS, DRAFT_2020, Dialect, dialect_of, foreign_dialects, near_miss,
+    ALL_ASSERTIONS,
+    DRAFT_2020,
+    Dialect,
+    dialect_of,
+    foreign_dialects,
+    near_miss,
 )
+from services.grammar.schema.exclusive import exclusive_by_type, prove_exclusive
 from services.grammar.schema.nodes import (
-    ANY, INT64_MAX, INT64_MIN, NEVER, Literals, Node, Ref, Union, make_union,
+    ANY,
+    INT64_MAX,
+    INT64_MIN,
+    NEVER,
+    Literals,
+    Node,
+    Ref,
+    Union,
+    make_union,
 )
 from services.grammar.schema.refs import Document
-from services.grammar.schema.typed import own_node
+from services.grammar.schema.typed import own_node, rounded
 from shared.errors import UnsupportedSchema
 
 # Keywords that name resources or anchors (refs.Document indexes them by the root's dialect).
@@ -57,8 +70,11 @@ class Reader:
                 raise ctx.invalid("/$schema", "$schema must be a string")
             dialect = dialect_of(uri)
             if dialect is None:
-                raise ctx.unsupported("/$schema", f"dialect {uri!r} is not supported (use draft-04, "
-                                                  "draft-06, draft-07, 2019-09 or 2020-12)")
+                raise ctx.unsupported(
+                    "/$schema",
+                    f"dialect {uri!r} is not supported (use draft-04, "
+                    "draft-06, draft-07, 2019-09 or 2020-12)",
+                )
             self.dialect = dialect
         self.doc = Document(root, self.dialect, ctx)
         self._def_dialects: dict[str, Dialect] = {}  # definition pointer -> dialect it was read in
@@ -79,12 +95,24 @@ class Reader:
             if self.dialect is not self.doc.dialect:
                 for key in _IDENTIFIERS:
                     if key in schema:
-                        raise self.ctx.unsupported(child(pointer, key), f"{key} inside a subschema of "
-                                                   f"dialect {self.dialect.name} (the document's is "
-                                                   f"{self.doc.dialect.name}) is not supported")
+                        raise self.ctx.unsupported(
+                            child(pointer, key),
+                            f"{key} inside a subschema of "
+                            f"dialect {self.dialect.name} (the document's is "
+                            f"{self.doc.dialect.name}) is not supported",
+                        )
             d = depth + 1
+            if pointer:
+                self._nested_id(schema, pointer)
             if "$ref" in schema and self.dialect.ref_overrides_siblings:
-                # draft-04..07: "All other properties in a "$ref" object MUST be ignored."
+                # draft-04..07: "All other properties in a "$ref" object MUST be ignored." An
+                # assertion written there would be silently dropped: refused (the design's rule),
+                # pointing to allOf, which intersects explicitly.
+                for k in schema:
+                    if k != "$ref" and k in ALL_ASSERTIONS:
+                        raise self.ctx.unsupported(child(pointer, k), f"{k!r} next to $ref is "
+                                                   f"ignored in {self.dialect.name}; write the "
+                                                   "intersection explicitly with allOf")
                 self.annotations.update(k for k in schema if k != "$ref" and k not in
                                         self.dialect.annotations | self.dialect.core)
                 return self._ref(schema["$ref"], pointer, d)
@@ -94,15 +122,23 @@ class Reader:
                 node = self.graph.meet(self._ref(schema["$ref"], pointer, d), node, pointer)
             for key in ("const", "enum"):
                 if key in schema:
-                    node = self.graph.meet(self._literals(schema, key, pointer), node, child(pointer, key))
+                    node = self.graph.meet(
+                        self._literals(schema, key, pointer), node, child(pointer, key)
+                    )
             if "allOf" in schema:
                 for i, sub in enumerate(self._subschemas(schema, "allOf", pointer)):
                     at = child(child(pointer, "allOf"), i)
                     node = self.graph.meet(node, self.read(sub, at, d), at)
             if "anyOf" in schema:
                 subs = self._subschemas(schema, "anyOf", pointer)
-                node = make_union([self.graph.meet(node, self.read(s, child(child(pointer, "anyOf"), i), d),
-                                                   pointer) for i, s in enumerate(subs)])
+                node = make_union(
+                    [
+                        self.graph.meet(
+                            node, self.read(s, child(child(pointer, "anyOf"), i), d), pointer
+                        )
+                        for i, s in enumerate(subs)
+                    ]
+                )
             if "oneOf" in schema:
                 at = child(pointer, "oneOf")
                 subs = self._subschemas(schema, "oneOf", pointer)
@@ -111,6 +147,18 @@ class Reader:
             return applicators.apply(self, schema, node, pointer, d)
         finally:
             self.dialect = outer
+
+    def _nested_id(self, schema: dict, pointer: str) -> None:
+        """A root `$id` is only the document's identity; one inside a subschema would open a new
+        resource with its own base URI: refused (the design's rule). An identifier that is only a
+        fragment ("#name", a draft-06/07 plain-name anchor, or the "#/properties/x" generators
+        write) opens no resource and is kept."""
+        key = self.dialect.id_keyword
+        value = schema.get(key)
+        if key in schema and not (isinstance(value, str) and value.startswith("#")):
+            raise self.ctx.unsupported(child(pointer, key), f"{key} inside a subschema (a nested "
+                                       "resource) is not supported; only the root may name the "
+                                       "document")
 
     def _nested_dialect(self, schema: dict, pointer: str) -> Dialect:
         """A subschema declaring its own `$schema`: its subtree is read in that dialect, as
@@ -185,7 +233,9 @@ class Reader:
             return result
 
     def _check_core(self, key: str, value: Any, pointer: str, at: str) -> None:
-        if key in ("$id", "id", "$anchor", "$dynamicAnchor", "$schema") and not isinstance(value, str):
+        if key in ("$id", "id", "$anchor", "$dynamicAnchor", "$schema") and not isinstance(
+            value, str
+        ):
             raise self.ctx.invalid(at, f"{key} must be a string")
         if key in ("$defs", "definitions") and not isinstance(value, dict):
             raise self.ctx.invalid(at, f"{key} must be an object")
@@ -195,7 +245,9 @@ class Reader:
     def _subschemas(self, schema: dict, key: str, pointer: str) -> list:
         subs = schema[key]
         if not isinstance(subs, list) or not subs:
-            raise self.ctx.invalid(child(pointer, key), f"{key} must be a non-empty array of schemas")
+            raise self.ctx.invalid(
+                child(pointer, key), f"{key} must be a non-empty array of schemas"
+            )
         return subs
 
     # -- references --------------------------------------------------------------------------
@@ -246,8 +298,11 @@ class Reader:
             if not INT64_MIN <= v <= INT64_MAX:
                 raise self.ctx.unsupported(at, f"integer literal {v} is outside signed 64-bit")
         elif isinstance(v, float):
+            rounded(self, v, at)
             if not math.isfinite(v):
-                raise self.ctx.unsupported(at, "a numeric value JSON parsing would round to infinity")
+                raise self.ctx.unsupported(
+                    at, "a numeric value JSON parsing would round to infinity"
+                )
         elif isinstance(v, str):
             self.check_text(v, at)
         elif isinstance(v, list):

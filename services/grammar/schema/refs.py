@@ -69,7 +69,12 @@ class Document:
         base = self._enter(node, base)
         self.resources.setdefault(base, pointer)
         ident = self._own_id(node)
-        if ident is not None and ident.startswith("#") and not ident.startswith("#/") and len(ident) > 1:
+        if (
+            ident is not None
+            and ident.startswith("#")
+            and not ident.startswith("#/")
+            and len(ident) > 1
+        ):
             self.anchors.setdefault((base, ident[1:]), pointer)
         for key in ("$anchor", "$dynamicAnchor"):
             if isinstance(node.get(key), str) and key in self.dialect.core:

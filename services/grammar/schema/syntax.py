@@ -3,7 +3,8 @@
 Both write the same language. They differ in where the terminals are: in EBNF every string,
 number and whitespace run is made of rules and character classes; in Lark each is one lexeme
 (a regex terminal), which llguidance's lexer matches in one automaton. The whitespace run between
-JSON tokens is at most 32 characters in both (`[ \\t\\n\\r]{0,32}` / an optional `/[ \\t\\n\\r]{1,32}/`).
+JSON tokens is at most 32 characters in both (`[ \\t\\n\\r]{0,32}` / an optional
+`/[ \\t\\n\\r]{1,32}/`).
 
 A Lark grammar never relies on the lexer's longest-match choice: every terminal here ends where
 the next one cannot continue it (a string ends at its closing quote, a number before whitespace,
@@ -19,7 +20,12 @@ from services.grammar.engines.lark import ebnf_tree, lark_literal, rust_regex
 from services.grammar.regex.charset import ANY
 from services.grammar.regex.tree import Chars, Literal, Node, Repeat, Seq, ebnf_literal, to_ebnf
 from services.grammar.schema.regex_json import lower
-from services.grammar.schema.strings import CHAR_RULE, MAX_WHITESPACE, STRING_SUB_RULE, key_excluding
+from services.grammar.schema.strings import (
+    CHAR_RULE,
+    MAX_WHITESPACE,
+    STRING_SUB_RULE,
+    key_excluding,
+)
 
 NOTHING_TEXT = "\x00\x00"  # the body of a rule no reachable output uses (a NoValue node)
 

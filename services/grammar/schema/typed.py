@@ -12,23 +12,62 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from services.grammar.schema import formats
-from services.grammar.schema.algebra import array_type, integer_bounds, number_empty, string_type
+from services.grammar.schema.algebra import (
+    array_type,
+    free_count_check,
+    integer_bounds,
+    number_range,
+    string_type,
+)
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
-    ANY, INT64_MAX, INT64_MIN, NEVER, BooleanType, IntegerType, Node, NullType, NumberType,
-    Pattern, Required, StringType, TYPE_NAMES, make_union,
+    ANY,
+    INT64_MAX,
+    INT64_MIN,
+    TYPE_NAMES,
+    BooleanType,
+    IntegerType,
+    Node,
+    NullType,
+    NumberType,
+    Pattern,
+    Required,
+    StringType,
+    make_union,
 )
+from shared.contract import RoundedNumber
 
 if TYPE_CHECKING:
     from services.grammar.schema.reader import Reader
 
 # Keywords whose presence splits a schema object into per-type branches.
-TYPE_SPECIFIC = frozenset({
-    "contains", "minContains", "maxContains", "properties", "required", "additionalProperties", "patternProperties", "propertyNames",
-    "minProperties", "maxProperties", "items", "prefixItems", "additionalItems",
-    "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "format",
-})
+TYPE_SPECIFIC = frozenset(
+    {
+        "contains",
+        "minContains",
+        "maxContains",
+        "properties",
+        "required",
+        "additionalProperties",
+        "patternProperties",
+        "propertyNames",
+        "minProperties",
+        "maxProperties",
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "format",
+    }
+)
 
 
 def _is_number(v: Any) -> bool:
@@ -101,11 +140,20 @@ def count(r: "Reader", s: dict, key: str, pointer: str) -> int | None:
     if key not in s:
         return None
     v = s[key]
+    rounded(r, v, child(pointer, key))
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise r.ctx.invalid(child(pointer, key), f"{key} must be a non-negative integer")
     return v
+
+
+def rounded(r: "Reader", v: Any, at: str) -> None:
+    """Refuse a number JSON parsing rounded (the source's digits are not the value read): the
+    design rejects such assertions and const/enum values where the source is read."""
+    if isinstance(v, RoundedNumber):
+        raise r.ctx.unsupported(at, f"the number {v.text[:60]} is rounded by JSON parsing (to "
+                                    f"{float(v)!r}); write a value binary64 holds")
 
 
 def _bound(r: "Reader", s: dict, key: str, pointer: str) -> Fraction | None:
@@ -115,6 +163,7 @@ def _bound(r: "Reader", s: dict, key: str, pointer: str) -> Fraction | None:
     at = child(pointer, key)
     if not _is_number(v):
         raise r.ctx.invalid(at, f"{key} must be a number")
+    rounded(r, v, at)
     if isinstance(v, float) and not math.isfinite(v):
         raise r.ctx.unsupported(at, f"{key} is a value JSON parsing would round to infinity")
     value = Fraction(v)
@@ -153,7 +202,9 @@ def _number(r: "Reader", s: dict, pointer: str, t: str, fmt: str | None) -> Node
         return integer_bounds(num, *formats.INTEGER_FORMATS[fmt])
     if t == "integer":
         return integer_bounds(num, INT64_MIN, INT64_MAX)
-    return NEVER if number_empty(num) else num
+    where = next((child(pointer, k) for k in ("exclusiveMaximum", "maximum", "exclusiveMinimum",
+                                                "minimum") if k in s), pointer)
+    return number_range(num, r.ctx, where)
 
 
 def _string(r: "Reader", s: dict, pointer: str, fmt: str | None) -> Node:
@@ -167,12 +218,14 @@ def _string(r: "Reader", s: dict, pointer: str, fmt: str | None) -> Node:
         patterns = (Pattern(s["pattern"], at),)
     if fmt in formats.STRING_FORMATS:
         regex, limit = formats.STRING_FORMATS[fmt]
-        patterns += (Pattern(regex, child(pointer, "format"), whole=True),)
+        patterns += (Pattern(regex, child(pointer, "format"), whole=True, fmt=fmt),)
         if limit is not None:
             hi = limit if hi is None else min(hi, limit)
     elif fmt is not None and fmt not in formats.STRING_NO_CONSTRAINT and "type" in s and \
             s["type"] == "string":
-        raise r.ctx.unsupported(child(pointer, "format"), f"format {fmt!r} does not apply to strings")
+        raise r.ctx.unsupported(
+            child(pointer, "format"), f"format {fmt!r} does not apply to strings"
+        )
     return r.graph.satisfiable(string_type(lo, hi, patterns))
 
 
@@ -231,7 +284,9 @@ def _object(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
         required = [Required(n, child(at, i)) for i, n in enumerate(names)]
     additional = ANY
     if "additionalProperties" in s:
-        additional = r.read(s["additionalProperties"], child(pointer, "additionalProperties"), depth)
+        additional = r.read(
+            s["additionalProperties"], child(pointer, "additionalProperties"), depth
+        )
     patterns: list[tuple[Pattern, Node]] = []
     if "patternProperties" in s:
         at = child(pointer, "patternProperties")
@@ -239,14 +294,17 @@ def _object(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
             raise r.ctx.invalid(at, "patternProperties must be an object of schemas")
         for source, sub in s["patternProperties"].items():
             pattern = Pattern(source, child(at, source))
-            r.graph.pattern_matcher(pattern, "")  # the pattern must parse (raises at its pointer)
+            r.graph.pattern_check(pattern)  # the pattern must parse (raises at its pointer)
             patterns.append((pattern, r.read(sub, child(at, source), depth)))
     names: Node = ANY
     if "propertyNames" in s:
         names = r.read(s["propertyNames"], child(pointer, "propertyNames"), depth)
         names = r.graph.meet(names, StringType(), pointer)
+    least = count(r, s, "minProperties", pointer) or 0
+    free_count_check(r.ctx, child(pointer, "minProperties"), least,
+                     len({q.name for q in required}), additional, tuple(patterns))
     return r.graph.object_type(tuple(props), tuple(required), additional, tuple(patterns), names,
-                               count(r, s, "minProperties", pointer) or 0,
+                               least,
                                count(r, s, "maxProperties", pointer), pointer)
 
 

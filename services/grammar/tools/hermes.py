@@ -31,13 +31,21 @@ from dataclasses import dataclass
 
 from services.grammar.regex.tree import ebnf_literal
 from shared.contract import (
-    ConstraintKind, OutputConstraint, ToolChoice, ToolConstraints, ToolDefinition, ToolMode,
+    ConstraintKind,
+    OutputConstraint,
+    ToolChoice,
+    ToolConstraints,
+    ToolDefinition,
+    ToolMode,
     canonical_json,
 )
 from shared.errors import ConflictingConstraint, InvalidSchema, SchemaSource, UnsupportedSchema
-
 from shared.frontends.formats.hermes import (  # noqa: F401 - FRAMING and CALL_OPEN are public here
-    ARGS_PREFIX, CALL_OPEN, CALL_SUFFIX, FRAMING, NAME_PREFIX,
+    ARGS_PREFIX,
+    CALL_OPEN,
+    CALL_SUFFIX,
+    FRAMING,
+    NAME_PREFIX,
 )
 
 

@@ -35,12 +35,27 @@ from services.grammar.schema import make_emitter, schema_to_ebnf, tool_argument_
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import NoValue, ObjectType, ReducedSchema
 from services.grammar.tools.hermes import ToolSpec, embed, loose_fallback
-from services.grammar.tools.xml_values import JSON, MIXED, NEVER, RAW, RawStrings, parameter_kind, \
-    resolve
+from services.grammar.tools.xml_values import (
+    JSON,
+    MIXED,
+    NEVER,
+    RAW,
+    RawStrings,
+    parameter_kind,
+    resolve,
+)
 from shared.contract import ConstraintKind, ToolDefinition, ToolMode
 from shared.frontends.formats.qwen_xml import (
-    CALL_CLOSE, CALL_HEAD, CALL_OPEN, CALL_SEPARATOR, CALL_TAIL, PARAM_OPEN, VALUE_END,
-    ArgumentCoding, hint_coding, representable_name,
+    CALL_CLOSE,
+    CALL_HEAD,
+    CALL_OPEN,
+    CALL_SEPARATOR,
+    CALL_TAIL,
+    PARAM_OPEN,
+    VALUE_END,
+    ArgumentCoding,
+    hint_coding,
+    representable_name,
 )
 from shared.frontends.token_domain import TokenDomain
 

@@ -32,13 +32,20 @@ from __future__ import annotations
 import json
 
 from services.grammar.regex.charset import ANY, CharSet, ebnf_class
-from services.grammar.regex.tree import Alt, Chars, Literal, Node as TreeNode, Repeat, Seq, \
-    ebnf_literal, to_ebnf
+from services.grammar.regex.tree import Alt, Chars, Literal, Repeat, Seq, ebnf_literal, to_ebnf
+from services.grammar.regex.tree import Node as TreeNode
 from services.grammar.schema.context import Context
 from services.grammar.schema.nodes import (
-    AnyValue, Literals, Node, NoValue, ReducedSchema, Ref, StringType, Union,
+    AnyValue,
+    Literals,
+    Node,
+    NoValue,
+    ReducedSchema,
+    Ref,
+    StringType,
+    Union,
 )
-from services.grammar.schema.patterns import PatternSupport, _tree_only
+from services.grammar.schema.patterns import PatternSupport
 from shared.frontends.formats.qwen_xml import VALUE_END
 
 RAW, JSON, MIXED, NEVER = "raw", "json", "mixed", "never"
@@ -156,7 +163,7 @@ class RawStrings:
 
     def _pattern(self, node: StringType, pointer: str) -> str:
         self.patterns.check(node, self.ctx)
-        if not _tree_only(node):  # several patterns or formats, or lengths: their automaton
+        if not self.patterns.tree_only(node):  # several patterns, formats or lengths: automaton
             return self._dfa(node)
         tree = self.patterns.tree(node.patterns[0])
         if _can_produce(tree, ord("\n")):

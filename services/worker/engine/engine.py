@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from services.grammar.client import GrammarClient
+from services.worker.engine.health import engine_health, unavailable_boundary
 from services.worker.engine.pipeline import Pipeline
 from services.worker.engine.postprocess import Postprocessor
 from services.worker.engine.prepare import prepare
@@ -39,11 +40,22 @@ from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import RequestStream
 from services.worker.integrity import IntegrityError, check_membership, step_failure
 from services.worker.program import PendingBatch, Program, StepBatch
+from services.worker.program.warmup import WarmupReport, warm_up_logged
 from services.worker.request import Request
-from services.worker.spec import (SpecCounters, captures_graphs, check_backend, check_model,
-                                  make_proposer)
-from shared.errors import (DeadlineExceeded, InternalError, InvalidRequest, Overloaded,
-                           ServiceUnavailable)
+from services.worker.spec import (
+    SpecCounters,
+    captures_graphs,
+    check_backend,
+    check_model,
+    make_proposer,
+)
+from shared.errors import (
+    DeadlineExceeded,
+    InternalError,
+    InvalidRequest,
+    Overloaded,
+    ServiceUnavailable,
+)
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
@@ -72,6 +84,9 @@ class EngineConfig:
     # CUDA, where the commit then overlaps the device (on the CPU the forward is synchronous,
     # so it would only delay publication by one forward)
     pipeline: bool | None = None
+    # Run every kernel shape once at start (program/warmup.py) before health says ok (a served
+    # CUDA worker turns it on: services/embedded.py; benches and tests time their own shapes)
+    warmup: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -80,14 +95,18 @@ class EngineConfig:
         if self.max_len is not None and self.max_len < 2:
             raise ValueError(f"EngineConfig.max_len must be >= 2, got {self.max_len}")
         if self.preempt_after_s is not None and self.preempt_after_s < 0:
-            raise ValueError(f"EngineConfig.preempt_after_s must be >= 0, got {self.preempt_after_s}")
+            raise ValueError(
+                f"EngineConfig.preempt_after_s must be >= 0, got {self.preempt_after_s}"
+            )
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError(f"EngineConfig.max_waiting must be >= 0, got {self.max_waiting}")
         if self.num_draft_tokens < 1:
             raise ValueError(f"EngineConfig.num_draft_tokens must be >= 1, got "
                              f"{self.num_draft_tokens}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
-            raise ValueError(f"EngineConfig.kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}")
+            raise ValueError(
+                f"EngineConfig.kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}"
+            )
 
     @property
     def waiting_limit(self) -> int:
@@ -115,17 +134,19 @@ class Engine:
         self.finish_listeners: list = []  # fn(request) on the worker thread as each one ends
         self._draft_wait_seen = 0.0  # Program.draft_wait_seconds already in the metrics
         self.steps = 0
-        self._build()
+        self.build()
         self._inbox: queue.Queue = queue.Queue()
         self._live: dict[str, Request] = {}
-        self._lock = threading.Lock()  # guards _live and _preparing across threads
-        self._preparing = 0  # admitted requests still in prepare (tokenizing, compiling)
+        self._lock = threading.Lock()  # guards _live and preparing across threads
+        self.preparing = 0  # admitted requests still in prepare (tokenizing, compiling)
         self._thread: threading.Thread | None = None
-        self._running = False
-        self._unavailable: str | None = None  # an integrity failure, until the Program is rebuilt
+        self.running = False
+        self.unavailable: str | None = None  # an integrity failure, until the Program is rebuilt
         self._mean_duration_s = 1.0
+        self.warmup: WarmupReport | None = None  # the start-up warm-up's report, once it ended
+        self.warming = False  # health says "warming" (not ready) while it runs
 
-    def _build(self) -> None:
+    def build(self) -> None:
         """The Program and what holds it (at start, and to recover from an integrity failure)."""
         config, runtime = self.config, self.runtime
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
@@ -153,13 +174,14 @@ class Engine:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._running = True
+        self.running = True
+        self.warming = self.config.warmup  # before the thread: health is never ok ahead of it
         self._thread = threading.Thread(target=self._run, name="infernix-engine", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the worker thread; unfinished requests finish as cancelled."""
-        self._running = False
+        self.running = False
         if self._thread is not None:
             self._inbox.put(_STOP)
             self._thread.join(timeout)
@@ -193,7 +215,7 @@ class Engine:
                 self._live[request.request_id] = job
         finally:
             with self._lock:
-                self._preparing -= 1
+                self.preparing -= 1
         job.enqueued_at = time.monotonic()  # an expired deadline is retired by the next step
         stream.push(Started(job.num_prompt_tokens))
         self._inbox.put(job)
@@ -219,32 +241,17 @@ class Engine:
         return len(self.runtime.prepare(prompt).token_ids)
 
     def health(self) -> dict:
-        stats = self.program.blocks.stats
-        status = "ok" if self._running else "stopped"
-        if self._running and self._unavailable is not None:
-            status = "unavailable"
-        return {"status": status, "model": self.runtime.name,
-                **({"unavailable": self._unavailable} if self._unavailable else {}),
-                "device": str(self.program.device), "max_batch": self.program.max_batch,
-                "max_len": self.program.max_len, "resident": len(self.scheduler.resident),
-                "waiting": len(self.scheduler.waiting), "preparing": self._preparing,
-                "steps": self.steps,
-                "prefix_cache": {"enabled": self.program.prefix_cache,
-                                 "hit_rate": round(stats.hit_rate, 4),
-                                 "hit_tokens": stats.hit_tokens, "evictions": stats.evictions,
-                                 "state_snapshots": stats.snapshots},
-                **({"speculative": self.config.speculative,
-                    "speculation": self.speculation.to_dict(self.program.draft_wait_seconds)}
-                   if self.proposer else {})}
+        """The worker's health report (health.py)."""
+        return engine_health(self)
 
     def _admission(self) -> None:
         """A bounded waiting queue: beyond it the caller is told to come back (Overloaded). An
-        admitted request counts as live from here on (`_preparing` until it is queued)."""
+        admitted request counts as live from here on (`preparing` until it is queued)."""
         lanes = self.program.max_batch
         with self._lock:
-            live = len(self._live) + self._preparing  # queued, running and being prepared
+            live = len(self._live) + self.preparing  # queued, running and being prepared
             if live < lanes + self.config.waiting_limit:
-                self._preparing += 1
+                self.preparing += 1
                 return
         waiting = max(0, live - lanes)
         self.metrics.rejected.labels(reason="queue_full").inc()
@@ -253,12 +260,12 @@ class Engine:
                          f"{retry:.0f} s", resource="waiting_queue", retry_after_s=round(retry, 1))
 
     def _check_running(self) -> None:
-        if not self._running:  # stopped (or its thread failed): another worker may serve it
+        if not self.running:  # stopped (or its thread failed): another worker may serve it
             raise ServiceUnavailable("the engine is not running", service="worker",
                                      retry_after_s=1.0)
-        if self._unavailable is not None:  # recovering from an integrity failure
+        if self.unavailable is not None:  # recovering from an integrity failure
             raise ServiceUnavailable(f"the engine is recovering from an integrity failure "
-                                     f"({self._unavailable})", service="worker", retry_after_s=5.0)
+                                     f"({self.unavailable})", service="worker", retry_after_s=5.0)
 
     def _forget(self, job: Request) -> None:
         with self._lock:
@@ -314,7 +321,7 @@ class Engine:
         self.speculation.draft_seconds += seconds
         self.metrics.spec_draft_wait_seconds.inc(seconds)
         for row in batch.rows:
-            row.request.session.add_draft_wait(seconds)
+            row.request.session.counters.add_draft_wait(seconds)
         return batch
 
     def _run_step(self, batch: StepBatch) -> PendingBatch | None:
@@ -357,13 +364,23 @@ class Engine:
                     f"the request did not finish within {job.timeout_s} s",
                     timeout_s=job.timeout_s))
 
+    def _warm_up(self) -> None:
+        """The start-up warm-up on the worker thread, before the first step; requests submitted
+        meanwhile wait in the inbox (program/warmup.py)."""
+        if self.warming:
+            try:
+                self.warmup = warm_up_logged(self.program, self.config.prefill_chunk, self.metrics)
+            finally:
+                self.warming = False
+
     def _run(self) -> None:
         try:
+            self._warm_up()
             while self._take_inbox(block=self.scheduler.idle):
                 try:
                     self.step()
                 except IntegrityError as exc:
-                    self._unavailable_boundary(exc)
+                    unavailable_boundary(self, exc)
                 except Exception as exc:  # a bug: fail what is resident, keep serving
                     log.exception("engine_step_failed")
                     self.pipeline.drop()
@@ -372,7 +389,7 @@ class Engine:
                                          InternalError(f"engine failure: {exc}"))
                     self.post.flush()
         finally:
-            self._running = False
+            self.running = False
             self._take_inbox(block=False)
             try:  # the held step is published before the rest is cancelled
                 self.pipeline.drain()
@@ -382,32 +399,6 @@ class Engine:
                 self.post.finish(job, FinishReason.CANCELLED)
             self.post.flush()
             self.program.close()
-
-    def _unavailable_boundary(self, exc: IntegrityError) -> None:
-        """The design document's unavailable boundary: after an integrity failure (a Program
-        commit that could not complete, a matcher that could not roll back, a broken batch
-        membership) nothing of the Program's state is trusted. New requests are refused
-        (ServiceUnavailable: a gateway's pool routes elsewhere) and health says "unavailable";
-        every live request fails typed with what it had published; then the Program is built
-        anew (lanes, KV pool, prefix cache) and the engine serves again. A rebuild that fails
-        leaves it unavailable."""
-        log.error("engine_integrity_failure", error=str(exc))
-        self._unavailable = str(exc)
-        self.pipeline.drop()
-        error = ServiceUnavailable(f"the worker lost its integrity and is recovering: {exc}",
-                                   service="worker", retry_after_s=5.0)
-        for job in self.scheduler.live():  # (the inbox's requests go to the new Program)
-            job.lane = None  # the lanes go with the old Program
-            self.post.finish(job, FinishReason.ERROR, error)
-        self.post.flush()
-        try:
-            self.program.close()
-            self._build()
-        except Exception:
-            log.exception("engine_recovery_failed")
-            return
-        self._unavailable = None
-        log.info("engine_recovered")
 
     def _take_inbox(self, *, block: bool) -> bool:
         """Move new requests into the waiting queue; False when asked to stop. Held events are

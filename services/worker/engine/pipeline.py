@@ -23,9 +23,9 @@ step n's results before anything of step n+1 is drafted).
 
 from __future__ import annotations
 
-from services.worker.integrity import IntegrityError, step_failure
 from services.worker.engine.postprocess import Postprocessor
 from services.worker.engine.scheduler import Scheduler
+from services.worker.integrity import IntegrityError, step_failure
 from services.worker.program import BatchRow, PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import RequestState
 from shared.logging import get_logger

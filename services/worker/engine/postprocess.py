@@ -8,7 +8,8 @@
 Published events are held in an Outbox (stream.py) and delivered by `flush()`, one event-loop
 wake-up for all of them: on CUDA the Engine flushes right after the next step's forward is
 launched, so the event loop's work on them overlaps the device instead of the host tail, and
-before the worker idles; on the CPU at the end of each step. Each stream's order is kept; the events are published (confirmed) before they are held.
+before the worker idles; on the CPU at the end of each step. Each stream's order is kept; the events
+are published (confirmed) before they are held.
 
 Failure rules (design document, section 5):
 - a row whose request was cancelled commits nothing of the round and finishes as cancelled;
@@ -33,12 +34,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.worker.output.session import PreviewResult
-from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
-from services.worker.request import Request
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import Outbox
 from services.worker.integrity import IntegrityError
+from services.worker.output.session import PreviewResult
+from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
+from services.worker.request import Request
 from services.worker.spec.counters import SpecCounters
 from shared.errors import InfernixError, InternalError
 from shared.generation import Finished, FinishReason, GenerationEvent, Usage
@@ -159,16 +160,20 @@ class Postprocessor:
             job.session.confirm()
             nbytes = pending.results[i].mask_bytes
             if nbytes:
-                job.session.add_upload_bytes(nbytes)
+                job.session.counters.add_upload_bytes(nbytes)
             if row.num_drafts:
                 accepted = min(pending.results[i].accepted_drafts, len(preview.tokens))
-                job.session.add_verify_round(row.num_drafts, accepted)
+                job.session.counters.add_verify_round(row.num_drafts, accepted)
                 spec = self.speculation
                 spec.rounds, spec.drafts = spec.rounds + 1, spec.drafts + row.num_drafts
-                spec.accepted, spec.tokens = spec.accepted + accepted, spec.tokens + len(preview.tokens)
+                spec.accepted, spec.tokens = (
+                    spec.accepted + accepted,
+                    spec.tokens + len(preview.tokens),
+                )
                 self.metrics.spec_rounds.inc()
                 self.metrics.spec_drafts.labels(result="proposed").inc(row.num_drafts)
                 self.metrics.spec_drafts.labels(result="accepted").inc(accepted)
+                self.metrics.spec_drafts.labels(result="rolled_back").inc(row.num_drafts - accepted)
         job.commit(row.start + kept, preview.tokens if preview is not None else [])
 
     def _publish(self, batch: StepBatch, round_: _Round) -> None:
@@ -236,7 +241,9 @@ class Postprocessor:
 
     # ---------------------------------------------------------------- finishing
 
-    def finish(self, job: Request, reason: FinishReason, error: InfernixError | None = None) -> None:
+    def finish(
+        self, job: Request, reason: FinishReason, error: InfernixError | None = None
+    ) -> None:
         """End `job` once: flush its held text, read its tool calls, free its lane and publish
         its Finished event with usage, constraint report and timings."""
         if job.is_terminal:
@@ -277,10 +284,22 @@ class Postprocessor:
                                  timings=timings, stop_sequence=stop_sequence))
         decode_tokens = job.num_output_tokens - 1
         self.metrics.finished(
-            job.constraint_kind, reason.value, ttft=timings.get("ttft"),
-            tpot=timings["decode"] / decode_tokens if "decode" in timings and decode_tokens > 0 else None,
-            mask_seconds=report.mask_seconds + report.rollback_seconds if report is not None else 0.0,
-            prompt_tokens=job.num_prompt_tokens, completion_tokens=job.num_output_tokens)
+            job.constraint_kind,
+            reason.value,
+            ttft=timings.get("ttft"),
+            tpot=timings["decode"] / decode_tokens
+            if "decode" in timings and decode_tokens > 0
+            else None,
+            mask_seconds=report.mask_seconds + report.rollback_seconds
+            if report is not None
+            else 0.0,
+            prompt_tokens=job.num_prompt_tokens,
+            completion_tokens=job.num_output_tokens,
+            mask_positions=report.mask_positions if report is not None else 0,
+            mask_upload_bytes=report.mask_upload_bytes if report is not None else 0,
+            input_seconds=job.input_seconds,
+            constraint_seconds=job.constraint_seconds,
+        )
         log.info("request_done", request_id=job.request_id, finish_reason=reason.value,
                  prompt_tokens=job.num_prompt_tokens, cached_tokens=job.num_cached_prompt,
                  completion_tokens=job.num_output_tokens,

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 
 from services.grammar.client import (
-    GrammarClient, NameIndex, ParameterNameConstraint, ToolSpec, argument_codings,
+    GrammarClient,
+    NameIndex,
+    ParameterNameConstraint,
+    ToolSpec,
+    argument_codings,
     needs_tool_grammar,
 )
 from services.worker.output.publication import Publication
@@ -46,6 +51,7 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
                              f"{runtime.name!r}", field="model")
     tool_spec = check_options(request, runtime.frontend)
     prompt = await asyncio.to_thread(runtime.prepare, request.prompt)
+    input_done = time.monotonic()
     room = max_len - len(prompt.token_ids) + 1
     if room < 1:
         raise InvalidRequest(f"the prompt has {len(prompt.token_ids)} tokens; a lane holds "
@@ -80,7 +86,8 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
         thinking_budget=options.thinking_budget if prompt.phase == REASONING else None,
         constraint_kind=_constraint_kind(request, tool_spec),
         deadline=submitted + options.timeout_s if options.timeout_s else None,
-        timeout_s=options.timeout_s, submitted_at=submitted)
+        timeout_s=options.timeout_s, submitted_at=submitted,
+        input_seconds=input_done - submitted, constraint_seconds=time.monotonic() - input_done)
 
 
 def check_options(request: GenerateRequest, frontend: Frontend) -> ToolSpec | None:
@@ -103,7 +110,7 @@ def check_options(request: GenerateRequest, frontend: Frontend) -> ToolSpec | No
     tool_spec = None
     if prompt.tools:
         validate_tools(prompt.tools, options.tool_choice)
-        if prompt.text is not None and options.tool_choice.mode is not ToolMode.NONE:
+        if prompt.messages is None and options.tool_choice.mode is not ToolMode.NONE:
             raise Unsupported("tools need chat messages; a raw text prompt has no tool framing",
                               field="tools")
         if needs_tool_grammar(prompt.tools, options.tool_choice, options.constraint,

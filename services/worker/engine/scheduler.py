@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from services.worker.engine.stream import RequestStream
 from services.worker.program import BatchRow, Program, StepBatch
 from services.worker.request import Request
 from shared.generation import Started
@@ -133,7 +134,9 @@ class Scheduler:
 def _announce(job: Request) -> None:
     """A second `Started` at first admission, now with the prompt tokens the prefix cache held
     (the first, at submission, precedes the lookup), before any output event of the request."""
+    sink = job.sink  # a RequestStream (the in-process client's) or a function of the event
     try:
-        job.sink(Started(job.num_prompt_tokens, job.num_cached_prompt))
+        (sink.push if isinstance(sink, RequestStream) else sink)(
+            Started(job.num_prompt_tokens, job.num_cached_prompt))
     except RuntimeError:  # the consumer's loop is closed: it is gone
         job.cancel_requested = True

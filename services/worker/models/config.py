@@ -58,14 +58,19 @@ class RopeConfig:
                 f"unsupported RoPE type {self.rope_type!r}; supported: {', '.join(ROPE_TYPES)}",
             )
         if not (math.isfinite(self.theta) and self.theta > 1.0):
-            raise ModelConfigError("rope_parameters.rope_theta", f"must be a finite number > 1, got {self.theta!r}")
+            raise ModelConfigError(
+                "rope_parameters.rope_theta", f"must be a finite number > 1, got {self.theta!r}"
+            )
         if not (math.isfinite(self.factor) and self.factor > 0):
-            raise ModelConfigError("rope_parameters.factor", f"must be a finite number > 0, got {self.factor!r}")
+            raise ModelConfigError(
+                "rope_parameters.factor", f"must be a finite number > 0, got {self.factor!r}"
+            )
         if self.rope_type in ("llama3", "yarn"):
             if self.original_max_position_embeddings <= 0:
                 raise ModelConfigError(
                     "rope_parameters.original_max_position_embeddings",
-                    f"must be a positive integer for {self.rope_type}, got {self.original_max_position_embeddings!r}",
+                    f"must be a positive integer for {self.rope_type}, "
+                    f"got {self.original_max_position_embeddings!r}",
                 )
         if self.rope_type == "llama3" and not (0 < self.low_freq_factor < self.high_freq_factor):
             raise ModelConfigError(
@@ -75,13 +80,15 @@ class RopeConfig:
             )
         if self.rope_type == "yarn" and not (self.beta_fast > 0 and self.beta_slow > 0):
             raise ModelConfigError(
-                "rope_parameters.beta_fast", f"yarn betas must be > 0, got {self.beta_fast!r}, {self.beta_slow!r}"
+                "rope_parameters.beta_fast",
+                f"yarn betas must be > 0, got {self.beta_fast!r}, {self.beta_slow!r}",
             )
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape and numerics of one dense decoder; built with `ModelConfig.from_hf(config_dict)`."""
+    """The shape and numerics of one dense decoder; built with
+    `ModelConfig.from_hf(config_dict)`."""
 
     architecture: str  # one of ARCHITECTURES
     vocab_size: int  # rows of the embedding and of the LM head
@@ -103,7 +110,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
             raise ModelConfigError(
-                "model_type", f"unsupported architecture {self.architecture!r}; supported: {', '.join(ARCHITECTURES)}"
+                "model_type",
+                f"unsupported architecture {self.architecture!r}; "
+                f"supported: {', '.join(ARCHITECTURES)}",
             )
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim", "max_position_embeddings"):
@@ -118,9 +127,13 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ModelConfigError("head_dim", f"must be even for RoPE, got {self.head_dim}")
         if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0):
-            raise ModelConfigError("rms_norm_eps", f"must be a finite number > 0, got {self.rms_norm_eps!r}")
+            raise ModelConfigError(
+                "rms_norm_eps", f"must be a finite number > 0, got {self.rms_norm_eps!r}"
+            )
         if not isinstance(self.rope, RopeConfig):
-            raise ModelConfigError("rope_parameters", f"must be a RopeConfig, got {type(self.rope).__name__}")
+            raise ModelConfigError(
+                "rope_parameters", f"must be a RopeConfig, got {type(self.rope).__name__}"
+            )
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> "ModelConfig":
@@ -128,11 +141,14 @@ class ModelConfig:
         `rope_theta` or transformers 5 `rope_parameters`); keys missing from the file take
         transformers' defaults for that model type. Raises ModelConfigError naming the key."""
         if not isinstance(config, dict):
-            raise ModelConfigError("config.json", f"must be a JSON object, got {type(config).__name__}")
+            raise ModelConfigError(
+                "config.json", f"must be a JSON object, got {type(config).__name__}"
+            )
         arch = config.get("model_type")
         if arch not in ARCHITECTURES:
             raise ModelConfigError(
-                "model_type", f"unsupported model type {arch!r}; supported: {', '.join(ARCHITECTURES)}"
+                "model_type",
+                f"unsupported model type {arch!r}; supported: {', '.join(ARCHITECTURES)}",
             )
         _reject_unsupported(config)
         hidden = _get(config, "hidden_size", int)
@@ -141,8 +157,11 @@ class ModelConfig:
         head_dim = _get(config, "head_dim", int, None)
         if head_dim is None:
             if hidden % heads:
-                raise ModelConfigError("head_dim", f"absent and hidden_size={hidden} is not a multiple of "
-                                                   f"num_attention_heads={heads}")
+                raise ModelConfigError(
+                    "head_dim",
+                    f"absent and hidden_size={hidden} is not a multiple of "
+                    f"num_attention_heads={heads}",
+                )
             head_dim = hidden // heads
         max_pos = _get(config, "max_position_embeddings", int, 2048 if arch == "llama" else 32768)
         attention_bias = _get(config, "attention_bias", bool, False)
@@ -190,7 +209,10 @@ def _reject_unsupported(config: dict[str, Any]) -> None:
         raise ModelConfigError("use_sliding_window", "sliding-window attention is not supported")
     layer_types = config.get("layer_types")
     if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        raise ModelConfigError("layer_types", f"only full_attention layers are supported, got {sorted(set(layer_types))}")
+        raise ModelConfigError(
+            "layer_types",
+            f"only full_attention layers are supported, got {sorted(set(layer_types))}",
+        )
     partial = config.get("partial_rotary_factor")
     if partial is not None and partial != 1.0:
         raise ModelConfigError("partial_rotary_factor", f"only 1.0 is supported, got {partial!r}")
@@ -208,11 +230,14 @@ def _rope_from_hf(config: dict[str, Any], max_pos: int) -> RopeConfig:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise ModelConfigError(
-            f"{key}.rope_type", f"unsupported RoPE type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
+            f"{key}.rope_type",
+            f"unsupported RoPE type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}",
         )
     partial = params.get("partial_rotary_factor")
     if partial is not None and partial != 1.0:
-        raise ModelConfigError(f"{key}.partial_rotary_factor", f"only 1.0 is supported, got {partial!r}")
+        raise ModelConfigError(
+            f"{key}.partial_rotary_factor", f"only 1.0 is supported, got {partial!r}"
+        )
 
     def num(name: str, default: Any) -> Any:
         value = params.get(name)
@@ -251,8 +276,12 @@ def _rope_from_hf(config: dict[str, Any], max_pos: int) -> RopeConfig:
         original_max_position_embeddings=int(original),
         beta_fast=float(num("beta_fast", 32.0)),
         beta_slow=float(num("beta_slow", 1.0)),
-        attention_factor=None if params.get("attention_factor") is None else float(num("attention_factor", 1.0)),
+        attention_factor=None
+        if params.get("attention_factor") is None
+        else float(num("attention_factor", 1.0)),
         mscale=None if params.get("mscale") is None else float(num("mscale", 1.0)),
-        mscale_all_dim=None if params.get("mscale_all_dim") is None else float(num("mscale_all_dim", 1.0)),
+        mscale_all_dim=None
+        if params.get("mscale_all_dim") is None
+        else float(num("mscale_all_dim", 1.0)),
         truncate=truncate,
     )

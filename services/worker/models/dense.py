@@ -16,7 +16,8 @@ reads before the row's next forward overwrites them. Their logits are meaningles
 Module and parameter names follow Hugging Face (`model.layers.3.self_attn.q_proj.weight`), so a
 checkpoint's state dict loads as is. Per block (pre-norm):
 
-    h = x + o_proj(attention(rope(q_norm(q_proj(n))), rope(k_norm(k_proj(n))), v_proj(n))),  n = norm(x)
+    h = x + o_proj(attention(rope(q_norm(q_proj(n))), rope(k_norm(k_proj(n))), v_proj(n))),
+        n = norm(x)
     out = h + down_proj(silu(gate_proj(m)) * up_proj(m)),  m = norm(h)
 """
 
@@ -77,8 +78,15 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.fused = False  # DenseDecoder.fuse_projections sets it
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
-                rows: PagedRows) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        layer: int,
+        rows: PagedRows,
+    ) -> torch.Tensor:
         # x: [B, T, hidden]; cos, sin: [B, T, D/2]; rows: the forward's view of its KV (cache.rows)
         B, T, _ = x.shape
         q, k, v = self.qkv(x, cos, sin)  # [B, T, H, D], [B, T, Hkv, D], [B, T, Hkv, D]
@@ -88,7 +96,9 @@ class Attention(nn.Module):
             return ops.linear(out, self.o_proj.weight, self.o_proj.bias)
         return self.o_proj(out)
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         """q, k (normed when the model has q/k norms, rotated) and v of x [B, T, hidden]."""
         B, T, _ = x.shape
         if not self.fused:  # the op-by-op path (the benchmarks' "before")
@@ -122,7 +132,9 @@ class MLP(nn.Module):
         if not self.fused:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         weight = getattr(self, f"fused_{MLP_PROJECTIONS[0]}")
-        gate_up = ops.linear(x, weight, getattr(self, f"fused_{MLP_PROJECTIONS[0]}_bias"))  # [..., 2I]
+        gate_up = ops.linear(
+            x, weight, getattr(self, f"fused_{MLP_PROJECTIONS[0]}_bias")
+        )  # [..., 2I]
         return ops.linear(ops.swiglu(gate_up), self.down_proj.weight, self.down_proj.bias)
 
 
@@ -201,8 +213,10 @@ class DenseDecoder(nn.Module):
         ValueError when not even one position per lane fits."""
         per_lane = KVCache.positions_for_budget(self.config, max(lanes, 1), budget_bytes, dtype)
         if per_lane <= 0:
-            raise ValueError(f"a KV budget of {budget_bytes} bytes holds no position for {lanes} "
-                             f"lanes ({KVCache.bytes_per_token(self.config, dtype)} bytes per token)")
+            raise ValueError(
+                f"a KV budget of {budget_bytes} bytes holds no position for {lanes} "
+                f"lanes ({KVCache.bytes_per_token(self.config, dtype)} bytes per token)"
+            )
         return min(per_lane, self.config.max_position_embeddings)
 
     def new_state(self, lanes: int, max_len: int, *, dtype: torch.dtype,
@@ -276,14 +290,26 @@ class DenseDecoder(nn.Module):
             return ops.linear(hidden, self.output_weight)
         return F.linear(hidden, self.output_weight)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, lanes: torch.Tensor,
-                *, kv_len: int | None = None, logit_index: torch.Tensor | None = None,
-                num_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        lanes: torch.Tensor,
+        *,
+        kv_len: int | None = None,
+        logit_index: torch.Tensor | None = None,
+        num_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits [B, T, vocab] of a prefill chunk or decode step (see `hidden_states` for the
         arguments). With logit_index: [B, S] int64 indices into T, only those columns: [B, S, vocab]
         (e.g. each row's last real token of a padded prefill chunk). num_tokens: [B] real tokens
         per row; a dense model needs no such bound (padding writes only uncommitted slots)."""
-        hidden = self.hidden_states(tokens, positions, cache, lanes, kv_len=kv_len)  # [B, T, hidden]
+        hidden = self.hidden_states(
+            tokens, positions, cache, lanes, kv_len=kv_len
+        )  # [B, T, hidden]
         if logit_index is not None:
-            hidden = hidden.gather(1, logit_index[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, S, hidden]
+            hidden = hidden.gather(
+                1, logit_index[:, :, None].expand(-1, -1, hidden.shape[-1])
+            )  # [B, S, hidden]
         return self.logits(hidden)

@@ -4,7 +4,8 @@ checkpoint directory.
 A stack of Qwen3-style layers conditioned on the target's hidden states. Per round and row:
 
     context c = hidden_norm(fc([h_{l1}; ...; h_{ln}]))     target layer outputs at target_layer_ids
-    each layer's k_norm(k_proj(c)) and v_proj(c) at the context positions: extra K/V, cached per lane
+    each layer's k_norm(k_proj(c)) and v_proj(c) at the context positions: extra K/V, cached
+                per lane
     block  x = embed([anchor, MASK x K]) at positions p .. p+K (the target's embedding)
     each layer: queries from the block only; keys/values = cached context (< p) + the block's own,
                 non-causal; sliding-window layers see keys within `sliding_window` positions
@@ -84,7 +85,9 @@ class DFlashConfig:
 
         layers = int(get("num_hidden_layers"))
         types = raw.get("layer_types") or ["full_attention"] * layers
-        if len(types) != layers or any(t not in ("full_attention", "sliding_attention") for t in types):
+        if len(types) != layers or any(
+            t not in ("full_attention", "sliding_attention") for t in types
+        ):
             raise DraftConfigError("layer_types", f"expected {layers} of full_attention / "
                                    f"sliding_attention, got {types}")
         rope = raw.get("rope_parameters") or {}
@@ -138,7 +141,6 @@ class GroupedDynamicConv(nn.Module):
     def apply(self, x: torch.Tensor, delta: torch.Tensor, phase: int) -> torch.Tensor:
         # out[i, c] = sum_t (base[phase, t, c] + delta[i, t, g(c)]) * x[i - t, c]; x: [B, S, H]
         B, S, H = x.shape
-        groups = H // self.group
         out = torch.zeros_like(x)
         for t in range(self.taps):
             shifted = x if t == 0 else F.pad(x[:, :-t], (0, 0, t, 0))  # x[i - t], zero before 0
@@ -231,7 +233,9 @@ class DFlashDraft(nn.Module):
         kw = {"dtype": dtype, "device": device}
         self.layers = nn.ModuleList(DraftLayer(c, s, **kw) for s in c.sliding)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, **kw)
-        self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False, **kw)
+        self.fc = nn.Linear(
+            len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False, **kw
+        )
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, **kw)
         self.candidate_selector = CandidateSelector(c, **kw) if c.dflash2 else None
         w, self.rope_scaling = inverse_frequencies(c.rope, c.head_dim)
@@ -254,8 +258,15 @@ class DFlashDraft(nn.Module):
             cache[i, 0][lanes[:, None], positions] = k.to(cache.dtype)
             cache[i, 1][lanes[:, None], positions] = v.to(cache.dtype)
 
-    def block(self, embedded: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor,
-              lanes: torch.Tensor, context_len: torch.Tensor, kv_len: int | None = None) -> torch.Tensor:
+    def block(
+        self,
+        embedded: torch.Tensor,
+        positions: torch.Tensor,
+        cache: torch.Tensor,
+        lanes: torch.Tensor,
+        context_len: torch.Tensor,
+        kv_len: int | None = None,
+    ) -> torch.Tensor:
         """embedded: [B, S, H] block input at `positions` [B, S]; each row sees its lane's
         context positions < context_len[b] (its anchor's position). kv_len: a host-side bound
         >= every context_len (default: their maximum, read from the device; a CUDA graph passes

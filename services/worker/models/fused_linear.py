@@ -11,7 +11,6 @@ copies parameters and buffer separately: still correct, at twice the memory).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 

@@ -2,7 +2,8 @@
 
 Per layer, for x: [B, T, hidden] (as transformers' Qwen3.5 computes it):
 
-    y = [q; k; v] = silu(causal_conv1d(in_proj_qkv(x)))   depthwise, K taps, continuing the lane's window
+    y = [q; k; v] = silu(causal_conv1d(in_proj_qkv(x)))   depthwise, K taps, continuing the
+                                                          lane's window
     q, k      = l2norm(q) * dk^-1/2, l2norm(k)            float32, per key head
     beta      = sigmoid(in_proj_b(x)),  g = -exp(A_log) * softplus(in_proj_a(x) + dt_bias)
     o         = gated delta rule(q, k, v, g, beta) from the lane's recurrent state (float32)
@@ -11,8 +12,8 @@ Per layer, for x: [B, T, hidden] (as transformers' Qwen3.5 computes it):
 Right-padded tokens (t >= num_tokens[b]) get g = beta = 0, which leaves the recurrent state bit for
 bit unchanged, and never enter the conv window. Dispatch: Triton kernels on CUDA (kernels/conv.py;
 kernels/gdn.py's `gdn_step`, which computes the gates, norms and recurrence from y, a and b in one
-kernel; fla-core's chunked kernel for long bf16 / fp16 prefill when installed), the torch references of
-kernels/gdn_ref.py elsewhere.
+kernel; fla-core's chunked kernel for long bf16 / fp16 prefill when installed), the torch references
+of kernels/gdn_ref.py elsewhere.
 """
 
 from __future__ import annotations
@@ -36,8 +37,23 @@ GDN_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b")  # one 
 CHUNK_MIN_TOKENS = 32
 
 
-def step(y, a, b, A_log, dt_bias, state, src, dst, reset, counts, skip=None, *, num_k_heads, key_dim,
-         want_out=True):
+def step(
+    y,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state,
+    src,
+    dst,
+    reset,
+    counts,
+    skip=None,
+    *,
+    num_k_heads,
+    key_dim,
+    want_out=True,
+):
     """`gdn_step` of kernels/gdn.py on CUDA, its torch reference elsewhere (same arguments)."""
     kw = {"num_k_heads": num_k_heads, "key_dim": key_dim, "want_out": want_out}
     if state.is_cuda:
@@ -112,12 +128,18 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, c.rms_norm_eps, **kw)
         self.out_proj = nn.Linear(value_dim, c.hidden_size, bias=False, **kw)
 
-    def forward(self, x: torch.Tensor, state: "Qwen35State", layer: int, step_index: "StepIndex") -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, state: "Qwen35State", layer: int, step_index: "StepIndex"
+    ) -> torch.Tensor:
         # x: [B, T, hidden]; layer: this layer's GDN ordinal in state
         B, T, _ = x.shape
         ix = step_index
-        mixed, z, a, b = project(self, x, GDN_PROJECTIONS)  # [B, T, C], [B, T, Hv*dv], [B, T, Hv] x 2
-        y = conv(mixed, state.conv[layer], self.conv1d.weight[:, 0], ix.src, ix.dst, ix.reset, ix.counts)  # [B, T, C]
+        mixed, z, a, b = project(
+            self, x, GDN_PROJECTIONS
+        )  # [B, T, C], [B, T, Hv*dv], [B, T, Hv] x 2
+        y = conv(
+            mixed, state.conv[layer], self.conv1d.weight[:, 0], ix.src, ix.dst, ix.reset, ix.counts
+        )  # [B, T, C]
         if ix.record:  # what commit replays (see models/qwen35_state.py)
             state.record(layer, ix.lanes, mixed, y, a, b)
         ssm = state.ssm[layer]  # [2 * lanes, Hv, dk, dv] f32
@@ -127,7 +149,9 @@ class GatedDeltaNet(nn.Module):
             o = self._recur_cut(mixed, y, a, b, state, layer, ix)
         from services.worker.models.layers import linear
 
-        return linear(self.norm(o.to(x.dtype), z).reshape(B, T, self.hv * self.dv), self.out_proj.weight)
+        return linear(
+            self.norm(o.to(x.dtype), z).reshape(B, T, self.hv * self.dv), self.out_proj.weight
+        )
 
     def _recur(self, y, a, b, ssm, src, dst, reset, counts) -> torch.Tensor:
         # The recurrence over y [B, T, C] from ssm[src] into ssm[dst]: o [B, T, Hv, dv].

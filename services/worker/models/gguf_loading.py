@@ -79,23 +79,32 @@ def config_from_gguf(reader) -> ModelConfig:
     output.weight. Raises ModelConfigError for another architecture or a RoPE scaling."""
     arch = _meta(reader, "general.architecture", str)
     if arch != "llama":
-        raise ModelConfigError("general.architecture", f"only 'llama' GGUF files are supported, got {arch!r}")
+        raise ModelConfigError(
+            "general.architecture", f"only 'llama' GGUF files are supported, got {arch!r}"
+        )
     scaling = _meta(reader, "llama.rope.scaling.type", str, "none")
     if scaling != "none":
-        raise ModelConfigError("llama.rope.scaling.type", f"GGUF RoPE scaling is not supported, got {scaling!r}")
+        raise ModelConfigError(
+            "llama.rope.scaling.type", f"GGUF RoPE scaling is not supported, got {scaling!r}"
+        )
     hidden = _meta(reader, "llama.embedding_length", int)
     heads = _meta(reader, "llama.attention.head_count", int)
     head_dim = _meta(reader, "llama.attention.key_length", int, hidden // heads)
     rope_dim = _meta(reader, "llama.rope.dimension_count", int, head_dim)
     if rope_dim != head_dim:
-        raise ModelConfigError("llama.rope.dimension_count", f"partial RoPE is not supported ({rope_dim} != {head_dim})")
+        raise ModelConfigError(
+            "llama.rope.dimension_count",
+            f"partial RoPE is not supported ({rope_dim} != {head_dim})",
+        )
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
     if "token_embd.weight" not in shapes:
         raise ModelConfigError("token_embd.weight", "is missing from the GGUF tensors")
     vocab = shapes["token_embd.weight"][0]  # [vocab, hidden]
     declared = _meta(reader, "llama.vocab_size", int, vocab)
     if declared != vocab:
-        raise ModelConfigError("llama.vocab_size", f"is {declared} but token_embd.weight has {vocab} rows")
+        raise ModelConfigError(
+            "llama.vocab_size", f"is {declared} but token_embd.weight has {vocab} rows"
+        )
     return ModelConfig(
         architecture="llama",
         vocab_size=vocab,

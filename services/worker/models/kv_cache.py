@@ -16,9 +16,10 @@ position p to positions 0..p of its row through the table (`attend`): the Triton
 `kernels.paged_kv.write_kv` + `kernels.paged_attention.paged_attention` on CUDA (one kernel pair,
 whose plain-torch reference is `kernels.paged_kv_ref`, for prefill chunks, decode and verification
 alike); on the CPU the rows' blocks are gathered whole through the same tables and attended with
-torch's scaled_dot_product_attention (`attend`). Slots past a lane's committed frontier are overwritten before being
-read (models/state.py), so a lane is reused without clearing anything and `commit` has nothing to
-do. A shared (cached) block is never written: a lane only writes positions after its cached prefix.
+torch's scaled_dot_product_attention (`attend`). Slots past a lane's committed frontier are
+overwritten before being read (models/state.py), so a lane is reused without clearing anything and
+`commit` has nothing to do. A shared (cached) block is never written: a lane only writes positions
+after its cached prefix.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def positions_for_budget(bytes_per_token: int, lanes: int, budget_bytes: int,
     """The most positions per lane (a multiple of block_size) whose pool, trash block and block
     tables (`KVCache.create`'s layout) fit `budget_bytes`; 0 if not one block per lane fits."""
     if lanes <= 0 or budget_bytes < 0:
-        raise ValueError(f"lanes must be positive and budget_bytes >= 0, got {lanes}, {budget_bytes}")
+        raise ValueError(
+            f"lanes must be positive and budget_bytes >= 0, got {lanes}, {budget_bytes}"
+        )
     block = block_size * bytes_per_token
     return max(0, (budget_bytes - block) // (lanes * (block + 4))) * block_size
 
@@ -127,7 +130,9 @@ class KVCache:
         blk = tables.long().gather(1, pos.clamp(min=0) // bs)  # [B, T]
         slots = torch.where(pos >= 0, blk * bs + pos % bs, TRASH_BLOCK * bs)  # padding -> trash
         blocks = tables[:, :blocks_per_lane(kv_len, bs)].long()  # [B, nblk]
-        visible = (torch.arange(kv_len, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
+        visible = (torch.arange(kv_len, device=pos.device)[None, None, :] <= pos[:, :, None])[
+            :, None
+        ]
         return PagedRows(tables, positions, kv_len, slots=slots, blocks=blocks, visible=visible)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -138,10 +143,11 @@ class KVCache:
 
         CUDA (bf16 / fp16 / fp32 caches): `kernels.paged_kv.write_kv` +
         `kernels.paged_attention.paged_attention` (the kernel pair whose reference is
-        `kernels.paged_kv_ref`). Elsewhere (the CPU; float64 test models): the same slots written with
-        one index_put, the rows' blocks gathered whole through their tables (positions < kv_len)
-        and torch's scaled_dot_product_attention under the causal mask: the numerical route the
-        CPU engine had before paging, several times faster there than the per-token reference."""
+        `kernels.paged_kv_ref`). Elsewhere (the CPU; float64 test models): the same slots written
+        with one index_put, the rows' blocks gathered whole through their tables (positions
+        < kv_len) and torch's scaled_dot_product_attention under the causal mask: the numerical
+        route the CPU engine had before paging, several times faster there than the per-token
+        reference."""
         kc, vc = self.keys(layer), self.values(layer)
         dtype = q.dtype
         q, k, v = q.to(kc.dtype), k.to(kc.dtype), v.to(kc.dtype)
@@ -158,10 +164,13 @@ class KVCache:
         kc.view(nb * bs, hkv, d).index_copy_(0, flat, k.reshape(B * T, hkv, d))
         vc.view(nb * bs, hkv, d).index_copy_(0, flat, v.reshape(B * T, hkv, d))
         L, blocks = rows.kv_len, rows.blocks.reshape(-1)
-        keys = kc.index_select(0, blocks).view(B, -1, hkv, d)[:, :L].transpose(1, 2)  # [B, Hkv, L, D]
+        keys = (
+            kc.index_select(0, blocks).view(B, -1, hkv, d)[:, :L].transpose(1, 2)
+        )  # [B, Hkv, L, D]
         values = vc.index_select(0, blocks).view(B, -1, hkv, d)[:, :L].transpose(1, 2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=rows.visible,
-                                             enable_gqa=H != hkv)  # [B, H, T, D]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=rows.visible, enable_gqa=H != hkv
+        )  # [B, H, T, D]
         return out.transpose(1, 2).to(dtype)
 
     def commit(self, lanes: torch.Tensor, kept: torch.Tensor) -> None:
@@ -174,7 +183,9 @@ class KVCache:
         return 2 * config.num_layers * config.num_kv_heads * config.head_dim * _element_size(dtype)
 
     @staticmethod
-    def positions_for_budget(config: ModelConfig, lanes: int, budget_bytes: int, dtype: torch.dtype) -> int:
+    def positions_for_budget(
+        config: ModelConfig, lanes: int, budget_bytes: int, dtype: torch.dtype
+    ) -> int:
         """Positions per lane (whole blocks) that `lanes` lanes fit in `budget_bytes`; 0 if none."""
         return positions_for_budget(KVCache.bytes_per_token(config, dtype), lanes, budget_bytes)
 
@@ -197,24 +208,49 @@ class KVCache:
         if num_blocks is None:
             num_blocks = least
         if num_blocks < least:
-            raise ValueError(f"num_blocks: {lanes} lanes of {max_len} positions need at least {least} "
-                             f"blocks of {block_size}, got {num_blocks}")
-        pool = torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
-                           device=device)
+            raise ValueError(
+                f"num_blocks: {lanes} lanes of {max_len} positions need at least {least} "
+                f"blocks of {block_size}, got {num_blocks}"
+            )
+        pool = torch.zeros(
+            num_layers,
+            2,
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+            dtype=dtype,
+            device=device,
+        )
         static = 1 + torch.arange(lanes * per_lane, dtype=torch.int32).view(lanes, per_lane)
         return cls(pool, static.to(device), max_len)
 
     @classmethod
-    def allocate(cls, config: ModelConfig, lanes: int, max_len: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", *, block_size: int = BLOCK_SIZE,
-                 num_blocks: int | None = None) -> "KVCache":
+    def allocate(
+        cls,
+        config: ModelConfig,
+        lanes: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        *,
+        block_size: int = BLOCK_SIZE,
+        num_blocks: int | None = None,
+    ) -> "KVCache":
         """The dense model's cache: `lanes` lanes of `max_len` positions (see `create`)."""
         return cls.create(config.num_layers, config.num_kv_heads, config.head_dim, lanes, max_len,
                           dtype=dtype, device=device, block_size=block_size, num_blocks=num_blocks)
 
     @classmethod
-    def from_budget(cls, config: ModelConfig, lanes: int, budget_bytes: int, dtype: torch.dtype = torch.float32,
-                    device: torch.device | str = "cpu", max_len: int | None = None) -> "KVCache":
+    def from_budget(
+        cls,
+        config: ModelConfig,
+        lanes: int,
+        budget_bytes: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        max_len: int | None = None,
+    ) -> "KVCache":
         """The longest lanes that fit `budget_bytes`, capped at `max_len` (default: the model's
         max_position_embeddings). Raises ValueError when not even one position per lane fits."""
         if lanes <= 0:

@@ -2,11 +2,11 @@
 RMSNorm (plain, fused with the residual add, zero-centred), RoPE on q and k, SwiGLU on a fused
 gate|up output.
 
-On CUDA each op is one Triton kernel (float32 / float16 / bfloat16) (kernels/norms.py, rope.py, swiglu.py); elsewhere it is the
-cheapest torch form that keeps the kernels' rounding rule (kernels/*_ref.py state it). The
-rounding steps are the models' own: h = x + residual rounded once to the dtype; the Llama
-convention rounds x / rms(x) to the dtype before the weight product, the zero-centred one rounds
-the float32 product once.
+On CUDA each op is one Triton kernel (float32 / float16 / bfloat16) (kernels/norms.py, rope.py,
+swiglu.py); elsewhere it is the cheapest torch form that keeps the kernels' rounding rule
+(kernels/*_ref.py state it). The rounding steps are the models' own: h = x + residual rounded once
+to the dtype; the Llama convention rounds x / rms(x) to the dtype before the weight product, the
+zero-centred one rounds the float32 product once.
 
 A model takes the fused path when its `fused` attribute is True (set by `fuse_projections()` at
 load time); `fused = False` selects the original op-by-op code on the same weights, which the
@@ -14,7 +14,6 @@ benchmarks use as the "before" of one run.
 """
 
 from __future__ import annotations
-
 
 import torch
 import torch.nn.functional as F

@@ -34,5 +34,10 @@ class MTPHead(nn.Module):
         self.norm = Qwen35RMSNorm(H, config.rms_norm_eps, **kw)
 
     def fuse(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """[B, T, H] embeddings of x_{t+1} and target hidden states h_t -> the layer input [B, T, H]."""
-        return self.fc(torch.cat((self.pre_fc_norm_embedding(embedded), self.pre_fc_norm_hidden(hidden)), dim=-1))
+        """[B, T, H] embeddings of x_{t+1} and target hidden states h_t -> the layer input
+        [B, T, H]."""
+        return self.fc(
+            torch.cat(
+                (self.pre_fc_norm_embedding(embedded), self.pre_fc_norm_hidden(hidden)), dim=-1
+            )
+        )

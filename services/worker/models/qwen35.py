@@ -61,7 +61,9 @@ class Qwen35Model(nn.Module):
             self._index.append(counters[kind])
             counters[kind] += 1
         w, self.rope_scaling = inverse_frequencies(config.rope, config.rotary_dim)
-        self.register_buffer("rope_w", w.to(device=device), persistent=False)  # [rotary_dim/2] float32
+        self.register_buffer(
+            "rope_w", w.to(device=device), persistent=False
+        )  # [rotary_dim/2] float32
         self.source_path: str | None = None  # checkpoint directory, set by the loader
 
     def fuse_projections(self) -> None:
@@ -96,7 +98,11 @@ class Qwen35Model(nn.Module):
     def fused(self, value: bool) -> None:
         self._fused = bool(value)
         for module in self.modules():
-            if module is not self and hasattr(module, "fused") and not isinstance(module, Qwen35Model):
+            if (
+                module is not self
+                and hasattr(module, "fused")
+                and not isinstance(module, Qwen35Model)
+            ):
                 module.fused = self._fused
 
     def reset_rope(self, device: torch.device | str) -> None:
@@ -115,20 +121,37 @@ class Qwen35Model(nn.Module):
         blocks, default the lanes' full length; GDN states, the MTP layer's KV when present, and
         what verifying up to `verify_width` tokens needs). Raises ValueError for non-positive
         sizes."""
-        return Qwen35State(self.config, lanes, max_len, dtype=dtype, device=device, verify_width=verify_width,
-                           mtp=self.mtp is not None, gates=self._gates(), num_blocks=num_blocks)
+        return Qwen35State(
+            self.config,
+            lanes,
+            max_len,
+            dtype=dtype,
+            device=device,
+            verify_width=verify_width,
+            mtp=self.mtp is not None,
+            gates=self._gates(),
+            num_blocks=num_blocks,
+        )
 
     def max_len_for_budget(self, lanes: int, budget_bytes: int, dtype: torch.dtype, *,
                            verify_width: int = 0) -> int:
         """The longest lanes whose state fits `budget_bytes` (per-lane fixed bytes first, then
         positions), capped at the model's context. Raises ValueError when not even one position
         per lane fits."""
-        n = Qwen35State.max_len_for_budget(self.config, lanes, budget_bytes, dtype, verify_width=verify_width,
-                                           mtp=self.mtp is not None)
+        n = Qwen35State.max_len_for_budget(
+            self.config,
+            lanes,
+            budget_bytes,
+            dtype,
+            verify_width=verify_width,
+            mtp=self.mtp is not None,
+        )
         if n <= 0:
             per_token, per_lane = self.state_sizes(dtype, verify_width=verify_width)
-            raise ValueError(f"a state budget of {budget_bytes} bytes holds no position for {lanes} lanes "
-                             f"({per_lane} bytes per lane + {per_token} per position)")
+            raise ValueError(
+                f"a state budget of {budget_bytes} bytes holds no position for {lanes} lanes "
+                f"({per_lane} bytes per lane + {per_token} per position)"
+            )
         return min(n, self.config.max_position_embeddings)
 
     def state_sizes(self, dtype: torch.dtype, *, verify_width: int = 0) -> tuple[int, int]:
@@ -147,7 +170,9 @@ class Qwen35Model(nn.Module):
 
     def _attention_inputs(self, positions: torch.Tensor, state: Qwen35State, lanes: torch.Tensor,
                           kv_len: int) -> tuple:
-        cos, sin = rope_cos_sin(self.rope_w, positions, self.rope_scaling)  # [B, T, rotary_dim/2] each
+        cos, sin = rope_cos_sin(
+            self.rope_w, positions, self.rope_scaling
+        )  # [B, T, rotary_dim/2] each
         return (cos, sin), state.kv.rows(lanes, positions, kv_len)
 
     def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor, state: Qwen35State,
@@ -178,13 +203,23 @@ class Qwen35Model(nn.Module):
             return linear(hidden, self.output_weight)
         return F.linear(hidden, self.output_weight)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, state: Qwen35State, lanes: torch.Tensor,
-                *, kv_len: int | None = None, logit_index: torch.Tensor | None = None,
-                num_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        state: Qwen35State,
+        lanes: torch.Tensor,
+        *,
+        kv_len: int | None = None,
+        logit_index: torch.Tensor | None = None,
+        num_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits [B, T, vocab] of a prefill chunk, decode step or verification (see
         `hidden_states`). With logit_index: [B, S] int64 indices into T, only those columns:
         [B, S, vocab]."""
-        hidden = self.hidden_states(tokens, positions, state, lanes, kv_len=kv_len, num_tokens=num_tokens)
+        hidden = self.hidden_states(
+            tokens, positions, state, lanes, kv_len=kv_len, num_tokens=num_tokens
+        )
         return self.logits(_gather(hidden, logit_index))
 
     def mtp_forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,

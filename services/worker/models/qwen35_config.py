@@ -23,17 +23,23 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.frontends.qwen35 import is_qwen35_config  # noqa: F401 - the one family test
 from services.worker.models.config import ModelConfigError, RopeConfig, _get, _rope_from_hf
+from shared.frontends.qwen35 import is_qwen35_config  # noqa: F401 - the one family test
 
 TEXT_MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
 LAYER_TYPES = ("linear_attention", "full_attention")
-_MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+_MOE_KEYS = (
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+)
 
 
 @dataclass(frozen=True)
 class Qwen35Config:
-    """Shape and numerics of one Qwen3.5 text model; build it with `Qwen35Config.from_hf(config_dict)`."""
+    """Shape and numerics of one Qwen3.5 text model; build it with
+    `Qwen35Config.from_hf(config_dict)`."""
 
     vocab_size: int  # rows of the embedding and of the LM head
     hidden_size: int  # residual width
@@ -56,9 +62,21 @@ class Qwen35Config:
     mtp_num_hidden_layers: int = 0  # MTP decoder layers in the checkpoint's config (0 or 1 served)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
-                     "rotary_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                     "linear_value_head_dim", "linear_conv_kernel_dim", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "rotary_dim",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel_dim",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ModelConfigError(name, f"must be a positive integer, got {value!r}")
@@ -66,22 +84,37 @@ class Qwen35Config:
             raise ModelConfigError("layer_types", "must name at least one layer")
         bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
         if bad:
-            raise ModelConfigError("layer_types", f"unsupported layer types {bad}; supported: {', '.join(LAYER_TYPES)}")
+            raise ModelConfigError(
+                "layer_types", f"unsupported layer types {bad}; supported: {', '.join(LAYER_TYPES)}"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise ModelConfigError("num_key_value_heads",
-                                   f"must divide num_attention_heads={self.num_heads}, got {self.num_kv_heads}")
+            raise ModelConfigError(
+                "num_key_value_heads",
+                f"must divide num_attention_heads={self.num_heads}, got {self.num_kv_heads}",
+            )
         if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ModelConfigError("linear_num_value_heads", f"must be a multiple of linear_num_key_heads="
-                                   f"{self.linear_num_key_heads}, got {self.linear_num_value_heads}")
+            raise ModelConfigError(
+                "linear_num_value_heads",
+                f"must be a multiple of linear_num_key_heads="
+                f"{self.linear_num_key_heads}, got {self.linear_num_value_heads}",
+            )
         if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
-            raise ModelConfigError("partial_rotary_factor", f"gives rotary_dim={self.rotary_dim}: must be even "
-                                   f"and <= head_dim={self.head_dim}")
+            raise ModelConfigError(
+                "partial_rotary_factor",
+                f"gives rotary_dim={self.rotary_dim}: must be even and <= head_dim={self.head_dim}",
+            )
         if self.linear_conv_kernel_dim < 2:
-            raise ModelConfigError("linear_conv_kernel_dim", f"must be >= 2, got {self.linear_conv_kernel_dim}")
+            raise ModelConfigError(
+                "linear_conv_kernel_dim", f"must be >= 2, got {self.linear_conv_kernel_dim}"
+            )
         if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0):
-            raise ModelConfigError("rms_norm_eps", f"must be a finite number > 0, got {self.rms_norm_eps!r}")
+            raise ModelConfigError(
+                "rms_norm_eps", f"must be a finite number > 0, got {self.rms_norm_eps!r}"
+            )
         if self.mtp_num_hidden_layers < 0:
-            raise ModelConfigError("mtp_num_hidden_layers", f"must be >= 0, got {self.mtp_num_hidden_layers}")
+            raise ModelConfigError(
+                "mtp_num_hidden_layers", f"must be >= 0, got {self.mtp_num_hidden_layers}"
+            )
 
     @property
     def num_layers(self) -> int:
@@ -108,7 +141,9 @@ class Qwen35Config:
         """Build from a config.json dictionary (see the module docstring). Raises ModelConfigError
         naming the key: not a Qwen3.5 config, a MoE variant, or a malformed value."""
         if not isinstance(config, dict):
-            raise ModelConfigError("config.json", f"must be a JSON object, got {type(config).__name__}")
+            raise ModelConfigError(
+                "config.json", f"must be a JSON object, got {type(config).__name__}"
+            )
         text = config.get("text_config")
         prefix = ""
         if text is not None:
@@ -121,11 +156,20 @@ class Qwen35Config:
         else:
             text = config
         model_type = text.get("model_type", config.get("model_type"))
-        if isinstance(model_type, str) and "moe" in model_type or any(text.get(k) for k in _MOE_KEYS):
-            raise ModelConfigError(f"{prefix}model_type", f"Qwen3.5 mixture-of-experts models are not supported "
-                                   f"(got {model_type!r}); only the dense Qwen3.5 text models are")
+        if (
+            isinstance(model_type, str)
+            and "moe" in model_type
+            or any(text.get(k) for k in _MOE_KEYS)
+        ):
+            raise ModelConfigError(
+                f"{prefix}model_type",
+                f"Qwen3.5 mixture-of-experts models are not supported "
+                f"(got {model_type!r}); only the dense Qwen3.5 text models are",
+            )
         if model_type not in TEXT_MODEL_TYPES:
-            raise ModelConfigError(f"{prefix}model_type", f"not a Qwen3.5 text config: {model_type!r}")
+            raise ModelConfigError(
+                f"{prefix}model_type", f"not a Qwen3.5 text config: {model_type!r}"
+            )
         try:
             return cls._from_text(text)
         except ModelConfigError as e:
@@ -142,32 +186,54 @@ class Qwen35Config:
             raise ModelConfigError("attn_output_gate", "only gated attention (true) is supported")
         gate_type = text.get("output_gate_type")
         if gate_type not in (None, "sigmoid"):
-            raise ModelConfigError("output_gate_type", f"only the sigmoid output gate is supported, got {gate_type!r}")
+            raise ModelConfigError(
+                "output_gate_type", f"only the sigmoid output gate is supported, got {gate_type!r}"
+            )
         num_layers = _get(text, "num_hidden_layers", int, 32)
         layer_types = text.get("layer_types")
         if layer_types is None:
             interval = _get(text, "full_attention_interval", int, 4)
             if interval <= 0:
-                raise ModelConfigError("full_attention_interval", f"must be positive, got {interval}")
+                raise ModelConfigError(
+                    "full_attention_interval", f"must be positive, got {interval}"
+                )
             layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
                            for i in range(num_layers)]
         if not isinstance(layer_types, list) or len(layer_types) != num_layers:
-            raise ModelConfigError("layer_types", f"must list num_hidden_layers={num_layers} layer types")
+            raise ModelConfigError(
+                "layer_types", f"must list num_hidden_layers={num_layers} layer types"
+            )
         head_dim = _get(text, "head_dim", int, 256)
         max_pos = _get(text, "max_position_embeddings", int, 32768)
         rope_params = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
         partial = rope_params.pop("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
-        if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
-            raise ModelConfigError("rope_parameters.partial_rotary_factor", f"must be in (0, 1], got {partial!r}")
+        if (
+            isinstance(partial, bool)
+            or not isinstance(partial, (int, float))
+            or not 0 < partial <= 1
+        ):
+            raise ModelConfigError(
+                "rope_parameters.partial_rotary_factor", f"must be in (0, 1], got {partial!r}"
+            )
         for key in ("mrope_section", "mrope_interleaved"):  # text positions: the sections coincide
             rope_params.pop(key, None)
-        rope = _rope_from_hf({"rope_parameters": rope_params, "rope_theta": text.get("rope_theta", 10000.0),
-                              "max_position_embeddings": max_pos}, max_pos)
+        rope = _rope_from_hf(
+            {
+                "rope_parameters": rope_params,
+                "rope_theta": text.get("rope_theta", 10000.0),
+                "max_position_embeddings": max_pos,
+            },
+            max_pos,
+        )
         mtp_layers = _get(text, "mtp_num_hidden_layers", int, 0)
         if mtp_layers > 1:
-            raise ModelConfigError("mtp_num_hidden_layers", f"at most 1 MTP layer is supported, got {mtp_layers}")
+            raise ModelConfigError(
+                "mtp_num_hidden_layers", f"at most 1 MTP layer is supported, got {mtp_layers}"
+            )
         if text.get("mtp_use_dedicated_embeddings"):
-            raise ModelConfigError("mtp_use_dedicated_embeddings", "MTP with its own embeddings is not supported")
+            raise ModelConfigError(
+                "mtp_use_dedicated_embeddings", "MTP with its own embeddings is not supported"
+            )
         return cls(
             vocab_size=_get(text, "vocab_size", int, 248320),
             hidden_size=_get(text, "hidden_size", int, 4096),

@@ -70,8 +70,15 @@ class GatedAttention(nn.Module):
         r = self.rotary_dim
         return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache", layer: int,
-                rows: "PagedRows") -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: "KVCache",
+        layer: int,
+        rows: "PagedRows",
+    ) -> torch.Tensor:
         # x: [B, T, hidden]; cache: the paged KV of the attention layers, `layer` one of them;
         # rows: the forward's view of its KV (cache.rows)
         B, T, _ = x.shape
@@ -124,9 +131,17 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, **kw)
         self.fused = False  # Qwen35Model.fused
 
-    def forward(self, x: torch.Tensor, state: "Qwen35State", index: int, lanes: torch.Tensor, *,
-                step: "StepIndex | None" = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                rows: "PagedRows | None" = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        state: "Qwen35State",
+        index: int,
+        lanes: torch.Tensor,
+        *,
+        step: "StepIndex | None" = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rows: "PagedRows | None" = None,
+    ) -> torch.Tensor:
         """x: [B, T, hidden]; index: the layer's ordinal among the state's GDN layers (which need
         `step`) or among its KV layers (which need rope and rows = the forward's view of its KV,
         `state.kv.rows`); lanes: [B]."""

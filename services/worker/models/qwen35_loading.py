@@ -70,10 +70,15 @@ def build_qwen35(config: Qwen35Config, state: dict[str, torch.Tensor], dtype: to
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
         raise ModelConfigError(
-            "weights", f"checkpoint does not match the config: missing {missing[:8]}, unexpected {unexpected[:8]}")
+            "weights",
+            f"checkpoint does not match the config: missing {missing[:8]}, "
+            f"unexpected {unexpected[:8]}",
+        )
     for name, shape in expected.items():
         if tuple(state[name].shape) != tuple(shape):
-            raise ModelConfigError(name, f"expected shape {tuple(shape)}, got {tuple(state[name].shape)}")
+            raise ModelConfigError(
+                name, f"expected shape {tuple(shape)}, got {tuple(state[name].shape)}"
+            )
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     model.reset_rope(device)

@@ -21,8 +21,10 @@ projection, no recomputation of the prompt), and rebuilds the conv window; rows 
 tokens only flip. On CUDA that is two kernel launches for all layers. The cost over one slot, at
 the 9B shape (24 GDN layers, 32 x 128 x 128 float32 state, conv 8192 x 3 bf16), K = 15 (W = 16):
 
-    second slot: 24 x (2 MiB + 48 KiB) = 49 MiB/lane;  replay buffers: 24 x 16 x 32 KiB = 12 MiB/lane
-    -> 61 MiB/lane, 3.8 GiB for 64 lanes (per-position snapshots: 16 x 49 MiB = 784 MiB/lane, 49 GiB)
+    second slot: 24 x (2 MiB + 48 KiB) = 49 MiB/lane;
+    replay buffers: 24 x 16 x 32 KiB = 12 MiB/lane
+    -> 61 MiB/lane, 3.8 GiB for 64 lanes
+    (per-position snapshots: 16 x 49 MiB = 784 MiB/lane, 49 GiB)
 
 (`speculation_bytes_per_lane` computes it; the second slot is also what lets an uncommitted step
 leave no trace.) A lane is reused by a new request without clearing: a forward row whose first
@@ -96,17 +98,35 @@ class Qwen35State:
         self.verify_width = verify_width
         kw = {"device": device}
         hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-        self.kv = KVCache.create(len(c.attention_layers) + int(mtp), c.num_kv_heads, c.head_dim, lanes, max_len,
-                                 dtype=dtype, device=device, num_blocks=num_blocks)
+        self.kv = KVCache.create(
+            len(c.attention_layers) + int(mtp),
+            c.num_kv_heads,
+            c.head_dim,
+            lanes,
+            max_len,
+            dtype=dtype,
+            device=device,
+            num_blocks=num_blocks,
+        )
         self.ssm = torch.zeros(G, 2 * lanes, hv, dk, dv, dtype=torch.float32, **kw)
-        self.conv = torch.zeros(G, 2 * lanes, c.conv_dim, c.linear_conv_kernel_dim - 1, dtype=dtype, **kw)
+        self.conv = torch.zeros(
+            G, 2 * lanes, c.conv_dim, c.linear_conv_kernel_dim - 1, dtype=dtype, **kw
+        )
         self.slot = torch.zeros(lanes, dtype=torch.int64, **kw)  # [lanes] the committed slot
-        self.pending = torch.zeros(lanes, dtype=torch.int32, **kw)  # [lanes] a forward awaits commit
-        self.last_len = torch.zeros(lanes, dtype=torch.int64, **kw)  # [lanes] tokens of the last forward
-        self.last_reset = torch.zeros(lanes, dtype=torch.int32, **kw)  # [lanes] it started a sequence
+        self.pending = torch.zeros(
+            lanes, dtype=torch.int32, **kw
+        )  # [lanes] a forward awaits commit
+        self.last_len = torch.zeros(
+            lanes, dtype=torch.int64, **kw
+        )  # [lanes] tokens of the last forward
+        self.last_reset = torch.zeros(
+            lanes, dtype=torch.int32, **kw
+        )  # [lanes] it started a sequence
         W = verify_width
         self.rx = torch.zeros(G, lanes, W, c.conv_dim, dtype=dtype, **kw)  # conv inputs
-        self.ry = torch.zeros(G, lanes, W, c.conv_dim, dtype=dtype, **kw)  # conv outputs [q | k | v]
+        self.ry = torch.zeros(
+            G, lanes, W, c.conv_dim, dtype=dtype, **kw
+        )  # conv outputs [q | k | v]
         self.ra = torch.zeros(G, lanes, W, hv, dtype=dtype, **kw)  # raw in_proj_a
         self.rb = torch.zeros(G, lanes, W, hv, dtype=dtype, **kw)  # raw in_proj_b
         if gates:
@@ -118,12 +138,29 @@ class Qwen35State:
         self._last_width = 0  # T of the last forward (host side; checked on CPU only)
 
     @classmethod
-    def allocate(cls, config: Qwen35Config, lanes: int, max_len: int, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", verify_width: int = 0, mtp: bool = False,
-                 gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> "Qwen35State":
+    def allocate(
+        cls,
+        config: Qwen35Config,
+        lanes: int,
+        max_len: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        verify_width: int = 0,
+        mtp: bool = False,
+        gates: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> "Qwen35State":
         """Zero-filled state (see the class docstring)."""
-        return cls(config, lanes, max_len, dtype=dtype, device=device, verify_width=verify_width, mtp=mtp,
-                   gates=gates)
+        return cls(
+            config,
+            lanes,
+            max_len,
+            dtype=dtype,
+            device=device,
+            verify_width=verify_width,
+            mtp=mtp,
+            gates=gates,
+        )
 
     # ---------------------------------------------------------------- sizes
 
@@ -147,8 +184,19 @@ class Qwen35State:
     @property
     def nbytes(self) -> int:
         snaps = [t for t in (self.snap_ssm, self.snap_conv) if t is not None]
-        tensors = (*snaps, self.ssm, self.conv, self.slot, self.pending, self.last_len, self.last_reset, self.rx,
-                   self.ry, self.ra, self.rb)
+        tensors = (
+            *snaps,
+            self.ssm,
+            self.conv,
+            self.slot,
+            self.pending,
+            self.last_len,
+            self.last_reset,
+            self.rx,
+            self.ry,
+            self.ra,
+            self.rb,
+        )
         return self.kv.nbytes + sum(t.numel() * t.element_size() for t in tensors)
 
     @staticmethod
@@ -169,24 +217,40 @@ class Qwen35State:
         return state + replay + 8 + 4 + 8 + 4
 
     @staticmethod
-    def speculation_bytes_per_lane(config: Qwen35Config, dtype: torch.dtype, verify_width: int) -> int:
+    def speculation_bytes_per_lane(
+        config: Qwen35Config, dtype: torch.dtype, verify_width: int
+    ) -> int:
         """What verifying up to `verify_width` tokens costs per lane over a single-slot state
         without replay buffers (the second slot plus the replay buffers)."""
         c = config
         G, e = len(c.gdn_layers), _element_size(dtype)
-        one_slot = G * (c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
-                        + c.conv_dim * (c.linear_conv_kernel_dim - 1) * e)
+        one_slot = G * (
+            c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
+            + c.conv_dim * (c.linear_conv_kernel_dim - 1) * e
+        )
         return one_slot + G * verify_width * (2 * c.conv_dim + 2 * c.linear_num_value_heads) * e
 
     @classmethod
-    def max_len_for_budget(cls, config: Qwen35Config, lanes: int, budget_bytes: int, dtype: torch.dtype, *,
-                           verify_width: int = 0, mtp: bool = False) -> int:
+    def max_len_for_budget(
+        cls,
+        config: Qwen35Config,
+        lanes: int,
+        budget_bytes: int,
+        dtype: torch.dtype,
+        *,
+        verify_width: int = 0,
+        mtp: bool = False,
+    ) -> int:
         """The longest lanes (positions, whole KV blocks) that `lanes` lanes fit in
         `budget_bytes`; 0 if none."""
         if lanes <= 0 or budget_bytes < 0:
-            raise ValueError(f"lanes must be positive and budget_bytes >= 0, got {lanes}, {budget_bytes}")
+            raise ValueError(
+                f"lanes must be positive and budget_bytes >= 0, got {lanes}, {budget_bytes}"
+            )
         free = budget_bytes - lanes * cls.bytes_per_lane(config, dtype, verify_width=verify_width)
-        return positions_for_budget(cls.bytes_per_token(config, dtype, mtp=mtp), lanes, max(free, 0))
+        return positions_for_budget(
+            cls.bytes_per_token(config, dtype, mtp=mtp), lanes, max(free, 0)
+        )
 
     # ---------------------------------------------------------------- views
 
@@ -206,8 +270,12 @@ class Qwen35State:
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
         G = self.ssm.shape[0]
-        self.snap_ssm = torch.zeros(G, count, *self.ssm.shape[2:], dtype=self.ssm.dtype, device=self.device)
-        self.snap_conv = torch.zeros(G, count, *self.conv.shape[2:], dtype=self.conv.dtype, device=self.device)
+        self.snap_ssm = torch.zeros(
+            G, count, *self.ssm.shape[2:], dtype=self.ssm.dtype, device=self.device
+        )
+        self.snap_conv = torch.zeros(
+            G, count, *self.conv.shape[2:], dtype=self.conv.dtype, device=self.device
+        )
 
     @staticmethod
     def bytes_per_snapshot(config: Qwen35Config, dtype: torch.dtype) -> int:
@@ -233,12 +301,17 @@ class Qwen35State:
 
     # ---------------------------------------------------------------- one forward
 
-    def begin(self, lanes: torch.Tensor, positions: torch.Tensor, num_tokens: torch.Tensor | None) -> StepIndex:
+    def begin(
+        self, lanes: torch.Tensor, positions: torch.Tensor, num_tokens: torch.Tensor | None
+    ) -> StepIndex:
         """Index one forward of tokens [B, T] at `positions` for rows in `lanes`; `num_tokens` [B]
         real tokens per row (None: all T)."""
         B, T = positions.shape
-        counts = torch.full((B,), T, dtype=torch.int64, device=positions.device) if num_tokens is None \
+        counts = (
+            torch.full((B,), T, dtype=torch.int64, device=positions.device)
+            if num_tokens is None
             else num_tokens.to(torch.int64)
+        )
         live = self.slot[lanes]  # [B]
         self._last_width = T
         cuts, self._cuts = self._cuts, []
@@ -259,8 +332,15 @@ class Qwen35State:
                     ids(b for b, _, _ in cuts), ids(t for _, t, _ in cuts),
                     ids(s for _, _, s in cuts))
 
-    def record(self, layer: int, lanes: torch.Tensor, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor,
-               b: torch.Tensor) -> None:
+    def record(
+        self,
+        layer: int,
+        lanes: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+    ) -> None:
         """Keep GDN layer `layer`'s inputs of this forward (T <= verify_width tokens) for commit:
         x, y: [B, T, C] conv input and output; a, b: [B, T, Hv] raw gate projections."""
         T = x.shape[1]
@@ -279,7 +359,9 @@ class Qwen35State:
 
     # ---------------------------------------------------------------- commit
 
-    def commit(self, lanes: torch.Tensor | Sequence[int], kept: torch.Tensor | Sequence[int]) -> None:
+    def commit(
+        self, lanes: torch.Tensor | Sequence[int], kept: torch.Tensor | Sequence[int]
+    ) -> None:
         """Keep, for row b, the state after the first kept[b] tokens of the last forward of
         lanes[b] (1 <= kept[b] <= the tokens it fed; fewer than all only after a forward of at most
         verify_width tokens). A lane with no forward since its last commit is left as it is.
@@ -295,8 +377,10 @@ class Qwen35State:
                 raise ValueError(f"kept: expected 1..{last.tolist()}, got {kept.tolist()}")
             partial = bool((kept != last).any())
             if partial and not 0 < self._last_width <= self.verify_width:
-                raise ValueError(f"kept: the last forward ({self._last_width} tokens) is wider than "
-                                 f"verify_width={self.verify_width} and can only be committed whole")
+                raise ValueError(
+                    f"kept: the last forward ({self._last_width} tokens) is wider than "
+                    f"verify_width={self.verify_width} and can only be committed whole"
+                )
         pending = self.pending[lanes]  # [B]
         live = self.slot[lanes]
         if self.verify_width:
@@ -310,15 +394,44 @@ class Qwen35State:
     def _replay(self, lanes, src, dst, reset, kept, skip) -> None:
         # The pending slot of a row that keeps fewer tokens than it fed: the recurrence over its
         # first kept tokens from the committed slot, and the conv window after them.
-        heads = {"num_k_heads": self.config.linear_num_key_heads, "key_dim": self.config.linear_key_head_dim}
+        heads = {
+            "num_k_heads": self.config.linear_num_key_heads,
+            "key_dim": self.config.linear_key_head_dim,
+        }
         if self.device.type == "cuda":
             from kernels.conv import commit_windows
             from kernels.gdn import gdn_replay
 
-            gdn_replay(self.ry, self.ra, self.rb, lanes, self.A_log, self.dt_bias, self.ssm, src, dst, reset, kept,
-                       skip, **heads)
+            gdn_replay(
+                self.ry,
+                self.ra,
+                self.rb,
+                lanes,
+                self.A_log,
+                self.dt_bias,
+                self.ssm,
+                src,
+                dst,
+                reset,
+                kept,
+                skip,
+                **heads,
+            )
             commit_windows(self.conv, self.rx, lanes, src, dst, reset, kept, skip)
             return
-        gdn_ref.gdn_replay_ref(self.ry, self.ra, self.rb, lanes, self.A_log, self.dt_bias, self.ssm, src, dst,
-                               reset, kept, skip, **heads)
+        gdn_ref.gdn_replay_ref(
+            self.ry,
+            self.ra,
+            self.rb,
+            lanes,
+            self.A_log,
+            self.dt_bias,
+            self.ssm,
+            src,
+            dst,
+            reset,
+            kept,
+            skip,
+            **heads,
+        )
         gdn_ref.commit_windows_ref(self.conv, self.rx, lanes, src, dst, reset, kept, skip)

@@ -46,7 +46,9 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, 
         short_wavelen = original / rope.high_freq_factor  # below: kept
         wavelen = 2 * math.pi / w  # [D/2]
         scaled = torch.where(wavelen > long_wavelen, w / rope.factor, w)
-        blend = (original / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        blend = (original / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
         blended = (1 - blend) * scaled / rope.factor + blend * scaled
         middle = (wavelen >= short_wavelen) & (wavelen <= long_wavelen)
         return torch.where(middle, blended, scaled), 1.0
@@ -63,28 +65,35 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, 
         low, high = max(low, 0), min(high, d - 1)
         if low == high:
             high += 0.001
-        ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # [D/2]
+        ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(
+            0, 1
+        )  # [D/2]
         keep = 1 - ramp  # weight of the unscaled (extrapolated) frequency
         w_interp = 1.0 / (rope.factor * base)
         w = w_interp * (1 - keep) + w * keep
         if rope.attention_factor is not None:
             scaling = rope.attention_factor
         elif rope.mscale and rope.mscale_all_dim:
-            scaling = _yarn_mscale(rope.factor, rope.mscale) / _yarn_mscale(rope.factor, rope.mscale_all_dim)
+            scaling = _yarn_mscale(rope.factor, rope.mscale) / _yarn_mscale(
+                rope.factor, rope.mscale_all_dim
+            )
         else:
             scaling = _yarn_mscale(rope.factor)
         return w, float(scaling)
     raise ValueError(f"unsupported RoPE type {rope.rope_type!r}")  # RopeConfig already rejects it
 
 
-def rope_cos_sin(w: torch.Tensor, positions: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    w: torch.Tensor, positions: torch.Tensor, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotation angles, float32, each [B, T, D/2], for positions [B, T]."""
     angles = positions.to(torch.float32)[..., None] * w  # [B, T, D/2]
     return angles.cos() * scaling, angles.sin() * scaling
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate heads x: [B, T, H, D] by cos, sin: [B, T, D/2]; computed in float32, returns x's dtype."""
+    """Rotate heads x: [B, T, H, D] by cos, sin: [B, T, D/2]; computed in float32, returns x's
+    dtype."""
     half = x.shape[-1] // 2
     x1 = x[..., :half].float()  # [B, T, H, D/2]
     x2 = x[..., half:].float()

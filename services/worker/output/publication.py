@@ -15,9 +15,9 @@ Only committed tokens are fed (after the Program commit and the session's confir
 here is ever rolled back. A continued final assistant message (`continue_from`) is read first and
 not published ("Only the new suffix is published"), except the head of a call the prefix leaves
 unfinished: its start and argument fragments so far go out with the first events, so that the
-streamed fragments still concatenate to the call's arguments. `feed` and `finish` return the protocol events in order; afterwards
-`content()`, `reasoning()` and `tool_calls()` hold the aggregate result, which the streamed
-events concatenate to by construction.
+streamed fragments still concatenate to the call's arguments. `feed` and `finish` return the
+protocol events in order; afterwards `content()`, `reasoning()` and `tool_calls()` hold the
+aggregate result, which the streamed events concatenate to by construction.
 """
 
 from __future__ import annotations
@@ -29,7 +29,12 @@ from services.worker.output.stop_strings import StopStrings
 from shared.frontends.pieces import Control
 from shared.frontends.thinking import PhaseDecoder
 from shared.generation import (
-    GenerationEvent, ReasoningDelta, TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallStart,
+    GenerationEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
 )
 
 if TYPE_CHECKING:
@@ -106,7 +111,9 @@ class Publication:
             if not isinstance(piece, ReasoningDelta):
                 events += self.tools.feed(piece)
         self.tools.forget_content()
-        self._pending = [e for e in events if isinstance(e, (ToolCallStart, ToolCallArgumentsDelta))]
+        self._pending = [
+            e for e in events if isinstance(e, (ToolCallStart, ToolCallArgumentsDelta))
+        ]
 
     def feed(self, tokens: Sequence[int]) -> list[GenerationEvent]:
         """Events of newly committed output tokens (EOS ids publish nothing)."""

@@ -79,6 +79,20 @@ class ConstraintCounters:
     draft_tokens: int = 0
     accepted_drafts: int = 0
 
+    def add_upload_bytes(self, n: int) -> None:
+        """Mask H2D bytes of a successful commit (counted by the commit path)."""
+        self.mask_upload_bytes += n
+
+    def add_draft_wait(self, seconds: float) -> None:
+        """A draft-ready wait the request experienced (counted by the Engine)."""
+        self.draft_wait_exposed_seconds += seconds
+
+    def add_verify_round(self, drafts: int, accepted: int) -> None:
+        """A committed verification round: `drafts` proposed, `accepted` of them committed."""
+        self.verify_rounds += 1
+        self.draft_tokens += drafts
+        self.accepted_drafts += accepted
+
     def snapshot(self, *, branch: str, complete: bool, terminated: bool) -> ConstraintReport:
         return ConstraintReport(branch=branch, complete=complete, terminated=terminated,
                                 **asdict(self))

@@ -39,17 +39,23 @@ from typing import Sequence
 import torch
 
 from services.grammar.client import CompiledConstraint, Matcher, ParameterNameConstraint
+from services.worker.integrity import IntegrityError
+from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
+    LookaheadResult,
+    PositionState,
+    filler_row,
+    int32,
+)
+from services.worker.output.positions import (
+    filler as _filler,
+)
+from services.worker.output.probe import MatcherProbe
 from services.worker.output.report import (
     BRANCHES,
     CACHE_HITS,
     ConstraintCounters,
     ConstraintReport,
 )
-from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
-    LookaheadResult, PositionState, filler as _filler, filler_row, int32,
-)
-from services.worker.output.probe import MatcherProbe
-from services.worker.integrity import IntegrityError
 from shared.errors import InternalError, InvalidRequest
 from shared.frontends.token_domain import TokenDomain
 
@@ -78,12 +84,13 @@ class OutputSession:
 
     `compiled`: the shared compiled grammar, or None for an unconstrained request. `prefix`: the
     content a ContinueFinalAssistant request continues (UTF-8 bytes; accepted by the matcher at
-    creation, never published, part of completeness; default b""). `branch`: the report's branch (default "content"). `cache` ("l1" | "redis" | None), `built`,
-    `waited`, `compile_ms`: the compile-cache outcome for the report. `names`: the XML tool
-    grammar's ParameterNameConstraint companion (non-strict tools), which shares every matcher
-    transaction: it clears the masks' tokens that would repeat an argument name and follows
-    every accept and rollback. `prefix_tokens`: the continued content as tokens, for a tool
-    grammar (the Frontend's `continuation_tokens`), accepted instead of `prefix` bytes.
+    creation, never published, part of completeness; default b""). `branch`: the report's branch
+    (default "content"). `cache` ("l1" | "redis" | None), `built`, `waited`, `compile_ms`: the
+    compile-cache outcome for the report. `names`: the XML tool grammar's ParameterNameConstraint
+    companion (non-strict tools), which shares every matcher transaction: it clears the masks'
+    tokens that would repeat an argument name and follows every accept and rollback.
+    `prefix_tokens`: the continued content as tokens, for a tool grammar (the Frontend's
+    `continuation_tokens`), accepted instead of `prefix` bytes.
 
     Raises InvalidRequest(field="prefix") when the prefix is not UTF-8 or the grammar refuses it,
     InternalError when the grammar
@@ -114,7 +121,9 @@ class OutputSession:
             raise InvalidRequest(f"prefix is not UTF-8 text: {exc}", field="prefix") from None
         self.domain = domain
         self.branch = branch
-        self._counters = ConstraintCounters(cache=cache, built=built, waited=waited,
+        # the report's counters; the Program and the commit path add their upload, wait and
+        # round counts here directly
+        self.counters = ConstraintCounters(cache=cache, built=built, waited=waited,
                                             compile_ms=compile_ms)
         self._matcher: Matcher | None = None
         self._names = names if compiled is not None else None
@@ -140,7 +149,7 @@ class OutputSession:
         elif prefix and not self._matcher.accept_bytes(prefix):
             raise InvalidRequest("the continued content prefix is not a prefix of the constrained "
                                  "output language", field="prefix")
-        self._counters.prepare_seconds += time.perf_counter() - start
+        self.counters.prepare_seconds += time.perf_counter() - start
 
     # ---------------------------------------------------------------- masks
 
@@ -158,9 +167,10 @@ class OutputSession:
         """Fill `out[0..len(drafts)]` with the masks of committed + drafts[:i] and roll back.
 
         `out`: `[>= len(drafts)+1, ceil(V/32)]` int32 CPU tensor (a view of the Program's pinned
-        buffer). `position`: committed output tokens (the result's base position). An unconstrained session returns DISABLED states and writes nothing. Raises
-        InternalError while a preview is pending, after the session finished, on a wrong buffer,
-        or when the matcher refuses a draft its own mask allowed.
+        buffer). `position`: committed output tokens (the result's base position). An unconstrained
+        session returns DISABLED states and writes nothing. Raises InternalError while a preview is
+        pending, after the session finished, on a wrong buffer, or when the matcher refuses a draft
+        its own mask allowed.
         """
         self._check_idle("lookahead")
         n = len(drafts)
@@ -183,7 +193,7 @@ class OutputSession:
                 matcher.fill_mask(out, i)  # bits past the domain are zero (engine contract)
                 if self._names is not None:
                     self._names.apply(out[i])
-                self._counters.mask_positions += 1
+                self.counters.mask_positions += 1
                 if not bool(out[i].any()):
                     states[i] = PositionState.DEAD_END
                     out[i].copy_(filler)
@@ -209,14 +219,14 @@ class OutputSession:
         except Exception as exc:  # the engine failed on this row's state: only its row fails
             failure = self._fail(exc, position + accepted)
         mid = time.perf_counter()
-        self._counters.mask_seconds += mid - start
+        self.counters.mask_seconds += mid - start
         if failure is not None:  # a DeadEnd at position 0 carrying the failure; no rollback
             out[:n + 1].copy_(filler.expand(n + 1, -1))
             return LookaheadResult((PositionState.DEAD_END,) + (PositionState.UNREACHABLE,) * n,
                                    position, dead_end_at=0, failure=failure)
         if accepted:
             self._rollback(accepted)
-            self._counters.rollback_seconds += time.perf_counter() - mid
+            self.counters.rollback_seconds += time.perf_counter() - mid
         return LookaheadResult(tuple(states), position, illegal_at, eos_at, dead_at)
 
     def fill_matcher(self) -> Matcher:
@@ -234,8 +244,8 @@ class OutputSession:
         [ceil(V/32)] int32 holds the matcher's mask; the name constraint applies, a row with no
         legal token is a dead end (its row becomes the filler row). `seconds`: this session's
         share of the fill's wall time (the report's)."""
-        self._counters.mask_positions += 1
-        self._counters.mask_seconds += seconds
+        self.counters.mask_positions += 1
+        self.counters.mask_seconds += seconds
         if self._names is not None:
             self._names.apply(row)
         if bool(row.any()):
@@ -341,9 +351,9 @@ class OutputSession:
                 if terminated:
                     break
         except Exception as exc:  # the engine failed on this row's state: only its row fails
-            self._counters.accept_seconds += time.perf_counter() - start
+            self.counters.accept_seconds += time.perf_counter() - start
             return PreviewResult(0, failure=self._fail(exc, position + accepted), row_only=True)
-        self._counters.accept_seconds += time.perf_counter() - start
+        self.counters.accept_seconds += time.perf_counter() - start
         if failure is not None:
             self._rollback_preview(matcher_tokens)
             return PreviewResult(0, failure=failure)
@@ -355,7 +365,7 @@ class OutputSession:
         if matcher_tokens and self._matcher is not None:
             start = time.perf_counter()
             self._rollback(matcher_tokens)
-            self._counters.discard_seconds += time.perf_counter() - start
+            self.counters.discard_seconds += time.perf_counter() - start
 
     def _rollback(self, n: int) -> None:
         """Undo the matcher's last n tokens. A matcher that cannot is an integrity failure (the
@@ -400,7 +410,7 @@ class OutputSession:
         self._matcher.fill_mask(row, 0)
         for eos in self.domain.eos_ids:  # clear the EOS bits (int32: bit 31 is the sign)
             row[0, eos >> 5] &= int32(~(1 << (eos & 31)) & 0xFFFFFFFF)
-        self._counters.mask_seconds += time.perf_counter() - start
+        self.counters.mask_seconds += time.perf_counter() - start
         return bool(row.any())
 
     @property
@@ -416,25 +426,10 @@ class OutputSession:
 
     # ---------------------------------------------------------------- report
 
-    def add_upload_bytes(self, n: int) -> None:
-        """Count mask H2D bytes of a successful commit (called by the Program)."""
-        self._counters.mask_upload_bytes += n
-
-    def add_draft_wait(self, seconds: float) -> None:
-        """Count a draft-ready wait this request experienced (called by the Engine)."""
-        self._counters.draft_wait_exposed_seconds += seconds
-
-    def add_verify_round(self, drafts: int, accepted: int) -> None:
-        """Count a committed verification round: `drafts` proposed, `accepted` of them committed
-        (called by the commit path)."""
-        self._counters.verify_rounds += 1
-        self._counters.draft_tokens += drafts
-        self._counters.accepted_drafts += accepted
-
     def report(self) -> ConstraintReport | None:
         """The constraint report of the committed state; None for an unconstrained request."""
         if self._matcher is None:
             return None
         self._check_idle("report", allow_finished=True)
         complete = self._broken is None and self._matcher.is_completed()
-        return self._counters.snapshot(branch=self.branch, complete=complete, terminated=self._eos)
+        return self.counters.snapshot(branch=self.branch, complete=complete, terminated=self._eos)

@@ -1,9 +1,10 @@
 """What one Program step runs (`StepBatch`) and what it produced (`PendingBatch`).
 
 A step's rows are requests with their input for this step: a prompt chunk or the newest output
-token (in a verification round followed by the row's drafts), starting at lane position `start`. A row with `sample` set gets a next token; an
-intermediate prefill chunk does not. Nothing of a step is committed until the commit path
-(services/worker/engine/postprocess.py) has previewed every row and called `Program.commit`.
+token (in a verification round followed by the row's drafts), starting at lane position `start`. A
+row with `sample` set gets a next token; an intermediate prefill chunk does not. Nothing of a step
+is committed until the commit path (services/worker/engine/postprocess.py) has previewed every row
+and called `Program.commit`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from services.worker.program.batch import BatchRow, StepBatch
+from services.worker.program.buckets import prefill_width
 from services.worker.program.graphs import DecodeGraphs
 from shared.logging import get_logger
 
@@ -32,6 +33,9 @@ class Forward:
         self.reads: str | tuple[int, ...] | None = None
         self.graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None
+        # Pad prefill forwards to the finite widths of buckets.py (exact; on CUDA, where each new
+        # width could compile kernels on the request path; the CPU compiles nothing)
+        self.bucketed = device.type == "cuda"
         # a decode step's tokens, positions and lanes, uploaded with one non-blocking copy
         self.host_inputs = torch.zeros(max_batch, 3, dtype=torch.int64,
                                        pin_memory=device.type == "cuda")  # [B, 3]
@@ -86,8 +90,13 @@ class Forward:
                                kv_len=kv_len)[:, -1]
         width = max(len(r.tokens) for r in rows)
         if any(r.start + width > self.max_len for r in rows):  # padding would leave the lane
-            return torch.cat([self.prefill((r,), len(r.tokens)) for r in rows])
-        return self.prefill(rows, width)
+            return torch.cat([self.prefill((r,), self._padded(len(r.tokens), r.start))
+                              for r in rows])
+        return self.prefill(rows, self._padded(width, max(r.start for r in rows)))
+
+    def _padded(self, width: int, start: int) -> int:
+        # The width a prefill forward runs at (buckets.py), its latest row starting at `start`.
+        return prefill_width(width, start, self.max_len) if self.bucketed else width
 
     def verify(self, rows: Sequence[BatchRow], full: int) -> torch.Tensor:
         """Logits [n, W, V] of verify rows (anchor + drafts, W <= full = K+1 tokens): the

@@ -7,10 +7,10 @@ write the scratch lane. Each decode graph also captures the greedy sample stage 
 unconstrained, unpenalized batch (program/sampling.py `greedy_in_graph`), so such a step is one
 graph replay and two small copies to the host; and, in a second small graph replayed once the
 CPU's masks are uploaded, the masked greedy stage of a constrained, unpenalized batch
-(`masked_greedy_in_graph`, the fused kernel on the Program's static mask buffer). The verify graph holds the target forward only:
-drafts are fixed on the host before it, masks are filled while it runs, and acceptance runs after
-it outside the graph (design document: "sampling and acceptance run on the host-launched path
-after the verify forward, outside the CUDA Graph").
+(`masked_greedy_in_graph`, the fused kernel on the Program's static mask buffer). The verify graph
+holds the target forward only: drafts are fixed on the host before it, masks are filled while it
+runs, and acceptance runs after it outside the graph (design document: "sampling and acceptance run
+on the host-launched path after the verify forward, outside the CUDA Graph").
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ class DecodeGraph:
         self.masked_graph.replay()
         return self.masked_sampled
 
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor
+    ) -> torch.Tensor:
         """tokens, positions: [n, 1]; lanes: [n] (n <= size); returns logits [n, V] (a view)."""
         n = tokens.shape[0]
         self.tokens[:n].copy_(tokens, non_blocking=True)
@@ -125,7 +127,9 @@ class VerifyGraph:
             self.logits, self.hidden = _forward(model, self.tokens, self.positions, state,
                                                 self.lanes, keep_hidden)  # [S, W, V], [S, W, H]
 
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor
+    ) -> torch.Tensor:
         """tokens, positions: [n, W]; lanes: [n] (n <= size); returns logits [n, W, V] (a view)."""
         n = tokens.shape[0]
         self.tokens[:n].copy_(tokens, non_blocking=True)
@@ -230,7 +234,9 @@ class DecodeGraphs:
                  masked_stage=lambda: None) -> None:
         self._model, self._state, self._scratch = model, state, scratch_lane
         self._width, self._keep_hidden = width, keep_hidden
-        self._sample_stage = sample_stage  # at each decode capture: the in-graph sample stage or None
+        self._sample_stage = (
+            sample_stage  # at each decode capture: the in-graph sample stage or None
+        )
         self._masked_stage = masked_stage  # likewise (stage, mask buffer) of constrained batches
         self._sizes = graph_sizes(max_batch)
         self._pool = torch.cuda.graph_pool_handle()

@@ -50,7 +50,9 @@ class MaskBuffers:
         self._row_bytes = 4 * words if cuda else 0  # nothing is uploaded on the CPU
         self._filler = MaskFiller("auto")  # each engine's batched fill on its own threads
 
-    def fill_ordinary(self, sessions: Sequence[OutputSession], positions: Sequence[int]) -> MaskFill:
+    def fill_ordinary(
+        self, sessions: Sequence[OutputSession], positions: Sequence[int]
+    ) -> MaskFill:
         """Position-0 masks of one ordinary step: compact row j belongs to sessions[j] (whose
         committed output has positions[j] tokens); unconstrained sessions get the disabled
         descriptor. A constrained row with no legal token is a dead end (its descriptor stays
@@ -89,7 +91,8 @@ class MaskBuffers:
                 for k, (s, r, p) in enumerate(zip(sessions, rows, positions))]
 
     def upload(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy the first m rows to the device (on the current stream); returns (masks, mask_row)."""
+        """Copy the first m rows to the device (on the current stream); returns (masks,
+        mask_row)."""
         self.upload_masks(m)
         return self.device_masks, self.host_row[:m].to(self.device, non_blocking=True)
 

@@ -258,7 +258,11 @@ class Program:
                                         [r.num_output_tokens for r in requests])
         m = len(sampled)
         whole = sampled == list(range(m))  # the leading rows: views, no gather
-        pick = None if whole else torch.tensor(sampled, dtype=torch.int64).to(self.device, non_blocking=True)
+        pick = (
+            None
+            if whole
+            else torch.tensor(sampled, dtype=torch.int64).to(self.device, non_blocking=True)
+        )
         graph = launched.graph
         ready = graph is not None and self.sampler.graph_ready(requests)
         if ready and graph.sampled is not None and not fill.constrained:
@@ -309,17 +313,23 @@ class Program:
         ahead, self._ahead = self._ahead is pending.batch, None
         if not kept:
             return
-        if _recurrent(self.state) and not ahead:  # a dense KV cache has nothing to commit on the device
+        if (
+            _recurrent(self.state) and not ahead
+        ):  # a dense KV cache has nothing to commit on the device
             # (and no device tensor is made: from pageable memory that would block the host
             # until the queued forward ends, which the Engine's pipeline overlaps with this)
-            lanes = torch.tensor([pending.batch.rows[i].request.lane for i in kept], dtype=torch.int64)
+            lanes = torch.tensor(
+                [pending.batch.rows[i].request.lane for i in kept], dtype=torch.int64
+            )
             counts = torch.tensor(list(kept.values()), dtype=torch.int64)
             self.state.commit(lanes.to(self.device, non_blocking=True),
                               counts.to(self.device, non_blocking=True))
         for i, k in kept.items():
             row = pending.batch.rows[i]
             fed = tuple(row.tokens)
-            if k > len(fed):  # drafts made on the device (DFlash): the accepted ones are the result's
+            if k > len(
+                fed
+            ):  # drafts made on the device (DFlash): the accepted ones are the result's
                 fed += tuple(pending.results[i].tokens[:k - len(fed)])
             self.blocks.commit(row.request.lane, row.start, fed[:k])
 

@@ -66,7 +66,7 @@ class Rounds:
     def count_draft_wait(self, rows: Sequence[BatchRow], seconds: float) -> None:
         self.draft_wait_seconds += seconds
         for row in rows:
-            row.request.session.add_draft_wait(seconds)
+            row.request.session.counters.add_draft_wait(seconds)
 
     def host(self, batch: StepBatch) -> PendingBatch:
         """A host-launched round: drafts fixed on the host before the forward, masks filled

@@ -104,12 +104,18 @@ class Sampler:
         mask_row [S] int32 (-1 = unconstrained row) -> (tokens [S] int64, status [S] int32)."""
         if not self._fused_greedy:
             return None
-        result = sample_greedy_fast(logits, vocab_size=self.domain.size, mask=mask, mask_row=mask_row,
-                                    generable=self._generable_mask)
+        result = sample_greedy_fast(
+            logits,
+            vocab_size=self.domain.size,
+            mask=mask,
+            mask_row=mask_row,
+            generable=self._generable_mask,
+        )
         return result.tokens, result.status
 
     def _generable(self, z: torch.Tensor) -> torch.Tensor:
-        """Logits as the sampling kernels read them (float32 / half), never-generable ids at -inf."""
+        """Logits as the sampling kernels read them (float32 / half), never-generable ids at
+        -inf."""
         if z.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             z = z.float()
         if self._never is not None:

@@ -154,8 +154,8 @@ MAX_CUTS = 8  # per row and forward: each cut is one more segment of every GDN l
 def boundaries(tokens, start: int, end: int, limit: int, *, block_size: int, interval: int,
                special_ids, branch: int | None, max_cuts: int = MAX_CUTS) -> list[int]:
     """The block boundaries in (start, min(end, limit)] a hybrid model snapshots at (the module
-    docstring's policy, most valuable first, at most `max_cuts`). `tokens`: the prompt (`limit` tokens: snapshots
-    stay inside it)."""
+    docstring's policy, most valuable first, at most `max_cuts`). `tokens`: the prompt (`limit`
+    tokens: snapshots stay inside it)."""
     bs, top = block_size, min(end, limit)
     if top <= start:
         return []

@@ -75,8 +75,11 @@ def load_draft(backend: str | None, path: str | None, runtime):
         raise InvalidRequest(f"draft model {path}: {exc}", field="draft_model") from None
     c, t = draft.config, runtime.config
     if c.dflash2 != (backend == "dflash2"):
-        raise Unsupported(f"{path} is a {'DFlash2' if c.dflash2 else 'DFlash'} draft; use "
-                          f"--speculative {'dflash2' if c.dflash2 else 'dflash'}", field="draft_model")
+        raise Unsupported(
+            f"{path} is a {'DFlash2' if c.dflash2 else 'DFlash'} draft; use "
+            f"--speculative {'dflash2' if c.dflash2 else 'dflash'}",
+            field="draft_model",
+        )
     problems = []
     if c.hidden_size != t.hidden_size:
         problems.append(f"hidden_size {c.hidden_size} != the target's {t.hidden_size}")

@@ -11,9 +11,9 @@ Two phases per round (design document, "Forward and Finish"):
   accepted prefix;
 - draft (the next round's Forward, `block_drafts`): the anchor (the row's newest committed
   token, the first token the verify round feeds) and K mask tokens at the following positions,
-  one pass on the device, no host synchronisation. DFlash drafts are the argmax of the target head (one-hot
-  q); DFlash2 walks the top-16 candidates of each slot with its selector, greedily at T = 0,
-  sampled at T > 0 (RNG purpose DRAFT at each draft's output position) with the real q over
+  one pass on the device, no host synchronisation. DFlash drafts are the argmax of the target head
+  (one-hot q); DFlash2 walks the top-16 candidates of each slot with its selector, greedily at
+  T = 0, sampled at T > 0 (RNG purpose DRAFT at each draft's output position) with the real q over
   the 16 kept for acceptance. The Program copies the ids to the host, records the ready event
   and runs the target forward over `[anchor, drafts]` before the host waits for the ids
   (`block_drafts`).

@@ -103,7 +103,8 @@ class ToolStream:
     """Feed published text with `feed`, end with `finish`; both return protocol events."""
 
     def __init__(self, *, constrained: bool, codings: object = None, union: bool = False) -> None:
-        # `codings` (the XML format's value contract) has no meaning here: Hermes arguments are JSON.
+        # `codings` (the XML format's value contract) has no meaning here: Hermes arguments are
+        # JSON.
         self.constrained = constrained
         self.union = union and constrained  # JSON content OR calls: calls only at the start
         self.state = "content"  # content | head | name | args_prefix | args | suffix | between
@@ -236,7 +237,10 @@ class ToolStream:
         truncated constrained output, completed calls are kept and an unfinished call is dropped."""
         events: list = []
         if not self.constrained:
-            tail, self.free_tail = self.free_tail + (self.buf if self.state != "content" else ""), ""
+            tail, self.free_tail = (
+                self.free_tail + (self.buf if self.state != "content" else ""),
+                "",
+            )
             if self.state == "content":
                 self._publish_content(self.buf, events)
             self.buf = ""

@@ -1,8 +1,8 @@
 """The Qwen3.5 XML tool-call format: literals, the template's call text and value decoding.
 
 One home for the grammar service's XML tool grammar (services/grammar/tools/xml_tools.py) and
-the worker's output decoding (`qwen_xml_stream.ToolStream`). The canonical call, as the Qwen3.5 chat template
-renders it and the constrained grammar generates it:
+the worker's output decoding (`qwen_xml_stream.ToolStream`). The canonical call, as the Qwen3.5 chat
+template renders it and the constrained grammar generates it:
 
     <tool_call>\\n<function=NAME>\\n<parameter=K>\\nV\\n</parameter>\\n...</function>\\n</tool_call>
 

@@ -30,8 +30,16 @@ from typing import Mapping
 
 from shared.errors import InternalError
 from shared.frontends.formats.qwen_xml import (
-    CALL_CLOSE, CALL_HEAD, CALL_OPEN, CALL_SEPARATOR, CALL_TAIL, PARAM_OPEN, VALUE_END,
-    ArgumentCoding, Call, convert_value,
+    CALL_CLOSE,
+    CALL_HEAD,
+    CALL_OPEN,
+    CALL_SEPARATOR,
+    CALL_TAIL,
+    PARAM_OPEN,
+    VALUE_END,
+    ArgumentCoding,
+    Call,
+    convert_value,
 )
 from shared.frontends.pieces import Control, Piece, piece_text
 from shared.generation import TextDelta, ToolCall, ToolCallArgumentsDelta, ToolCallStart

@@ -1,0 +1,214 @@
+"""The Program's warm-up: every forward shape the server can meet, run once before it serves, so
+no kernel compiles (and no autotuner benchmarks) on the request path.
+
+What it visits (buckets.py bounds the set):
+
+- a prefill forward per padded width (`prefill_widths`) and batch-size class (`graph_sizes`:
+  1, 2, 4, ... B) that one step can hold (the widest row plus one token per other row within the
+  step's `prefill_chunk`), from the start of the lanes; the small ones (few rows x few tokens,
+  where the attention kernel splits the context; one width per kernel variant below 32 tokens)
+  also at each context bound of `context_bounds`, which chooses those splits;
+- every decode graph size (capturing it: its forward, greedy and masked greedy sample stages)
+  and every verify graph size when drafts are verified in graphs; where a step runs eagerly (no
+  graphs) a decode forward per batch-size class and context bound instead;
+- fla-core's chunked kernels at every row count (they compile and autotune per batch size);
+- the eager sampler per batch-size class: greedy, top-p, top-k per power of two and penalized,
+  each without and with a mask (what a tempered, penalized or constrained batch runs outside
+  the decode graph).
+
+The warm-up writes only what a request overwrites before reading: the free lanes' positions
+past their (empty) committed frontier, a hybrid model's uncommitted recurrent buffers (a request
+at position 0 resets its lane); the prefix cache is still empty and nothing is committed.
+`forward` (tests) replaces the model call of the prefill and eager decode shapes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+from services.worker.program.buckets import (
+    EXACT_WIDTHS,
+    PREFILL_STEP,
+    context_bounds,
+    prefill_widths,
+)
+from services.worker.program.graphs import graph_sizes
+from shared.generation import SamplingParams
+from shared.logging import get_logger
+
+# Forwards of at most this many tokens in all are also warmed at each context bound: beyond it
+# the attention kernel has programs enough for the GPU without splitting the context.
+SPLIT_TOKENS = 2048
+
+log = get_logger(__name__)
+
+
+@dataclass
+class WarmupReport:
+    """What the warm-up ran: shapes per kind, and how long it took."""
+
+    prefill: int = 0  # prefill forwards (width x rows x context bound)
+    decode: int = 0  # eager decode forwards (rows x context bound)
+    decode_graphs: int = 0  # decode graph sizes captured
+    verify_graphs: int = 0  # verify graph sizes captured (host-launched speculation)
+    draft_graphs: int = 0  # DFlash Forward graph sizes captured (device-route speculation)
+    sampling: int = 0  # eager sampler variants (rows x greedy/tempered x masked/not)
+    seconds: float = 0.0
+    shapes: list[tuple] = field(default_factory=list, repr=False)  # (kind, rows, width, kv_len)
+
+    def to_dict(self) -> dict:
+        return {"prefill": self.prefill, "decode": self.decode,
+                "decode_graphs": self.decode_graphs, "verify_graphs": self.verify_graphs,
+                "draft_graphs": self.draft_graphs, "sampling": self.sampling,
+                "seconds": round(self.seconds, 3)}
+
+
+def prefill_shapes(prefill_chunk: int, max_batch: int, max_len: int) -> list[tuple[int, int, int]]:
+    """(rows, width, kv_len) of every prefill forward the warm-up runs (module docstring)."""
+    shapes = []
+    for width in prefill_widths(prefill_chunk, max_len):
+        least = width if width <= EXACT_WIDTHS else width - PREFILL_STEP + 1  # narrowest real row
+        for rows in graph_sizes(max_batch):
+            if least + rows - 1 > max(prefill_chunk, width):  # no step holds it
+                continue
+            split = rows * width <= SPLIT_TOKENS and (width > EXACT_WIDTHS
+                                                      or width in _split_classes())
+            bounds = context_bounds(max_len, width) if split else (width,)
+            shapes.extend((rows, width, kv_len) for kv_len in bounds)
+    # fla-core's chunked gated delta rule compiles and autotunes per batch size (its cumsum
+    # kernel takes B as a compile-time constant and an autotuning key): every row count once at
+    # the narrowest chunked width (its length is not a key: T is never specialized there).
+    chunked = [w for w in prefill_widths(prefill_chunk, max_len) if w > EXACT_WIDTHS]
+    if chunked:
+        width = chunked[0]
+        classes = set(graph_sizes(max_batch))
+        shapes.extend((rows, width, width) for rows in range(1, max_batch + 1)
+                      if rows not in classes and width - PREFILL_STEP + rows <= prefill_chunk)
+    return shapes
+
+
+def _split_classes() -> set[int]:
+    # One width per kernel variant of the narrow forwards: the attention kernel's query block
+    # follows next_power_of_2(width x heads per KV head) and Triton specializes the width on
+    # being 1 or a multiple of 16; the smallest width of each such class represents it.
+    seen: dict[tuple, int] = {}
+    for w in range(EXACT_WIDTHS, 0, -1):
+        seen[(1 << (w - 1).bit_length(), w == 1, w % 16 == 0)] = w
+    return set(seen.values())
+
+
+@torch.inference_mode()
+def warm_up(program, prefill_chunk: int, *, forward=None) -> WarmupReport:
+    """Run every shape of the module docstring on `program` (before it serves); returns the
+    report. `forward(tokens [n, T], positions [n, T], lanes [n], kv_len, fed [n])` replaces the
+    model call of prefill and eager decode forwards (default: the Program's own)."""
+    start = time.perf_counter()
+    report = WarmupReport()
+    run = forward if forward is not None else _model_forward(program)
+    dev, max_len, max_batch = program.device, program.max_len, program.max_batch
+    for rows, width, kv_len in prefill_shapes(prefill_chunk, max_batch, max_len):
+        tokens, positions, lanes, fed = _inputs(rows, width, kv_len - width, dev)
+        run(tokens, positions, lanes, kv_len, fed)
+        report.prefill += 1
+        report.shapes.append(("prefill", rows, width, kv_len))
+    fwd = program.forward
+    if fwd.graphs is not None:
+        for size in graph_sizes(max_batch):
+            fwd.graphs.get(size)
+            report.decode_graphs += 1
+            report.shapes.append(("decode_graph", size, 1, max_len))
+    else:
+        for rows in graph_sizes(max_batch):
+            for kv_len in context_bounds(max_len, 1):
+                tokens, positions, lanes, fed = _inputs(rows, 1, kv_len - 1, dev)
+                run(tokens, positions, lanes, kv_len, fed)
+                report.decode += 1
+                report.shapes.append(("decode", rows, 1, kv_len))
+    if fwd.verify_graphs is not None:
+        for size in graph_sizes(max_batch):
+            fwd.verify_graphs.get(size)
+            report.verify_graphs += 1
+            report.shapes.append(("verify_graph", size, program.max_drafts + 1, max_len))
+    if program.rounds.graphs is not None:
+        for size in graph_sizes(max_batch):
+            program.rounds.graphs.get(size)
+            report.draft_graphs += 1
+            report.shapes.append(("draft_graph", size, program.max_drafts + 1, max_len))
+    _warm_sampler(program, report)
+    fwd.reset()
+    if program.cuda:
+        torch.cuda.synchronize(dev)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _inputs(rows: int, width: int, start: int, dev):
+    tokens = torch.zeros(rows, width, dtype=torch.int64, device=dev)  # [n, T]
+    positions = (start + torch.arange(width, device=dev))[None].expand(rows, width).contiguous()
+    lanes = torch.arange(rows, dtype=torch.int64, device=dev)  # [n] free lanes 0..n-1
+    fed = torch.full((rows,), width, dtype=torch.int64, device=dev)  # [n]
+    return tokens, positions, lanes, fed
+
+
+def _model_forward(program):
+    # The Program's prefill call (forward.py `prefill`: logits of each row's last real token).
+    def run(tokens, positions, lanes, kv_len, fed):
+        program.forward.logits(tokens, positions, lanes, kv_len=kv_len,
+                               logit_index=(fed - 1)[:, None], num_tokens=fed)
+    return run
+
+
+def _fake_request(params: SamplingParams, penalized: bool):
+    # What the Sampler reads of a request (sampling.py): its parameters, seed, position, history.
+    return SimpleNamespace(sampling=params, seed=0, num_output_tokens=0,
+                           penalized=lambda: penalized, penalty_history=lambda: ([1], [1]))
+
+
+def _warm_sampler(program, report: WarmupReport) -> None:
+    sampler, masks = program.sampler, program.masks
+    logits = torch.zeros(program.max_batch, program.domain.size, dtype=program.runtime.dtype,
+                         device=program.device)  # [B, V]
+    # greedy, top-p, and top-k at each power of two (the kernels' candidate block follows it),
+    # then greedy and tempered with penalties (their own kernel variants)
+    kinds = [(SamplingParams(temperature=0.0), False),
+             (SamplingParams(temperature=1.0, top_p=0.9), False)]
+    kinds += [(SamplingParams(temperature=1.0, top_k=1 << i), False) for i in range(11)]
+    kinds += [(SamplingParams(temperature=0.0, presence_penalty=0.5), True),
+              (SamplingParams(temperature=1.0, repetition_penalty=1.1), True)]
+    for rows in graph_sizes(program.max_batch):
+        for params, penalized in kinds:
+            requests = [_fake_request(params, penalized) for _ in range(rows)]
+            for masked in (False, True):
+                mask = mask_row = None
+                if masked:  # an all-empty mask per row: the kernels' masked variant
+                    masks.host_row[:rows] = torch.arange(rows, dtype=torch.int32) * masks.stride
+                    mask, mask_row = masks.upload(rows)
+                sampler.sample(logits[:rows], requests, mask, mask_row)
+                report.sampling += 1
+                report.shapes.append(("sample", rows, params.temperature, masked, params.top_k,
+                                      penalized))
+    masks.host_row.fill_(-1)
+    sampler._members, sampler._static = [], None  # the next real batch rebuilds its parameters
+
+
+def warm_up_logged(program, prefill_chunk: int, metrics) -> WarmupReport | None:
+    """`warm_up` with its start and end logged and its counts in `metrics` (WorkerMetrics). A
+    failure is logged and serving goes on (kernels then compile on first use): returns None."""
+    try:
+        log.info("warmup_started", prefill_chunk=prefill_chunk, max_batch=program.max_batch,
+                 max_len=program.max_len)
+        report = warm_up(program, prefill_chunk)
+    except Exception:
+        log.exception("warmup_failed")
+        return None
+    counts = report.to_dict()
+    log.info("warmup_finished", **counts)
+    metrics.warmup_seconds.set(report.seconds)
+    for kind, value in counts.items():
+        if kind != "seconds":
+            metrics.warmup_shapes.labels(kind=kind).set(value)
+    return report

@@ -1,0 +1,219 @@
+"""A differential fuzzer: random schemas over the supported keywords, compiled through our path,
+against `jsonschema` (Draft202012Validator with its FormatChecker) as the oracle.
+
+The product's promise is that a compiled schema accepts no invalid instance. Each schema either
+compiles or is refused typed (UnsupportedSchema / InvalidSchema / ConstraintTooComplex, the first
+two with a pointer); every text the grammar accepts, from random walks through its masks and from
+adversarial candidates (duplicate names, negated formats and patterns, Unicode line breaks and
+escapes, values the two regex readings decide differently), must parse and be valid. The budget
+is a few seconds every run; INFERNIX_FUZZ_BUDGET (seconds) makes the slow test a large run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from functools import lru_cache
+
+import jsonschema
+import pytest
+import xgrammar as xgr
+
+from services.grammar.engines.matching import accepts, random_walk
+from services.grammar.schema import schema_to_grammar
+from shared.errors import ConstraintTooComplex, InvalidSchema, UnsupportedSchema
+from tests.support.common import byte_domain
+
+CI_BUDGET_S = 4.0
+
+# Strings where readings, formats or JSON escapes are easy to get wrong.
+STRINGS = ["", "a", "a\n", "a\n\n", "\na", "é", "٣", "a.", "a@", "@", "xn--ab", "a" * 64,
+           "\u2028", "\u2029", "\x85", "\x1c", "\ufeff", "\r", "\t", " ", "\"", "\\", "/",
+           "00000000-0000-0000-0000-000000000000", "00000000-0000-0000-0000-000000000000}",
+           "PT1H1S", "P1D", "1.2.3.4", "::1", "2020-01-01", "2020-01-01T00:00:00Z",
+           "2020-01-01T00:00:00Z\n", "10:00:00Z", "/a~0", "0#", "100#", "http://x.y/z",
+           "a:b", "ab", "abc", "x-1", "_", "ü", "😀", "\x00"]
+PATTERNS = ["^a$", ".", "\\d", "\\w", "\\W", "\\s", "^[a-c]+$", "x*", "", "^\\S+$", "a|b$",
+            "^(ab)*$", "[^a]", "é"]
+FORMATS = ["email", "hostname", "uuid", "duration", "ipv4", "ipv6", "date", "date-time", "time",
+           "uri", "uri-reference", "json-pointer", "relative-json-pointer"]
+NAMES = ["a", "b", "é", "a\n", "x"]
+
+
+def random_schema(rng: random.Random, depth: int = 0):
+    kinds = ["string", "pattern", "format", "integer", "number", "const", "enum", "type", "bool"]
+    if depth < 2:
+        kinds += ["not", "not", "anyOf", "oneOf", "allOf", "if", "object", "object", "array"]
+    kind = rng.choice(kinds)
+    if kind == "bool":
+        return rng.random() < 0.7
+    if kind == "type":
+        return {"type": rng.sample(["null", "boolean", "integer", "number", "string", "array",
+                                    "object"], rng.randint(1, 2))}
+    if kind == "string":
+        s: dict = {"type": "string"}
+        if rng.random() < 0.5:
+            s["minLength"] = rng.randint(0, 2)
+        if rng.random() < 0.5:
+            s["maxLength"] = s.get("minLength", 0) + rng.randint(0, 3)
+        return s
+    if kind == "pattern":
+        s = {"pattern": rng.choice(PATTERNS)}
+        if rng.random() < 0.6:
+            s["type"] = "string"
+        return s
+    if kind == "format":
+        return {"type": "string", "format": rng.choice(FORMATS)}
+    if kind == "integer":
+        s = {"type": "integer"}
+        if rng.random() < 0.6:
+            s["minimum"] = rng.randint(-5, 5)
+        if rng.random() < 0.4:
+            s["multipleOf"] = rng.choice([2, 3])
+        return s
+    if kind == "number":
+        s = {"type": "number"}
+        if rng.random() < 0.5:
+            s["exclusiveMinimum"] = rng.choice([0, 0.5, -1])
+        if rng.random() < 0.5:
+            s["maximum"] = rng.choice([1, 2.5, 100])
+        return s
+    if kind == "const":
+        return {"const": rng.choice(STRINGS + [0, 1.5, None, True, [1], {"a": 1}])}
+    if kind == "enum":
+        return {"enum": rng.sample(STRINGS + [0, 2, None, False], rng.randint(1, 3))}
+    if kind == "not":
+        return {"not": random_schema(rng, depth + 1)}
+    if kind in ("anyOf", "oneOf", "allOf"):
+        return {kind: [random_schema(rng, depth + 1) for _ in range(rng.randint(2, 3))]}
+    if kind == "if":
+        s = {"if": random_schema(rng, depth + 1)}
+        for k in ("then", "else"):
+            if rng.random() < 0.7:
+                s[k] = random_schema(rng, depth + 1)
+        return s
+    if kind == "array":
+        s = {"type": "array"}
+        if rng.random() < 0.7:
+            s["items"] = random_schema(rng, depth + 1)
+        if rng.random() < 0.3:
+            s["prefixItems"] = [random_schema(rng, depth + 1)]
+        if rng.random() < 0.3:
+            s["contains"] = random_schema(rng, depth + 1)
+        if rng.random() < 0.4:
+            s["maxItems"] = rng.randint(0, 3)
+        if rng.random() < 0.2:
+            s["uniqueItems"] = True
+        return s
+    s = {"type": "object"} if rng.random() < 0.8 else {}
+    names = rng.sample(NAMES, rng.randint(0, 2))
+    if names:
+        s["properties"] = {n: random_schema(rng, depth + 1) for n in names}
+        if rng.random() < 0.5:
+            s["required"] = rng.sample(names, 1)
+    r = rng.random()
+    if r < 0.2:
+        s["additionalProperties"] = False
+    elif r < 0.4:
+        s["additionalProperties"] = random_schema(rng, depth + 1)
+    elif r < 0.55:
+        s["patternProperties"] = {rng.choice(PATTERNS[:6]): random_schema(rng, depth + 1)}
+    if rng.random() < 0.2:
+        s["propertyNames"] = random_schema(rng, depth + 1)
+    if rng.random() < 0.25:
+        s[rng.choice(["minProperties", "maxProperties"])] = rng.randint(0, 2)
+    if rng.random() < 0.15:
+        s["dependentRequired"] = {"a": ["b"]}
+    return s
+
+
+def candidates(rng: random.Random) -> list[str]:
+    """Adversarial texts: scalars, small containers, duplicate names."""
+    out = [json.dumps(v, ensure_ascii=False) for v in STRINGS]
+    out += ["0", "1", "-1", "2", "1.5", "0.5", "3", "true", "null", "[]", "{}", "[1,1]",
+            '["a"]', '[""]']
+    for _ in range(24):
+        names = [rng.choice(NAMES) for _ in range(rng.randint(1, 3))]
+        values = [json.dumps(rng.choice(STRINGS + [0, 1, None]), ensure_ascii=False)
+                  for _ in names]
+        out.append("{" + ",".join(f"{json.dumps(n, ensure_ascii=False)}:{v}"
+                                  for n, v in zip(names, values)) + "}")
+    dup = rng.choice(NAMES)
+    out.append("{" + f"{json.dumps(dup)}:1,{json.dumps(dup)}:2" + "}")
+    return out
+
+
+@lru_cache(maxsize=1)
+def _compiler() -> xgr.GrammarCompiler:
+    return xgr.GrammarCompiler(byte_domain().tokenizer_info(), max_threads=1, cache_enabled=False)
+
+
+def _oracle(schema) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+
+
+def _valid(check, text: str) -> bool:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    try:
+        return check.is_valid(value)
+    except Exception:  # noqa: BLE001 - the oracle itself failing (e.g. a format checker bug)
+        return False
+
+
+def fuzz(seed: int, budget_s: float) -> dict:
+    """Run schemas from `seed` until `budget_s` seconds pass; returns the counts and the invalid
+    accepted instances as (schema, text) pairs."""
+    rng = random.Random(seed)
+    stats = {"schemas": 0, "compiled": 0, "refused": 0, "texts": 0, "accepted": 0, "bad": []}
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline:
+        schema = random_schema(rng)
+        stats["schemas"] += 1
+        try:
+            grammar = _compiler().compile_grammar(schema_to_grammar(schema))
+        except (UnsupportedSchema, InvalidSchema) as exc:
+            assert exc.pointer is not None, (schema, exc)
+            stats["refused"] += 1
+            continue
+        except ConstraintTooComplex:
+            stats["refused"] += 1
+            continue
+        stats["compiled"] += 1
+        check = _oracle(schema)
+        texts = candidates(rng)
+        for _ in range(6):
+            walk = random_walk(grammar, byte_domain(), rng, max_tokens=48, end_bias=0.5)
+            assert not walk.dead_end, (schema, walk.data)
+            if walk.completed:
+                texts.append(walk.data.decode("utf-8"))
+        for t in texts:
+            stats["texts"] += 1
+            if accepts(grammar, t):
+                stats["accepted"] += 1
+                if not _valid(check, t):
+                    stats["bad"].append((schema, t))
+    return stats
+
+
+def test_fuzz_no_invalid_instance_accepted():
+    """'0 invalid instances accepted by any compiled schema, on a differential fuzzer ... run at
+    a CI-sized budget every time'."""
+    stats = fuzz(seed=20261201, budget_s=CI_BUDGET_S)
+    assert stats["compiled"] > 0 and stats["accepted"] > 0, stats
+    assert stats["bad"] == [], stats["bad"][:5]
+
+
+@pytest.mark.slow
+def test_fuzz_large_budget():
+    """The same at a large budget, opt-in: INFERNIX_FUZZ_BUDGET seconds (other seeds at the CI
+    budget when unset, so CI still adds their coverage)."""
+    budget = float(os.environ.get("INFERNIX_FUZZ_BUDGET", CI_BUDGET_S))
+    stats = fuzz(seed=int(os.environ.get("INFERNIX_FUZZ_SEED", "7")), budget_s=budget)
+    assert stats["compiled"] > 0, stats
+    assert stats["bad"] == [], stats["bad"][:5]
