@@ -14,8 +14,8 @@ import threading
 import aiohttp
 import pytest
 
-from services.worker.engine import engine as engine_module
 from services.worker.program import Program
+from services.worker.program import warmup as warmup_module
 from services.worker.program.buckets import prefill_width
 from services.worker.program.graphs import graph_sizes
 from services.worker.program.warmup import WarmupReport, warm_up
@@ -85,7 +85,7 @@ async def test_health_is_not_ready_until_the_warm_up_ends(runtime, monkeypatch):
         release.wait(30)
         return WarmupReport(prefill=3, decode=2, sampling=1, seconds=0.5)
 
-    monkeypatch.setattr(engine_module, "warm_up", slow_warm_up)
+    monkeypatch.setattr(warmup_module, "warm_up", slow_warm_up)  # what warm_up_logged runs
     client = open_client(runtime, max_batch=2, max_len=64, warmup=True)
     try:
         assert await asyncio.to_thread(entered.wait, 10)

@@ -177,6 +177,9 @@ def _warm_sampler(program, report: WarmupReport) -> None:
     kinds = [(SamplingParams(temperature=0.0), False),
              (SamplingParams(temperature=1.0, top_p=0.9), False)]
     kinds += [(SamplingParams(temperature=1.0, top_k=1 << i), False) for i in range(11)]
+    # a width that is no multiple of 16 in each candidate block from 32 up (Triton specializes an
+    # int argument on divisibility by 16, jointly with the block: top_k 20 is such a pair)
+    kinds += [(SamplingParams(temperature=1.0, top_k=(1 << i) + 1), False) for i in range(4, 11)]
     kinds += [(SamplingParams(temperature=0.0, presence_penalty=0.5), True),
               (SamplingParams(temperature=1.0, repetition_penalty=1.1), True)]
     for rows in graph_sizes(program.max_batch):
