@@ -18,6 +18,7 @@ import math
 import pytest
 import torch
 
+import shared.logging
 from bench import acceptance_bench
 from bench.acceptance import KnownAcceptance, Replay
 from bench.acceptance_bench import bench_acceptance
@@ -130,6 +131,9 @@ def test_corruption_rate_follows_p_and_never_keeps_a_corrupted_token():
 def test_cli_json_has_the_known_acceptance_fields(tmp_path, monkeypatch):
     # The lead's H200 command shape, end to end through the argument parser, on a tiny model.
     monkeypatch.setattr(acceptance_bench, "_runtime", lambda model, device: _q35_runtime())
+    # The command configures structlog for its process; in the suite's process that would cache
+    # WARNING-filtered loggers for every later test that reads the logs.
+    monkeypatch.setattr(shared.logging, "configure_logging", lambda level="INFO": None)
     parser = argparse.ArgumentParser()
     add_spec_parser(parser.add_subparsers())
     out = tmp_path / "spec.json"
