@@ -221,6 +221,12 @@ def run_gateway_serve(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- the parser
 
 
+# The engine's flags, shared by `serve` (embedded) and `worker serve` (gRPC)
+ENGINE_FLAGS = ("lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting",
+                "kv_cache_tokens", "no_prefix_cache", "no_pipeline", "no_warmup", "kernel_cache",
+                "log_level", "speculative", "draft_model", "num_draft_tokens")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from bench import cli as bench_cli  # the product's one import of bench/: its commands
     from services.grammar import cli as grammar_cli
@@ -242,20 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         "model",
         "served_model_name",
         "device",
-        "lanes",
-        "max_len",
-        "prefill_chunk",
-        "preempt_after",
-        "max_waiting",
-        "kv_cache_tokens",
-        "no_prefix_cache",
-        "no_pipeline",
-        "no_warmup",
-        "kernel_cache",
-        "log_level",
-        "speculative",
-        "draft_model",
-        "num_draft_tokens",
+        *ENGINE_FLAGS,
     )
     serve.set_defaults(func=run_serve)
 
@@ -276,20 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         "metrics_port",
         "model",
         "device",
-        "lanes",
-        "max_len",
-        "prefill_chunk",
-        "preempt_after",
-        "max_waiting",
-        "kv_cache_tokens",
-        "no_prefix_cache",
-        "no_pipeline",
-        "no_warmup",
-        "kernel_cache",
-        "log_level",
-        "speculative",
-        "draft_model",
-        "num_draft_tokens",
+        *ENGINE_FLAGS,
         port=50052,
     )
     grammar_cli.add_compile_args(wserve, isolation="process")
