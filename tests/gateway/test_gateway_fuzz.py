@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.errors import InternalError
+from shared.errors import InfernixError, InternalError
 from shared.proto import generation_codec as codec
 from tests.support.fake_worker import FakeWorker, GatewayThread
 
@@ -32,6 +32,8 @@ class CodecWorker(FakeWorker):
     async def generate(self, request):
         try:
             same = codec.request_from_proto(codec.request_to_proto(request))
+        except InfernixError:  # a typed refusal of the codec (token-id prompts) is the answer
+            raise
         except Exception as exc:  # noqa: BLE001 - the gateway let through what gRPC cannot carry
             raise InternalError(f"the worker contract cannot carry this request: {exc}") from None
         if same != request:
