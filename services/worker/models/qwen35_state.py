@@ -358,40 +358,11 @@ class Qwen35State:
             "num_k_heads": self.config.linear_num_key_heads,
             "key_dim": self.config.linear_key_head_dim,
         }
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # the Triton pair; their torch references elsewhere
             from kernels.conv import commit_windows
             from kernels.gdn import gdn_replay
-
-            gdn_replay(
-                self.ry,
-                self.ra,
-                self.rb,
-                lanes,
-                self.A_log,
-                self.dt_bias,
-                self.ssm,
-                src,
-                dst,
-                reset,
-                kept,
-                skip,
-                **heads,
-            )
-            commit_windows(self.conv, self.rx, lanes, src, dst, reset, kept, skip)
-            return
-        gdn_ref.gdn_replay_ref(
-            self.ry,
-            self.ra,
-            self.rb,
-            lanes,
-            self.A_log,
-            self.dt_bias,
-            self.ssm,
-            src,
-            dst,
-            reset,
-            kept,
-            skip,
-            **heads,
-        )
-        gdn_ref.commit_windows_ref(self.conv, self.rx, lanes, src, dst, reset, kept, skip)
+        else:
+            commit_windows, gdn_replay = gdn_ref.commit_windows_ref, gdn_ref.gdn_replay_ref
+        gdn_replay(self.ry, self.ra, self.rb, lanes, self.A_log, self.dt_bias, self.ssm, src, dst,
+                   reset, kept, skip, **heads)
+        commit_windows(self.conv, self.rx, lanes, src, dst, reset, kept, skip)
