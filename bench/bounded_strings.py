@@ -1,0 +1,135 @@
+"""Mask fills inside bounded strings of framed grammars (xgrammar), before and after, as JSON.
+
+Framed grammars compile on xgrammar whatever their content (docs/constraint-engines.md): on the
+built-in vocabulary (SmolLM2) a Hermes tool call whose strict arguments hold a string of
+`maxLength` N, on Qwen3.5 the thinking framing around a JSON schema with the same string. Each
+case walks one canonical output (the model's tokenizer writes the text, control tokens by id)
+with the string N characters long, and reports the cold compile, the blob size and the per-token
+`fill_mask` CPU time (p50 / p99 / max) over the whole output and inside the string. "before" is
+the counted repetition `char{0,N}` (the chain limit set below every bound), "after" the product's
+emission (the rule chain of `services/grammar/schema/strings.py` up to its limit), side by side
+in one process. A case whose fills pass `--case-budget-s` of CPU is cut (marked).
+
+    infernix bench bounded-strings --out bench-out/bounded-strings.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import platform
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from unittest import mock
+
+import numpy as np
+
+from bench.grammar import tokenize
+from services.grammar.cache import records
+from services.grammar.compiler import Framed, ModelCompiler
+from services.grammar.schema import strings
+from services.grammar.tools.hermes import ToolSpec
+from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
+from shared.frontends import get_domain
+from shared.frontends.qwen35 import qwen35_tokenizer
+
+_WORDS = ("the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", ",", ".",
+          " é", " 日本", "\n", " \"quoted\"", " 42")
+
+
+def _text(n: int) -> str:
+    out, i = "", 0
+    while len(out) < n:
+        out += _WORDS[i % len(_WORDS)]
+        i += 1
+    return out[:n]
+
+
+def _schema(n: int) -> dict:
+    return {"type": "object", "properties": {"text": {"type": "string", "maxLength": n}},
+            "required": ["text"], "additionalProperties": False}
+
+
+def _case(model: str, n: int) -> tuple[object, list[tuple[str, int]]]:
+    """(compilable, [(region, token id)]) of the case's framed grammar and canonical output."""
+    args = json.dumps({"text": _text(n)}, ensure_ascii=False)
+    head, tail = args.split('"text": "', 1)
+    if model == "smollm2":
+        tool = ToolDefinition.create("note", _schema(n), strict=True)
+        spec = ToolSpec((tool,), ToolChoice(ToolMode.REQUIRED))
+        pre = '<tool_call>\n{"name": "note", "arguments": ' + head + '"text": "'
+        pieces = [("framing", pre), ("string", tail[:-2]),
+                  ("framing", tail[-2:] + "}\n</tool_call>")]
+        return spec, [(r, t) for r, p in pieces for t in tokenize(model, p)]
+    domain = get_domain(model)
+    enc = qwen35_tokenizer()._tokenizer.encode_ordinary
+    close = domain.special_id("</think>")
+    constraint = Framed(OutputConstraint.json_schema(_schema(n)), "qwen-think-v1+raw")
+    pieces = [("reasoning", "The user wants a short note."), ("framing", close),
+              ("framing", "\n\n" + head + '"text": "'), ("string", tail[:-2]),
+              ("framing", tail[-2:])]
+    return constraint, [(r, t) for r, p in pieces for t in ([p] if isinstance(p, int) else enc(p))]
+
+
+def _stats(values: list[float]) -> dict:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    return {"p50": round(statistics.median(ordered), 1), "p99": round(p99, 1),
+            "max": round(ordered[-1], 1), "tokens": len(ordered)}
+
+
+def run_case(compiler: ModelCompiler, model: str, n: int, form: str, budget_s: float) -> dict:
+    constraint, tokens = _case(model, n)
+    limit = strings.CHAIN_MAX_LENGTH if form == "after" else -1
+    with mock.patch.object(strings, "CHAIN_MAX_LENGTH", limit) if form == "before" \
+            else nullcontext():
+        start = time.process_time()
+        compiled = compiler.compile(constraint).grammar
+        compile_ms = (time.process_time() - start) * 1000
+    blob_kb = len(records.serialize(compiled)) / 1024
+    matcher = compiled.matcher()
+    mask = np.zeros((1, compiled.domain.mask_words), dtype=np.int32)
+    fills: dict[str, list[float]] = {}
+    until = time.process_time() + budget_s
+    cut = False
+    for region, t in tokens:
+        if time.process_time() > until:
+            cut = True
+            break
+        t0 = time.process_time()
+        matcher.fill_mask(mask, 0)
+        fills.setdefault(region, []).append((time.process_time() - t0) * 1e6)
+        if not matcher.accept_token(t):
+            raise RuntimeError(f"{model} maxLength {n} ({form}): token {t} ({region}) refused")
+    if not cut and not matcher.is_completed():
+        raise RuntimeError(f"{model} maxLength {n} ({form}): the output is not complete")
+    return {"model": model, "max_length": n, "form": form, "cold_compile_ms": round(compile_ms),
+            "blob_kb": round(blob_kb), "cut": cut,
+            "mask_fill_us": _stats([v for vs in fills.values() for v in vs]),
+            "in_string_us": _stats(fills.get("string", []))}
+
+
+def run(args: argparse.Namespace) -> int:
+    results = []
+    for model in args.models:
+        compiler = ModelCompiler(get_domain(model))
+        compiler.tokenizer_info  # noqa: B018 - the vocabulary index, outside every timing
+        for n in args.max_lengths:
+            for form in ("before", "after"):
+                results.append(run_case(compiler, model, n, form, args.case_budget_s))
+                print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    report = {"bench": "bounded-strings", "chain_max_length": strings.CHAIN_MAX_LENGTH,
+              "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
+                          "xgrammar": importlib.metadata.version("xgrammar")},
+              "cases": results}
+    text = json.dumps(report, indent=2)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
