@@ -1,14 +1,15 @@
 """Mask fills inside bounded strings of framed grammars (xgrammar), before and after, as JSON.
 
-Framed grammars compile on xgrammar whatever their content (docs/constraint-engines.md): on the
-built-in vocabulary (SmolLM2) a Hermes tool call whose strict arguments hold a string of
-`maxLength` N, on Qwen3.5 the thinking framing around a JSON schema with the same string. Each
-case walks one canonical output (the model's tokenizer writes the text, control tokens by id)
-with the string N characters long, and reports the cold compile, the blob size and the per-token
-`fill_mask` CPU time (p50 / p99 / max) over the whole output and inside the string. "before" is
-the counted repetition `char{0,N}` (the chain limit set below every bound), "after" the product's
-emission (the rule chain of `services/grammar/schema/strings.py` up to its limit), side by side
-in one process. A case whose fills pass `--case-budget-s` of CPU is cut (marked).
+On the built-in vocabulary (SmolLM2) a Hermes tool call whose strict arguments hold a string of
+`maxLength` N (tool grammars run on xgrammar), on Qwen3.5 the thinking framing around a JSON
+schema with the same string. Each case walks one canonical output (the model's tokenizer writes
+the text, control tokens by id) with the string N characters long, and reports the engine, the
+cold compile, the blob size and the per-token `fill_mask` CPU time (p50 / p99 / max) over the
+whole output and inside the string. "before" is main's lowering: xgrammar with the counted
+repetition `char{0,N}` (the chain limit set below every bound); "after" the product's rule
+(`services.grammar.compiler.framed_engine`: thinking + JSON content on llguidance; the rule chain
+of `services/grammar/schema/strings.py` on xgrammar up to its limit), side by side in one
+process. A case whose fills pass `--case-budget-s` of CPU is cut (marked).
 
     infernix bench bounded-strings --out bench-out/bounded-strings.json
 """
@@ -30,6 +31,7 @@ import numpy as np
 from bench.grammar import tokenize
 from services.grammar.cache import records
 from services.grammar.compiler import Framed, ModelCompiler
+from services.grammar.engines.engine import XGRAMMAR
 from services.grammar.schema import strings
 from services.grammar.tools.hermes import ToolSpec
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
@@ -85,11 +87,10 @@ def _stats(values: list[float]) -> dict:
 
 def run_case(compiler: ModelCompiler, model: str, n: int, form: str, budget_s: float) -> dict:
     constraint, tokens = _case(model, n)
-    limit = strings.CHAIN_MAX_LENGTH if form == "after" else -1
-    with mock.patch.object(strings, "CHAIN_MAX_LENGTH", limit) if form == "before" \
-            else nullcontext():
+    before = form == "before"
+    with mock.patch.object(strings, "CHAIN_MAX_LENGTH", -1) if before else nullcontext():
         start = time.process_time()
-        compiled = compiler.compile(constraint).grammar
+        compiled = compiler.compile(constraint, engine=XGRAMMAR if before else None).grammar
         compile_ms = (time.process_time() - start) * 1000
     blob_kb = len(records.serialize(compiled)) / 1024
     matcher = compiled.matcher()
@@ -108,7 +109,8 @@ def run_case(compiler: ModelCompiler, model: str, n: int, form: str, budget_s: f
             raise RuntimeError(f"{model} maxLength {n} ({form}): token {t} ({region}) refused")
     if not cut and not matcher.is_completed():
         raise RuntimeError(f"{model} maxLength {n} ({form}): the output is not complete")
-    return {"model": model, "max_length": n, "form": form, "cold_compile_ms": round(compile_ms),
+    return {"model": model, "max_length": n, "form": form, "engine": compiled.engine,
+            "cold_compile_ms": round(compile_ms),
             "blob_kb": round(blob_kb), "cut": cut,
             "mask_fill_us": _stats([v for vs in fills.values() for v in vs]),
             "in_string_us": _stats(fills.get("string", []))}

@@ -15,7 +15,9 @@ the close token, so a token holding the separator's end and the content's start 
 thinking framing wraps the whole inner language, the union of JSON content and calls included;
 around an XML tool grammar that may call, the reasoning may also end at once with a call (its
 opener is a control token no reasoning token is: an implicit end of reasoning, as Qwen3.5 writes;
-`implicit_close_ebnf`).
+`implicit_close_ebnf`). JSON content after the thinking framing runs on llguidance
+(`thinking_prefix_lark`: the same prefix over token-id sets; the rule is
+`services.grammar.compiler.framed_engine`).
 """
 
 from __future__ import annotations
