@@ -10,6 +10,10 @@ unavailable, and nothing is served until the Engine has rebuilt its Program.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from shared.errors import InternalError
+
 
 class IntegrityError(RuntimeError):
     """A runtime integrity failure (see the module docstring); never a request's error."""
@@ -29,8 +33,10 @@ def check_membership(batch, resident) -> None:
         lanes.add(job.lane)
 
 
-class DeviceError(RuntimeError):
-    """A CUDA runtime call made through cuda-python failed; its message names the cudaError_t."""
+@dataclass
+class DeviceError(InternalError):
+    """A CUDA runtime call made through cuda-python failed; its message names the cudaError_t.
+    Never a request's error: a step that meets one reads it through `step_failure`."""
 
 
 # How a device failure reads where torch, Triton or cuda-python report it (torch raises
@@ -66,7 +72,7 @@ def step_failure(exc: BaseException, what: str = "the batch step failed"):
     whose rebuild fails while the device is gone, so health stays unavailable); anything else
     is the step's InternalError (`what` failed). A device fault surfaces wherever the host next
     waits on the device, so every failure of an engine step is read through this."""
-    from shared.errors import InternalError, ServiceUnavailable
+    from shared.errors import ServiceUnavailable
 
     if is_out_of_memory(exc):
         return ServiceUnavailable(f"the device ran out of memory during this step: "
