@@ -331,8 +331,12 @@ async def out_of_memory(stack: FaultStack, hog: Callable[[], object],
     held = None
     try:
         short_text, _ = await prompt_of(grpc, 48, "reference")
-        reference = await Stream(grpc, request("ref", short_text, 16)).done()
-        assert error_type(reference) is None, f"the reference failed: {reference}"
+        # Twice: the second finds the prompt's blocks in the prefix cache, as the request after
+        # the fault may (the same numerical route, so the same greedy output, either way).
+        references = [await Stream(grpc, request(f"ref{i}", short_text, 16)).done()
+                      for i in range(2)]
+        assert all(error_type(r) is None for r in references), f"the reference failed: " \
+            f"{references}"
         long_text, long_n = await prompt_of(grpc, shape.oom_prefill_chunk - 96, "a long prompt")
         streams = [Stream(grpc, request(f"decoding{i}", f"stream {i}", shape.oom_max_len - 64,
                                         endless=True)) for i in range(2)]
@@ -373,4 +377,5 @@ async def out_of_memory(stack: FaultStack, hog: Callable[[], object],
         await grpc.aclose()
     assert error_type(long_again) is None, f"the long prompt failed once memory was free: " \
         f"{long_again!r}"
-    assert error_type(again) is None and again.content == reference.content, (reference, again)
+    assert error_type(again) is None and again.content in {r.content for r in references}, \
+        f"after the fault the reference prompt gave {again!r}; before: {references!r}"
