@@ -286,6 +286,13 @@ class ModelCompiler:
         assert self._info is not None
         return self._info
 
+    def warm(self) -> None:
+        """Build the vocabulary indexes now (xgrammar's, and llguidance's when JSON content runs
+        there: ~2 s for Qwen3.5), so that no compile's deadline pays for them."""
+        self._ensure()
+        if WORKER_USES_ENGINE_INTERFACE and json_engine() == LLGUIDANCE:
+            engine_llguidance.lltokenizer(self.domain)
+
     def _ensure(self) -> xgr.GrammarCompiler:
         with self._lock:
             if self._compiler is None:
