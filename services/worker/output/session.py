@@ -38,7 +38,12 @@ from typing import Sequence
 
 import torch
 
-from services.grammar.client import CompiledConstraint, Matcher, ParameterNameConstraint
+from services.grammar.client import (
+    CompiledConstraint,
+    Matcher,
+    ParameterNameConstraint,
+    RawLengthConstraint,
+)
 from services.worker.integrity import IntegrityError
 from services.worker.output.named_matcher import NamedMatcher
 from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
@@ -89,7 +94,9 @@ class OutputSession:
     (default "content"). `cache` ("l1" | "redis" | None), `built`, `waited`, `compile_ms`: the
     compile-cache outcome for the report. `names`: the XML tool grammar's ParameterNameConstraint
     companion (non-strict tools), which shares every matcher transaction: it clears the masks'
-    tokens that would repeat an argument name and follows every accept and rollback.
+    tokens that would repeat an argument name and follows every accept and rollback; `lengths`:
+    its RawLengthConstraint companion (raw string length bounds the grammar leaves to it), the
+    same way.
     `prefix_tokens`: the continued content as tokens, for a tool grammar (the Frontend's
     `continuation_tokens`), accepted instead of `prefix` bytes.
 
@@ -110,6 +117,7 @@ class OutputSession:
         waited: bool = False,
         compile_ms: float = 0.0,
         names: ParameterNameConstraint | None = None,
+        lengths: RawLengthConstraint | None = None,
         prefix_tokens: Sequence[int] = (),
     ) -> None:
         start = time.perf_counter()
@@ -126,7 +134,7 @@ class OutputSession:
         # round counts here directly
         self.counters = ConstraintCounters(cache=cache, built=built, waited=waited,
                                             compile_ms=compile_ms)
-        self._matcher: NamedMatcher | None = None  # the matcher and its names companion
+        self._matcher: NamedMatcher | None = None  # the matcher and its companions
         self._pending: _Pending | None = None
         self._probing = False  # a MatcherProbe is open
         self._eos = False  # EOS committed
@@ -138,7 +146,7 @@ class OutputSession:
         vocab = compiled.domain.size
         if vocab != domain.size:
             raise InternalError(f"grammar compiled for {vocab} token ids, domain has {domain.size}")
-        self._matcher = NamedMatcher(compiled.matcher(), names)
+        self._matcher = NamedMatcher(compiled.matcher(), names, lengths)
         if prefix_tokens:
             for t in prefix_tokens:
                 if not self._matcher.accept_token(int(t)):
