@@ -25,11 +25,14 @@ length from `count` up, so the state is live iff `count <= max` or (k > 0 and
 in [min, max]. Reachable lengths only shrink as bytes arrive, so a token is legal iff its
 simulation, byte by byte, never leaves the live states.
 
-Masks. Most tokens ("plain": no line break, not a piece of the delimiter's tail, not holding the
-delimiter) read from any value state simply add their characters and end outside any match; they
-are legal iff they fit in what is left below the maximum, which one precomputed packed row per
-remaining count clears at once. The others (233 + 200 of Qwen3.5's 248k: line breaks, pieces of
-`</parameter>`) are simulated exactly, only where one could matter. API:
+Masks. Most tokens ("plain": no line break, not a piece of the delimiter's tail, not able to
+complete it) read from any value state simply add their characters and end outside any match;
+they are legal iff they fit in what is left below the maximum, which one precomputed packed row
+per remaining count clears at once. The others (433 of Qwen3.5's 248k: line breaks, pieces of
+`</parameter>`) that stay in the value end in a state their character count and KMP tail give
+(the delimiter has no border, so a broken match restarts from the start), judged together in
+one vector operation; only the few that complete or continue the current match, or enter a
+value from the framing, are simulated byte by byte. API:
 
     lengths = RawLengthConstraint(LengthIndex.of(domain), open_id, close_id,
                                   {"tool": {"param": (min, max or None)}})
@@ -106,59 +109,89 @@ class _Violation(Exception):
 @dataclass(frozen=True, eq=False)
 class LengthIndex:
     """Per vocabulary: each token's character count, the packed rows of plain tokens longer than
-    r characters (built on first use), and the tokens simulated exactly."""
+    r characters, and the special tokens with what their reading depends on."""
 
     domain: TokenDomain
     chars: np.ndarray  # [V] int32, characters of each token's bytes (0 for non-ordinary ids)
-    plain: np.ndarray  # [V] bool
-    special: np.ndarray  # [S] int64 ids simulated exactly
+    keep: np.ndarray  # [max_chars + 1, mask_words] int32: row r + 1 clears plain tokens > r chars
+    special: np.ndarray  # [S] int64 ids that are not plain
     special_chars: np.ndarray  # [S] int32
+    tail: np.ndarray  # [S] int32: KMP state after the token's bytes read from state 0
     holds_end: np.ndarray  # [S] bool: the token's bytes hold the whole delimiter
-    starts_tail: np.ndarray  # [13, S] bool: [k] the token starts with the delimiter's end end[k:]
-    max_chars: int
-    _keep: dict
+    completes: np.ndarray  # [13, S] bool: [k] the token starts with the delimiter's end[k:]
+    continues: np.ndarray  # [13, S] bool: [k] the token is a prefix of end[k:] (k >= 1)
+    special_max: int  # the most characters of a special token
 
     @staticmethod
     def of(domain: TokenDomain) -> "LengthIndex":
         """The index of `domain` (built once per vocabulary)."""
         return _index(domain)
 
+    @property
+    def max_chars(self) -> int:
+        return self.keep.shape[0] - 1
+
     def keep_within(self, r: int) -> np.ndarray:
         """[mask_words] int32: every bit set but those of plain tokens of more than `r`
-        characters (r >= -1)."""
-        r = max(r, -1)
-        row = self._keep.get(r)
-        if row is None:
-            drop = np.zeros(self.domain.mask_words * 32, dtype=bool)
-            drop[:len(self.plain)] = self.plain & (self.chars > r)
-            row = ~np.packbits(drop, bitorder="little").view(np.int32)
-            self._keep[r] = row
-        return row
+        characters (r >= -1; r >= max_chars clears nothing)."""
+        return self.keep[min(max(r, -1), self.max_chars - 1) + 1]
+
+
+def _is_special(data: bytes, pieces: frozenset[bytes]) -> bool:
+    """Whether reading `data` inside a value may do more than add its characters and end outside
+    any match: a line break, a piece of the delimiter's tail, or a token that can complete it."""
+    if b"\n" in data or (len(data) < len(_END) and data in pieces):
+        return True
+    return b">" in data and any(data.startswith(_END[k:]) for k in range(1, len(_END)))
 
 
 @lru_cache(maxsize=8)
 def _index(domain: TokenDomain) -> LengthIndex:
-    tail_pieces = {_END[k:j] for k in range(1, len(_END)) for j in range(k + 1, len(_END) + 1)}
-    n = len(domain.token_bytes)
-    chars = np.zeros(n, dtype=np.int32)
-    plain = np.zeros(n, dtype=bool)
-    special: list[int] = []
-    for t, data in enumerate(domain.token_bytes):
-        if not domain.is_ordinary(t):
-            continue
-        chars[t] = sum(1 for b in data if b & 0xC0 != 0x80)
-        if b"\n" in data or data in tail_pieces or _END in data or \
-                any(data.startswith(_END[k:]) for k in range(1, len(_END))):
-            special.append(t)
-        else:
-            plain[t] = True
-    ids = np.array(special, dtype=np.int64)
-    datas = [domain.token_bytes[t] for t in special]
-    starts = np.array([[d.startswith(_END[k:]) if k else False for d in datas]
-                       for k in range(len(_END))], dtype=bool).reshape(len(_END), len(special))
-    return LengthIndex(domain, chars, plain, ids, chars[ids] if special else chars[:0],
-                       np.array([_END in d for d in datas], dtype=bool), starts,
-                       int(chars.max()) if n else 0, {})
+    pieces = frozenset(_END[k:j] for k in range(1, len(_END)) for j in range(k + 1, len(_END)))
+    datas = domain.token_bytes
+    n = len(datas)
+    ordinary = np.ones(n, dtype=bool)
+    ordinary[[t for t in domain.special_ids if 0 <= t < n]] = False
+    lens = np.fromiter((len(b) for b in datas), dtype=np.int64, count=n)
+    starts = np.concatenate([[0], np.cumsum(lens)])
+    blob = np.frombuffer(b"".join(datas), dtype=np.uint8)
+    lead = np.concatenate([[0], np.cumsum((blob & 0xC0) != 0x80)])
+    chars = np.where(ordinary, lead[starts[1:]] - lead[starts[:-1]], 0).astype(np.int32)
+    special = np.array([t for t in range(n) if ordinary[t] and _is_special(datas[t], pieces)],
+                       dtype=np.int64)
+    plain = ordinary.copy()
+    plain[special] = False
+    top = int(chars.max()) if n else 0
+    bits = np.zeros((top + 1, domain.mask_words * 32), dtype=bool)
+    bits[:, :n] = plain[None, :] & (chars[None, :] > np.arange(-1, top)[:, None])
+    keep = ~np.packbits(bits, axis=1, bitorder="little").view(np.int32)
+    spelled = [datas[t] for t in special.tolist()]
+    tails = []
+    for data in spelled:
+        k = 0
+        for byte in data:
+            k = _kmp_next(k, byte)
+        tails.append(k)
+    size = len(_END)
+    completes = np.array([[k > 0 and d.startswith(_END[k:]) for d in spelled]
+                          for k in range(size)], dtype=bool).reshape(size, len(spelled))
+    continues = np.array([[k > 0 and _END[k:].startswith(d) for d in spelled]
+                          for k in range(size)], dtype=bool).reshape(size, len(spelled))
+    return LengthIndex(domain, chars, keep, special, chars[special],
+                       np.array(tails, dtype=np.int32),
+                       np.array([_END in d for d in spelled], dtype=bool), completes, continues,
+                       int(chars[special].max()) if len(special) else 0)
+
+
+def _set_bits(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Which of `ids` are set in the packed row `words`."""
+    return ((words[ids >> 5].view(np.uint32) >> (ids & 31).astype(np.uint32)) & 1).astype(bool)
+
+
+def _clear_bits(words: np.ndarray, ids: np.ndarray) -> None:
+    if len(ids):
+        np.bitwise_and.at(words, ids >> 5,
+                          (~(np.uint32(1) << (ids & 31).astype(np.uint32))).view(np.int32))
 
 
 class RawLengthConstraint:
@@ -214,29 +247,32 @@ class RawLengthConstraint:
         words = row.numpy() if isinstance(row, torch.Tensor) else row
         index = self.index
         if state.mode == "value":
+            k = state.k
+            exact = index.holds_end | index.completes[k]
             bounds = table.get(state.parameter)
-            reach = None if bounds is None or bounds[1] is None else bounds[1] - state.count
-            if reach is not None and reach < index.max_chars:
-                # plain tokens: legal iff they fit below the maximum
-                np.bitwise_and(words, index.keep_within(reach), out=words)
+            if bounds is not None and bounds[1] is not None:
+                lo, hi = bounds
+                if hi - state.count < index.max_chars:  # plain: legal iff they fit below hi
+                    np.bitwise_and(words, index.keep_within(hi - state.count), out=words)
+                exact = exact | index.continues[k]
+                if hi - state.count < index.special_max:
+                    # the other tokens that stay in the value end at (count + chars, their tail)
+                    ends = state.count + index.special_chars
+                    kept = ends - index.tail
+                    fits = (ends <= hi) | ((index.tail > 0) & (kept >= lo) & (kept <= hi))
+                    _clear_bits(words, index.special[~exact & ~fits])
         else:  # a token entering a value adds at most its own characters to it
-            reach = self._least[state.function]
-        # the others, exactly, where one may overrun, complete the delimiter or enter a value
-        pick = index.holds_end.copy()
-        if reach is not None:
-            pick |= index.special_chars > reach
-        if state.mode == "value" and state.k:
-            pick |= index.starts_tail[state.k]
-        for t in index.special[pick].tolist():
-            w, bit = t >> 5, t & 31
-            value = int(words[w]) & 0xFFFFFFFF
-            if not (value >> bit) & 1:
-                continue
+            least = self._least[state.function]
+            exact = index.holds_end if least is None else \
+                index.holds_end | (index.special_chars > least)
+        # the rest, byte by byte: those that complete the delimiter, continue its match, or enter
+        # a value from the framing
+        ids = index.special[exact]
+        for t in ids[_set_bits(words, ids)].tolist():
             try:
                 self._advance(state, t)
             except _Violation:
-                value &= ~(1 << bit)
-                words[w] = value - (1 << 32) if value >= 1 << 31 else value  # back to int32
+                _clear_bits(words, np.array([t], dtype=np.int64))
 
     def _advance(self, state: State, token_id: int) -> State:
         if token_id == self.open_id:

@@ -170,7 +170,8 @@ class RawStrings:
             return self._state(0, 0, None)
         return self._state(0, 0, (lo, hi))
 
-    def counted(self, node: Node, schema: ReducedSchema, pointer: str) -> tuple[int, int | None] | None:
+    def counted(self, node: Node, schema: ReducedSchema,
+                pointer: str) -> tuple[int, int | None] | None:
         """The (min, max or None) length bounds of a raw parameter that its grammar leaves to the
         RawLengthConstraint companion (raw_lengths.py) beside the delimiter automaton, None when
         the grammar holds its value set exactly. A union of such strings counts one interval: a
