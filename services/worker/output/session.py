@@ -136,6 +136,7 @@ class OutputSession:
                                             compile_ms=compile_ms)
         self._matcher: NamedMatcher | None = None  # the matcher and its companions
         self._pending: _Pending | None = None
+        self._held: _Pending | None = None  # a forced-control preview awaiting its append
         self._probing = False  # a MatcherProbe is open
         self._eos = False  # EOS committed
         self._cut = False  # ended by the budget or an interruption
@@ -280,6 +281,32 @@ class OutputSession:
         self._eos = pending.terminated
         self._cut = pending.length_cut
 
+    def hold(self) -> None:
+        """Keep the pending forced-control preview provisional until the Program has appended
+        its tokens to the lane (design document: "matcher and decoder state are confirmed only
+        after the Program's append succeeds"). Its tokens are fed with the next step, whose
+        masks and preview build on it: lookahead, previews and confirm work on top of it;
+        `confirm_held` commits it, `finish_incomplete` returns the matcher to before it.
+        InternalError without a pending preview or with one held already."""
+        if self._pending is None or self._held is not None:
+            raise InternalError("hold() needs a pending preview and none held")
+        self._held, self._pending = self._pending, None
+
+    @property
+    def holding(self) -> bool:
+        """A forced-control preview is held (see `hold`)."""
+        return self._held is not None
+
+    def confirm_held(self) -> None:
+        """Commit the held preview once the Program appended its tokens (InternalError when
+        none is held)."""
+        held = self._held
+        if held is None:
+            raise InternalError("confirm_held() without a held preview")
+        self._held = None
+        self._eos = held.terminated
+        self._cut = held.length_cut
+
     def discard(self) -> None:
         """Return the matcher to the mark of the pending preview; a no-op when none is pending."""
         pending = self._pending
@@ -290,8 +317,11 @@ class OutputSession:
 
     def finish_incomplete(self) -> None:
         """End the output without EOS (cancellation, context exhaustion, a failed row): discards a
-        pending preview (nothing uncommitted is published)."""
+        pending preview and a held one (nothing uncommitted is published)."""
         self.discard()
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._rollback_preview(held.matcher_tokens)
         self._cut = self._cut or not self._eos
 
     def _preview(self, tokens: Sequence[int], limit: int | None, position: int, *,
