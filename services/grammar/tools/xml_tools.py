@@ -15,7 +15,8 @@ legal. The three independent choices of the design document:
   be enforced exactly; any other non-strict tool's arguments are any parameters with any
   representable name (no '>' or line break) and any value text without the delimiter; that each
   name appears once in a call is the ParameterNameConstraint companion's part (param_names.py),
-  not the grammar's;
+  not the grammar's, and so are a raw string's length bounds past what the delimiter automaton
+  counts cheaply: the RawLengthConstraint companion's (raw_lengths.py, `counted_lengths`);
 - call policy: `auto` = free text, then zero or more calls; `required` = one or more calls from
   the start; `parallel=False` = at most one call; `none` = free text that can never open a call.
 
