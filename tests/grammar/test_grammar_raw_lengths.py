@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 import xgrammar as xgr
@@ -266,8 +267,8 @@ def test_real_vocabulary_masks_near_the_bounds(qwen_bounded) -> None:
     d, compiled, bounds = qwen_bounded
     index = LengthIndex.of(d)
     rng = random.Random(5)
-    sample = rng.sample(range(len(d.token_bytes)), 3000)
-    for count in (0, 10, 19, 20, 30, 45, 49, 50):
+    sample = rng.sample(range(len(d.token_bytes)), 1000)
+    for count in (0, 19, 20, 45, 49, 50):
         for ending in ("", "\n", "\n</", "\n</parameter", "日"):
             value = "x" * count + ending
             if not _viable(PREAMBLE + value.encode(), *bounds):
@@ -279,9 +280,9 @@ def test_real_vocabulary_masks_near_the_bounds(qwen_bounded) -> None:
                 assert pair.accept_token(t)
             legal = set(legal_ids(_mask(pair, d)[0], d.size))
             left = bounds[1] - len(value)
-            near = [t for t in range(len(d.token_bytes))
-                    if d.is_ordinary(t) and abs(int(index.chars[t]) - left) <= 2]
-            for t in set(index.special.tolist()) | set(sample) | set(near[:4000]):
+            near = np.flatnonzero(np.abs(index.chars - left) <= 2)
+            near = rng.sample(near.tolist(), min(len(near), 1500))
+            for t in set(index.special.tolist()) | set(sample) | set(near):
                 if not d.is_ordinary(t):
                     continue
                 assert (t in legal) == _viable(PREAMBLE + value.encode() + d.token_bytes[t],
