@@ -2,9 +2,10 @@
 
 On the built-in vocabulary (SmolLM2) a Hermes tool call whose strict arguments hold a string of
 `maxLength` N (tool grammars run on xgrammar); on Qwen3.5 the thinking framing around a JSON
-schema with the same string, and an XML tool call whose parameter value (raw text) has that
-bound. Each case walks one canonical output (the model's tokenizer writes the text, control
-tokens by id) with the string N characters long, and reports the engine, the cold compile, the
+schema with the same string (an XML tool call's raw values are counted beside the matcher, by
+`services/grammar/tools/raw_lengths.py`, which this bench does not drive). Each case walks one
+canonical output (the model's tokenizer writes the text, control tokens by id) with the string N
+characters long, and reports the engine, the cold compile, the
 blob size and the per-token `fill_mask` CPU time (p50 / p99 / max) over the whole output and
 inside the string, on the first walk after the cold compile and on the next walk over the same
 compiled grammar (llguidance builds lexer states on first use). "before" is main's lowering:
@@ -59,24 +60,13 @@ def _schema(n: int) -> dict:
             "required": ["text"], "additionalProperties": False}
 
 
-CASES = {"smollm2": ("hermes-args",), "qwen3.5": ("thinking-json", "xml-args")}
+CASES = {"smollm2": ("hermes-args",), "qwen3.5": ("thinking-json",)}
 
 
 def _case(model: str, case: str, n: int) -> tuple[object, list[tuple[str, int]]]:
     """(compilable, [(region, token id)]) of the case's framed grammar and canonical output."""
     args = json.dumps({"text": _text(n)}, ensure_ascii=False)
     head, tail = args.split('"text": "', 1)
-    if case == "xml-args":  # Qwen3.5's tool format: the value is raw text, not a JSON string
-        domain = get_domain(model)
-        enc = qwen35_tokenizer()._tokenizer.encode_ordinary
-        tool = ToolDefinition.create("note", _schema(n), strict=True)
-        spec = Framed(ToolSpec((tool,), ToolChoice(ToolMode.REQUIRED)), "qwen-xml-v1")
-        pieces = [("framing", domain.special_id("<tool_call>")),
-                  ("framing", "\n<function=note>\n<parameter=text>\n"), ("string", _text(n)),
-                  ("framing", "\n</parameter>\n</function>\n"),
-                  ("framing", domain.special_id("</tool_call>"))]
-        return spec, [(r, t) for r, p in pieces
-                      for t in ([p] if isinstance(p, int) else enc(p))]
     if case == "hermes-args":
         tool = ToolDefinition.create("note", _schema(n), strict=True)
         spec = ToolSpec((tool,), ToolChoice(ToolMode.REQUIRED))

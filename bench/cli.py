@@ -201,8 +201,8 @@ def add_bounded_strings_parser(sub: argparse._SubParsersAction) -> None:
                    help="default: smollm2 qwen3.5")
     p.add_argument("--max-lengths", nargs="+", type=int, default=[60, 300, 2000], metavar="N",
                    help="default: 60 300 2000")
-    p.add_argument("--cases", nargs="+", choices=("hermes-args", "thinking-json", "xml-args"),
-                   help="default: all (hermes-args on smollm2; thinking-json, xml-args on qwen3.5)")
+    p.add_argument("--cases", nargs="+", choices=("hermes-args", "thinking-json"),
+                   help="default: both (hermes-args on smollm2, thinking-json on qwen3.5)")
     p.add_argument("--case-budget-s", type=float, default=20.0,
                    help="CPU seconds of mask fills per case before it is cut (default: 20)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
