@@ -1,18 +1,21 @@
 """Mask fills inside bounded strings of framed grammars, before and after, as JSON.
 
 On the built-in vocabulary (SmolLM2) a Hermes tool call whose strict arguments hold a string of
-`maxLength` N (tool grammars run on xgrammar); on Qwen3.5 the thinking framing around a JSON
+`maxLength` N, forced (`required`, "hermes-args") or after free text under `auto`
+("hermes-auto"); on Qwen3.5 the thinking framing around a JSON
 schema with the same string (an XML tool call's raw values are counted beside the matcher, by
 `services/grammar/tools/raw_lengths.py`, which this bench does not drive). Each case walks one
 canonical output (the model's tokenizer writes the text, control tokens by id) with the string N
 characters long, and reports the engine, the cold compile, the
 blob size and the per-token `fill_mask` CPU time (p50 / p99 / max) over the whole output and
 inside the string, on the first walk after the cold compile and on the next walk over the same
-compiled grammar (llguidance builds lexer states on first use). "before" is main's lowering:
+compiled grammar (llguidance builds lexer states on first use). "before" is the first lowering:
 xgrammar with the counted repetition `char{0,N}` (the chain limit set below every bound);
-"after" the product's rule (`services.grammar.compiler.framed_engine`: thinking + JSON content
-on llguidance; the rule chain of `services/grammar/schema/strings.py` on xgrammar up to its
-limit), side by side in one process. A walk whose fills pass `--case-budget-s` of CPU is cut.
+"xgrammar" the xgrammar grammar of record as it is now (the rule chain of
+`services/grammar/schema/strings.py` up to its limit); "after" the product's rule
+(`services.grammar.compiler.choose_engine` / `framed_engine`: JSON content, Hermes tool grammars
+and both after the thinking framing on llguidance), side by side in one process. A walk whose
+fills pass `--case-budget-s` of CPU is cut.
 
     infernix bench bounded-strings --out bench-out/bounded-strings.json
 """
@@ -60,18 +63,21 @@ def _schema(n: int) -> dict:
             "required": ["text"], "additionalProperties": False}
 
 
-CASES = {"smollm2": ("hermes-args",), "qwen3.5": ("thinking-json",)}
+CASES = {"smollm2": ("hermes-args", "hermes-auto"), "qwen3.5": ("thinking-json",)}
+FORMS = ("before", "xgrammar", "after")
 
 
 def _case(model: str, case: str, n: int) -> tuple[object, list[tuple[str, int]]]:
     """(compilable, [(region, token id)]) of the case's framed grammar and canonical output."""
     args = json.dumps({"text": _text(n)}, ensure_ascii=False)
     head, tail = args.split('"text": "', 1)
-    if case == "hermes-args":
+    if case in ("hermes-args", "hermes-auto"):
         tool = ToolDefinition.create("note", _schema(n), strict=True)
-        spec = ToolSpec((tool,), ToolChoice(ToolMode.REQUIRED))
+        forced = case == "hermes-args"
+        spec = ToolSpec((tool,), ToolChoice(ToolMode.REQUIRED if forced else ToolMode.AUTO))
         pre = '<tool_call>\n{"name": "note", "arguments": ' + head + '"text": "'
-        pieces = [("framing", pre), ("string", tail[:-2]),
+        free = [] if forced else [("free text", "Sure, I will write that note <tool down now. ")]
+        pieces = free + [("framing", pre), ("string", tail[:-2]),
                   ("framing", tail[-2:] + "}\n</tool_call>")]
         return spec, [(r, t) for r, p in pieces for t in tokenize(model, p)]
     domain = get_domain(model)
@@ -99,7 +105,8 @@ def run_case(compiler: ModelCompiler, model: str, case: str, n: int, form: str,
     before = form == "before"
     with mock.patch.object(strings, "CHAIN_MAX_LENGTH", -1) if before else nullcontext():
         start = time.process_time()
-        compiled = compiler.compile(constraint, engine=XGRAMMAR if before else None).grammar
+        engine = None if form == "after" else XGRAMMAR
+        compiled = compiler.compile(constraint, engine=engine).grammar
         compile_ms = (time.process_time() - start) * 1000
     blob_kb = len(records.serialize(compiled)) / 1024
     out = {"model": model, "case": case, "max_length": n, "form": form,
@@ -145,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             if args.cases and case not in args.cases:
                 continue
             for n in args.max_lengths:
-                for form in ("before", "after"):
+                for form in args.forms or FORMS:
                     try:
                         results.append(run_case(compiler, model, case, n, form,
                                                 args.case_budget_s))

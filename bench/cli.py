@@ -196,13 +196,16 @@ def add_store_bench_parser(sub: argparse._SubParsersAction) -> None:
 def add_bounded_strings_parser(sub: argparse._SubParsersAction) -> None:
     """`infernix bench bounded-strings` (bench/bounded_strings.py)."""
     p = sub.add_parser("bounded-strings", help="mask fills inside maxLength strings of framed "
-                       "grammars (xgrammar): the counted repetition beside the rule chain")
+                       "grammars: the counted repetition, the rule chain and the product's engine")
     p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=GRAMMAR_MODELS,
                    help="default: smollm2 qwen3.5")
     p.add_argument("--max-lengths", nargs="+", type=int, default=[60, 300, 2000], metavar="N",
                    help="default: 60 300 2000")
-    p.add_argument("--cases", nargs="+", choices=("hermes-args", "thinking-json"),
-                   help="default: both (hermes-args on smollm2, thinking-json on qwen3.5)")
+    p.add_argument("--cases", nargs="+", choices=("hermes-args", "hermes-auto", "thinking-json"),
+                   help="default: all (hermes-args and hermes-auto on smollm2, thinking-json on "
+                   "qwen3.5)")
+    p.add_argument("--forms", nargs="+", choices=("before", "xgrammar", "after"),
+                   help="default: all three (see bench/bounded_strings.py)")
     p.add_argument("--case-budget-s", type=float, default=20.0,
                    help="CPU seconds of mask fills per case before it is cut (default: 20)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 Compilable = Union[OutputConstraint, "ToolSpec"]
 
 # Bumped whenever a conversion changes the language a source compiles to: old cache entries die.
-CONVERTER_VERSION = "4"
+CONVERTER_VERSION = "5"
 # The framing of a bare content constraint: the constrained bytes are the whole output.
 RAW_FRAMING = "raw"
 
@@ -192,38 +192,60 @@ WORKER_USES_ENGINE_INTERFACE = True
 
 def choose_engine(constraint: "Compilable", *, interface: bool | None = None) -> str:
     """The engine a constraint compiles on (the rule of docs/constraint-engines.md): llguidance
-    for JSON Schema and json_object content; xgrammar, the engine of record, for everything else
-    (GBNF with its token terminals, regex, choice, tool framing). Both write the same language.
+    for JSON Schema and json_object content and for Hermes tool grammars (JSON arguments, and JSON
+    content under the union, inside a literal envelope); xgrammar, the engine of record, for
+    everything else (GBNF with its token terminals, regex, choice). Both write the same language.
+    `json_engine` set to xgrammar puts all of it back on xgrammar.
 
     `interface` (default `WORKER_USES_ENGINE_INTERFACE`): whether the consumers can run engines
     other than xgrammar; without it everything compiles on xgrammar."""
     ready = WORKER_USES_ENGINE_INTERFACE if interface is None else interface
-    if ready and isinstance(constraint, OutputConstraint) and constraint.kind in _JSON_KINDS \
-            and json_engine() == LLGUIDANCE:
+    if ready and _has_lark(constraint, framing_of(constraint)) and json_engine() == LLGUIDANCE:
         return LLGUIDANCE
     return XGRAMMAR
+
+
+def _has_lark(constraint: "Compilable", framing: str) -> bool:
+    """Whether `constraint` under `framing` has a Lark form (`build_llguidance_lark`): JSON content
+    or a Hermes tool spec, bare or after a thinking framing (the thinking prefix is token-level
+    and has an exact Lark form, `framing.thinking_prefix_lark`)."""
+    thinking, inner = split_framing(framing)
+    if thinking is not None and thinking not in SPECS:
+        return False
+    if isinstance(constraint, OutputConstraint):
+        return inner == RAW_FRAMING and constraint.kind in _JSON_KINDS
+    return inner == HERMES.framing
 
 
 def framed_engine(constraint: "Compilable", framing: str) -> str:
     """The engine a source compiles on under a framing other than its own: llguidance for JSON
-    content after a thinking framing when `choose_engine` puts that content on llguidance (the
-    thinking prefix is token-level and has an exact Lark form, `framing.thinking_prefix_lark`);
-    xgrammar for every other framing (tool formats, whose grammars are written in EBNF)."""
-    thinking, inner = split_framing(framing)
-    if thinking in SPECS and inner == RAW_FRAMING and choose_engine(constraint) == LLGUIDANCE:
+    content or a Hermes tool spec after a thinking framing when `choose_engine` puts the bare
+    source on llguidance; xgrammar for every other framing (the Qwen XML tool format, whose
+    grammars are written in EBNF)."""
+    if _has_lark(constraint, framing) and choose_engine(constraint) == LLGUIDANCE:
         return LLGUIDANCE
     return XGRAMMAR
 
 
-def build_framed_lark(constraint: OutputConstraint, framing: str, domain: TokenDomain) -> str:
-    """The Lark text of JSON content under a thinking framing (the language
-    `build_framed_grammar` gives xgrammar). Raises the content's typed RequestErrors and
-    Unsupported for a framing that does not fit."""
-    check_framing(constraint, framing)
-    thinking, _ = split_framing(framing)
-    if thinking is None:
-        raise InternalError(f"framing {framing!r} has no thinking prefix")
-    return thinking_prefix_lark(SPECS[thinking], domain, build_lark(constraint, domain))
+def build_llguidance_lark(constraint: "Compilable", framing: str | None,
+                          domain: TokenDomain) -> str:
+    """The Lark text of `constraint` under `framing` (None: its own), the language
+    `build_grammar` gives xgrammar: JSON content (`build_lark`) or a Hermes tool spec
+    (`tool_grammar_lark`), after the thinking prefix when the framing has one. Raises the
+    source's typed RequestErrors, Unsupported for a framing that does not fit, and
+    emit.NeedsXgrammar for a schema form only the xgrammar emission writes."""
+    if framing is not None:
+        check_framing(constraint, framing)
+    thinking, _ = split_framing(framing or framing_of(constraint))
+    if isinstance(constraint, OutputConstraint):
+        text = build_lark(constraint, domain)
+    else:
+        from services.grammar.tools.hermes import tool_grammar_lark
+
+        content = constraint.content
+        ws = "any" if content is None else whitespace_of(content, domain)
+        text = tool_grammar_lark(constraint, whitespace=ws)
+    return text if thinking is None else thinking_prefix_lark(SPECS[thinking], domain, text)
 
 
 def json_engine() -> str:
@@ -315,13 +337,12 @@ class ModelCompiler:
         own = framing is None or framing == framing_of(constraint)
         if engine is None:
             engine = choose_engine(constraint) if own else framed_engine(constraint, framing)
-        if engine == LLGUIDANCE and isinstance(constraint, OutputConstraint) \
-                and (own or framed_engine(constraint, framing) == LLGUIDANCE):
+        if engine == LLGUIDANCE and (own and isinstance(constraint, OutputConstraint)
+                                     or _has_lark(constraint, framing or framing_of(constraint))):
             from services.grammar.schema.emit import NeedsXgrammar
 
             try:
-                text = build_lark(constraint, self.domain) if own \
-                    else build_framed_lark(constraint, framing, self.domain)
+                text = build_llguidance_lark(constraint, None if own else framing, self.domain)
                 built = LlguidanceConstraint(text, self.domain)
                 return CompileOutcome(built, (time.perf_counter() - start) * 1000.0)
             except (NeedsXgrammar, BeyondLimits):  # a form, or a decode-time limit, of llguidance

@@ -15,8 +15,8 @@ the close token, so a token holding the separator's end and the content's start 
 thinking framing wraps the whole inner language, the union of JSON content and calls included;
 around an XML tool grammar that may call, the reasoning may also end at once with a call (its
 opener is a control token no reasoning token is: an implicit end of reasoning, as Qwen3.5 writes;
-`implicit_close_ebnf`). JSON content after the thinking framing runs on llguidance
-(`thinking_prefix_lark`: the same prefix over token-id sets; the rule is
+`implicit_close_ebnf`). JSON content and Hermes tool grammars after the thinking framing run on
+llguidance (`thinking_prefix_lark`: the same prefix over token-id sets; the rule is
 `services.grammar.compiler.framed_engine`).
 """
 
@@ -117,7 +117,8 @@ def _id_ranges(ids: list[int]) -> str:
 
 
 def thinking_prefix_lark(spec: ThinkingSpec, domain: TokenDomain, content: str) -> str:
-    """llguidance Lark of the thinking framing around `content` (Lark text with entry `start`):
+    """llguidance Lark of the thinking framing around `content` (Lark text with entry `start`, JSON
+    content or a Hermes tool grammar):
     the language of `thinking_prefix_ebnf` followed by the content. Reasoning is any ordinary
     token (every special id and padding row excluded by id: llguidance's `<[^...]>` covers the
     whole id range, where xgrammar never matches special or padding ids by bytes), then the close
@@ -128,6 +129,8 @@ def thinking_prefix_lark(spec: ThinkingSpec, domain: TokenDomain, content: str) 
     lines = content.split("\n")
     at = next(i for i, line in enumerate(lines) if line.startswith("start: "))
     root = lines[at].removeprefix("start: ")
+    if "|" in root:  # a union (a tool grammar's top): the prefix goes before all of it
+        root = f"({root})"
     sep = lark_literal(spec.separator.decode())
     lines[at] = f"start: thinking_reasoning <[{close}]> {sep} {root}"
     lines.insert(at + 1, f"thinking_reasoning: <[^{_id_ranges(special)}]>*")

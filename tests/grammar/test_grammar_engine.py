@@ -164,14 +164,16 @@ def test_serialized_constraints_load_to_the_same_language(compiled, engine):
 
 
 def test_the_engine_rule():
-    """docs/constraint-engines.md: JSON content on llguidance, everything else on xgrammar (and
-    everything on xgrammar while the worker still builds xgrammar matchers itself)."""
+    """docs/constraint-engines.md: JSON content and Hermes tool grammars on llguidance, everything
+    else on xgrammar (and everything on xgrammar while the worker still builds xgrammar matchers
+    itself)."""
     from services.grammar.tools.hermes import ToolSpec
     from shared.contract import ToolChoice
 
-    json_kinds = [OutputConstraint.json_object(), OutputConstraint.json_schema({"type": "string"})]
+    content = [OutputConstraint.json_object(), OutputConstraint.json_schema({"type": "string"})]
+    json_kinds = content + [ToolSpec((), ToolChoice(), content[0])]
     others = [OutputConstraint.grammar('root ::= "a"'), OutputConstraint.regex("a+"),
-              OutputConstraint.choice(["a"]), ToolSpec((), ToolChoice(), json_kinds[0])]
+              OutputConstraint.choice(["a"])]
     for c in json_kinds:
         assert choose_engine(c, interface=True) == "llguidance"
         assert choose_engine(c, interface=False) == "xgrammar"

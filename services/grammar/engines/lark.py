@@ -7,12 +7,15 @@ and the EBNF expressions our converters produce read back as trees.
   no character is ever read as syntax (the `/` delimiter included). Classes are sets of Unicode
   scalar values, which is what the regex crate's classes are, so surrogates never match;
 - `ebnf_tree(text)`: an EBNF expression of literals, classes, groups, `|` and repetitions (what
-  `services.grammar.schema.numbers` writes) parsed by our own GBNF front end.
+  `services.grammar.schema.numbers` writes) parsed by our own GBNF front end;
+- `embed_lark(text, prefix)`: one of our converters' whole Lark grammars renamed so that several
+  live in one grammar (the Hermes tool grammar's argument and content schemas).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 
 from services.grammar.regex.charset import CharSet
@@ -72,3 +75,26 @@ def ebnf_tree(text: str) -> Node:
 
     [rule] = parse_rules(Lexer(f"root ::= {text}").tokens(), _no_tokens())
     return rule.body
+
+
+_LARK_RULE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:", re.M)
+_LARK_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|/(?:[^/\\]|\\.)*/|[A-Za-z_][A-Za-z0-9_]*')
+_OPTIONS = re.compile(r"^%llguidance .*\n", re.M)
+
+
+def embed_lark(text: str, prefix: str) -> tuple[str, str]:
+    """Rename every rule and lexeme of a whole Lark grammar (entry `start`, as our converters write
+    it) with `prefix` (lower case for rules, upper case for lexemes, as Lark tells them apart);
+    its `%llguidance` options line is dropped (the enclosing grammar writes its own).
+
+    Returns (rules text, the renamed entry rule). Literals and regex bodies are left untouched."""
+    names = set(_LARK_RULE.findall(text))
+
+    def rename(m: re.Match) -> str:
+        tok = m.group(0)
+        if tok not in names:
+            return tok
+        return (prefix.upper() if tok[0].isupper() else prefix.lower()) + tok
+
+    body = _LARK_TOKEN.sub(rename, _OPTIONS.sub("", text))
+    return body, prefix.lower() + "start"

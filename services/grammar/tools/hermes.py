@@ -22,6 +22,11 @@ EOS are legal. The three independent choices of the design document:
 
 A JSON content constraint together with tools under `auto` is the union: JSON content OR a call
 sequence, never both. GBNF, choice and regex content constraints with an active tool set conflict.
+
+The language is written twice, once per engine: `tool_grammar_ebnf` for xgrammar (the grammar of
+record) and `tool_grammar_lark` for llguidance (the same envelope literals around the Lark
+emission of the same schemas; which one compiles is `services.grammar.compiler.choose_engine`'s
+rule, and tests/grammar/test_grammar_hermes_engines.py proves them equal).
 """
 
 from __future__ import annotations
@@ -219,18 +224,28 @@ def loose_fallback(tool: ToolDefinition, forced: bool, build):
         return None
 
 
-def _schema_ebnf(tool: ToolDefinition, *, index: int, forced: bool) -> str:
-    from services.grammar.schema import reduce_tool_arguments, schema_to_ebnf
+def _schema_text(tool: ToolDefinition, *, index: int, forced: bool, lark: bool) -> str:
+    """The grammar text of `tool`'s arguments: xgrammar EBNF, or llguidance Lark (`lark`; raises
+    emit.NeedsXgrammar for a schema form only the EBNF emission writes)."""
+    from services.grammar.schema import reduce_tool_arguments, schema_to_ebnf, schema_to_lark
+
+    emit = schema_to_lark if lark else schema_to_ebnf
 
     def build(schema: object) -> str:
         reduce_tool_arguments(schema, tool_index=index, tool_name=tool.name)
-        return schema_to_ebnf(schema, source=SchemaSource.TOOL_ARGUMENTS, tool_index=index,
-                              tool_name=tool.name)
+        return emit(schema, source=SchemaSource.TOOL_ARGUMENTS, tool_index=index,
+                    tool_name=tool.name)
 
     if not (tool.strict or forced):
-        return schema_to_ebnf({"type": "object"})
+        return emit({"type": "object"})
     text = loose_fallback(tool, forced, build)
-    return schema_to_ebnf({"type": "object"}) if text is None else text
+    return emit({"type": "object"}) if text is None else text
+
+
+def _content_schema(spec: ToolSpec) -> object:
+    assert spec.content is not None
+    return {"type": "object"} if spec.content.kind is ConstraintKind.JSON_OBJECT \
+        else spec.content.schema
 
 
 def tool_grammar_ebnf(spec: ToolSpec, *, whitespace: str = "any") -> str:
@@ -242,7 +257,7 @@ def tool_grammar_ebnf(spec: ToolSpec, *, whitespace: str = "any") -> str:
     index_of = {t.name: i for i, t in enumerate(spec.tools)}
     for tool in spec.allowed():
         i = index_of[tool.name]
-        body, root = embed(_schema_ebnf(tool, index=i, forced=spec.forced), f"t{i}_")
+        body, root = embed(_schema_text(tool, index=i, forced=spec.forced, lark=False), f"t{i}_")
         lines.append(body)
         head = ebnf_literal(f"{CALL_OPEN}\n{NAME_PREFIX}{tool.name}{ARGS_PREFIX}")
         call_alts.append(f"{head} {root} {ebnf_literal(CALL_SUFFIX)}")
@@ -255,9 +270,7 @@ def tool_grammar_ebnf(spec: ToolSpec, *, whitespace: str = "any") -> str:
     if spec.content is not None:
         from services.grammar.schema import schema_to_ebnf
 
-        schema = {"type": "object"} if spec.content.kind is ConstraintKind.JSON_OBJECT \
-            else spec.content.schema
-        body, root = embed(schema_to_ebnf(schema, whitespace=whitespace), "c_")
+        body, root = embed(schema_to_ebnf(_content_schema(spec), whitespace=whitespace), "c_")
         lines.append(body)
         top = f"{root} | calls" if mode is ToolMode.AUTO else "calls"
     elif mode is ToolMode.AUTO:
@@ -267,3 +280,49 @@ def tool_grammar_ebnf(spec: ToolSpec, *, whitespace: str = "any") -> str:
     else:
         top = "calls"
     return f"root ::= {top}\n" + "\n".join(lines) + "\n"
+
+
+def tool_grammar_lark(spec: ToolSpec, *, whitespace: str = "any") -> str:
+    """The language of `tool_grammar_ebnf` as llguidance Lark (entry `start`): the same envelope
+    literals around each tool's argument grammar and the JSON content's, written by the Lark
+    emission of the same schemas. Each call's opener is its own lexeme and its name head another,
+    so that no lexeme boundary is ambiguous for llguidance's greedy lexer; the free text before a
+    first call under `auto` is one lexeme that ends with the first spelled opener (`FREE_OPEN`),
+    or runs to the end of the output (`FREE`). Raises what `tool_grammar_ebnf` raises, and
+    emit.NeedsXgrammar for an argument or content schema form only the EBNF emission writes."""
+    from services.grammar.engines.lark import embed_lark, lark_literal
+
+    lines: list[str] = []
+    tails = []
+    index_of = {t.name: i for i, t in enumerate(spec.tools)}
+    for tool in spec.allowed():
+        i = index_of[tool.name]
+        text = _schema_text(tool, index=i, forced=spec.forced, lark=True)
+        body, root = embed_lark(text, f"t{i}_")
+        lines.append(body)
+        head = lark_literal(f"\n{NAME_PREFIX}{tool.name}{ARGS_PREFIX}")
+        tails.append(f"{head} {root} {lark_literal(CALL_SUFFIX)}")
+    lines.append("call_tail: " + " | ".join(tails))
+    more = f" ({lark_literal(chr(10) + CALL_OPEN)} call_tail)*" if spec.choice.parallel else ""
+    calls = f"{lark_literal(CALL_OPEN)} call_tail{more}"
+    mode = spec.choice.mode
+    if spec.content is not None:
+        from services.grammar.schema import schema_to_lark
+
+        body, root = embed_lark(schema_to_lark(_content_schema(spec), whitespace=whitespace),
+                                "c_")
+        lines.append(body)
+        top = f"{root} | {calls}" if mode is ToolMode.AUTO else calls
+    elif mode is ToolMode.AUTO:
+        from services.grammar.engines.lark import rust_regex
+        from services.grammar.regex.tree import Literal
+
+        opener = rust_regex(Literal(CALL_OPEN))
+        free = f"/(?s:.*)/ & ~/(?s:.*){opener}(?s:.*)/"
+        lines.append(f"FREE: {free}")
+        lines.append(f"FREE_OPEN: ({free}) {lark_literal(CALL_OPEN)}")
+        top = f"FREE | FREE_OPEN call_tail{more}"
+    else:
+        top = calls
+    return ('%llguidance {"no_forcing": true}\n'
+            f"start: {top}\n" + "\n".join(lines) + "\n")
