@@ -66,6 +66,8 @@ class Request:
     cancel_requested: bool = False
     # Output tokens the reasoning phase may take before its close is forced (None: no budget).
     thinking_budget: int | None = None
+    # Log-probabilities asked for: None = off, n = with n alternatives per token (0..20).
+    logprobs: int | None = None
     constraint_kind: str = "none"  # metrics label: a ConstraintKind value, "tools" or "none"
     output_counts: dict[int, int] = field(default_factory=dict)  # token -> occurrences in output
     submitted_at: float = field(default_factory=time.monotonic)

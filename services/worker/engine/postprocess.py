@@ -42,7 +42,7 @@ from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request
 from services.worker.spec.counters import SpecCounters
 from shared.errors import InfernixError, InternalError
-from shared.generation import Finished, FinishReason, GenerationEvent, Usage
+from shared.generation import Finished, FinishReason, GenerationEvent, TokenLogprobs, Usage
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
 
@@ -102,7 +102,7 @@ class Postprocessor:
                 from exc
         for i, n in kept.items():
             self._confirm(pending, i, round_.previews.get(i), n)
-        self._publish(pending.batch, round_)
+        self._publish(pending, round_)
 
     def flush(self) -> None:
         """Deliver every held event; a request whose consumer is gone stops generating."""
@@ -176,9 +176,9 @@ class Postprocessor:
                 self.metrics.spec_drafts.labels(result="rolled_back").inc(row.num_drafts - accepted)
         job.commit(row.start + kept, preview.tokens if preview is not None else [])
 
-    def _publish(self, batch: StepBatch, round_: _Round) -> None:
+    def _publish(self, pending: PendingBatch, round_: _Round) -> None:
         now = time.monotonic()
-        for i, row in enumerate(batch.rows):
+        for i, row in enumerate(pending.batch.rows):
             job = row.request
             if job.cancel_requested:
                 self.finish(job, FinishReason.CANCELLED)
@@ -188,7 +188,8 @@ class Postprocessor:
                 preview = round_.previews[i]
                 if job.first_token_at is None:
                     job.first_token_at = now
-                if not self._emit(job, preview.tokens[:preview.result.accepted]):
+                if not self._emit(job, preview.tokens[:preview.result.accepted],
+                                  pending.results[i].logprobs):
                     continue  # its publication failed: that request alone ended with the error
                 if preview.result.terminated or preview.stop_id or job.output.stopped:
                     self.finish(job, FinishReason.STOP)
@@ -221,11 +222,23 @@ class Postprocessor:
 
     # ---------------------------------------------------------------- publication
 
-    def _emit(self, job: Request, tokens: list[int]) -> bool:
+    def _emit(self, job: Request, tokens: list[int], logprobs: tuple = ()) -> bool:
         """Publish committed tokens; False when reading them failed (a decoder bug, a tool stream
-        that cannot read a call): that request ends with the typed error, never the batch."""
+        that cannot read a call): that request ends with the typed error, never the batch.
+        `logprobs`: the tokens' entries when the request asked (absent for forced controls): the
+        content tokens' ones go out first, as one TokenLogprobs event."""
         try:
-            events = job.output.feed(tokens)
+            if logprobs:
+                listed, events = [], []
+                eos = job.session.domain.eos_ids
+                for t, entry in zip(tokens, logprobs):  # a token's phase is read before it
+                    if not job.output.in_reasoning and t not in eos:
+                        listed.append(entry)
+                    events += job.output.feed((t,))
+                if listed:
+                    events.insert(0, TokenLogprobs(tuple(listed)))
+            else:
+                events = job.output.feed(tokens)
         except Exception as exc:
             log.exception("publication_failed", request_id=job.request_id)
             self.finish(job, FinishReason.ERROR, exc if isinstance(exc, InternalError) else

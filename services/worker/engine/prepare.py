@@ -84,6 +84,7 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
         seed=seed if seed is not None else secrets.randbits(63), output=output,
         stop_token_ids=frozenset(options.stop_token_ids),
         thinking_budget=options.thinking_budget if prompt.phase == REASONING else None,
+        logprobs=options.logprobs,
         constraint_kind=_constraint_kind(request, tool_spec),
         deadline=submitted + options.timeout_s if options.timeout_s else None,
         timeout_s=options.timeout_s, submitted_at=submitted,

@@ -31,6 +31,7 @@ from kernels.acceptance_contract import PositionState, speculative_penalties
 from kernels.sampling_contract import SampleStatus
 from services.worker.output.positions import LookaheadResult
 from services.worker.program.batch import BatchRow, RowOutcome, RowResult
+from services.worker.program.logprobs import LogprobReader, LogprobSite
 from services.worker.program.masks import MaskBuffers
 from services.worker.program.sampling import Sampler
 from shared.errors import InternalError
@@ -41,7 +42,7 @@ class Verifier:
     """Masks and acceptance of one round (see the module docstring). `max_drafts`: K >= 1."""
 
     def __init__(self, domain: TokenDomain, device: torch.device, masks: MaskBuffers,
-                 sampler: Sampler, max_drafts: int) -> None:
+                 sampler: Sampler, max_drafts: int, logprobs: LogprobReader | None = None) -> None:
         if max_drafts < 1:
             raise ValueError(f"max_drafts must be >= 1 for verification, got {max_drafts}")
         self.domain = domain
@@ -49,6 +50,7 @@ class Verifier:
         self.masks = masks
         self.sampler = sampler
         self.k = max_drafts
+        self.logprobs = logprobs if logprobs is not None else LogprobReader(domain, device)
         self.cuda = device.type == "cuda"
         eos = sorted(domain.eos_ids)
         self._eos = torch.tensor(eos, dtype=torch.int32, device=device) if eos else None
@@ -78,6 +80,17 @@ class Verifier:
             looks.append(look)
         return states, looks
 
+    def _logprobs(self, row: BatchRow, j: int, logits: torch.Tensor, emitted: tuple[int, ...],
+                  constrained: bool) -> tuple:
+        # Token i of the round was chosen at verify position i (the anchor's logits for the
+        # first): that position's logits, its lookahead mask (Ready along the accepted chain)
+        # and the penalty history of the tokens before it.
+        if row.request.logprobs is None:
+            return ()
+        return tuple(self.logprobs.read(LogprobSite(
+            row.request, logits[j, i], self.masks.host[j, i] if constrained else None, t,
+            emitted[:i])) for i, t in enumerate(emitted))
+
     def _sparse_q(self, rows: Sequence[BatchRow], drafts: torch.Tensor):
         """(q_ids, q_probs) [m, K, Q] when some row's drafter has a real q (DFlash2 at T > 0);
         the other rows' one-hot q as the same sparse form. (None, None): one-hot q for all."""
@@ -103,6 +116,7 @@ class Verifier:
         (the forward may still run on the device meanwhile), runs acceptance and returns one
         RowResult per row."""
         m, width = logits.shape[:2]
+        raw_logits = logits  # [m, W, V'] each committed token's own position, for logprobs
         k = self.k
         assert width <= k + 1 and m == len(rows) <= self.masks.host.shape[0], (logits.shape, k)
         states, looks = self.fill(rows)  # the CPU's lookahead while the forward runs
@@ -135,9 +149,12 @@ class Verifier:
             look, st = looks[j], int(status[j])
             if st == SampleStatus.OK:
                 n = int(count[j])
-                out.append(RowResult(RowOutcome.TOKENS, tuple(tokens[j, :n].tolist()),
+                emitted = tuple(tokens[j, :n].tolist())
+                out.append(RowResult(RowOutcome.TOKENS, emitted,
                                      mask_bytes=row_bytes if look is not None else 0,
-                                     accepted_drafts=int(accepted[j])))
+                                     accepted_drafts=int(accepted[j]),
+                                     logprobs=self._logprobs(row, j, raw_logits, emitted,
+                                                             look is not None)))
             elif st == SampleStatus.DEAD_END and look is not None \
                     and look.dead_end_at == int(end[j]):
                 out.append(RowResult(RowOutcome.DEAD_END, error=look.dead_end_error()))
