@@ -24,12 +24,14 @@ _FIRST_WIDTH = 64  # candidates read at first for a top-p cut without top-k
 
 
 def stable_top(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The n largest of a 1-D tensor in candidate order (value descending, ties to the smaller
-    id): (values [n], ids [n] int64)."""
-    vals, ids = torch.topk(values, min(n, values.shape[0]))
-    ids, order = torch.sort(ids)  # ids ascending, then a stable sort by value descending
-    vals = vals[order]
-    vals, order = torch.sort(vals, descending=True, stable=True)
+    """The first n of a 1-D tensor in candidate order (value descending, ties to the smaller id,
+    also where a tie straddles the n-th place): (values [n], ids [n] int64)."""
+    n = min(n, values.shape[0])
+    last = torch.topk(values, n).values[-1]  # the n-th largest value
+    above = (values > last).nonzero()[:, 0]  # ascending ids
+    ties = (values == last).nonzero()[:, 0][:n - above.shape[0]]  # the smallest tied ids
+    ids = torch.cat([above, ties])
+    vals, order = torch.sort(values[ids], descending=True, stable=True)
     return vals, ids[order]
 
 
