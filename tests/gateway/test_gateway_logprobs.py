@@ -16,8 +16,9 @@ import pytest
 import pytest_asyncio
 import torch
 
+from kernels.sampling_contract import PenaltyHistory
 from kernels.sampling_contract import SamplingParams as KernelParams
-from kernels.sampling_ref import reference_distribution
+from kernels.sampling_ref import penalized_logits, reference_distribution
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.remote import GrpcWorkerClient
@@ -79,12 +80,14 @@ def _id(by_bytes, entry, logp: torch.Tensor) -> int:
     return max(by_bytes[bytes(entry.bytes)], key=lambda i: float(logp[i]))
 
 
-def _prompt_ids(runtime, messages) -> list[int]:
-    prompt = PromptInput(messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages))
+def _prompt_ids(runtime, messages, text: str | None = None) -> list[int]:
+    prompt = PromptInput(text=text) if text is not None else \
+        PromptInput(messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages))
     return list(runtime.prepare(prompt).token_ids)
 
 
-def _reference(runtime, by_bytes, messages, entries, *, temperature, top_p=1.0, legal=None):
+def _reference(runtime, by_bytes, messages, entries, *, temperature, top_p=1.0, legal=None,
+               presence=0.0, frequency=0.0):
     """Per reported token: (the reference log p [V] at its position, its id)."""
     prompt = _prompt_ids(runtime, messages)
     domain = runtime.domain
@@ -96,11 +99,18 @@ def _reference(runtime, by_bytes, messages, entries, *, temperature, top_p=1.0, 
         z[list(never)] = float("-inf")
         if legal is not None:
             z = torch.where(legal(ids), z, float("-inf"))
+        seen = sorted(set(ids))  # the output so far: presence and frequency penalties
+        history = PenaltyHistory(torch.tensor([seen or [-1]], dtype=torch.int32),
+                                 torch.tensor([[ids.count(t) for t in seen] or [0]],
+                                              dtype=torch.int32))
+        params = KernelParams.from_rows(1, temperature=temperature or 1.0, top_p=top_p,
+                                        presence_penalty=presence, frequency_penalty=frequency)
         if temperature == 0:
+            z = penalized_logits(z[None], domain.size, params, history)[0]
             logp = torch.log_softmax(z.double(), 0)
         else:
-            params = KernelParams.from_rows(1, temperature=temperature, top_p=top_p)
-            probs, _ = reference_distribution(z[None], params, vocab_size=domain.size)
+            probs, _ = reference_distribution(z[None], params, vocab_size=domain.size,
+                                              penalties=history)
             logp = torch.log(probs[0].double())
         token = _id(by_bytes, entry, logp)
         ids.append(token)
@@ -137,17 +147,19 @@ def _close(got: float, want: float) -> bool:
 
 async def test_chat_logprobs_equal_the_reference_distribution(chat, runtime, by_bytes):
     """Default (processed) mode: each token's logprob is log p of the distribution it was sampled
-    from (temperature and top-p applied, renormalised), the alternatives are that distribution's
-    most likely tokens in order, and tokens outside its support are never listed."""
+    from (penalties, temperature and top-p applied, renormalised), the alternatives are that
+    distribution's most likely tokens in order, and tokens outside its support are never
+    listed."""
     reply = await chat.chat.completions.create(
-        model="smollm2", messages=MESSAGES, max_tokens=6, temperature=0.7, top_p=0.9, seed=7,
-        logprobs=True, top_logprobs=5)
+        model="smollm2", messages=MESSAGES, max_tokens=8, temperature=0.9, top_p=0.95, seed=7,
+        presence_penalty=1.5, frequency_penalty=0.5, logprobs=True, top_logprobs=5)
     choice = reply.choices[0]
     entries = choice.logprobs.content
     assert choice.logprobs.refusal is None and len(entries) == reply.usage.completion_tokens
     assert "".join(e.token for e in entries) == choice.message.content
-    for entry, (logp, token) in zip(entries, _reference(runtime, by_bytes, MESSAGES, entries,
-                                                         temperature=0.7, top_p=0.9)):
+    reference = _reference(runtime, by_bytes, MESSAGES, entries, temperature=0.9, top_p=0.95,
+                           presence=1.5, frequency=0.5)
+    for entry, (logp, token) in zip(entries, reference):
         assert _close(entry.logprob, float(logp[token]))
         support = int(torch.isfinite(logp).sum())
         assert len(entry.top_logprobs) == min(5, support)
@@ -288,3 +300,32 @@ async def test_logprobs_cross_the_worker_grpc_service(runtime):
         await worker.aclose()
     assert got and [(e.token_id, e.token, [a.token_id for a in e.top]) for e in got] == \
         [(e.token_id, e.token, [a.token_id for a in e.top]) for e in want]
+
+
+async def test_raw_mode_reports_the_model_distribution(runtime, by_bytes):
+    """`--logprobs-mode raw` (EngineConfig.logprobs_mode): the model's own log-softmax at
+    temperature 1, before the constraint's mask: under a choice constraint the values equal the
+    unmasked reference, and the alternatives include tokens the constraint forbids."""
+    worker = open_in_process(runtime, EngineConfig(max_batch=1, max_len=256,
+                                                   logprobs_mode="raw"))
+    choice = OutputConstraint.choice(list(CHOICES))
+    try:
+        entries = await _entries(worker, _request("raw", "Pick:", choice))
+    finally:
+        await worker.aclose()
+    domain = runtime.domain
+    prompt = _prompt_ids(runtime, None, text="Pick:")
+    ids = [e.token_id for e in entries]
+    logits = _forward(runtime, prompt + ids)[len(prompt) - 1:, :domain.size]
+    never = list(set(range(len(domain.token_bytes), domain.size)) | set(domain.never_ids))
+    logits[:, never] = float("-inf")
+    reference = torch.log_softmax(logits.double(), 1)
+    legal = _choice_mask(runtime)
+    illegal_listed = False
+    for k, entry in enumerate(entries):
+        assert _close(entry.logprob, float(reference[k, entry.token_id]))
+        want = torch.topk(reference[k], 3).values.tolist()
+        assert all(_close(a.logprob, w) for a, w in zip(entry.top, want))
+        allowed = legal(ids[:k])
+        illegal_listed |= any(not allowed[a.token_id] for a in entry.top)
+    assert "".join(e.token.decode() for e in entries) in CHOICES and illegal_listed
