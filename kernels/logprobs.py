@@ -24,15 +24,27 @@ _FIRST_WIDTH = 64  # candidates read at first for a top-p cut without top-k
 
 
 def stable_top(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first n of a 1-D tensor in candidate order (value descending, ties to the smaller id,
-    also where a tie straddles the n-th place): (values [n], ids [n] int64)."""
-    n = min(n, values.shape[0])
-    last = torch.topk(values, n).values[-1]  # the n-th largest value
-    above = (values > last).nonzero()[:, 0]  # ascending ids
-    ties = (values == last).nonzero()[:, 0][:n - above.shape[0]]  # the smallest tied ids
-    ids = torch.cat([above, ties])
-    vals, order = torch.sort(values[ids], descending=True, stable=True)
-    return vals, ids[order]
+    """The first n of each row in candidate order (value descending, ties to the smaller id,
+    also where a finite tie straddles the n-th place), without sorting the row: values [R, V]
+    (or [V]) -> (values [R, n], ids [R, n] int64) (or [n] each). Entries at -inf (never listed)
+    come in no particular order."""
+    if values.dim() == 1:
+        vals, ids = stable_top(values[None], n)
+        return vals[0], ids[0]
+    n = min(n, values.shape[1])
+    vals, ids = torch.topk(values, n, dim=1)  # [R, n]
+    last = vals[:, -1:]  # [R, 1] the n-th largest value
+    tie = values == last
+    straddles = torch.isfinite(last[:, 0]) & (tie.sum(1) > (vals == last).sum(1))
+    if bool(straddles.any()):  # topk may have kept a larger tied id: take the smallest ones
+        above = values > last  # fewer than n per row
+        need = n - above.sum(1, keepdim=True)  # [R, 1]
+        take = above | (tie & (torch.cumsum(tie, 1) <= need))  # exactly n per row
+        ids = take.nonzero()[:, 1].view(-1, n)  # [R, n] ascending ids
+    else:
+        ids = torch.sort(ids, dim=1).values
+    vals, order = torch.sort(values.gather(1, ids), dim=1, descending=True, stable=True)
+    return vals, ids.gather(1, order)
 
 
 def processed_logprobs(z: torch.Tensor, *, temperature: float, top_k: int = 0,
@@ -82,7 +94,21 @@ def _last_kept(zs, m, base, size: int, k: int, top_p: float, min_p: float):
         width = min(4 * width, size)
 
 
+def untruncated_logprobs(z: torch.Tensor, temperature: torch.Tensor,
+                         min_p: torch.Tensor) -> torch.Tensor:
+    """Rows without top-k or top-p truncation, batched: z [R, V] float32 penalized logits
+    (illegal ids -inf), temperature [R] (> 0; a greedy row passes 1), min_p [R] (a greedy row
+    passes 0) -> log p [R, V], as `processed_logprobs` gives each row; a row with no finite
+    value is all -inf."""
+    zs = z.float() / temperature[:, None]
+    m = zs.max(1, keepdim=True).values  # [R, 1]
+    w = torch.exp(zs - m)
+    base = (w > 0) & (w >= min_p[:, None])
+    total = torch.where(base, w, 0.0).sum(1, keepdim=True)
+    return torch.where(base, zs - m - torch.log(total), float("-inf"))
+
+
 def raw_logprobs(z: torch.Tensor) -> torch.Tensor:
-    """z: [V] the model's logits (never-generable ids at -inf): log-softmax at temperature 1,
-    before penalties, the grammar mask and the sampling transforms."""
-    return torch.log_softmax(z.float(), 0)
+    """z: [..., V] the model's logits (never-generable ids at -inf): log-softmax at temperature
+    1, before penalties, the grammar mask and the sampling transforms."""
+    return torch.log_softmax(z.float(), -1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.logprobs import processed_logprobs, stable_top
+from kernels.logprobs import processed_logprobs, stable_top, untruncated_logprobs
 from kernels.sampling_contract import SamplingParams
 from kernels.sampling_ref import reference_distribution
 
@@ -72,3 +72,24 @@ def test_processed_logprobs_on_cuda_equal_the_cpu():
         gpu = processed_logprobs(z.cuda(), **kwargs).cpu()
         assert torch.equal(torch.isfinite(cpu), torch.isfinite(gpu))
         assert torch.allclose(cpu[torch.isfinite(cpu)], gpu[torch.isfinite(gpu)], atol=1e-5)
+
+
+def test_batched_rows_equal_the_row_by_row_rule():
+    """The worker's batched pass (rows without top-k / top-p) and batched top-n selection give
+    each row what the one-row rule gives it."""
+    z = torch.stack([_logits(s, ties=s % 2 == 1) for s in range(5)])
+    z[4] = float("-inf")  # a row without a finite legal value
+    temperature = torch.tensor([1.0, 0.6, 1.4, 1.0, 1.0])
+    min_p = torch.tensor([0.0, 0.1, 0.0, 0.02, 0.0])
+    got = untruncated_logprobs(z, temperature, min_p)
+    for r in range(4):
+        want = processed_logprobs(z[r], temperature=float(temperature[r]),
+                                  min_p=float(min_p[r]))
+        assert torch.equal(torch.isfinite(got[r]), torch.isfinite(want))
+        assert torch.allclose(got[r][torch.isfinite(want)], want[torch.isfinite(want)],
+                              atol=1e-6)
+    assert not torch.isfinite(got[4]).any()
+    values, ids = stable_top(got, 9)
+    for r in range(5):
+        v, i = stable_top(got[r], 9)
+        assert torch.equal(ids[r], i) and torch.equal(values[r], v)

@@ -12,12 +12,13 @@ mask and the penalty history of the prefix before it, so the values equal plain 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.logprobs import processed_logprobs, raw_logprobs, stable_top
+from kernels.logprobs import processed_logprobs, raw_logprobs, stable_top, untruncated_logprobs
 from kernels.sampling_contract import PenaltyHistory, SamplingParams
 from kernels.sampling_ref import penalized_logits
 from shared.frontends.token_domain import TokenDomain
@@ -43,8 +44,8 @@ class LogprobSite:
 
 
 class LogprobReader:
-    """Reads `LogprobSite`s for one Program. `mode`: "processed" or "raw" (see the module
-    docstring); raises ValueError for another."""
+    """Reads a step's `LogprobSite`s for one Program. `mode`: "processed" or "raw" (see the
+    module docstring); raises ValueError for another."""
 
     def __init__(self, domain: TokenDomain, device: torch.device, mode: str = "processed") -> None:
         if mode not in LOGPROBS_MODES:
@@ -56,38 +57,60 @@ class LogprobReader:
         self._never = torch.tensor(never, dtype=torch.int64, device=device) if never else None
         self._shifts = torch.arange(32, dtype=torch.int32, device=device)
 
-    def read(self, site: LogprobSite) -> TokenLogprob:
-        """The token's entry with `site.request.logprobs` alternatives."""
-        lp = self.distribution(site)
-        n = site.request.logprobs or 0
-        top: tuple[TopLogprob, ...] = ()
-        if lp is None:  # no finite legal value: the sampler failed the row before this
-            return TokenLogprob(site.token, self._bytes(site.token), float("-inf"))
-        chosen = float(lp[site.token])
-        if n:
-            values, ids = stable_top(lp, n)
+    def read(self, sites: Sequence[LogprobSite]) -> list[TokenLogprob]:
+        """Each site's entry with its request's `logprobs` alternatives, read in one batch: one
+        [R, V] pass for the rows without top-k / top-p truncation (greedy rows among them), a
+        per-row pass for the truncated ones, one top-n selection and one copy to the host."""
+        if not sites:
+            return []
+        lp = self.distributions(sites)  # [R, V]
+        tokens = torch.tensor([s.token for s in sites], dtype=torch.int64, device=lp.device)
+        chosen = lp.gather(1, tokens[:, None])[:, 0].tolist()
+        n = max(s.request.logprobs or 0 for s in sites)
+        values, ids = stable_top(lp, n) if n else (lp[:, :0], tokens[:, None][:, :0])
+        values, ids = values.tolist(), ids.tolist()
+        out = []
+        for site, value, top_v, top_i in zip(sites, chosen, values, ids):
+            k = site.request.logprobs or 0
             top = tuple(TopLogprob(i, self._bytes(i), v)
-                        for i, v in zip(ids.tolist(), values.tolist()) if v != float("-inf"))
-        return TokenLogprob(site.token, self._bytes(site.token), chosen, top)
+                        for i, v in zip(top_i[:k], top_v[:k]) if v != float("-inf"))
+            out.append(TokenLogprob(site.token, self._bytes(site.token), value, top))
+        return out
 
-    def distribution(self, site: LogprobSite) -> torch.Tensor | None:
-        """log p [V] of the site's distribution (see the module docstring)."""
+    def distributions(self, sites: Sequence[LogprobSite]) -> torch.Tensor:
+        """log p [R, V] of the sites' distributions (see the module docstring); a row with no
+        finite legal value (the sampler failed it) is all -inf."""
         v = self.domain.size
-        z = site.logits[:v].float()
+        z = torch.stack([s.logits[:v] for s in sites]).float()  # [R, V]
         if self._never is not None:
-            z = z.index_fill(0, self._never, float("-inf"))
+            z = z.index_fill(1, self._never, float("-inf"))
         if self.mode == "raw":
             return raw_logprobs(z)
-        job = site.request
-        if job.penalized():
-            z = self._penalized(z, job, site.before)
-        if site.mask is not None:
-            words = site.mask.to(z.device, non_blocking=True)
-            legal = ((words[:, None] >> self._shifts) & 1).view(-1)[:v].bool()  # [V]
-            z = torch.where(legal, z, float("-inf"))
-        s = job.sampling
-        return processed_logprobs(z, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                  min_p=s.min_p)
+        for r, site in enumerate(sites):
+            if site.request.penalized():
+                z[r] = self._penalized(z[r], site.request, site.before)
+        masked = [r for r, site in enumerate(sites) if site.mask is not None]
+        if masked:
+            words = torch.stack([sites[r].mask for r in masked]).to(z.device)  # [M, W]
+            legal = ((words[:, :, None] >> self._shifts) & 1).view(len(masked), -1)[:, :v]
+            rows = torch.tensor(masked, dtype=torch.int64, device=z.device)
+            z[rows] = torch.where(legal.bool(), z[rows], float("-inf"))
+        params = [s.request.sampling for s in sites]
+        greedy = [p.temperature == 0 for p in params]
+        temperature = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)],
+                                   device=z.device)
+        if any(not g and p.min_p > 0 for p, g in zip(params, greedy)):
+            lp = untruncated_logprobs(z, temperature, torch.tensor(
+                [0.0 if g else p.min_p for p, g in zip(params, greedy)], device=z.device))
+        else:  # the same without a min-p cut: one log-softmax (a row of -inf stays -inf)
+            lp = torch.log_softmax(z / temperature[:, None], 1)
+            lp = torch.where(torch.isnan(lp), float("-inf"), lp)
+        for r, (p, g) in enumerate(zip(params, greedy)):
+            if not g and (p.top_k > 0 or p.top_p < 1):  # truncated: its own candidate walk
+                row = processed_logprobs(z[r], temperature=p.temperature, top_k=p.top_k,
+                                         top_p=p.top_p, min_p=p.min_p)
+                lp[r] = float("-inf") if row is None else row
+        return lp
 
     def _penalized(self, z: torch.Tensor, job: "Request", before: tuple[int, ...]):
         # The request's penalty history with this round's earlier tokens as output tokens.

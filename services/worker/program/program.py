@@ -294,14 +294,21 @@ class Program:
         host_tokens, host_status = self.host_tokens[:m].tolist(), self.host_status[:m].tolist()
         for j, i in enumerate(sampled):
             results[i] = self._row_result(j, rows[i], fill, host_tokens[j], host_status[j])
-            if requests[j].logprobs is not None and results[i].outcome is RowOutcome.TOKENS:
-                # after sampling, from the logits it read (the graph's stay valid until the
-                # next replay); the row's mask is position 0 of its host buffer
-                mask = self.masks.host[j, 0] if int(self.masks.host_row[j]) >= 0 else None
-                entry = self.logprobs.read(LogprobSite(requests[j], launched.logits[i], mask,
-                                                       host_tokens[j]))
-                results[i] = replace(results[i], logprobs=(entry,))
+        self._read_logprobs(launched.logits, sampled, requests, host_tokens, results)
         return self._after(self._pending(rows, index, results))
+
+    def _read_logprobs(self, logits, sampled, requests, tokens, results) -> None:
+        # The rows that asked, after sampling, from the logits it read (a graph's stay valid
+        # until its next replay); a row's mask is position 0 of its host buffer.
+        asked = [(j, i) for j, i in enumerate(sampled) if requests[j].logprobs is not None
+                 and results[i].outcome is RowOutcome.TOKENS]
+        if not asked:
+            return
+        sites = [LogprobSite(requests[j], logits[i], self.masks.host[j, 0]
+                             if int(self.masks.host_row[j]) >= 0 else None, tokens[j])
+                 for j, i in asked]
+        for (_, i), entry in zip(asked, self.logprobs.read(sites)):
+            results[i] = replace(results[i], logprobs=(entry,))
 
     @staticmethod
     def _pending(rows, index: list[int], results: dict[int, RowResult]) -> PendingBatch:

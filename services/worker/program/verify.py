@@ -24,6 +24,7 @@ being read; recurrent state through the model state's commit), then the sessions
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -80,16 +81,24 @@ class Verifier:
             looks.append(look)
         return states, looks
 
-    def _logprobs(self, row: BatchRow, j: int, logits: torch.Tensor, emitted: tuple[int, ...],
-                  constrained: bool) -> tuple:
-        # Token i of the round was chosen at verify position i (the anchor's logits for the
+    def _logprobs(self, rows: Sequence[BatchRow], logits: torch.Tensor, looks,
+                  results: list[RowResult]) -> list[RowResult]:
+        # Token i of a round was chosen at verify position i (the anchor's logits for the
         # first): that position's logits, its lookahead mask (Ready along the accepted chain)
-        # and the penalty history of the tokens before it.
-        if row.request.logprobs is None:
-            return ()
-        return tuple(self.logprobs.read(LogprobSite(
-            row.request, logits[j, i], self.masks.host[j, i] if constrained else None, t,
-            emitted[:i])) for i, t in enumerate(emitted))
+        # and the penalty history of the tokens before it. One read for every row that asked.
+        sites, owners = [], []
+        for j, (row, res) in enumerate(zip(rows, results)):
+            if row.request.logprobs is None or res.outcome is not RowOutcome.TOKENS:
+                continue
+            for i, t in enumerate(res.tokens):
+                sites.append(LogprobSite(row.request, logits[j, i], self.masks.host[j, i]
+                                         if looks[j] is not None else None, t, res.tokens[:i]))
+                owners.append(j)
+        entries: dict[int, list] = {}
+        for j, entry in zip(owners, self.logprobs.read(sites)):
+            entries.setdefault(j, []).append(entry)
+        return [replace(res, logprobs=tuple(entries[j])) if j in entries else res
+                for j, res in enumerate(results)]
 
     def _sparse_q(self, rows: Sequence[BatchRow], drafts: torch.Tensor):
         """(q_ids, q_probs) [m, K, Q] when some row's drafter has a real q (DFlash2 at T > 0);
@@ -149,12 +158,9 @@ class Verifier:
             look, st = looks[j], int(status[j])
             if st == SampleStatus.OK:
                 n = int(count[j])
-                emitted = tuple(tokens[j, :n].tolist())
-                out.append(RowResult(RowOutcome.TOKENS, emitted,
+                out.append(RowResult(RowOutcome.TOKENS, tuple(tokens[j, :n].tolist()),
                                      mask_bytes=row_bytes if look is not None else 0,
-                                     accepted_drafts=int(accepted[j]),
-                                     logprobs=self._logprobs(row, j, raw_logits, emitted,
-                                                             look is not None)))
+                                     accepted_drafts=int(accepted[j])))
             elif st == SampleStatus.DEAD_END and look is not None \
                     and look.dead_end_at == int(end[j]):
                 out.append(RowResult(RowOutcome.DEAD_END, error=look.dead_end_error()))
@@ -164,4 +170,4 @@ class Verifier:
                     "an empty legal set on the device where the CPU mask said Ready"
                 out.append(RowResult(RowOutcome.NONFINITE, error=InternalError(
                     f"verification found {what} at output position {position}")))
-        return out
+        return self._logprobs(rows, raw_logits, looks, out)
