@@ -10,6 +10,7 @@ the masked log-softmax at temperature 1 (docs/using-openai-chat.md, "Log-probabi
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -188,6 +189,28 @@ async def test_chat_greedy_logprobs_under_a_constraint(chat, runtime, by_bytes):
             assert any(allowed[i] for i in by_bytes[bytes(alt.bytes)])
         assert len(entry.top_logprobs) == min(20, int(allowed.sum()))
         ids.append(token)
+
+
+async def test_chat_json_schema_alternatives_are_legal(chat, runtime, by_bytes):
+    """Under a JSON Schema (an enum of strings) every listed alternative keeps the text a JSON
+    prefix of one of the values (whitespace around the value allowed, as JSON allows it), or is
+    the end token once a whole value is written: the mask removed everything else."""
+    schema = {"type": "string", "enum": list(CHOICES)}
+    reply = await chat.chat.completions.create(
+        model="smollm2", messages=MESSAGES, max_tokens=12, temperature=0.8, seed=3,
+        logprobs=True, top_logprobs=20,
+        response_format={"type": "json_schema", "json_schema": {"name": "g", "schema": schema}})
+    entries = reply.choices[0].logprobs.content
+    values = [json.dumps(c).encode() for c in CHOICES]
+    eos = {runtime.domain.token_bytes[i] for i in runtime.domain.eos_ids}
+    text = b""
+    assert json.loads(reply.choices[0].message.content) in CHOICES
+    for entry in entries:
+        for alt in entry.top_logprobs:
+            grown = (text + bytes(alt.bytes)).lstrip(b" \t\n\r")
+            assert any(v.startswith(grown) for v in values) or grown.rstrip() in values or \
+                (bytes(alt.bytes) in eos and text.strip() in values), (text, alt.token)
+        text += bytes(entry.bytes)
 
 
 async def test_chat_stream_aggregate_equals_the_reply_with_two_choices(chat):
