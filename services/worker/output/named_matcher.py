@@ -1,20 +1,23 @@
-"""NamedMatcher: one session's grammar matcher together with the XML tool grammar's
-parameter-name companion (ParameterNameConstraint), which shares every matcher transaction.
+"""NamedMatcher: one session's grammar matcher together with its name companion, which shares
+every matcher transaction: the XML tool grammar's ParameterNameConstraint (argument names of a
+call), or the JsonNameConstraint of JSON content (member names of each object).
 
-The companion clears, in each mask the matcher fills, the tokens that would repeat an argument
-name, and follows every token the matcher accepts and every rollback. Keeping the pair in one
-object is what makes that hold everywhere: the session's lookahead and previews (session.py) and
-a proposer's probe (probe.py) call only this object. Without a companion it is the matcher alone.
+The companion clears, in each mask the matcher fills, the tokens that would repeat a name (and,
+for JSON, those after which only used names could follow: it probes the matcher, leaving it as
+it was), and follows every token and byte the matcher accepts and every rollback. Keeping the
+pair in one object is what makes that hold everywhere: the session's lookahead and previews
+(session.py) and a proposer's probe (probe.py) call only this object. Without a companion it is
+the matcher alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, Union
 
 import torch
 
-from services.grammar.client import Matcher, ParameterNameConstraint
+from services.grammar.client import JsonNameConstraint, Matcher, ParameterNameConstraint
 from services.worker.output.positions import PositionState
 from services.worker.output.report import ConstraintCounters
 from shared.errors import InternalError
@@ -33,10 +36,14 @@ class Walk:
     error: Exception | None = None
 
 
+# A name companion: accept(token), accept_bytes(data), rollback(n), apply(row, matcher).
+NameCompanion = Union[ParameterNameConstraint, JsonNameConstraint]
+
+
 class NamedMatcher:
     """`matcher`, and `names` (None: no companion), moving together."""
 
-    def __init__(self, matcher: Matcher, names: ParameterNameConstraint | None = None) -> None:
+    def __init__(self, matcher: Matcher, names: NameCompanion | None = None) -> None:
         self.matcher = matcher
         self.names = names
 
@@ -49,9 +56,13 @@ class NamedMatcher:
         return True
 
     def accept_bytes(self, data: bytes) -> bool:
-        """Accept raw bytes: the matcher only (a grammar with a companion takes its prefix as
-        tokens, so that the companion follows it)."""
-        return self.matcher.accept_bytes(data)
+        """Accept raw bytes (a continuation prefix; not undoable by rollback); the companion
+        follows them."""
+        if not self.matcher.accept_bytes(data):
+            return False
+        if self.names is not None:
+            self.names.accept_bytes(data)
+        return True
 
     def rollback(self, n: int) -> None:
         self.matcher.rollback(n)
@@ -59,10 +70,10 @@ class NamedMatcher:
             self.names.rollback(n)
 
     def apply_names(self, row: torch.Tensor) -> None:
-        """Clear in `row` ([ceil(V/32)] int32, the matcher's mask) the tokens that would repeat an
-        argument name."""
+        """Clear in `row` ([ceil(V/32)] int32, the matcher's mask at its current state) the tokens
+        that would repeat a name."""
         if self.names is not None:
-            self.names.apply(row)
+            self.names.apply(row, self.matcher)
 
     def fill_mask(self, out: torch.Tensor, i: int) -> None:
         """Fill `out[i]` with the legal set, the companion's repeats cleared."""
