@@ -262,3 +262,25 @@ def test_walks_never_repeat_and_never_dead_end_with_escapes():
                                names=json_names_for(constraint, d))
             assert not walk.dead_end, walk.data
             assert not repeats_a_name(walk.data), walk.data
+
+
+def test_after_a_thinking_framing_the_json_starts_at_the_close_token():
+    """Design: with thinking on, the output is reasoning, `</think>`, the separator, then the
+    content: the reasoning is not JSON (its text repeats what it likes), the content is read from
+    the close token on."""
+    from shared.frontends import get_domain
+
+    d = byte_domain()
+    ctl = d.special_id("<ctl>")
+    names = JsonNameConstraint(JsonNameIndex.of(d), start=ctl)
+    for b in b'{"a":1,"a":2} ':
+        names.accept(b)
+    assert names.state[0] == 0 and not names.state[3]  # still waiting: nothing read
+    names.accept(ctl)
+    for b in b'\n\n{"a":1,':
+        names.accept(b)
+    assert names.state[3] == (frozenset({b"a"}),)
+    qwen = get_domain("qwen3.5")
+    framed = json_names_for(OutputConstraint.json_object(), qwen, "qwen-think-v1+raw")
+    assert framed.start == qwen.special_id("</think>")
+    assert json_names_for(OutputConstraint.json_object(), qwen, "raw").start is None
