@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xgrammar as xgr
 
 from services.grammar.engines.engine import CompiledConstraint, Matcher
-from services.grammar.json_names import JsonNameConstraint
 from services.grammar.json_text import repeats_a_name
 from shared.frontends.token_domain import TokenDomain
+
+# annotation only: the companion reads schemas, whose emitters import engines/
+if TYPE_CHECKING:
+    from services.grammar.json_names import JsonNameConstraint
 
 
 def _matcher(compiled: CompiledConstraint | xgr.CompiledGrammar, domain: TokenDomain | None,
