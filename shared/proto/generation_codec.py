@@ -24,7 +24,7 @@ from shared.contract import (
     ToolDefinition,
     ToolMode,
 )
-from shared.errors import InternalError, InvalidRequest, Unsupported
+from shared.errors import InternalError, InvalidRequest
 from shared.generation import (
     ChatMessage,
     Finished,
@@ -171,13 +171,13 @@ def message_from_proto(msg: pb.ChatMessage) -> ChatMessage:
 
 
 def prompt_to_proto(p: PromptInput) -> pb.PromptInput:
-    if p.token_ids is not None:
-        raise Unsupported("token-id prompts are served by the embedded worker only (the worker "
-                          "protocol carries text and messages)", field=p.source)
     out = pb.PromptInput(tools=[tool_to_proto(t) for t in p.tools],
                          continue_final_assistant=p.continue_final_assistant,
-                         enable_thinking=p.enable_thinking)
-    if p.messages is not None:
+                         enable_thinking=p.enable_thinking, source=p.source)
+    if p.token_ids is not None:  # ids outside int64 are named at their place in the body
+        out.token_ids.CopyFrom(pb.TokenList(
+            ids=[_int64(t, f"{p.source}[{i}]") for i, t in enumerate(p.token_ids)]))
+    elif p.messages is not None:
         out.messages.CopyFrom(pb.MessageList(messages=[message_to_proto(m) for m in p.messages]))
     else:
         out.text = p.text or ""
@@ -189,8 +189,10 @@ def prompt_from_proto(msg: pb.PromptInput) -> PromptInput:
     messages = (tuple(message_from_proto(m) for m in msg.messages.messages)
                 if which == "messages" else None)
     text = msg.text if which == "text" else None
+    token_ids = tuple(msg.token_ids.ids) if which == "token_ids" else None
     return PromptInput(messages, text, tuple(tool_from_proto(t) for t in msg.tools),
-                       msg.continue_final_assistant, _opt(msg, "enable_thinking"))
+                       msg.continue_final_assistant, _opt(msg, "enable_thinking"),
+                       token_ids=token_ids, source=msg.source or "prompt")
 
 
 def request_to_proto(r: GenerateRequest) -> pb.GenerateRequest:

@@ -120,19 +120,29 @@ class MessageList(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
+class TokenList(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class PromptInput(_message.Message):
-    __slots__ = ("messages", "text", "tools", "continue_final_assistant", "enable_thinking")
+    __slots__ = ("messages", "text", "token_ids", "tools", "continue_final_assistant", "enable_thinking", "source")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_FINAL_ASSISTANT_FIELD_NUMBER: _ClassVar[int]
     ENABLE_THINKING_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     messages: MessageList
     text: str
+    token_ids: TokenList
     tools: _containers.RepeatedCompositeFieldContainer[ToolDefinition]
     continue_final_assistant: bool
     enable_thinking: bool
-    def __init__(self, messages: _Optional[_Union[MessageList, _Mapping]] = ..., text: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolDefinition, _Mapping]]] = ..., continue_final_assistant: _Optional[bool] = ..., enable_thinking: _Optional[bool] = ...) -> None: ...
+    source: str
+    def __init__(self, messages: _Optional[_Union[MessageList, _Mapping]] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenList, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[ToolDefinition, _Mapping]]] = ..., continue_final_assistant: _Optional[bool] = ..., enable_thinking: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt", "options", "model")
