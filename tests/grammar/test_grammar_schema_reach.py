@@ -217,3 +217,35 @@ def test_color_and_utc_millisec_hold_for_the_draft03_checker():
         values = [0, 1.5, -3, 1e3, "x", ""]
         for value, text in zip(values, layout_values(schema, values)):
             assert accepts(grammar, text) == jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+# ---- references intersected while they are being defined -------------------------------------
+
+RESOURCE = {"$ref": "#/$defs/resource", "$defs": {"resource": {
+    "type": "object",
+    "additionalProperties": {"minProperties": 1, "anyOf": [{"type": "string"},
+                                                           {"$ref": "#/$defs/resource"}]}}}}
+CONFIG = {"$ref": "#/$defs/config", "$defs": {
+    "config": {"type": "object", "properties": {"t": {"type": "integer"},
+                                                "inner": {"$ref": "#/$defs/inner"}}},
+    "inner": {"allOf": [{"$ref": "#/$defs/config"},
+                        {"properties": {"os": {"additionalProperties": {"$ref": "#/$defs/config"}}},
+                         "required": ["t"]}]}}}
+
+
+@pytest.mark.parametrize("schema,values", [
+    (RESOURCE, [{}, {"a": "x"}, {"a": {}}, {"a": {"b": "y"}}, {"a": {"b": {}}}, {"a": 1},
+                {"a": {"b": {"c": "z"}}}, {"a": ""}, {"a": {"b": 2}}]),
+    (CONFIG, [{}, {"t": 1}, {"inner": {}}, {"inner": {"t": 1}}, {"inner": {"t": "x"}},
+              {"inner": {"t": 1, "os": {"l": {"t": 2}}}}, {"inner": {"t": 1, "os": {"l": 3}}},
+              {"inner": {"t": 1, "inner": {"t": 2}}}, {"inner": {"t": 1, "inner": {}}}]),
+])
+def test_a_reference_met_while_it_is_defined_is_met_once_it_is_read(schema, values):
+    """'recursion stays a reference graph': an allOf/anyOf member that refers to the definition
+    being read is intersected with the finished definition, as jsonschema's 2020-12 validator
+    reads it (values in the generation layout, and random walks)."""
+    check = jsonschema.Draft202012Validator(schema)
+    grammar = compiled(schema)
+    values = values + _walks(schema)
+    for value, text in zip(values, layout_values(schema, values)):
+        assert accepts(grammar, text) == check.is_valid(value), value
