@@ -34,11 +34,12 @@ STRINGS = ["", "a", "a\n", "a\n\n", "\na", "é", "٣", "a.", "a@", "@", "xn--ab"
            "00000000-0000-0000-0000-000000000000", "00000000-0000-0000-0000-000000000000}",
            "PT1H1S", "P1D", "1.2.3.4", "::1", "2020-01-01", "2020-01-01T00:00:00Z",
            "2020-01-01T00:00:00Z\n", "10:00:00Z", "/a~0", "0#", "100#", "http://x.y/z",
-           "a:b", "ab", "abc", "x-1", "_", "ü", "😀", "\x00"]
+           "a:b", "ab", "abc", "x-1", "_", "ü", "😀", "\x00", "a{", "(", "[a-", "a]", "[[a]",
+           "a**", "red", "#abc", "Red"]
 PATTERNS = ["^a$", ".", "\\d", "\\w", "\\W", "\\s", "^[a-c]+$", "x*", "", "^\\S+$", "a|b$",
-            "^(ab)*$", "[^a]", "é"]
+            "^(ab)*$", "[^a]", "é", "(^a$)|(^b$)", "a]", "(^[a-c]+$)|^x"]
 FORMATS = ["email", "hostname", "uuid", "duration", "ipv4", "ipv6", "date", "date-time", "time",
-           "uri", "uri-reference", "json-pointer", "relative-json-pointer"]
+           "uri", "uri-reference", "json-pointer", "relative-json-pointer", "regex", "color"]
 NAMES = ["a", "b", "é", "a\n", "x"]
 
 
@@ -126,6 +127,8 @@ def random_schema(rng: random.Random, depth: int = 0):
         s[rng.choice(["minProperties", "maxProperties"])] = rng.randint(0, 2)
     if rng.random() < 0.15:
         s["dependentRequired"] = {"a": ["b"]}
+    if rng.random() < 0.1:  # a draft-07 keyword, enforced in both readings
+        s["dependencies"] = {"b": rng.choice([["a"], random_schema(rng, depth + 1)])}
     return s
 
 

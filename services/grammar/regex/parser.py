@@ -10,9 +10,9 @@ excludes \\n, \\r, U+2028, U+2029, and negated classes hold only Unicode scalar 
 Schema `pattern` (`schema=True`) also admits them at the ends of the alternatives of a group that
 is a whole top-level alternative (`(^a$)|(^b$)`: searching for `(A|B)` is searching for A or B),
 and a `]` outside a class as a literal, as ECMAScript's web grammar (Annex B) and Python read it.
-Everything
-else (back-references, lookaround, `\\b \\B`, `\\p{..}`, inline flags, surrogate escapes, unknown
-escapes, stray `{ }`, a stray `]` outside a pattern) raises InvalidRegex with the 0-based position of the offending construct.
+Everything else (back-references, lookaround, `\\b \\B`, `\\p{..}`, inline flags, surrogate escapes,
+unknown escapes, stray `{ }`, a stray `]` outside a pattern) raises InvalidRegex with the 0-based
+position of the offending construct.
 """
 
 from __future__ import annotations

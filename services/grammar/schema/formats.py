@@ -136,9 +136,9 @@ BYTE = "(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 # both, ECMAScript with or without the u flag and Python: literals other than the syntax
 # characters, escaped syntax characters and `/`, `\d \w \s` and negations, `.`, classes of
 # such characters and the ranges a-z, A-Z, 0-9, one quantifier `* + ? {m} {m,}` per atom (lazy or
-# not), groups one level deep, `^` and `$` at the ends of top-level alternatives. Not `-` escaped outside a
-# class (an error with the u flag), not `{m,n}` (out of order is an error), not `[` `|` `&` `~`
-# inside a class (Python warns of set operations).
+# not), groups one level deep, `^` and `$` at the ends of top-level alternatives. Not `-` escaped
+# outside a class (an error with the u flag), not `{m,n}` (out of order is an error), not `[` `|`
+# `&` `~` inside a class (Python warns of set operations).
 _RX_LIT = "[^\\\\^$.|?*+()\\[\\]{}]"
 _RX_ESC = "\\\\[\\\\^$.|?*+()\\[\\]{}/dDwWsS]"
 _RX_CLASS_ATOM = "(?:[^\\\\\\]\\[^|&~\\-]|\\\\[\\\\\\]\\[^\\-dDwWsS]|a-z|A-Z|0-9)"
