@@ -2,14 +2,14 @@
 
 On the built-in vocabulary (SmolLM2) a Hermes tool call whose strict arguments hold a string of
 `maxLength` N, forced (`required`, "hermes-args") or after free text under `auto`
-("hermes-auto"); on Qwen3.5 the thinking framing around a JSON
-schema with the same string (an XML tool call's raw values are counted beside the matcher, by
+("hermes-auto"); on Qwen3.5 the thinking framing around a JSON schema with the same string (an
+XML tool call's raw values are counted beside the matcher, by
 `services/grammar/tools/raw_lengths.py`, which this bench does not drive). Each case walks one
 canonical output (the model's tokenizer writes the text, control tokens by id) with the string N
-characters long, and reports the engine, the cold compile, the
-blob size and the per-token `fill_mask` CPU time (p50 / p99 / max) over the whole output and
-inside the string, on the first walk after the cold compile and on the next walk over the same
-compiled grammar (llguidance builds lexer states on first use). "before" is the first lowering:
+characters long, and reports the engine, the cold compile, the blob size and the per-token
+`fill_mask` CPU time (p50 / p99 / max) over the whole output, inside the string and in the free
+text before the call, on the first walk after the cold compile and on the next walk over the
+same compiled grammar (llguidance builds lexer states on first use). "before" is the first lowering:
 xgrammar with the counted repetition `char{0,N}` (the chain limit set below every bound);
 "xgrammar" the xgrammar grammar of record as it is now (the rule chain of
 `services/grammar/schema/strings.py` up to its limit); "after" the product's rule
@@ -116,6 +116,8 @@ def run_case(compiler: ModelCompiler, model: str, case: str, n: int, form: str,
         fills, cut = _walk(compiled, tokens, budget_s, f"{model} {case} {n} ({form})")
         out[walk] = {"cut": cut, "mask_fill_us": _stats([v for vs in fills.values() for v in vs]),
                      "in_string_us": _stats(fills.get("string", []))}
+        if "free text" in fills:
+            out[walk]["free_text_us"] = _stats(fills["free text"])
         if cut:
             break
     return out

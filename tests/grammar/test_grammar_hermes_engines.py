@@ -228,3 +228,17 @@ def test_hermes_masks_on_the_built_in_vocabulary():
                 assert a.accept_token(token) == b.accept_token(token) is True
                 if token in dom.eos_ids:
                     break
+
+
+def test_tool_names_of_any_letters_are_the_same_literal_on_both_engines():
+    """A tool name is 1-128 letters, digits, '_', '-' or '.' (Unicode letters among them, astral
+    ones too): the call's head accepts that name exactly, on both engines."""
+    compiler = ModelCompiler(domain())
+    for name in ("caf\u00e9", "\U0001d400x", "a.b-c_d", "\u65e5\u672c"):
+        spec = ToolSpec((ToolDefinition.create(name, {"type": "object"}),), ToolChoice())
+        pair = [compiler.compile(spec, engine=e).grammar for e in (XGRAMMAR, LLGUIDANCE)]
+        for called, valid in ((name, True), (name + "x", False), (name[:-1], False)):
+            data = _call(called, {}).encode()
+            for grammar in pair:
+                m = grammar.matcher()
+                assert (m.accept_bytes(data) and m.is_completed()) is valid, (name, called)
