@@ -71,9 +71,8 @@ def _block_bytes_saved(model, batch: int) -> int:
     if not (ops.CPU_GEMV and batch <= cpu_gemv.MAX_ROWS and cpu_gemv.available()):
         return 0
     matrices = [getattr(model, "quantized_output", None)]
-    for layer in getattr(model.model, "layers", ()):
-        for module in (layer.self_attn, layer.mlp):
-            matrices += list(getattr(module, "quantized", {}).values())
+    for module in model.modules():  # the dense model's attention and MLP blocks carry them
+        matrices += list(getattr(module, "quantized", {}).values())
     return sum(m.out_features * m.in_features * 4 - m.nbytes for m in matrices if m is not None)
 
 
