@@ -14,6 +14,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Every bench command under `infernix bench`."""
     add_bench_parser(sub)
     add_store_bench_parser(sub)
+    add_bounded_strings_parser(sub)
     add_parser(sub)
     add_spec_parser(sub)
     add_prefix_parser(sub)
@@ -193,6 +194,28 @@ def add_store_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="fewer slow grammars")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=_run_store_bench)
+
+
+def add_bounded_strings_parser(sub: argparse._SubParsersAction) -> None:
+    """`infernix bench bounded-strings` (bench/bounded_strings.py)."""
+    p = sub.add_parser("bounded-strings", help="mask fills inside maxLength strings of framed "
+                       "grammars (xgrammar): the counted repetition beside the rule chain")
+    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=GRAMMAR_MODELS,
+                   help="default: smollm2 qwen3.5")
+    p.add_argument("--max-lengths", nargs="+", type=int, default=[60, 300, 2000], metavar="N",
+                   help="default: 60 300 2000")
+    p.add_argument("--cases", nargs="+", choices=("hermes-args", "thinking-json"),
+                   help="default: both (hermes-args on smollm2, thinking-json on qwen3.5)")
+    p.add_argument("--case-budget-s", type=float, default=20.0,
+                   help="CPU seconds of mask fills per case before it is cut (default: 20)")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
+    p.set_defaults(func=_run_bounded_strings)
+
+
+def _run_bounded_strings(args: argparse.Namespace) -> int:
+    from bench.bounded_strings import run
+
+    return run(args)
 
 
 def _run_store_bench(args: argparse.Namespace) -> int:

@@ -291,8 +291,13 @@ from services.grammar.tools.param_names import (  # noqa: E402,F401 - re-exporte
     NameIndex,
     ParameterNameConstraint,
 )
+from services.grammar.tools.raw_lengths import (  # noqa: E402,F401 - re-exported: the XML companion
+    LengthIndex,
+    RawLengthConstraint,
+)
 from services.grammar.tools.xml_tools import (  # noqa: E402,F401 - the decoder's contract
     argument_codings,
+    counted_lengths,
 )
 
 

@@ -50,7 +50,7 @@ from services.worker.spec import (
     check_model,
     make_proposer,
 )
-from shared.errors import DeadlineExceeded, InternalError
+from shared.errors import DeadlineExceeded
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
@@ -339,12 +339,16 @@ class Engine:
                     self.step()
                 except IntegrityError as exc:
                     unavailable_boundary(self, exc)
-                except Exception as exc:  # a bug: fail what is resident, keep serving
-                    log.exception("engine_step_failed")
+                except Exception as exc:  # a bug, or the device failing outside the Program
+                    log.exception("engine_step_failed")  # step (it reports at the next wait)
                     self.pipeline.drop()
-                    for job in list(self.scheduler.resident):
-                        self.post.finish(job, FinishReason.ERROR,
-                                         InternalError(f"engine failure: {exc}"))
+                    try:
+                        error = step_failure(exc, "engine failure")
+                    except IntegrityError as lost:  # the device's state is unknown
+                        unavailable_boundary(self, lost)
+                        continue
+                    for job in list(self.scheduler.resident):  # fail what is resident, serve on
+                        self.post.finish(job, FinishReason.ERROR, error)
                     self.post.flush()
         finally:
             self.running = False

@@ -1,10 +1,12 @@
-"""NamedMatcher: one session's grammar matcher together with the XML tool grammar's
-parameter-name companion (ParameterNameConstraint), which shares every matcher transaction.
+"""NamedMatcher: one session's grammar matcher together with the XML tool grammar's companions,
+which share every matcher transaction: the parameter-name one (ParameterNameConstraint) and the
+raw string length one (RawLengthConstraint).
 
-The companion clears, in each mask the matcher fills, the tokens that would repeat an argument
-name, and follows every token the matcher accepts and every rollback. Keeping the pair in one
-object is what makes that hold everywhere: the session's lookahead and previews (session.py) and
-a proposer's probe (probe.py) call only this object. Without a companion it is the matcher alone.
+Each companion clears, in each mask the matcher fills, the tokens the grammar alone cannot refuse
+(a repeated argument name; a raw value that can no longer keep its length bounds), and follows
+every token the matcher accepts and every rollback. Keeping them in one object is what makes
+that hold everywhere: the session's lookahead and previews (session.py) and a proposer's probe
+(probe.py) call only this object. Without companions it is the matcher alone.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from services.grammar.client import Matcher, ParameterNameConstraint
+from services.grammar.client import Matcher, ParameterNameConstraint, RawLengthConstraint
 from services.worker.output.positions import PositionState
 from services.worker.output.report import ConstraintCounters
 from shared.errors import InternalError
@@ -34,15 +36,21 @@ class Walk:
 
 
 class NamedMatcher:
-    """`matcher`, and `names` (None: no companion), moving together."""
+    """`matcher`, `names` and `lengths` (None: no such companion), moving together."""
 
-    def __init__(self, matcher: Matcher, names: ParameterNameConstraint | None = None) -> None:
+    def __init__(self, matcher: Matcher, names: ParameterNameConstraint | None = None,
+                 lengths: RawLengthConstraint | None = None) -> None:
         self.matcher = matcher
         self.names = names
+        self.lengths = lengths
 
     def accept_token(self, token: int) -> bool:
-        """Accept `token`; False (nothing changes) when the grammar refuses it."""
+        """Accept `token`; False (nothing changes) when the grammar or the length companion
+        refuses it."""
         if not self.matcher.accept_token(token):
+            return False
+        if self.lengths is not None and not self.lengths.accept(token):
+            self.matcher.rollback(1)
             return False
         if self.names is not None:
             self.names.accept(token)
@@ -57,10 +65,15 @@ class NamedMatcher:
         self.matcher.rollback(n)
         if self.names is not None:
             self.names.rollback(n)
+        if self.lengths is not None:
+            self.lengths.rollback(n)
 
     def apply_names(self, row: torch.Tensor) -> None:
-        """Clear in `row` ([ceil(V/32)] int32, the matcher's mask) the tokens that would repeat an
-        argument name."""
+        """Clear in `row` ([ceil(V/32)] int32, the matcher's mask) the tokens the companions
+        refuse: those that would repeat an argument name or overrun a raw value's length
+        bounds."""
+        if self.lengths is not None:
+            self.lengths.apply(row)
         if self.names is not None:
             self.names.apply(row)
 

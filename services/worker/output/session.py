@@ -38,7 +38,12 @@ from typing import Sequence
 
 import torch
 
-from services.grammar.client import CompiledConstraint, Matcher, ParameterNameConstraint
+from services.grammar.client import (
+    CompiledConstraint,
+    Matcher,
+    ParameterNameConstraint,
+    RawLengthConstraint,
+)
 from services.worker.integrity import IntegrityError
 from services.worker.output.named_matcher import NamedMatcher
 from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
@@ -89,7 +94,9 @@ class OutputSession:
     (default "content"). `cache` ("l1" | "redis" | None), `built`, `waited`, `compile_ms`: the
     compile-cache outcome for the report. `names`: the XML tool grammar's ParameterNameConstraint
     companion (non-strict tools), which shares every matcher transaction: it clears the masks'
-    tokens that would repeat an argument name and follows every accept and rollback.
+    tokens that would repeat an argument name and follows every accept and rollback; `lengths`:
+    its RawLengthConstraint companion (raw string length bounds the grammar leaves to it), the
+    same way.
     `prefix_tokens`: the continued content as tokens, for a tool grammar (the Frontend's
     `continuation_tokens`), accepted instead of `prefix` bytes.
 
@@ -110,6 +117,7 @@ class OutputSession:
         waited: bool = False,
         compile_ms: float = 0.0,
         names: ParameterNameConstraint | None = None,
+        lengths: RawLengthConstraint | None = None,
         prefix_tokens: Sequence[int] = (),
     ) -> None:
         start = time.perf_counter()
@@ -126,8 +134,9 @@ class OutputSession:
         # round counts here directly
         self.counters = ConstraintCounters(cache=cache, built=built, waited=waited,
                                             compile_ms=compile_ms)
-        self._matcher: NamedMatcher | None = None  # the matcher and its names companion
+        self._matcher: NamedMatcher | None = None  # the matcher and its companions
         self._pending: _Pending | None = None
+        self._held: _Pending | None = None  # a forced-control preview awaiting its append
         self._probing = False  # a MatcherProbe is open
         self._eos = False  # EOS committed
         self._cut = False  # ended by the budget or an interruption
@@ -138,7 +147,7 @@ class OutputSession:
         vocab = compiled.domain.size
         if vocab != domain.size:
             raise InternalError(f"grammar compiled for {vocab} token ids, domain has {domain.size}")
-        self._matcher = NamedMatcher(compiled.matcher(), names)
+        self._matcher = NamedMatcher(compiled.matcher(), names, lengths)
         if prefix_tokens:
             for t in prefix_tokens:
                 if not self._matcher.accept_token(int(t)):
@@ -272,6 +281,32 @@ class OutputSession:
         self._eos = pending.terminated
         self._cut = pending.length_cut
 
+    def hold(self) -> None:
+        """Keep the pending forced-control preview provisional until the Program has appended
+        its tokens to the lane (design document: "matcher and decoder state are confirmed only
+        after the Program's append succeeds"). Its tokens are fed with the next step, whose
+        masks and preview build on it: lookahead, previews and confirm work on top of it;
+        `confirm_held` commits it, `finish_incomplete` returns the matcher to before it.
+        InternalError without a pending preview or with one held already."""
+        if self._pending is None or self._held is not None:
+            raise InternalError("hold() needs a pending preview and none held")
+        self._held, self._pending = self._pending, None
+
+    @property
+    def holding(self) -> bool:
+        """A forced-control preview is held (see `hold`)."""
+        return self._held is not None
+
+    def confirm_held(self) -> None:
+        """Commit the held preview once the Program appended its tokens (InternalError when
+        none is held)."""
+        held = self._held
+        if held is None:
+            raise InternalError("confirm_held() without a held preview")
+        self._held = None
+        self._eos = held.terminated
+        self._cut = held.length_cut
+
     def discard(self) -> None:
         """Return the matcher to the mark of the pending preview; a no-op when none is pending."""
         pending = self._pending
@@ -282,8 +317,11 @@ class OutputSession:
 
     def finish_incomplete(self) -> None:
         """End the output without EOS (cancellation, context exhaustion, a failed row): discards a
-        pending preview (nothing uncommitted is published)."""
+        pending preview and a held one (nothing uncommitted is published)."""
         self.discard()
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._rollback_preview(held.matcher_tokens)
         self._cut = self._cut or not self._eos
 
     def _preview(self, tokens: Sequence[int], limit: int | None, position: int, *,
