@@ -1,11 +1,12 @@
 """The bare weight GEMMs of one CPU decode step of the built-in model, both ways, side by side:
 the GGUF's Q4_1 / Q8_0 blocks through kernels/cpu_gemv.py and F.linear on the float32 weights
 (the path it replaces). Every fused GEMM of the model once per step (q|k|v, o, gate|up, down per
-layer, the output matrix), one decode row, alternating the two ways `--steps` times per thread
-count, so contention from other processes falls on both alike. Reports per way the min and median
-step time and the bytes read per step over the min (effective bandwidth), as JSON.
+layer, the output matrix), on `--rows` input rows (decode rows B * T), alternating the two ways
+`--steps` times per thread count, so contention from other processes falls on both alike. Reports
+per way the min and median step time and the bytes read per step over the min (effective
+bandwidth), as JSON.
 
-    python -m bench.cpu_gemv --threads 1 2 --steps 30 --out gemv_cpu.json
+    python -m bench.cpu_gemv --threads 1 2 --rows 1 --steps 30 --out gemv_cpu.json
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def step_gemms(model) -> list[tuple]:
 
 
 @torch.inference_mode()
-def bench_gemms(model, threads: tuple[int, ...], steps: int) -> dict:
+def bench_gemms(model, threads: tuple[int, ...], steps: int, rows: int = 1) -> dict:
     pairs = step_gemms(model)
-    inputs = {k: torch.randn(1, k) for k in {w.shape[1] for _, w in pairs}}
+    inputs = {k: torch.randn(rows, k) for k in {w.shape[1] for _, w in pairs}}
     ways = {
         "blocks": (lambda: [q.linear(inputs[w.shape[1]]) for q, w in pairs],
                    sum(q.nbytes for q, _ in pairs)),
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cpu_gemv", description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rows", type=int, nargs="+", default=[1], help="input rows (default: 1)")
     p.add_argument("--out", metavar="FILE")
     args = p.parse_args(argv)
     from kernels import cpu_gemv
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     args.model, args.device = runtime.name, "cpu"
     report = {**report_header("cpu_gemv", args, runtime),
               "command": "python -m bench.cpu_gemv " + shlex.join(sys.argv[1:]),
-              "results": bench_gemms(runtime.model, tuple(args.threads), args.steps)}
+              "results": {r: bench_gemms(runtime.model, tuple(args.threads), args.steps, r)
+                          for r in args.rows}}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
