@@ -64,6 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="time forward and sample per batch size (CUDA events; the wall clock on "
                    "the CPU) beside the memory floor; host share and idle device from the TPOT")
     p.add_argument("--no-cuda-graphs", action="store_true", help="our engine without decode graphs")
+    p.add_argument("--logprobs", type=int, metavar="N",
+                   help="also an unconstrained round whose rows ask for logprobs with N "
+                   "alternatives, in the same run (its TPOT beside the plain round's)")
     p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=_run)

@@ -65,6 +65,9 @@ class DecodeBenchOptions:
     compare_serial: bool = False  # also run the fused path with the engine's pipeline off
     compare_float32: bool = False  # also run the fused path on float32 weights (CPU GEMV off)
     breakdown: bool = False  # the device step breakdown and memory floor (its breakdown.py)
+    # also an unconstrained round whose rows ask for logprobs with this many alternatives
+    # (0..20; None: no such round), beside the others in the same run
+    logprobs: int | None = None
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -126,7 +129,8 @@ def _steady_step_ms(marks: list[dict]) -> float | None:
 
 
 async def _engine_round(client, runtime: ModelRuntime, prompts: list[str], max_tokens: int,
-                        schemas: list[dict] | None, tag: str) -> dict[str, Any]:
+                        schemas: list[dict] | None, tag: str,
+                        logprobs: int | None = None) -> dict[str, Any]:
     sampling = SamplingParams(temperature=0.0)
     requests = [
         GenerateRequest(
@@ -138,6 +142,7 @@ async def _engine_round(client, runtime: ModelRuntime, prompts: list[str], max_t
                 constraint=OutputConstraint.json_schema(schemas[i % len(schemas)])
                 if schemas
                 else None,
+                logprobs=logprobs,
             ),
             model=runtime.name,
         )
@@ -187,22 +192,28 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
                 OutputConstraint.json_schema(schema), model=runtime.name
             )
         rows = {}
+        modes = [("unconstrained", None, None), ("constrained", schemas, None)]
+        if opts.logprobs is not None:
+            modes.append(("logprobs", None, opts.logprobs))
         for b in opts.batch_sizes:
             prompts = prompt_texts(runtime, b, opts.prompt_tokens)
-            for mode, sch in (("unconstrained", None), ("constrained", schemas)):
+            for mode, sch, lp in modes:
                 await _engine_round(
-                    client, runtime, prompts, opts.warmup_tokens, sch, f"w{b}{mode}"
+                    client, runtime, prompts, opts.warmup_tokens, sch, f"w{b}{mode}", lp
                 )
             entry = {}
-            for mode, sch in (("unconstrained", None), ("constrained", schemas)):
+            for mode, sch, lp in modes:
                 entry[mode] = await _engine_round(client, runtime, prompts, opts.max_tokens, sch,
-                                                  f"m{b}{mode}")
+                                                  f"m{b}{mode}", lp)
                 log(f"engine[{path}] B={b} {mode}: tpot {entry[mode]['tpot_p50_ms']} ms, "
                     f"{entry[mode]['throughput_tok_s']} tok/s")
             entry["tpot_ratio"] = _ratio(entry["constrained"]["tpot_p50_ms"],
                                          entry["unconstrained"]["tpot_p50_ms"])
             entry["tpot_steady_ratio"] = _ratio(entry["constrained"]["tpot_steady_ms"],
                                                 entry["unconstrained"]["tpot_steady_ms"])
+            if opts.logprobs is not None:  # what reading logprobs adds to a greedy row's step
+                entry["logprobs_tpot_ratio"] = _ratio(entry["logprobs"]["tpot_p50_ms"],
+                                                      entry["unconstrained"]["tpot_p50_ms"])
             rows[b] = entry
             partial({"engine": rows})
         return rows
@@ -399,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
         reference_max_tokens=args.reference_max_tokens, cuda_graphs=not args.no_cuda_graphs,
         compare_unfused=args.compare_unfused, compare_serial=args.compare_serial,
         compare_float32=args.compare_float32,
-        breakdown=args.breakdown)
+        breakdown=args.breakdown, logprobs=args.logprobs)
 
     def log(line: str) -> None:
         print(f"[bench decode] {line}", file=sys.stderr, flush=True)
@@ -417,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
                     "prompt_tokens": opts.prompt_tokens, "reference": opts.reference,
                     "reference_batch_sizes": list(opts.reference_batch_sizes),
                     "cuda_graphs": opts.cuda_graphs, "greedy": True, "paths": list(opts.paths),
-                    "breakdown": opts.breakdown},
+                    "breakdown": opts.breakdown, "logprobs": opts.logprobs},
     }
 
     def partial(results: dict) -> None:

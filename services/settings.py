@@ -135,6 +135,10 @@ _TABLE = (
             "DIR"),
     Setting("num_draft_tokens", _positive, 4, "drafts per request and round with --speculative",
             "K"),
+    Setting("logprobs_mode", str, "processed", "what logprobs report: processed (the "
+            "distribution each token was sampled from: penalties, the grammar mask and the "
+            "sampling transforms applied; greedy rows: the masked log-softmax at temperature 1) "
+            "or raw (the model's own log-softmax)", choices=("processed", "raw")),
     # The gateway's workers (`--worker` repeated; the variable is a comma-separated list).
     Setting("workers", str, "", "comma-separated worker addresses", "HOST:PORT,...",
             has_flag=False),

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 Compilable = Union[OutputConstraint, "ToolSpec"]
 
 # Bumped whenever a conversion changes the language a source compiles to: old cache entries die.
-CONVERTER_VERSION = "4"
+CONVERTER_VERSION = "5"
 # The framing of a bare content constraint: the constrained bytes are the whole output.
 RAW_FRAMING = "raw"
 
@@ -102,7 +102,8 @@ def build_grammar(constraint: "Compilable", domain: TokenDomain,
         from services.grammar.schema import schema_to_grammar
 
         return schema_to_grammar(constraint.schema, whitespace=whitespace_of(constraint, domain),
-                                 explicit_layout=constraint.whitespace is not None)
+                                 explicit_layout=constraint.whitespace is not None,
+                                 unique_names=True)
     else:  # pragma: no cover - the enum is closed
         raise InternalError(f"unknown constraint kind {kind!r}")
     return _from_ebnf(text, kind.value)
@@ -246,7 +247,7 @@ def build_lark(constraint: OutputConstraint, domain: TokenDomain) -> str:
     schema = {"type": "object"} if constraint.kind is ConstraintKind.JSON_OBJECT \
         else constraint.schema
     return schema_to_lark(schema, whitespace=whitespace_of(constraint, domain),
-                          explicit_layout=constraint.whitespace is not None)
+                          explicit_layout=constraint.whitespace is not None, unique_names=True)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ class Request:
     cancel_requested: bool = False
     # Output tokens the reasoning phase may take before its close is forced (None: no budget).
     thinking_budget: int | None = None
+    # Log-probabilities asked for: None = off, n = with n alternatives per token (0..20).
+    logprobs: int | None = None
     # A forced close in the ledger that the lane does not hold yet: (its tokens, the ledger's
     # length after them). Its matcher preview is held; the commit of the step that feeds it to
     # the lane confirms and publishes it (`take_appended`), a finish before that drops it.

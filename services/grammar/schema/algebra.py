@@ -238,7 +238,7 @@ class Graph:
         declared = {k for k, _ in out}
         out += [(r.name, self.value_of(probe, r.name, pointer)) for r in required
                 if r.name not in declared]
-        free_count_check(self.ctx, pointer, min_props, len(required), additional, patterns)
+        free_count_check(self.ctx, pointer, min_props, len(required), additional, patterns, names)
         obj = ObjectType(
             tuple(out), required, additional, tuple(patterns), names, min_props, max_props
         )
@@ -321,11 +321,16 @@ class Graph:
 
 
 def free_count_check(ctx: Context, pointer: str, min_props: int, required: int, additional: Node,
-                     patterns: tuple) -> None:
+                     patterns: tuple, names: Node = ANY) -> None:
     """Refuse a minimum member count that undeclared names could reach only by repeating a
     name: the grammar cannot exclude a name used earlier, counts a repeat as a member, and a
     parser keeps one (`{"minProperties": 2}` accepted `{"a":1,"a":2}`). Members beyond the
-    required ones count safely only while one free member suffices."""
+    required ones count safely while one free member suffices, or where the consumer keeps names
+    unique (`ctx.unique_names`) and undeclared names are any string (no patterns, no
+    propertyNames): infinitely many distinct names then fill every count, so no name set runs out
+    below the minimum."""
+    if ctx.unique_names and not patterns and isinstance(names, AnyValue):
+        return
     if min_props >= required + 2 and (patterns or not isinstance(additional, NoValue)):
         raise ctx.unsupported(pointer, f"at least {min_props} members where undeclared names may "
                                        "fill the count: a generated object could repeat a name, "

@@ -82,6 +82,9 @@ class EngineConfig:
     # Run every kernel shape once at start (program/warmup.py) before health says ok (a served
     # CUDA worker turns it on: services/embedded.py; benches and tests time their own shapes)
     warmup: bool = False
+    # What logprobs report (program/logprobs.py): "processed" (the distribution each token was
+    # sampled from) or "raw" (the model's own log-softmax)
+    logprobs_mode: str = "processed"
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -102,6 +105,9 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}"
             )
+        if self.logprobs_mode not in ("processed", "raw"):
+            raise ValueError(f"EngineConfig.logprobs_mode must be processed or raw, got "
+                             f"{self.logprobs_mode!r}")
 
     @property
     def waiting_limit(self) -> int:
@@ -147,7 +153,8 @@ class Engine:
                                cuda_graphs=config.cuda_graphs
                                and captures_graphs(config.speculative),
                                prefix_cache=config.prefix_cache,
-                               kv_cache_tokens=config.kv_cache_tokens)
+                               kv_cache_tokens=config.kv_cache_tokens,
+                               logprobs_mode=config.logprobs_mode)
         # The speculative proposer (None: ordinary decoding), built once over the Program's state;
         # setting Engine.proposer to None later stops drafting (the Program's copy still aligns).
         self.proposer = make_proposer(config, runtime, self.program.state)

@@ -42,7 +42,7 @@ from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request
 from services.worker.spec.counters import SpecCounters
 from shared.errors import InfernixError, InternalError
-from shared.generation import Finished, FinishReason, GenerationEvent, Usage
+from shared.generation import Finished, FinishReason, GenerationEvent, TokenLogprobs, Usage
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
 
@@ -109,7 +109,7 @@ class Postprocessor:
                 self.metrics.forced_closes.inc()
                 closes[i] = close
             self._confirm(pending, i, round_.previews.get(i), n)
-        self._publish(pending.batch, round_, closes)
+        self._publish(pending, round_, closes)
 
     def flush(self) -> None:
         """Deliver every held event; a request whose consumer is gone stops generating."""
@@ -183,10 +183,10 @@ class Postprocessor:
                 self.metrics.spec_drafts.labels(result="rolled_back").inc(row.num_drafts - accepted)
         job.commit(row.start + kept, preview.tokens if preview is not None else [])
 
-    def _publish(self, batch: StepBatch, round_: _Round,
+    def _publish(self, pending: PendingBatch, round_: _Round,
                  closes: dict[int, tuple[int, ...]]) -> None:
         now = time.monotonic()
-        for i, row in enumerate(batch.rows):
+        for i, row in enumerate(pending.batch.rows):
             job = row.request
             if job.cancel_requested:
                 self.finish(job, FinishReason.CANCELLED)
@@ -198,7 +198,8 @@ class Postprocessor:
                 preview = round_.previews[i]
                 if job.first_token_at is None:
                     job.first_token_at = now
-                if not self._emit(job, preview.tokens[:preview.result.accepted]):
+                if not self._emit(job, preview.tokens[:preview.result.accepted],
+                                  pending.results[i].logprobs):
                     continue  # its publication failed: that request alone ended with the error
                 if preview.result.terminated or preview.stop_id or job.output.stopped:
                     self.finish(job, FinishReason.STOP)
@@ -240,11 +241,23 @@ class Postprocessor:
 
     # ---------------------------------------------------------------- publication
 
-    def _emit(self, job: Request, tokens: list[int]) -> bool:
+    def _emit(self, job: Request, tokens: list[int], logprobs: tuple = ()) -> bool:
         """Publish committed tokens; False when reading them failed (a decoder bug, a tool stream
-        that cannot read a call): that request ends with the typed error, never the batch."""
+        that cannot read a call): that request ends with the typed error, never the batch.
+        `logprobs`: the tokens' entries when the request asked (absent for forced controls): the
+        content tokens' ones go out first, as one TokenLogprobs event."""
         try:
-            events = job.output.feed(tokens)
+            if logprobs:
+                listed, events = [], []
+                eos = job.session.domain.eos_ids
+                for t, entry in zip(tokens, logprobs):  # a token's phase is read before it
+                    if not job.output.in_reasoning and t not in eos:
+                        listed.append(entry)
+                    events += job.output.feed((t,))
+                if listed:
+                    events.insert(0, TokenLogprobs(tuple(listed)))
+            else:
+                events = job.output.feed(tokens)
         except Exception as exc:
             log.exception("publication_failed", request_id=job.request_id)
             self.finish(job, FinishReason.ERROR, exc if isinstance(exc, InternalError) else

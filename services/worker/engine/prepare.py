@@ -22,6 +22,7 @@ from services.grammar.client import (
     ToolSpec,
     argument_codings,
     counted_lengths,
+    json_names_for,
     needs_tool_grammar,
 )
 from services.worker.output.publication import Publication
@@ -87,6 +88,7 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
         seed=seed if seed is not None else secrets.randbits(63), output=output,
         stop_token_ids=frozenset(options.stop_token_ids),
         thinking_budget=options.thinking_budget if prompt.phase == REASONING else None,
+        logprobs=options.logprobs,
         constraint_kind=_constraint_kind(request, tool_spec),
         deadline=submitted + options.timeout_s if options.timeout_s else None,
         timeout_s=options.timeout_s, submitted_at=submitted,
@@ -212,7 +214,8 @@ async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
                                 built=stats.built, waited=stats.waited,
                                 compile_ms=stats.compile_ms,
                                 branch="undecided" if tool_spec is not None else "content",
-                                names=_name_constraint(tool_spec, frontend),
+                                names=_name_constraint(tool_spec, frontend) if tool_spec
+                                is not None else json_names_for(constraint, domain, framing),
                                 lengths=_length_constraint(tool_spec, frontend))
         if not (session.may_end or session.can_continue):
             raise ConstraintDeadEnd("the constraint allows no token at output position 0",

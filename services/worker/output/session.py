@@ -38,14 +38,9 @@ from typing import Sequence
 
 import torch
 
-from services.grammar.client import (
-    CompiledConstraint,
-    Matcher,
-    ParameterNameConstraint,
-    RawLengthConstraint,
-)
+from services.grammar.client import CompiledConstraint, Matcher, RawLengthConstraint
 from services.worker.integrity import IntegrityError
-from services.worker.output.named_matcher import NamedMatcher
+from services.worker.output.named_matcher import NameCompanion, NamedMatcher
 from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
     LookaheadResult,
     PositionState,
@@ -92,11 +87,12 @@ class OutputSession:
     content a ContinueFinalAssistant request continues (UTF-8 bytes; accepted by the matcher at
     creation, never published, part of completeness; default b""). `branch`: the report's branch
     (default "content"). `cache` ("l1" | "redis" | None), `built`, `waited`, `compile_ms`: the
-    compile-cache outcome for the report. `names`: the XML tool grammar's ParameterNameConstraint
-    companion (non-strict tools), which shares every matcher transaction: it clears the masks'
-    tokens that would repeat an argument name and follows every accept and rollback; `lengths`:
-    its RawLengthConstraint companion (raw string length bounds the grammar leaves to it), the
-    same way.
+    compile-cache outcome for the report. `names`: the name companion, which shares every matcher
+    transaction (named_matcher.py): the XML tool grammar's ParameterNameConstraint (non-strict
+    tools) or the JsonNameConstraint of JSON content with undeclared names; it clears the masks'
+    tokens that would repeat a name and follows every accept, prefix and rollback; `lengths`: the
+    XML tool grammar's RawLengthConstraint companion (raw string length bounds the grammar leaves
+    to it), the same way.
     `prefix_tokens`: the continued content as tokens, for a tool grammar (the Frontend's
     `continuation_tokens`), accepted instead of `prefix` bytes.
 
@@ -116,7 +112,7 @@ class OutputSession:
         built: bool = False,
         waited: bool = False,
         compile_ms: float = 0.0,
-        names: ParameterNameConstraint | None = None,
+        names: NameCompanion | None = None,
         lengths: RawLengthConstraint | None = None,
         prefix_tokens: Sequence[int] = (),
     ) -> None:
@@ -407,7 +403,7 @@ class OutputSession:
             self._scratch = torch.empty((1, self.domain.mask_words), dtype=torch.int32)
         start = time.perf_counter()
         row = self._scratch  # [1, ceil(V/32)]
-        self._matcher.matcher.fill_mask(row, 0)  # the grammar's set, before the companion's
+        self._matcher.fill_mask(row, 0)  # the companion's tokens cleared: they lead nowhere
         for eos in self.domain.eos_ids:  # clear the EOS bits (int32: bit 31 is the sign)
             row[0, eos >> 5] &= int32(~(1 << (eos & 31)) & 0xFFFFFFFF)
         self.counters.mask_seconds += time.perf_counter() - start
