@@ -57,6 +57,7 @@ def _reduce_graph(
     graph = Graph(ctx, patterns.matches, patterns.empty, patterns.pattern_check)
     reader = Reader(schema, ctx, graph)
     root = reader.read(schema)
+    graph.finish()
     reduced = ReducedSchema(root, graph.defs, tuple(sorted(reader.annotations)))
     _finalize(reduced, ctx, patterns)
     if isinstance(graph.resolve(root, ""), NoValue):
