@@ -54,6 +54,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare-unfused", action="store_true",
                    help="first run the engine on the op-by-op model path (the reference the fused "
                    "path is tested against), then the fused path, in one run")
+    p.add_argument("--compare-float32", action="store_true",
+                   help="on the CPU, first run the fused path with its weight GEMMs on the float32 "
+                   "weights (INFERNIX_CPU_GEMV=0), then on the GGUF's blocks, in one run")
     p.add_argument("--compare-serial", action="store_true",
                    help="also run the fused path with the engine's pipeline off (launch step n+1 "
                    "only after step n's commit), before the pipelined one, in one run")
