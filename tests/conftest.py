@@ -84,6 +84,15 @@ def redis_server():
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def pytest_collection_finish(session):
+    """The files whose interpreter cases this session runs share one interpreted child pytest
+    (tests/support/kernel_backends.py)."""
+    from tests.support import kernel_backends
+
+    kernel_backends.SESSION_FILES[:] = sorted({str(item.path.resolve()) for item in session.items
+                                              if item.name.endswith("_under_interpreter")})
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU tests skip cleanly on machines without CUDA."""
     try:
