@@ -9,7 +9,8 @@ bash scripts/install.sh --test
 "${PYTHON:-python3}" -m ruff check services shared kernels bench tests loadtest scripts
 # Two worker processes (pytest-xdist) share the two cores of a CI machine: a serial run leaves one
 # idle while a test waits on a process it started or runs single-threaded Python. Each worker runs
-# whole groups (tests/conftest.py: a module, the embedded-gateway tests, the interpreted kernels).
-# TEST_WORKERS=0 runs serially; arguments after it (`-n 4`, a path) override.
-exec "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" \
-  --dist loadgroup "$@"
+# whole modules (their module-scoped servers start once).
+# TEST_WORKERS=0 runs serially; arguments after it (`-n 4`, a path) override. The suite uses no
+# pytest-benchmark; where one is installed its warning about xdist would be an error here.
+exec "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider -p no:benchmark \
+  -n "${TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -92,24 +92,13 @@ def pytest_collection_finish(session):
 
     kernel_backends.SESSION_FILES[:] = sorted({str(item.path.resolve()) for item in session.items
                                               if item.name.endswith("_under_interpreter")})
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's basetemp is popen-gwN in a common one
+        base = session.config._tmp_path_factory.getbasetemp().parent  # pruned by pytest
+        kernel_backends.SHARED_DIR[:] = [base]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh: `-n 2 --dist loadgroup`) each worker process runs whole
-    groups: a module's tests stay together (its module-scoped servers start once), and so do all
-    the tests on the session's embedded default gateway (one model load) and all the
-    `*_under_interpreter` tests (one interpreted child pytest). GPU tests skip cleanly on machines
-    without CUDA."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        for item in items:
-            if item.name.endswith("_under_interpreter"):
-                group = "interpreter"
-            elif "gateway_url" in getattr(item, "fixturenames", ()):
-                group = "embedded-gateway"
-            else:
-                group = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group))
+    """GPU tests skip cleanly on machines without CUDA."""
     try:
         import torch
 

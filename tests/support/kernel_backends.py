@@ -29,60 +29,83 @@ def backend_params() -> list:
 
 # Files whose `*_under_interpreter` test this session runs (tests/conftest.py records them at
 # collection): the first such test runs all their interpreter cases in one child pytest, so the
-# child's start (torch, Triton, the collection) is paid once, not once per file.
+# child's start (torch, Triton, the collection) is paid once, not once per file. Under
+# pytest-xdist the workers share that run through a locked file (whichever asks first runs it).
 SESSION_FILES: list[str] = []
-_CHILDREN: dict[str, "_Child"] = {}  # file -> the child run that ran it
+SHARED_DIR: list[Path] = []  # under xdist: the workers' common temporary directory (pytest's)
+_RUNS: dict[str, dict] = {}  # file -> the child run that ran it (status, output, cases by file)
 
 
-class _Child:
-    """One interpreted pytest over `files`: its exit status, output tail and each case's outcome
-    by file (from its JUnit XML)."""
+def _run_child(files: list[str], timeout: float) -> dict:
+    """One interpreted pytest over `files`: its exit status (None: timed out), output tail and
+    each case's (name, outcome, detail) by file, from its JUnit XML."""
+    import tempfile
+    import xml.etree.ElementTree as ET
 
-    def __init__(self, files: list[str], timeout: float) -> None:
-        import tempfile
-        import xml.etree.ElementTree as ET
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.update(TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
+    run: dict = {"status": None, "output": "", "cases": {f: [] for f in files}}
+    with tempfile.TemporaryDirectory(prefix="infernix-interpreted-") as tmp:
+        report = Path(tmp) / "report.xml"
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pytest", *files, "-q",
+                                   "-k", "interpreter and not under_interpreter",
+                                   "-p", "no:cacheprovider", f"--junitxml={report}",
+                                   "-o", "junit_family=xunit1"],
+                                  cwd=root, env=env, capture_output=True, text=True,
+                                  timeout=timeout)
+            run["status"] = proc.returncode
+            run["output"] = proc.stdout[-6000:] + proc.stderr[-3000:]
+        except subprocess.TimeoutExpired as expired:  # every file's test fails, once
+            run["output"] = f"timed out after {timeout:.0f} s: {expired.output!r}"[-6000:]
+        for case in ET.parse(report).getroot().iter("testcase") if report.exists() else ():
+            outcome, detail = "passed", ""
+            for child in case:
+                if child.tag in ("failure", "error", "skipped"):
+                    outcome = child.tag
+                    detail = (child.get("message") or "") + "\n" + (child.text or "")[-3000:]
+            path = str((root / case.get("file", "")).resolve())
+            run["cases"].setdefault(path, []).append((case.get("name", ""), outcome, detail))
+    return run
 
-        root = Path(__file__).resolve().parents[2]
-        env = dict(os.environ, TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
-        self.cases: dict[str, list[tuple[str, str, str]]] = {f: [] for f in files}
-        with tempfile.TemporaryDirectory(prefix="infernix-interpreted-") as tmp:
-            report = Path(tmp) / "report.xml"
-            try:
-                proc = subprocess.run([sys.executable, "-m", "pytest", *files, "-q",
-                                       "-k", "interpreter and not under_interpreter",
-                                       "-p", "no:cacheprovider", f"--junitxml={report}",
-                                       "-o", "junit_family=xunit1"],
-                                      cwd=root, env=env, capture_output=True, text=True,
-                                      timeout=timeout)
-                self.status: int | None = proc.returncode
-                self.output = proc.stdout[-6000:] + proc.stderr[-3000:]
-            except subprocess.TimeoutExpired as expired:  # every file's test fails, once
-                self.status = None
-                self.output = f"timed out after {timeout:.0f} s: {expired.output!r}"[-6000:]
-            for case in ET.parse(report).getroot().iter("testcase") if report.exists() else ():
-                outcome, detail = "passed", ""
-                for child in case:
-                    if child.tag in ("failure", "error", "skipped"):
-                        outcome = child.tag
-                        detail = (child.get("message") or "") + "\n" + (child.text or "")[-3000:]
-                path = str((root / case.get("file", "")).resolve())
-                self.cases.setdefault(path, []).append((case.get("name", ""), outcome, detail))
 
-    def check(self, path: str) -> None:
-        cases = self.cases.get(path, [])
-        bad = [c for c in cases if c[1] != "passed"]
-        assert cases and not bad, bad or self.output
-        failed = any(c[1] != "passed" for run in self.cases.values() for c in run)
-        # 0: all passed; 1: some case failed (another file's, reported by that file's test)
-        assert self.status == 0 or (self.status == 1 and failed), self.output
+def _shared_run(files: list[str], timeout: float) -> dict:
+    """`_run_child(files)`, once per test run: xdist workers (one PYTEST_XDIST_TESTRUNUID) take
+    a lock; the first runs the child and leaves its result for the others."""
+    import fcntl
+    import hashlib
+    import json
+    import tempfile
+
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not uid:
+        return _run_child(files, timeout)
+    key = hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
+    base = SHARED_DIR[0] if SHARED_DIR else Path(tempfile.gettempdir())
+    shared = base / f"infernix-interpreted-{uid}"
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = shared / f"{key}.json"
+        if result.exists():
+            return json.loads(result.read_text())
+        run = _run_child(files, timeout)
+        result.write_text(json.dumps(run))
+        return run
 
 
 def run_interpreted(test_file: str, timeout: float = 300) -> None:
     """Run the file's `interpreter` cases in a fresh interpreted pytest (shared with the session's
     other such files; `timeout` bounds each file's share); fail with their failures or output."""
     path = str(Path(test_file).resolve())
-    if path not in _CHILDREN:
+    if path not in _RUNS:
         files = SESSION_FILES if path in SESSION_FILES else [path]
-        child = _Child(files, timeout * len(files))
-        _CHILDREN.update(dict.fromkeys(files, child))
-    _CHILDREN[path].check(path)
+        _RUNS.update(dict.fromkeys(files, _shared_run(files, timeout * len(files))))
+    run = _RUNS[path]
+    cases = run["cases"].get(path, [])
+    bad = [c for c in cases if c[1] != "passed"]
+    assert cases and not bad, bad or run["output"]
+    failed = any(c[1] != "passed" for found in run["cases"].values() for c in found)
+    # 0: all passed; 1: some case failed (another file's, reported by that file's test)
+    assert run["status"] == 0 or (run["status"] == 1 and failed), run["output"]
