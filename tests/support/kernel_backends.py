@@ -48,17 +48,23 @@ def _run_child(files: list[str], timeout: float) -> dict:
     run: dict = {"status": None, "output": "", "cases": {f: [] for f in files}}
     with tempfile.TemporaryDirectory(prefix="infernix-interpreted-") as tmp:
         report = Path(tmp) / "report.xml"
-        try:
-            proc = subprocess.run([sys.executable, "-m", "pytest", *files, "-q",
-                                   "-k", "interpreter and not under_interpreter",
-                                   "-p", "no:cacheprovider", f"--junitxml={report}",
-                                   "-o", "junit_family=xunit1"],
-                                  cwd=root, env=env, capture_output=True, text=True,
-                                  timeout=timeout)
-            run["status"] = proc.returncode
-            run["output"] = proc.stdout[-6000:] + proc.stderr[-3000:]
-        except subprocess.TimeoutExpired as expired:  # every file's test fails, once
-            run["output"] = f"timed out after {timeout:.0f} s: {expired.output!r}"[-6000:]
+        with subprocess.Popen([sys.executable, "-m", "pytest", *files, "-q",
+                               "-k", "interpreter and not under_interpreter",
+                               "-p", "no:cacheprovider", f"--junitxml={report}",
+                               "-o", "junit_family=xunit1"],
+                              cwd=root, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as proc:
+            _LIVE.append(proc)
+            try:
+                out, err = proc.communicate(timeout=timeout)
+                run["status"] = proc.returncode
+                run["output"] = out[-6000:] + err[-3000:]
+            except subprocess.TimeoutExpired:  # every file's test fails, once
+                proc.kill()
+                out, _ = proc.communicate()
+                run["output"] = f"timed out after {timeout:.0f} s: {out[-6000:]}"
+            finally:
+                _LIVE.remove(proc)
         for case in ET.parse(report).getroot().iter("testcase") if report.exists() else ():
             outcome, detail = "passed", ""
             for child in case:
@@ -95,17 +101,54 @@ def _shared_run(files: list[str], timeout: float) -> dict:
         return run
 
 
+_SESSION_RUN: list = []  # the Future of the session's shared run, once started
+_LIVE: list[subprocess.Popen] = []  # child runs still going
+
+
+def end_session_run(interrupted: bool) -> None:
+    """At the end of a session: an interrupted one kills a child run still going; any other waits
+    for it, since another xdist worker may be waiting for its result."""
+    if interrupted:
+        for proc in list(_LIVE):
+            proc.kill()
+    elif _SESSION_RUN:
+        _SESSION_RUN[0].exception()  # waits; a failure is the tests' to report
+
+
+def start_session_run(timeout_per_file: float = 600) -> None:
+    """Start the shared run of SESSION_FILES in a background thread (tests/conftest.py, once
+    collected), so that the child works while the other tests run instead of while they wait."""
+    import threading
+    from concurrent.futures import Future
+
+    files = list(SESSION_FILES)
+    future: Future = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(_shared_run(files, timeout_per_file * len(files)))
+        except BaseException as error:  # noqa: BLE001 - handed to the test that waits
+            future.set_exception(error)
+
+    threading.Thread(target=work, name="interpreted-run", daemon=True).start()
+    _SESSION_RUN[:] = [future]
+
+
 def run_interpreted(test_file: str, timeout: float = 300) -> None:
     """Run the file's `interpreter` cases in a fresh interpreted pytest (shared with the session's
     other such files; `timeout` bounds each file's share); fail with their failures or output."""
     path = str(Path(test_file).resolve())
     if path not in _RUNS:
-        files = SESSION_FILES if path in SESSION_FILES else [path]
-        _RUNS.update(dict.fromkeys(files, _shared_run(files, timeout * len(files))))
+        if path in SESSION_FILES and _SESSION_RUN:
+            run = _SESSION_RUN[0].result()
+            _RUNS.update(dict.fromkeys(SESSION_FILES, run))
+        else:
+            files = SESSION_FILES if path in SESSION_FILES else [path]
+            _RUNS.update(dict.fromkeys(files, _shared_run(files, timeout * len(files))))
     run = _RUNS[path]
     cases = run["cases"].get(path, [])
     bad = [c for c in cases if c[1] != "passed"]
     assert cases and not bad, bad or run["output"]
     failed = any(c[1] != "passed" for found in run["cases"].values() for c in found)
     # 0: all passed; 1: some case failed (another file's, reported by that file's test)
-    assert run["status"] == 0 or (run["status"] == 1 and failed), run["output"]
+    assert run["status"] == 0 or (run["status"] == 1 and failed), (run["status"], run["output"])
