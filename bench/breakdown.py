@@ -2,6 +2,7 @@
 of the repeats), beside the memory floor.
 
 Per batch size B and per model path (`fused`: the fused layer path of models/layers.py;
+`float32`: the same on the float32 weights where the CPU GEMV would read the checkpoint's blocks;
 `unfused`: the op-by-op path on the same weights), outside any engine:
 
 - `forward_ms`: one replay of the Program's decode graph (services/worker/program/graphs.py, the
@@ -12,7 +13,8 @@ Per batch size B and per model path (`fused`: the fused layer path of models/lay
   `unfused` (what greedy rows ran before);
   `forward_cpu_ms` (CPU only): the process's CPU time per forward, all threads, which contention
   from other processes inflates less than the wall clock (OpenMP spin-waits count in it);
-- `floor_ms`: every weight byte read once (the embedding's B rows), and a hybrid model's
+- `floor_ms`: every weight byte read once (the embedding's B rows; a matrix the CPU GEMV reads in
+  its block format counted at those bytes on the `fused` path), and a hybrid model's
   recurrent state read and written once, at the measured device copy bandwidth
   (bench/qwen35_model.py's measures, one home; on the CPU a 512 MiB tensor copy).
 
@@ -34,7 +36,9 @@ from bench.qwen35_model import (
     recurrent_state_bytes_per_step,
     weight_bytes_per_step,
 )
+from kernels import cpu_gemv
 from kernels.sampling_contract import SamplingParams
+from services.worker.models import layers as ops
 from services.worker.program.graphs import DecodeGraph
 
 
@@ -61,6 +65,17 @@ def cpu_copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
     return 2 * nbytes / best
 
 
+def _block_bytes_saved(model, batch: int) -> int:
+    """Bytes the CPU GEMV does not read at `batch` decode rows: float32 size minus block size of
+    every matrix it takes (models/layers.py `linear`); 0 where it does not run."""
+    if not (ops.CPU_GEMV and batch <= cpu_gemv.MAX_ROWS and cpu_gemv.available()):
+        return 0
+    matrices = [getattr(model, "quantized_output", None)]
+    for module in model.modules():  # the dense model's attention and MLP blocks carry them
+        matrices += list(getattr(module, "quantized", {}).values())
+    return sum(m.out_features * m.in_features * 4 - m.nbytes for m in matrices if m is not None)
+
+
 @torch.inference_mode()
 def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: int = 20) -> dict:
     """{"copy_bandwidth_GBps", "rows": {B: {path: {forward_ms, sample_ms, floor_ms, ...}}}}.
@@ -72,7 +87,7 @@ def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: in
     timed = _warm_cuda_ms if cuda else _wall_ms
     steps = steps if cuda else max(3, steps // 4)
     vocab = runtime.domain.size
-    was = model.fused
+    was, gemv = model.fused, ops.CPU_GEMV
     rows: dict[int, dict] = {}
     try:
         for b in batch_sizes:
@@ -80,11 +95,13 @@ def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: in
             tokens = torch.randint(0, vocab, (b, 1), device=device)
             positions = torch.full((b, 1), context, dtype=torch.int64, device=device)
             lanes = torch.arange(b, device=device)
-            floor = (weight_bytes_per_step(model, b) + recurrent_state_bytes_per_step(model, b)) \
-                / bandwidth * 1e3
+            read = weight_bytes_per_step(model, b) + recurrent_state_bytes_per_step(model, b)
+            saved = _block_bytes_saved(model, b)
             entry = {}
             for path in paths:
-                model.fused = path == "fused"
+                model.fused = path != "unfused"
+                ops.CPU_GEMV = gemv and path == "fused"
+                floor = (read - (saved if path == "fused" else 0)) / bandwidth * 1e3
                 if cuda:
                     graph = DecodeGraph(model, state, b, scratch_lane=b, pool=None)
                     forward = _warm_cuda_ms(lambda: graph.run(tokens, positions, lanes), steps)
@@ -96,7 +113,7 @@ def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: in
                                                      kv_len=context + 1), steps)
                     cpu_ms = (time.process_time() - cpu_start) / (steps + 1) * 1e3
                     z = model(tokens, positions, state, lanes, kv_len=context + 1)[:, -1]
-                if path == "fused":
+                if path != "unfused":
                     from kernels.sampling_greedy import sample_greedy
 
                     sample = timed(lambda: sample_greedy(z, vocab_size=vocab), steps)
@@ -122,6 +139,6 @@ def step_breakdown(runtime, batch_sizes, paths, *, context: int = 128, steps: in
             if cuda:
                 torch.cuda.empty_cache()
     finally:
-        model.fused = was
+        model.fused, ops.CPU_GEMV = was, gemv
     return {"copy_bandwidth_GBps": round(bandwidth / 1e9, 1),
             "weight_bytes_b1": weight_bytes_per_step(model, 1), "rows": rows}

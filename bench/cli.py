@@ -14,6 +14,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Every bench command under `infernix bench`."""
     add_bench_parser(sub)
     add_store_bench_parser(sub)
+    add_bounded_strings_parser(sub)
     add_parser(sub)
     add_spec_parser(sub)
     add_prefix_parser(sub)
@@ -53,6 +54,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare-unfused", action="store_true",
                    help="first run the engine on the op-by-op model path (the reference the fused "
                    "path is tested against), then the fused path, in one run")
+    p.add_argument("--compare-float32", action="store_true",
+                   help="on the CPU, first run the fused path with its weight GEMMs on the float32 "
+                   "weights (INFERNIX_CPU_GEMV=0), then on the GGUF's blocks, in one run")
     p.add_argument("--compare-serial", action="store_true",
                    help="also run the fused path with the engine's pipeline off (launch step n+1 "
                    "only after step n's commit), before the pipelined one, in one run")
@@ -60,6 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="time forward and sample per batch size (CUDA events; the wall clock on "
                    "the CPU) beside the memory floor; host share and idle device from the TPOT")
     p.add_argument("--no-cuda-graphs", action="store_true", help="our engine without decode graphs")
+    p.add_argument("--logprobs", type=int, metavar="N",
+                   help="also an unconstrained round whose rows ask for logprobs with N "
+                   "alternatives, in the same run (its TPOT beside the plain round's)")
     p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=_run)
@@ -190,6 +197,28 @@ def add_store_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="fewer slow grammars")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=_run_store_bench)
+
+
+def add_bounded_strings_parser(sub: argparse._SubParsersAction) -> None:
+    """`infernix bench bounded-strings` (bench/bounded_strings.py)."""
+    p = sub.add_parser("bounded-strings", help="mask fills inside maxLength strings of framed "
+                       "grammars (xgrammar): the counted repetition beside the rule chain")
+    p.add_argument("--models", nargs="+", default=["smollm2", "qwen3.5"], choices=GRAMMAR_MODELS,
+                   help="default: smollm2 qwen3.5")
+    p.add_argument("--max-lengths", nargs="+", type=int, default=[60, 300, 2000], metavar="N",
+                   help="default: 60 300 2000")
+    p.add_argument("--cases", nargs="+", choices=("hermes-args", "thinking-json"),
+                   help="default: both (hermes-args on smollm2, thinking-json on qwen3.5)")
+    p.add_argument("--case-budget-s", type=float, default=20.0,
+                   help="CPU seconds of mask fills per case before it is cut (default: 20)")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
+    p.set_defaults(func=_run_bounded_strings)
+
+
+def _run_bounded_strings(args: argparse.Namespace) -> int:
+    from bench.bounded_strings import run
+
+    return run(args)
 
 
 def _run_store_bench(args: argparse.Namespace) -> int:

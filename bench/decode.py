@@ -38,6 +38,7 @@ from bench.stats import schemas as _schemas
 from bench.stats import summary as _summary
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
+from services.worker.models import layers as ops
 from services.worker.runtime import ModelRuntime
 from shared.contract import OutputConstraint
 from shared.generation import (
@@ -62,15 +63,21 @@ class DecodeBenchOptions:
     warmup_tokens: int = 4  # output tokens of the warm-up rounds, >= 2
     compare_unfused: bool = False  # also run the op-by-op model path (the model's reference)
     compare_serial: bool = False  # also run the fused path with the engine's pipeline off
+    compare_float32: bool = False  # also run the fused path on float32 weights (CPU GEMV off)
     breakdown: bool = False  # the device step breakdown and memory floor (its breakdown.py)
+    # also an unconstrained round whose rows ask for logprobs with this many alternatives
+    # (0..20; None: no such round), beside the others in the same run
+    logprobs: int | None = None
 
     @property
     def paths(self) -> tuple[str, ...]:
         """Engine paths the rounds run, the befores first: "unfused" (op-by-op model, no
-        pipeline; the greedy sampler as in production), "serial" (fused model, the pipeline off),
-        "fused" (the production path: the fused model path and, on CUDA, the engine's pipeline)
-        always."""
+        pipeline; the greedy sampler as in production), "float32" (fused model, its weight GEMMs
+        through F.linear on the float32 weights even where the CPU GEMV reads the checkpoint's
+        blocks: INFERNIX_CPU_GEMV=0), "serial" (fused model, the pipeline off), "fused" (the
+        production path: the fused model path and, on CUDA, the engine's pipeline) always."""
         return (("unfused",) if self.compare_unfused else ()) + \
+            (("float32",) if self.compare_float32 else ()) + \
             (("serial",) if self.compare_serial else ()) + ("fused",)
 
     def __post_init__(self) -> None:
@@ -122,7 +129,8 @@ def _steady_step_ms(marks: list[dict]) -> float | None:
 
 
 async def _engine_round(client, runtime: ModelRuntime, prompts: list[str], max_tokens: int,
-                        schemas: list[dict] | None, tag: str) -> dict[str, Any]:
+                        schemas: list[dict] | None, tag: str,
+                        logprobs: int | None = None) -> dict[str, Any]:
     sampling = SamplingParams(temperature=0.0)
     requests = [
         GenerateRequest(
@@ -134,6 +142,7 @@ async def _engine_round(client, runtime: ModelRuntime, prompts: list[str], max_t
                 constraint=OutputConstraint.json_schema(schemas[i % len(schemas)])
                 if schemas
                 else None,
+                logprobs=logprobs,
             ),
             model=runtime.name,
         )
@@ -174,6 +183,8 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
     model = runtime.model
     if hasattr(model, "fused"):
         model.fused = path != "unfused"  # before the engine captures its graphs
+    cpu_gemv = ops.CPU_GEMV
+    ops.CPU_GEMV = cpu_gemv and path != "float32"
     client = open_in_process(runtime, config)
     try:
         for schema in schemas:  # compile outside every timed round
@@ -181,27 +192,34 @@ async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
                 OutputConstraint.json_schema(schema), model=runtime.name
             )
         rows = {}
+        modes = [("unconstrained", None, None), ("constrained", schemas, None)]
+        if opts.logprobs is not None:
+            modes.append(("logprobs", None, opts.logprobs))
         for b in opts.batch_sizes:
             prompts = prompt_texts(runtime, b, opts.prompt_tokens)
-            for mode, sch in (("unconstrained", None), ("constrained", schemas)):
+            for mode, sch, lp in modes:
                 await _engine_round(
-                    client, runtime, prompts, opts.warmup_tokens, sch, f"w{b}{mode}"
+                    client, runtime, prompts, opts.warmup_tokens, sch, f"w{b}{mode}", lp
                 )
             entry = {}
-            for mode, sch in (("unconstrained", None), ("constrained", schemas)):
+            for mode, sch, lp in modes:
                 entry[mode] = await _engine_round(client, runtime, prompts, opts.max_tokens, sch,
-                                                  f"m{b}{mode}")
+                                                  f"m{b}{mode}", lp)
                 log(f"engine[{path}] B={b} {mode}: tpot {entry[mode]['tpot_p50_ms']} ms, "
                     f"{entry[mode]['throughput_tok_s']} tok/s")
             entry["tpot_ratio"] = _ratio(entry["constrained"]["tpot_p50_ms"],
                                          entry["unconstrained"]["tpot_p50_ms"])
             entry["tpot_steady_ratio"] = _ratio(entry["constrained"]["tpot_steady_ms"],
                                                 entry["unconstrained"]["tpot_steady_ms"])
+            if opts.logprobs is not None:  # what reading logprobs adds to a greedy row's step
+                entry["logprobs_tpot_ratio"] = _ratio(entry["logprobs"]["tpot_p50_ms"],
+                                                      entry["unconstrained"]["tpot_p50_ms"])
             rows[b] = entry
             partial({"engine": rows})
         return rows
     finally:
         await client.aclose()
+        ops.CPU_GEMV = cpu_gemv
 
 
 # ---------------------------------------------------------------- report
@@ -251,6 +269,14 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
             row["speedup_fused_over_unfused"] = {
                 m: _ratio(before[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
                 for m in ("unconstrained", "constrained")}
+        if "float32" in paths:
+            before = paths["float32"][b]
+            row["engine_float32"] = before
+            row["speedup_over_float32"] = {
+                m: _ratio(before[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
+                for m in ("unconstrained", "constrained")}
+            row["outputs_equal_float32"] = {m: _agreement(engine[b][m], before[m])
+                                            for m in ("unconstrained", "constrained")}
         if "serial" in paths:
             serial = paths["serial"][b]
             row["engine_serial"] = serial
@@ -383,7 +409,8 @@ def run(args: argparse.Namespace) -> int:
         reference_batch_sizes=tuple(args.reference_batch_sizes or ((1, 8) if cuda else (1,))),
         reference_max_tokens=args.reference_max_tokens, cuda_graphs=not args.no_cuda_graphs,
         compare_unfused=args.compare_unfused, compare_serial=args.compare_serial,
-        breakdown=args.breakdown)
+        compare_float32=args.compare_float32,
+        breakdown=args.breakdown, logprobs=args.logprobs)
 
     def log(line: str) -> None:
         print(f"[bench decode] {line}", file=sys.stderr, flush=True)
@@ -401,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
                     "prompt_tokens": opts.prompt_tokens, "reference": opts.reference,
                     "reference_batch_sizes": list(opts.reference_batch_sizes),
                     "cuda_graphs": opts.cuda_graphs, "greedy": True, "paths": list(opts.paths),
-                    "breakdown": opts.breakdown},
+                    "breakdown": opts.breakdown, "logprobs": opts.logprobs},
     }
 
     def partial(results: dict) -> None:

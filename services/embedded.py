@@ -38,6 +38,7 @@ class WorkerSettings:
     kv_cache_tokens: int | None = default("kv_cache_tokens")  # KV positions; None: lanes x max_len
     warmup: bool = not default("no_warmup")  # CUDA: every kernel shape compiled before ready
     kernel_cache: str = default("kernel_cache")  # CUDA: the on-disk compiled-kernel cache
+    logprobs_mode: str = default("logprobs_mode")  # "processed" | "raw" (program/logprobs.py)
 
     def __post_init__(self) -> None:
         for name, low in (("lanes", 1), ("max_len", 2), ("prefill_chunk", 1),
@@ -60,7 +61,8 @@ class WorkerSettings:
                    pipeline=not getattr(args, "no_pipeline", False),
                    kv_cache_tokens=getattr(args, "kv_cache_tokens", None),
                    warmup=not getattr(args, "no_warmup", False),
-                   kernel_cache=getattr(args, "kernel_cache", None) or default("kernel_cache"))
+                   kernel_cache=getattr(args, "kernel_cache", None) or default("kernel_cache"),
+                   logprobs_mode=getattr(args, "logprobs_mode", None) or default("logprobs_mode"))
 
 
 def open_grammar(model: str, *, redis_url: str | None = None, service: str | None = None,
@@ -122,5 +124,6 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
                           draft_model=settings.draft_model, prefix_cache=settings.prefix_cache,
                           pipeline=None if settings.pipeline else False,
                           kv_cache_tokens=settings.kv_cache_tokens,
-                          warmup=settings.warmup and cuda)
+                          warmup=settings.warmup and cuda,
+                          logprobs_mode=settings.logprobs_mode)
     return open_in_process(runtime, config, grammar=grammar, registry=registry)

@@ -135,6 +135,10 @@ _TABLE = (
             "DIR"),
     Setting("num_draft_tokens", _positive, 4, "drafts per request and round with --speculative",
             "K"),
+    Setting("logprobs_mode", str, "processed", "what logprobs report: processed (the "
+            "distribution each token was sampled from: penalties, the grammar mask and the "
+            "sampling transforms applied; greedy rows: the masked log-softmax at temperature 1) "
+            "or raw (the model's own log-softmax)", choices=("processed", "raw")),
     # The gateway's workers (`--worker` repeated; the variable is a comma-separated list).
     Setting("workers", str, "", "comma-separated worker addresses", "HOST:PORT,...",
             has_flag=False),
@@ -170,6 +174,9 @@ _TABLE = (
     # Operator switches without a flag (read where the code runs, also in compile children).
     Setting("gemv", _on_unless_zero, True, "0: the fused path's decode-row weight GEMMs take "
             "F.linear (cuBLAS) instead of kernels/gemv.py's Triton GEMV", has_flag=False),
+    Setting("cpu_gemv", _on_unless_zero, True, "0: CPU decode rows take F.linear on the float32 "
+            "weights instead of kernels/cpu_gemv.py on the GGUF's Q4_1 / Q8_0 blocks",
+            has_flag=False),
     Setting("fla", _on_unless_zero, True, "0: Qwen3.5 prefill takes the torch chunked gated delta "
             "rule even when fla-core is installed", has_flag=False),
     Setting("json_engine", str, "llguidance", "the engine of JSON content; xgrammar, the engine "

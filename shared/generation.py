@@ -43,6 +43,9 @@ class SamplingParams:
                                      field=name)
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's bound)
+
+
 @dataclass(frozen=True)
 class RequestOptions:
     max_tokens: int | None = None  # None: until the context is full
@@ -55,6 +58,9 @@ class RequestOptions:
     # Output tokens the reasoning (thinking) phase may take before the worker forces its close;
     # None: no budget (the output budget alone). Only meaningful while thinking is on.
     thinking_budget: int | None = None
+    # Log-probabilities of the output tokens: None = off; n = each token's log-probability and
+    # its n most likely alternatives (0..MAX_TOP_LOGPROBS), as `TokenLogprobs` events.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -66,6 +72,9 @@ class RequestOptions:
                                  field="thinking_budget")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise InvalidRequest("timeout must be positive", field="timeout")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got "
+                                 f"{self.logprobs}", field="top_logprobs")
 
 
 @dataclass(frozen=True)
@@ -168,6 +177,35 @@ class ToolCallArgumentsDelta:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    token: bytes  # the token's raw bytes (a special token: its spelling)
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability under the distribution it was sampled from (or, with
+    the worker's raw logprobs mode, the model's own), with the most likely alternatives in
+    descending order (ties: the smaller id first)."""
+
+    token_id: int
+    token: bytes
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The log-probabilities of the content tokens committed in one step, sent (when the request
+    asked for them) before the step's text: one entry per content token in output order, reasoning
+    tokens, forced controls and the EOS token left out. Stop strings regroup text, so the entries
+    align with tokens, not with text deltas."""
+
+    tokens: tuple[TokenLogprob, ...]
+
+
+@dataclass(frozen=True)
 class Finished:
     finish_reason: FinishReason
     usage: Usage
@@ -178,10 +216,13 @@ class Finished:
     error: dict[str, Any] | None = None  # InfernixError.to_dict() when finish_reason is ERROR
     timings: dict[str, float] = field(default_factory=dict)  # seconds: prepare, queue, ttft, decode
     stop_sequence: str | None = None  # the stop string that ended the output (Anthropic reports it)
+    # Every TokenLogprobs entry of the generation, in order, when the request asked for them (the
+    # gateway's Generation gathers them from the events; None: not asked).
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 GenerationEvent = Union[Started, TextDelta, ReasoningDelta, ToolCallStart, ToolCallArgumentsDelta,
-                        Finished]
+                        TokenLogprobs, Finished]
 
 
 class WorkerClient:

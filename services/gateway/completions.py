@@ -13,6 +13,7 @@ from services.gateway.choices import Results, choice_requests
 from services.gateway.errors import ErrorPaths
 from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
+from services.gateway.logprobs import completion_logprobs, completions_logprobs
 from services.gateway.openai_chat import openai_sampling, usage
 from services.gateway.sse import DONE, SSE
 from services.gateway.translate import (
@@ -28,6 +29,7 @@ from shared.generation import (
     PromptInput,
     RequestOptions,
     TextDelta,
+    TokenLogprobs,
 )
 
 DEFAULT_MAX_TOKENS = 16  # the protocol's documented default
@@ -88,7 +90,7 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
     options = RequestOptions(
         max_tokens=f.get_int(body, "max_tokens", "", default=DEFAULT_MAX_TOKENS),
         sampling=openai_sampling(body), constraint=structured_outputs(body, limits),
-        stop=f.stop_strings(body, "stop", ""))
+        stop=f.stop_strings(body, "stop", ""), logprobs=completions_logprobs(body))
     stream = f.get_bool(body, "stream", "", default=False)
     stream_options = f.get_dict(body, "stream_options", "") or {}
     policy.check(stream_options, "stream_options", known.CHAT_STREAM_OPTIONS)
@@ -107,7 +109,9 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
     """The text_completion object of finished generations (choice i: prompt i // n)."""
     return {"id": tr.request.request_id, "object": "text_completion", "created": created,
             "model": tr.request.model,
-            "choices": [{"index": i, "text": fin.content, "logprobs": None,
+            "choices": [{"index": i, "text": fin.content,
+                         "logprobs": None if fin.logprobs is None
+                         else completion_logprobs(fin.logprobs),
                          "finish_reason": FINISH[fin.finish_reason],
                          "infernix": {"constraint": fin.constraint}}
                         for i, fin in enumerate(results.finished)],
@@ -116,16 +120,25 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
 
 class Streamer:
     """text_completion chunks: text deltas (with their choice index), each choice's finish
-    chunk (with its constraint report), an optional usage chunk, then [DONE]."""
+    chunk (with its constraint report), an optional usage chunk, then [DONE]. Log-probability
+    entries ride on the next text chunk of their choice, the rest on its finish chunk; their
+    text offsets count from the start of the choice's tokens, as the aggregate reply's."""
 
     def __init__(self, tr: Translated) -> None:
         self.tr = tr
         self.created = int(time.time())
+        self._held: dict[int, list] = {}  # choice index -> entries not yet sent
+        self._offset: dict[int, int] = {}  # choice index -> text offset of the next entry
 
     def _chunk(self, text: str | None, index: int = 0, finish: str | None = None,
                **extra: Any) -> SSE:
+        logprobs = None
+        held = self._held.pop(index, None) if text or finish is not None else None
+        if held:
+            logprobs = completion_logprobs(held, self._offset.get(index, 0))
+            self._offset[index] = self._offset.get(index, 0) + sum(map(len, logprobs["tokens"]))
         choices = [] if text is None else [
-            {"index": index, "text": text, "logprobs": None, "finish_reason": finish}]
+            {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]
         return SSE({"id": self.tr.request.request_id, "object": "text_completion",
                     "created": self.created, "model": self.tr.request.model, "choices": choices,
                     **extra})
@@ -134,6 +147,9 @@ class Streamer:
         return []
 
     def event(self, event: Any, index: int = 0) -> list[SSE]:
+        if isinstance(event, TokenLogprobs):
+            self._held.setdefault(index, []).extend(event.tokens)
+            return []
         if isinstance(event, TextDelta) and event.text:
             return [self._chunk(event.text, index)]
         return []

@@ -4,6 +4,7 @@ the `request_done` record (log line and metrics) that every generation request e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -17,6 +18,8 @@ from shared.generation import (
     GenerationEvent,
     ReasoningDelta,
     TextDelta,
+    TokenLogprob,
+    TokenLogprobs,
     ToolCallArgumentsDelta,
     ToolCallStart,
     WorkerClient,
@@ -58,6 +61,7 @@ class Generation:
         self._first: GenerationEvent | None = None
         self._refused = False  # generate raised before its first event: nothing to cancel
         self._calls = CallTracker()
+        self._logprobs: list[TokenLogprob] = []  # every TokenLogprobs entry so far, for Finished
 
     async def start(self) -> None:
         """Submit and wait for the first event (raises what `generate` raises)."""
@@ -75,8 +79,9 @@ class Generation:
     async def events(self) -> AsyncIterator[GenerationEvent]:
         """The events up to and including Finished (a Started event is read into `counts`, not
         yielded; a call the token limit cut is added to Finished's calls, as a CutCall, since its
-        events have been yielded); raises InternalError if the stream ends early, and whatever the
-        worker raises if it fails mid-stream."""
+        events have been yielded; the TokenLogprobs entries are gathered into Finished's
+        `logprobs` when the request asked for them); raises InternalError if the stream ends
+        early, and whatever the worker raises if it fails mid-stream."""
         assert self._first is not None, "start() first"
         event: GenerationEvent | None = self._first
         while event is not None:
@@ -90,8 +95,13 @@ class Generation:
                 if self.first_output_at is None:
                     self.first_output_at = time.perf_counter()
                 self._calls.see(event)
+            if isinstance(event, TokenLogprobs):
+                self._logprobs.extend(event.tokens)
             if isinstance(event, Finished):
-                self.finished = event = self._calls.complete(event)
+                event = self._calls.complete(event)
+                if self.request.options.logprobs is not None:
+                    event = dataclasses.replace(event, logprobs=tuple(self._logprobs))
+                self.finished = event
                 yield event
                 return
             yield event

@@ -105,19 +105,15 @@ class FieldPolicy:
 
 # ---- OpenAI Chat Completions --------------------------------------------------------------------
 
-_LOGPROBS = "log-probabilities are not reported yet"
-
 CHAT = shape(
     "an OpenAI Chat Completions request",
     "messages model frequency_penalty presence_penalty max_completion_tokens max_tokens n "
     "parallel_tool_calls response_format seed stop stream stream_options temperature tool_choice "
     "tools top_p structured_outputs reasoning_effort chat_template_kwargs thinking_budget "
-    "continue_final_message",
+    "continue_final_message logprobs top_logprobs",
     "metadata store user safety_identifier service_tier prompt_cache_key prompt_cache_options "
     "prompt_cache_retention prediction",
-    why={"logprobs": _LOGPROBS, "top_logprobs": _LOGPROBS},
-    audio=absent, modalities=equals(["text"]), logit_bias=empty, logprobs=falsy,
-    top_logprobs=equals(0), verbosity=absent,
+    audio=absent, modalities=equals(["text"]), logit_bias=empty, verbosity=absent,
     web_search_options=absent, functions=empty, function_call=absent, moderation=absent)
 CHAT_MESSAGE = {
     "system": shape("a system message", "role content name"),
@@ -144,11 +140,11 @@ CHAT_TEMPLATE_KWARGS = shape("chat_template_kwargs", "enable_thinking")
 COMPLETIONS = shape(
     "an OpenAI Completions request",
     "model prompt frequency_penalty max_tokens n presence_penalty seed stop stream stream_options "
-    "temperature top_p structured_outputs",
+    "temperature top_p structured_outputs logprobs",
     "user",
-    why={"logprobs": _LOGPROBS, "best_of": "best_of must be 1; use n for several choices",
+    why={"best_of": "best_of must be 1; use n for several choices",
          "echo": "echo is not supported", "suffix": "suffix (insertion) is not supported"},
-    best_of=equals(1), echo=falsy, logit_bias=empty, logprobs=equals(0), suffix=absent)
+    best_of=equals(1), echo=falsy, logit_bias=empty, suffix=absent)
 
 # ---- OpenAI Responses ---------------------------------------------------------------------------
 
@@ -157,15 +153,15 @@ _STATELESS = "this server stores no responses; send the whole conversation as in
 RESPONSES = shape(
     "an OpenAI Responses request",
     "model input instructions max_output_tokens parallel_tool_calls stream temperature text "
-    "tool_choice tools top_p structured_outputs include truncation reasoning thinking_budget",
+    "tool_choice tools top_p structured_outputs include truncation reasoning thinking_budget "
+    "top_logprobs",
     "metadata store user safety_identifier service_tier prompt_cache_key prompt_cache_options "
     "prompt_cache_retention stream_options",
     why={"previous_response_id": _STATELESS, "conversation": _STATELESS,
          "background": "responses run in the foreground only"},
     background=falsy, background_options=absent, conversation=absent,
     previous_response_id=absent, prompt=absent, context_management=absent, image=absent,
-    max_tool_calls=absent, moderation=absent, top_logprobs=equals(0),
-    access_programs=absent)
+    max_tool_calls=absent, moderation=absent, access_programs=absent)
 RESPONSES_MESSAGE = shape("a message input item", "type role content", "id status phase")
 # `async_` is how the SDK's model_dump() spells `async` (a reply item sent back as a dict).
 RESPONSES_CALL = shape("a function_call input item", "type call_id name arguments", "id status",

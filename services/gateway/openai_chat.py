@@ -11,6 +11,7 @@ from services.gateway.choices import Results, choice_requests
 from services.gateway.errors import ErrorPaths
 from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
+from services.gateway.logprobs import chat_logprobs, content_entries
 from services.gateway.sse import DONE, SSE
 from services.gateway.translate import (
     Thinking,
@@ -41,6 +42,7 @@ from shared.generation import (
     RequestOptions,
     SamplingParams,
     TextDelta,
+    TokenLogprobs,
     ToolCall,
     ToolCallArgumentsDelta,
     ToolCallStart,
@@ -94,7 +96,7 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
     thinking = chat_thinking(body)
     options = RequestOptions(max_tokens=max_tokens, sampling=sampling, constraint=constraint,
                              tool_choice=choice, stop=f.stop_strings(body, "stop", ""),
-                             thinking_budget=thinking.budget)
+                             thinking_budget=thinking.budget, logprobs=chat_logprobs(body))
     stream = f.get_bool(body, "stream", "", default=False)
     stream_options = f.get_dict(body, "stream_options", "") or {}
     policy.check(stream_options, "stream_options", known.CHAT_STREAM_OPTIONS)
@@ -319,8 +321,13 @@ def _choice(index: int, finished: Finished) -> dict[str, Any]:
         message["tool_calls"] = [_call_json(c) for c in finished.tool_calls]
     if finished.reasoning:  # the field vLLM and SGLang clients read
         message["reasoning_content"] = finished.reasoning
-    return {"index": index, "message": message, "logprobs": None,
+    return {"index": index, "message": message, "logprobs": _logprobs(finished.logprobs),
             "finish_reason": FINISH[finished.finish_reason], "infernix": _report(finished)}
+
+
+def _logprobs(tokens) -> dict[str, Any] | None:
+    # the content tokens' entries (a refusal is never generated: its list stays null)
+    return None if tokens is None else {"content": content_entries(tokens), "refusal": None}
 
 
 def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
@@ -337,16 +344,22 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
 class Streamer:
     """chat.completion.chunk events: each choice's role chunk first, content and tool-call
     deltas (with their choice index), each choice's finish chunk (with its constraint report),
-    an optional usage chunk, then [DONE]."""
+    an optional usage chunk, then [DONE]. Log-probability entries ride on the next content
+    chunk of their choice (stop strings may hold text back), the rest on its finish chunk, so
+    the chunks' `logprobs.content` concatenate to the aggregate reply's."""
 
     def __init__(self, tr: Translated) -> None:
         self.tr = tr
         self.created = int(time.time())
+        self._held: dict[int, list] = {}  # choice index -> entries not yet sent
 
     def _chunk(self, delta: dict | None, index: int = 0, finish: str | None = None,
                **extra: Any) -> SSE:
+        held = self._held.pop(index, None) if delta is not None and (
+            "content" in delta and delta["content"] or finish is not None) else None
+        logprobs = _logprobs(held) if held else None
         choices = [] if delta is None else [
-            {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]
+            {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
         return SSE({"id": self.tr.request.request_id, "object": "chat.completion.chunk",
                     "created": self.created, "model": self.tr.request.model,
                     "choices": choices, **extra})
@@ -356,6 +369,9 @@ class Streamer:
                 for i in range(len(self.tr.requests))]
 
     def event(self, event: Any, index: int = 0) -> list[SSE]:
+        if isinstance(event, TokenLogprobs):
+            self._held.setdefault(index, []).extend(event.tokens)
+            return []
         if isinstance(event, TextDelta):
             return [self._chunk({"content": event.text}, index)] if event.text else []
         if isinstance(event, ReasoningDelta):

@@ -12,6 +12,7 @@ from services.gateway import known
 from services.gateway.errors import ErrorPaths
 from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
+from services.gateway.logprobs import responses_logprobs
 from services.gateway.responses_replies import Streamer, aggregate  # noqa: F401 - the entry's
 from services.gateway.translate import (
     Translated,
@@ -59,13 +60,20 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
     """Responses body -> GenerateRequest. Raises typed RequestErrors naming the original field."""
     policy.check(body, "", known.RESPONSES)
     model = f.get_str(body, "model", "", required=True)
-    _include(body)
+    logprobs = responses_logprobs(body, _include(body))
     truncation = f.get_str(body, "truncation", "", default="disabled")
     f.reject_unless(truncation == "disabled", "truncation",
                     f"truncation {truncation!r} is not supported: a prompt longer than the "
                     "context is an error here (truncation 'disabled')")
     messages = _input(body, limits, policy)
     tools = _tools(body, limits, policy)
+    if logprobs is not None and tools:
+        # A reply's message and its calls come from one token stream; the message item's
+        # logprobs could not be told apart from the calls' tokens in the stream and the reply
+        # alike, so the combination is refused rather than reported differently.
+        raise Unsupported("top_logprobs / include message.output_text.logprobs with tools is not "
+                          "supported on Responses (chat reports log-probabilities with tools)",
+                          field="top_logprobs" if body.get("top_logprobs") else "include")
     choice = tool_policy(tools, _tool_choice(body, policy))
     text = f.get_dict(body, "text", "") or {}
     policy.check(text, "text", known.RESPONSES_TEXT)
@@ -80,7 +88,7 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
                               thinking_budget(body), "reasoning.effort")
     options = RequestOptions(max_tokens=f.get_int(body, "max_output_tokens", ""),
                              sampling=sampling, constraint=constraint, tool_choice=choice,
-                             thinking_budget=thinking.budget)
+                             thinking_budget=thinking.budget, logprobs=logprobs)
     request = GenerateRequest(request_id, PromptInput(messages=messages, tools=tools,
                                                       enable_thinking=thinking.enable),
                               options, model)
@@ -94,24 +102,26 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
         "text": {"format": text.get("format") or {"type": "text"}},
         "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
         "reasoning": {"effort": reasoning.get("effort"), "summary": None},
+        "top_logprobs": logprobs or 0,
     }
     return Translated((request,), error_paths(body),
                       stream=f.get_bool(body, "stream", "", default=False), echo=echo)
 
 
-def _include(body: dict) -> None:
-    """`include` values that concern features this server lacks are harmless; log-probabilities
-    would change the output and are refused."""
+def _include(body: dict) -> bool:
+    """Whether `include` asks for the output text's log-probabilities; values that concern
+    features this server lacks are harmless, unknown ones refused."""
     values = f.get_list(body, "include", "") or []
+    logprobs = False
     for i, value in enumerate(values):
         path = f"include[{i}]"
         if not isinstance(value, str):
             raise f.wrong_type(path, "a string", value)
         if value == "message.output_text.logprobs":
-            raise Unsupported(f"{path} {value!r} is not supported: log-probabilities are not "
-                              "reported yet", field=path)
-        if value not in known.RESPONSES_INCLUDE_INERT:
+            logprobs = True
+        elif value not in known.RESPONSES_INCLUDE_INERT:
             raise InvalidRequest(f"{path} {value!r} is not a value this server knows", field=path)
+    return logprobs
 
 
 def _input(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple[ChatMessage, ...]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from services.gateway.choices import Results
 from services.gateway.cut_calls import is_cut
+from services.gateway.logprobs import content_entries
 from services.gateway.sse import SSE
 from services.gateway.translate import Translated
 from shared.errors import InternalError
@@ -17,6 +18,7 @@ from shared.generation import (
     FinishReason,
     ReasoningDelta,
     TextDelta,
+    TokenLogprobs,
     ToolCallArgumentsDelta,
     ToolCallStart,
 )
@@ -26,9 +28,14 @@ def _item_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+def _message_item(item_id: str, text: str, status: str,
+                  logprobs: list | None = None) -> dict[str, Any]:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+            "content": [_text_part(text, logprobs)]}
+
+
+def _text_part(text: str, logprobs: list | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
@@ -89,14 +96,19 @@ def aggregate(tr: Translated, results: Results, created: int) -> dict[str, Any]:
         output.append(_reasoning_item(_item_id("rs"), finished.reasoning,
                                       "incomplete" if cut else "completed"))
     if finished.content or not finished.tool_calls:
-        output.append(_message_item(_item_id("msg"), finished.content, status))
+        output.append(_message_item(_item_id("msg"), finished.content, status,
+                                    content_entries(finished.logprobs or ())))
     output += [_call_item(_item_id("fc"), c.id, c.name, c.arguments_json,
                           "incomplete" if is_cut(c) else "completed") for c in finished.tool_calls]
     return response_object(tr, created, status, output, results)
 
 
 class Streamer:
-    """The Responses event sequence, each event with its sequence_number."""
+    """The Responses event sequence, each event with its sequence_number. Log-probability
+    entries ride on the next output_text delta (stop strings may hold text back); what is left
+    when the message closes goes out on one empty delta before its done events, so the deltas'
+    `logprobs` concatenate to the message part's (Responses refuses logprobs with tools, so
+    every entry belongs to the message)."""
 
     def __init__(self, tr: Translated) -> None:
         self.tr = tr
@@ -105,6 +117,8 @@ class Streamer:
         self.output: list[dict] = []  # finished items, in output order
         self.open: dict | None = None  # the item being streamed
         self.text = ""  # accumulated text or arguments of the open item
+        self.held: list = []  # log-probability entries not yet sent
+        self.sent: list[dict] = []  # the open message's entries sent so far
 
     def _ev(self, kind: str, **data: Any) -> SSE:
         ev = SSE({"type": kind, "sequence_number": self.seq, **data}, event=kind)
@@ -129,11 +143,13 @@ class Streamer:
                 self._ev("response.content_part.done", item_id=item["id"], output_index=index,
                          content_index=0, part=done["content"][0])]
         elif item["type"] == "message":
-            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
-            done = _message_item(item["id"], self.text, status)
-            events = [
+            events = [self._delta(item["id"], index, "")] if self.held else []
+            logprobs, self.sent = self.sent, []
+            part = _text_part(self.text, logprobs)
+            done = _message_item(item["id"], self.text, status, logprobs)
+            events += [
                 self._ev("response.output_text.done", item_id=item["id"], output_index=index,
-                         content_index=0, text=self.text, logprobs=[]),
+                         content_index=0, text=self.text, logprobs=logprobs),
                 self._ev("response.content_part.done", item_id=item["id"], output_index=index,
                          content_index=0, part=part)]
         else:
@@ -142,6 +158,12 @@ class Streamer:
                                output_index=index, name=item["name"], arguments=self.text)]
         self.output.append(done)
         return events + [self._ev("response.output_item.done", output_index=index, item=done)]
+
+    def _delta(self, item_id: str, index: int, text: str) -> SSE:
+        entries, self.held = content_entries(self.held), []
+        self.sent += entries
+        return self._ev("response.output_text.delta", item_id=item_id, output_index=index,
+                        content_index=0, delta=text, logprobs=entries)
 
     def event(self, event: Any, choice: int = 0) -> list[SSE]:
         index = len(self.output)
@@ -175,8 +197,9 @@ class Streamer:
                                  part={"type": "output_text", "text": "", "annotations": [],
                                        "logprobs": []})]
             self.text += event.text
-            out.append(self._ev("response.output_text.delta", item_id=self.open["id"],
-                                output_index=index, content_index=0, delta=event.text, logprobs=[]))
+            out.append(self._delta(self.open["id"], index, event.text))
+        elif isinstance(event, TokenLogprobs):
+            self.held.extend(event.tokens)
         elif isinstance(event, ToolCallStart):
             out += self._close()
             index = len(self.output)

@@ -103,7 +103,8 @@ def _schema_report(schema: Any, values: list[Any], grammar: Any, accepts: Any) -
     line's "values": accepted in the generation layout, and accepted as plain json.dumps text."""
     from services.grammar.schema import check_schema, layout_values
 
-    report: dict[str, Any] = {"annotations": list(check_schema(schema).annotations)}
+    reduced = check_schema(schema, unique_names=True)  # content: names kept unique
+    report: dict[str, Any] = {"annotations": list(reduced.annotations)}
     if values:
         report["values_accepted"] = [accepts(grammar, t) for t in layout_values(schema, values)]
         report["values_accepted_raw"] = [accepts(grammar, json.dumps(v, ensure_ascii=False))
@@ -111,10 +112,19 @@ def _schema_report(schema: Any, values: list[Any], grammar: Any, accepts: Any) -
     return report
 
 
+def _checker(constraint: OutputConstraint, domain: Any) -> Any:
+    """`accepts` as the worker decodes `constraint`: with the JSON name companion where the
+    output gets one (a text repeating a member name is then no output)."""
+    from services.grammar.engines.matching import accepts
+    from services.grammar.json_names import json_names_for
+
+    unique = json_names_for(constraint, domain) is not None
+    return lambda grammar, text: accepts(grammar, text, unique_names=unique)
+
+
 def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from services.grammar.compiler import ModelCompiler
-    from services.grammar.engines.matching import accepts
 
     status = EXIT_OK
     if args.batch:
@@ -146,10 +156,11 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
             result = {"ok": True, "kind": constraint.kind.value,
                       "compile_ms": round(outcome.compile_ms, 3)}
             instances = obj.get("instances") or []
-            result["accepted"] = [accepts(outcome.grammar, s) for s in instances]
+            check = _checker(constraint, compiler.domain)
+            result["accepted"] = [check(outcome.grammar, s) for s in instances]
             if constraint.kind.value == "json_schema":
                 result.update(_schema_report(constraint.schema, obj.get("values") or [],
-                                             outcome.grammar, accepts))
+                                             outcome.grammar, check))
             _emit(out, result)
         return status
 
@@ -170,11 +181,12 @@ def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
             continue
         line = {"ok": True, "kind": constraint.kind.value, "source": label,
                 "compile_ms": round(outcome.compile_ms, 3)}
+        check = _checker(constraint, compiler.domain)
         if constraint.kind.value == "json_schema":
-            line.update(_schema_report(constraint.schema, [], outcome.grammar, accepts))
+            line.update(_schema_report(constraint.schema, [], outcome.grammar, check))
         _emit(out, line)
         for i, text in enumerate(instances):
-            _emit(out, {"instance": i, "accepted": accepts(outcome.grammar, text)})
+            _emit(out, {"instance": i, "accepted": check(outcome.grammar, text)})
     return status
 
 
@@ -190,10 +202,12 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except InfernixError as exc:
         _emit(out, _error_json(exc))
         return EXIT_REJECTED
+    from services.grammar.json_names import json_names_for
+
     rng = random.Random(args.seed)
     for _ in range(args.n):
         walk = random_walk(outcome.grammar, domain, rng, max_tokens=args.max_tokens,
-                           end_bias=args.end_bias)
+                           end_bias=args.end_bias, names=json_names_for(constraint, domain))
         _emit(out, {"text": walk.text, "completed": walk.completed, "tokens": walk.tokens})
     return EXIT_OK
 

@@ -283,6 +283,10 @@ from services.grammar.engines.engine import (  # noqa: E402,F401 - re-exported: 
     CompiledConstraint,
     Matcher,
 )
+from services.grammar.json_names import (  # noqa: E402,F401 - re-exported: the JSON companion
+    JsonNameConstraint,
+    json_names_for,
+)
 from services.grammar.tools.hermes import (  # noqa: E402,F401 - re-exported
     ToolSpec,
     needs_tool_grammar,
@@ -291,8 +295,13 @@ from services.grammar.tools.param_names import (  # noqa: E402,F401 - re-exporte
     NameIndex,
     ParameterNameConstraint,
 )
+from services.grammar.tools.raw_lengths import (  # noqa: E402,F401 - re-exported: the XML companion
+    LengthIndex,
+    RawLengthConstraint,
+)
 from services.grammar.tools.xml_tools import (  # noqa: E402,F401 - the decoder's contract
     argument_codings,
+    counted_lengths,
 )
 
 

@@ -27,6 +27,7 @@ from services.grammar.framing import (
     implicit_close_applies,
     implicit_close_ebnf,
     thinking_prefix_ebnf,
+    thinking_prefix_lark,
 )
 from services.grammar.regex.tree import ebnf_literal
 from services.settings import UsageError, switch
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 Compilable = Union[OutputConstraint, "ToolSpec"]
 
 # Bumped whenever a conversion changes the language a source compiles to: old cache entries die.
-CONVERTER_VERSION = "3"
+CONVERTER_VERSION = "5"
 # The framing of a bare content constraint: the constrained bytes are the whole output.
 RAW_FRAMING = "raw"
 
@@ -101,7 +102,8 @@ def build_grammar(constraint: "Compilable", domain: TokenDomain,
         from services.grammar.schema import schema_to_grammar
 
         return schema_to_grammar(constraint.schema, whitespace=whitespace_of(constraint, domain),
-                                 explicit_layout=constraint.whitespace is not None)
+                                 explicit_layout=constraint.whitespace is not None,
+                                 unique_names=True)
     else:  # pragma: no cover - the enum is closed
         raise InternalError(f"unknown constraint kind {kind!r}")
     return _from_ebnf(text, kind.value)
@@ -203,6 +205,28 @@ def choose_engine(constraint: "Compilable", *, interface: bool | None = None) ->
     return XGRAMMAR
 
 
+def framed_engine(constraint: "Compilable", framing: str) -> str:
+    """The engine a source compiles on under a framing other than its own: llguidance for JSON
+    content after a thinking framing when `choose_engine` puts that content on llguidance (the
+    thinking prefix is token-level and has an exact Lark form, `framing.thinking_prefix_lark`);
+    xgrammar for every other framing (tool formats, whose grammars are written in EBNF)."""
+    thinking, inner = split_framing(framing)
+    if thinking in SPECS and inner == RAW_FRAMING and choose_engine(constraint) == LLGUIDANCE:
+        return LLGUIDANCE
+    return XGRAMMAR
+
+
+def build_framed_lark(constraint: OutputConstraint, framing: str, domain: TokenDomain) -> str:
+    """The Lark text of JSON content under a thinking framing (the language
+    `build_framed_grammar` gives xgrammar). Raises the content's typed RequestErrors and
+    Unsupported for a framing that does not fit."""
+    check_framing(constraint, framing)
+    thinking, _ = split_framing(framing)
+    if thinking is None:
+        raise InternalError(f"framing {framing!r} has no thinking prefix")
+    return thinking_prefix_lark(SPECS[thinking], domain, build_lark(constraint, domain))
+
+
 def json_engine() -> str:
     """The engine of JSON content: llguidance unless the operator sets INFERNIX_JSON_ENGINE to
     xgrammar (the engine of record for everything; read at each compile, also in compile
@@ -223,7 +247,7 @@ def build_lark(constraint: OutputConstraint, domain: TokenDomain) -> str:
     schema = {"type": "object"} if constraint.kind is ConstraintKind.JSON_OBJECT \
         else constraint.schema
     return schema_to_lark(schema, whitespace=whitespace_of(constraint, domain),
-                          explicit_layout=constraint.whitespace is not None)
+                          explicit_layout=constraint.whitespace is not None, unique_names=True)
 
 
 @dataclass(frozen=True)
@@ -263,6 +287,13 @@ class ModelCompiler:
         assert self._info is not None
         return self._info
 
+    def warm(self) -> None:
+        """Build the vocabulary indexes now (xgrammar's, and llguidance's when JSON content runs
+        there: ~2 s for Qwen3.5), so that no compile's deadline pays for them."""
+        self._ensure()
+        if WORKER_USES_ENGINE_INTERFACE and json_engine() == LLGUIDANCE:
+            engine_llguidance.lltokenizer(self.domain)
+
     def _ensure(self) -> xgr.GrammarCompiler:
         with self._lock:
             if self._compiler is None:
@@ -274,20 +305,25 @@ class ModelCompiler:
     def compile(self, constraint: "Compilable", framing: str | None = None, *,
                 engine: str | None = None) -> CompileOutcome:
         """Validate, convert and compile under `framing` (default the source's own) on `engine`
-        (default: `choose_engine`; a framed source, a schema form only the xgrammar emission
-        writes and a grammar that could outgrow one of llguidance's decode-time limits compile on
-        xgrammar, which has none); single-threaded inside, safe to call from many threads.
+        (default: `choose_engine`, or `framed_engine` under another framing; a schema form only
+        the xgrammar emission writes and a grammar that could outgrow one of llguidance's
+        decode-time limits compile on xgrammar, which has none); single-threaded inside, safe to
+        call from many threads.
         Raises the typed RequestErrors of validation."""
         if isinstance(constraint, Framed):
             constraint, framing = constraint.source, constraint.framing
         start = time.perf_counter()
         own = framing is None or framing == framing_of(constraint)
-        engine = engine or (choose_engine(constraint) if own else XGRAMMAR)
-        if engine == LLGUIDANCE and own and isinstance(constraint, OutputConstraint):
+        if engine is None:
+            engine = choose_engine(constraint) if own else framed_engine(constraint, framing)
+        if engine == LLGUIDANCE and isinstance(constraint, OutputConstraint) \
+                and (own or framed_engine(constraint, framing) == LLGUIDANCE):
             from services.grammar.schema.emit import NeedsXgrammar
 
             try:
-                built = LlguidanceConstraint(build_lark(constraint, self.domain), self.domain)
+                text = build_lark(constraint, self.domain) if own \
+                    else build_framed_lark(constraint, framing, self.domain)
+                built = LlguidanceConstraint(text, self.domain)
                 return CompileOutcome(built, (time.perf_counter() - start) * 1000.0)
             except (NeedsXgrammar, BeyondLimits):  # a form, or a decode-time limit, of llguidance
                 engine = XGRAMMAR

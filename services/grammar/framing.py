@@ -15,13 +15,16 @@ the close token, so a token holding the separator's end and the content's start 
 thinking framing wraps the whole inner language, the union of JSON content and calls included;
 around an XML tool grammar that may call, the reasoning may also end at once with a call (its
 opener is a control token no reasoning token is: an implicit end of reasoning, as Qwen3.5 writes;
-`implicit_close_ebnf`).
+`implicit_close_ebnf`). JSON content after the thinking framing runs on llguidance
+(`thinking_prefix_lark`: the same prefix over token-id sets; the rule is
+`services.grammar.compiler.framed_engine`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Union
 
+from services.grammar.engines.lark import lark_literal
 from services.grammar.regex.tree import ebnf_literal
 from shared.contract import OutputConstraint, ToolMode
 from shared.errors import InternalError, Unsupported
@@ -57,9 +60,7 @@ def check_framing(constraint: Compilable, framing: str) -> None:
                           f"be one of {', '.join(FORMATS)}", field="framing")
 
 
-def thinking_prefix_ebnf(spec: ThinkingSpec, domain: TokenDomain) -> str:
-    """EBNF (entry `root`) of reasoning, the close token and the separator over `domain`.
-    Raises Unsupported(field="framing") when the vocabulary lacks the framing's tokens."""
+def _close_id(spec: ThinkingSpec, domain: TokenDomain) -> int:
     try:
         close = domain.special_id(spec.close)
     except KeyError:
@@ -67,6 +68,13 @@ def thinking_prefix_ebnf(spec: ThinkingSpec, domain: TokenDomain) -> str:
                           f"thinking framing {spec.framing!r}", field="framing") from None
     if close not in domain.control_ids:
         raise InternalError(f"{spec.close!r} is not a control token of {domain.name!r}")
+    return close
+
+
+def thinking_prefix_ebnf(spec: ThinkingSpec, domain: TokenDomain) -> str:
+    """EBNF (entry `root`) of reasoning, the close token and the separator over `domain`.
+    Raises Unsupported(field="framing") when the vocabulary lacks the framing's tokens."""
+    close = _close_id(spec, domain)
     excluded = sorted({close} | domain.eos_ids | domain.control_ids)
     return (f"root ::= reasoning Token({close}) {ebnf_literal(spec.separator.decode())}\n"
             f"reasoning ::= \"\" | ExcludeToken({', '.join(map(str, excluded))}) reasoning\n")
@@ -92,3 +100,35 @@ def implicit_close_ebnf(spec: ThinkingSpec, tool_ebnf: str, domain: TokenDomain)
     body, root = embed(tool_ebnf, "x_")
     closed = head.removeprefix("root ::= ")
     return f"root ::= {closed} {root} | reasoning x_calls\n{reasoning}{body}"
+
+
+def _id_ranges(ids: list[int]) -> str:
+    """Sorted ids as llguidance's token-set list: "3,7-9,12"."""
+    parts: list[str] = []
+    start = prev = ids[0]
+    for i in ids[1:] + [None]:  # type: ignore[list-item]
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(parts)
+
+
+def thinking_prefix_lark(spec: ThinkingSpec, domain: TokenDomain, content: str) -> str:
+    """llguidance Lark of the thinking framing around `content` (Lark text with entry `start`):
+    the language of `thinking_prefix_ebnf` followed by the content. Reasoning is any ordinary
+    token (every special id and padding row excluded by id: llguidance's `<[^...]>` covers the
+    whole id range, where xgrammar never matches special or padding ids by bytes), then the close
+    token, then the separator as bytes. Raises Unsupported(field="framing") as
+    `thinking_prefix_ebnf` does."""
+    close = _close_id(spec, domain)
+    special = sorted(domain.special_ids | set(range(len(domain.token_bytes), domain.size)))
+    lines = content.split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith("start: "))
+    root = lines[at].removeprefix("start: ")
+    sep = lark_literal(spec.separator.decode())
+    lines[at] = f"start: thinking_reasoning <[{close}]> {sep} {root}"
+    lines.insert(at + 1, f"thinking_reasoning: <[^{_id_ranges(special)}]>*")
+    return "\n".join(lines)

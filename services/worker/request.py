@@ -66,6 +66,12 @@ class Request:
     cancel_requested: bool = False
     # Output tokens the reasoning phase may take before its close is forced (None: no budget).
     thinking_budget: int | None = None
+    # Log-probabilities asked for: None = off, n = with n alternatives per token (0..20).
+    logprobs: int | None = None
+    # A forced close in the ledger that the lane does not hold yet: (its tokens, the ledger's
+    # length after them). Its matcher preview is held; the commit of the step that feeds it to
+    # the lane confirms and publishes it (`take_appended`), a finish before that drops it.
+    held_close: tuple[tuple[int, ...], int] | None = None
     constraint_kind: str = "none"  # metrics label: a ConstraintKind value, "tools" or "none"
     output_counts: dict[int, int] = field(default_factory=dict)  # token -> occurrences in output
     submitted_at: float = field(default_factory=time.monotonic)
@@ -194,10 +200,36 @@ class Request:
         """The thinking budget ran out while the output is still in reasoning: its close is
         forced before anything else is sampled."""
         return self.thinking_budget is not None and self.output.in_reasoning \
-            and self.num_output_tokens >= self.thinking_budget and not self.session.finished
+            and self.num_output_tokens >= self.thinking_budget and not self.session.finished \
+            and self.held_close is None
 
-    def append_forced(self, tokens: list[int]) -> None:
-        """A fixed control sequence (a forced thinking close) joins the committed output. No
-        sampling and no RNG: the lane's model state reads these tokens with the next step's
-        prefill of uncached committed tokens, like a Replay."""
+    def append_forced(self, tokens: list[int], *, held: bool = True) -> None:
+        """A fixed control sequence (a forced thinking close) joins the ledger. No sampling and
+        no RNG: the lane's model state reads these tokens with the next step's prefill of
+        uncached committed tokens, like a Replay. `held`: they wait there for that step's commit
+        (`take_appended`); False: the output ends with them (nothing is fed after them)."""
         self.commit(self.num_cached, tokens)
+        if held:
+            self.held_close = (tuple(tokens), self.num_tokens)
+
+    def take_appended(self, fed_end: int) -> tuple[int, ...]:
+        """The held close, once a committed step left the lane holding positions < `fed_end`
+        past it (then it is no longer held); () otherwise."""
+        if self.held_close is None or fed_end < self.held_close[1]:
+            return ()
+        tokens, self.held_close = self.held_close[0], None
+        return tokens
+
+    def drop_held(self) -> None:
+        """A held close that never reached the lane leaves the ledger (it was never confirmed
+        nor published): the request ends where its published output ends."""
+        if self.held_close is None:
+            return
+        tokens, _ = self.held_close
+        self.held_close = None
+        del self.output_ids[-len(tokens):]
+        for t in tokens:
+            self.output_counts[t] -= 1
+            if not self.output_counts[t]:
+                del self.output_counts[t]
+        self.num_cached = min(self.num_cached, self.num_tokens)

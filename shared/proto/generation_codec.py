@@ -1,7 +1,7 @@
 """The generation contract <-> worker.proto messages, lossless in both directions.
 
 `request_to_proto` / `request_from_proto` carry every field of `GenerateRequest` (prompt messages
-with their tool calls, tools, the constraint, tool choice, sampling, stop, timeout);
+with their tool calls, tools, the constraint, tool choice, sampling, stop, timeout, logprobs);
 `event_to_proto` / `event_from_proto` carry every event type. Optional fields use protobuf
 presence, so `None` and `()` / `""` / `0` stay distinct. The constraint report and the error dict
 travel as JSON text (a Struct would turn integers into floats); timings as a map of doubles.
@@ -24,7 +24,7 @@ from shared.contract import (
     ToolDefinition,
     ToolMode,
 )
-from shared.errors import InternalError, InvalidRequest, Unsupported
+from shared.errors import InternalError, InvalidRequest
 from shared.generation import (
     ChatMessage,
     Finished,
@@ -37,9 +37,12 @@ from shared.generation import (
     SamplingParams,
     Started,
     TextDelta,
+    TokenLogprob,
+    TokenLogprobs,
     ToolCall,
     ToolCallArgumentsDelta,
     ToolCallStart,
+    TopLogprob,
     Usage,
 )
 from shared.proto import worker_pb2 as pb
@@ -120,6 +123,8 @@ def options_to_proto(o: RequestOptions) -> pb.RequestOptions:
         out.timeout_s = o.timeout_s
     if o.thinking_budget is not None:
         out.thinking_budget = _int64(o.thinking_budget, "thinking_budget")
+    if o.logprobs is not None:
+        out.logprobs = _int64(o.logprobs, "top_logprobs")
     return out
 
 
@@ -132,7 +137,8 @@ def options_from_proto(msg: pb.RequestOptions) -> RequestOptions:
         tool_choice=(tool_choice_from_proto(msg.tool_choice) if msg.HasField("tool_choice")
                      else ToolChoice()),
         stop=tuple(msg.stop), stop_token_ids=tuple(msg.stop_token_ids),
-        timeout_s=_opt(msg, "timeout_s"), thinking_budget=_opt(msg, "thinking_budget"))
+        timeout_s=_opt(msg, "timeout_s"), thinking_budget=_opt(msg, "thinking_budget"),
+        logprobs=_opt(msg, "logprobs"))
 
 
 def tool_to_proto(t: ToolDefinition) -> pb.ToolDefinition:
@@ -165,13 +171,13 @@ def message_from_proto(msg: pb.ChatMessage) -> ChatMessage:
 
 
 def prompt_to_proto(p: PromptInput) -> pb.PromptInput:
-    if p.token_ids is not None:
-        raise Unsupported("token-id prompts are served by the embedded worker only (the worker "
-                          "protocol carries text and messages)", field=p.source)
     out = pb.PromptInput(tools=[tool_to_proto(t) for t in p.tools],
                          continue_final_assistant=p.continue_final_assistant,
-                         enable_thinking=p.enable_thinking)
-    if p.messages is not None:
+                         enable_thinking=p.enable_thinking, source=p.source)
+    if p.token_ids is not None:  # ids outside int64 are named at their place in the body
+        out.token_ids.CopyFrom(pb.TokenList(
+            ids=[_int64(t, f"{p.source}[{i}]") for i, t in enumerate(p.token_ids)]))
+    elif p.messages is not None:
         out.messages.CopyFrom(pb.MessageList(messages=[message_to_proto(m) for m in p.messages]))
     else:
         out.text = p.text or ""
@@ -183,8 +189,10 @@ def prompt_from_proto(msg: pb.PromptInput) -> PromptInput:
     messages = (tuple(message_from_proto(m) for m in msg.messages.messages)
                 if which == "messages" else None)
     text = msg.text if which == "text" else None
+    token_ids = tuple(msg.token_ids.ids) if which == "token_ids" else None
     return PromptInput(messages, text, tuple(tool_from_proto(t) for t in msg.tools),
-                       msg.continue_final_assistant, _opt(msg, "enable_thinking"))
+                       msg.continue_final_assistant, _opt(msg, "enable_thinking"),
+                       token_ids=token_ids, source=msg.source or "prompt")
 
 
 def request_to_proto(r: GenerateRequest) -> pb.GenerateRequest:
@@ -234,6 +242,20 @@ def finished_from_proto(msg: pb.Finished) -> Finished:
         reasoning=msg.reasoning)
 
 
+def logprobs_to_proto(event: TokenLogprobs) -> pb.TokenLogprobs:
+    return pb.TokenLogprobs(tokens=[
+        pb.TokenLogprob(token_id=t.token_id, token=t.token, logprob=t.logprob,
+                        top=[pb.TopLogprob(token_id=a.token_id, token=a.token, logprob=a.logprob)
+                             for a in t.top]) for t in event.tokens])
+
+
+def logprobs_from_proto(msg: pb.TokenLogprobs) -> TokenLogprobs:
+    return TokenLogprobs(tuple(
+        TokenLogprob(t.token_id, t.token, t.logprob,
+                     tuple(TopLogprob(a.token_id, a.token, a.logprob) for a in t.top))
+        for t in msg.tokens))
+
+
 def event_to_proto(event: GenerationEvent) -> pb.GenerationEvent:
     """The protobuf form of one event. Raises InternalError for an object that is not one."""
     if isinstance(event, Started):
@@ -249,6 +271,8 @@ def event_to_proto(event: GenerationEvent) -> pb.GenerationEvent:
     if isinstance(event, ToolCallArgumentsDelta):
         return pb.GenerationEvent(tool_call_arguments=pb.ToolCallArgumentsDelta(
             index=event.index, fragment=event.fragment))
+    if isinstance(event, TokenLogprobs):
+        return pb.GenerationEvent(logprobs=logprobs_to_proto(event))
     if isinstance(event, Finished):
         return pb.GenerationEvent(finished=finished_to_proto(event))
     raise InternalError(f"not a generation event: {type(event).__name__}")
@@ -271,6 +295,8 @@ def event_from_proto(msg: pb.GenerationEvent) -> GenerationEvent:
         if which == "tool_call_arguments":
             m = msg.tool_call_arguments
             return ToolCallArgumentsDelta(m.index, m.fragment)
+        if which == "logprobs":
+            return logprobs_from_proto(msg.logprobs)
         if which == "finished":
             return finished_from_proto(msg.finished)
     except (InvalidRequest, ValueError) as exc:

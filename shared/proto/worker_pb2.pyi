@@ -55,7 +55,7 @@ class ToolChoice(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., allowed_names: _Optional[_Union[NameList, _Mapping]] = ..., parallel: _Optional[bool] = ..., constraints: _Optional[str] = ...) -> None: ...
 
 class RequestOptions(_message.Message):
-    __slots__ = ("max_tokens", "sampling", "constraint", "tool_choice", "stop", "stop_token_ids", "timeout_s", "thinking_budget")
+    __slots__ = ("max_tokens", "sampling", "constraint", "tool_choice", "stop", "stop_token_ids", "timeout_s", "thinking_budget", "logprobs")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class RequestOptions(_message.Message):
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     THINKING_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     sampling: SamplingParams
     constraint: OutputConstraint
@@ -72,7 +73,8 @@ class RequestOptions(_message.Message):
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     timeout_s: float
     thinking_budget: int
-    def __init__(self, max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[OutputConstraint, _Mapping]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ..., thinking_budget: _Optional[int] = ...) -> None: ...
+    logprobs: int
+    def __init__(self, max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[OutputConstraint, _Mapping]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ..., thinking_budget: _Optional[int] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class ToolDefinition(_message.Message):
     __slots__ = ("name", "parameters_json", "description", "strict")
@@ -118,19 +120,29 @@ class MessageList(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
+class TokenList(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class PromptInput(_message.Message):
-    __slots__ = ("messages", "text", "tools", "continue_final_assistant", "enable_thinking")
+    __slots__ = ("messages", "text", "token_ids", "tools", "continue_final_assistant", "enable_thinking", "source")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_FINAL_ASSISTANT_FIELD_NUMBER: _ClassVar[int]
     ENABLE_THINKING_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     messages: MessageList
     text: str
+    token_ids: TokenList
     tools: _containers.RepeatedCompositeFieldContainer[ToolDefinition]
     continue_final_assistant: bool
     enable_thinking: bool
-    def __init__(self, messages: _Optional[_Union[MessageList, _Mapping]] = ..., text: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolDefinition, _Mapping]]] = ..., continue_final_assistant: _Optional[bool] = ..., enable_thinking: _Optional[bool] = ...) -> None: ...
+    source: str
+    def __init__(self, messages: _Optional[_Union[MessageList, _Mapping]] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenList, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[ToolDefinition, _Mapping]]] = ..., continue_final_assistant: _Optional[bool] = ..., enable_thinking: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt", "options", "model")
@@ -182,6 +194,34 @@ class ToolCallArgumentsDelta(_message.Message):
     fragment: str
     def __init__(self, index: _Optional[int] = ..., fragment: _Optional[str] = ...) -> None: ...
 
+class TopLogprob(_message.Message):
+    __slots__ = ("token_id", "token", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    token: bytes
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., token: _Optional[bytes] = ..., logprob: _Optional[float] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "token", "logprob", "top")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    token: bytes
+    logprob: float
+    top: _containers.RepeatedCompositeFieldContainer[TopLogprob]
+    def __init__(self, token_id: _Optional[int] = ..., token: _Optional[bytes] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
+
+class TokenLogprobs(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -224,20 +264,22 @@ class Finished(_message.Message):
     def __init__(self, finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., constraint_json: _Optional[str] = ..., error_json: _Optional[str] = ..., timings: _Optional[_Mapping[str, float]] = ..., stop_sequence: _Optional[str] = ..., reasoning: _Optional[str] = ...) -> None: ...
 
 class GenerationEvent(_message.Message):
-    __slots__ = ("text", "tool_call_start", "tool_call_arguments", "finished", "started", "reasoning")
+    __slots__ = ("text", "tool_call_start", "tool_call_arguments", "finished", "started", "reasoning", "logprobs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_START_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     REASONING_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     text: TextDelta
     tool_call_start: ToolCallStart
     tool_call_arguments: ToolCallArgumentsDelta
     finished: Finished
     started: Started
     reasoning: ReasoningDelta
-    def __init__(self, text: _Optional[_Union[TextDelta, _Mapping]] = ..., tool_call_start: _Optional[_Union[ToolCallStart, _Mapping]] = ..., tool_call_arguments: _Optional[_Union[ToolCallArgumentsDelta, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., reasoning: _Optional[_Union[ReasoningDelta, _Mapping]] = ...) -> None: ...
+    logprobs: TokenLogprobs
+    def __init__(self, text: _Optional[_Union[TextDelta, _Mapping]] = ..., tool_call_start: _Optional[_Union[ToolCallStart, _Mapping]] = ..., tool_call_arguments: _Optional[_Union[ToolCallArgumentsDelta, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., reasoning: _Optional[_Union[ReasoningDelta, _Mapping]] = ..., logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -86,7 +86,7 @@ def test_a_process_reports_usage_errors_without_a_traceback(tmp_path):
     assert "INFERNIX_PORT='eighty'" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("schema", [{"type": "objekt"}, {"type": "string", "format": "regex"}])
+@pytest.mark.parametrize("schema", [{"type": "objekt"}, {"type": "string", "format": "idn-email"}])
 def test_generate_rejects_an_invalid_schema_before_loading_the_model(tmp_path, monkeypatch,
                                                                       capsys, schema):
     """"CLI commands validate their inputs (files, schemas, grammars) before loading a model"."""

@@ -247,3 +247,28 @@ async def test_chat_strict_xml_tool_call_streams_its_arguments(served):
             names += [delta.function.name] if delta.function.name else []
             arguments += delta.function.arguments or ""
     assert (names, arguments) == (["weather"], call.function.arguments)
+
+
+async def test_chat_logprobs_list_content_tokens_only(served):
+    """Log-probabilities (docs/using-openai-chat.md): one entry per generated content token,
+    never a reasoning token nor the forced thinking close (no distribution sampled it): their
+    texts concatenate to the content, streamed and not alike, and they number at most the
+    completion tokens less the reasoning ones (the forced close's separator is content-phase
+    output no distribution sampled)."""
+    model, oa, _, _ = served
+    ask = dict(model=model, messages=ASK, max_tokens=12, temperature=0, logprobs=True,
+               top_logprobs=2, extra_body={"thinking_budget": 4})
+    whole = await oa.chat.completions.create(**ask)
+    choice = whole.choices[0]
+    entries = choice.logprobs.content
+    assert choice.message.reasoning_content and entries
+    assert "".join(e.token for e in entries) == choice.message.content
+    usage = whole.usage
+    end = 1 if choice.finish_reason == "stop" else 0
+    assert len(entries) <= usage.completion_tokens - \
+        usage.completion_tokens_details.reasoning_tokens - end
+    streamed = []
+    async for chunk in await oa.chat.completions.create(stream=True, **ask):
+        for c in chunk.choices:
+            streamed += c.logprobs.content if c.logprobs and c.logprobs.content else []
+    assert [e.token for e in streamed] == [e.token for e in entries]

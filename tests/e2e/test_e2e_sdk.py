@@ -131,7 +131,7 @@ def test_anthropic_messages_with_tool_and_schema_error(server: str) -> None:
     assert message.stop_reason == "tool_use" and [b.name for b in blocks] == ["get_weather"]
     jsonschema.validate(blocks[0].input, WEATHER)
     bad = dict(WEATHER, properties={**WEATHER["properties"],
-                                    "when": {"type": "string", "format": "color"}})
+                                    "when": {"type": "string", "format": "idn-email"}})
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model="smollm2", max_tokens=10,
                                tools=[{"name": "w", "input_schema": bad, "strict": True}],

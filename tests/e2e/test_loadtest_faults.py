@@ -25,9 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +38,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import RedisServer, free_port
+from tests.support.gateway_process import GatewayProcess
 from tests.support.grammar_process import UNBOUNDED_GRAMMARS, GrammarProcess, optional_properties
 from tests.support.tiny_worker import WorkerProcess
 
@@ -50,59 +49,6 @@ from scenarios import Scenario  # noqa: E402
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class GatewayProcess:
-    """`infernix gateway serve` over the given workers on a free loopback port."""
-
-    def __init__(self, *workers: str) -> None:
-        self.port = free_port()
-        self.workers = workers
-        self.log = Path(tempfile.mkdtemp(prefix="infernix-gateway-")) / "gateway.log"
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        command = [sys.executable, "-m", "services.cli", "gateway", "serve", "--host", "127.0.0.1",
-                   "--port", str(self.port)]
-        for worker in self.workers:
-            command += ["--worker", worker]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
-                                         env={**os.environ, "INFERNIX_LOG_LEVEL": "INFO"})
-
-    def healthz(self) -> dict | None:
-        try:
-            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as reply:
-                return json.loads(reply.read())
-        except OSError:
-            return None
-
-    def get(self, path: str) -> tuple[int, dict]:
-        """(status, JSON body) of a GET, error statuses included."""
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as reply:
-                return reply.status, json.loads(reply.read())
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read())
-
-    async def until_workers_healthy(self, n: int, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
-            health = await asyncio.to_thread(self.healthz)
-            if health is not None and (health.get("worker") or {}).get("healthy") == n:
-                return
-            assert time.monotonic() < deadline, f"the gateway never saw {n} workers: {health}"
-            await asyncio.sleep(0.2)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
 
 
 def _metric(port: int, name: str, **labels: str) -> float:

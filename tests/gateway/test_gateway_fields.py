@@ -102,7 +102,6 @@ NEVER_IGNORED = [
     ("messages", {"grammar": 'root ::= "a"'}, "grammar"),
 ]
 UNSUPPORTED = [
-    ("chat", {"logprobs": True}, "logprobs"),
     ("chat", {"logit_bias": {"42": 10}}, "logit_bias"),
     (
         "chat",
@@ -126,7 +125,13 @@ UNSUPPORTED = [
     ("completions", {"suffix": "end"}, "suffix"),
     ("responses", {"previous_response_id": "resp_1"}, "previous_response_id"),
     ("responses", {"reasoning": {"effort": "high", "summary": "auto"}}, "reasoning.summary"),
-    ("responses", {"include": ["message.output_text.logprobs"]}, "include[0]"),
+    ("responses", {"include": ["message.output_text.logprobs"],
+                   "tools": [{"type": "function", "name": "f", "parameters": {}}]}, "include"),
+    # log-probabilities outside the protocols' ranges, or asked for the wrong way
+    ("chat", {"top_logprobs": 3}, "top_logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("completions", {"logprobs": 6}, "logprobs"),
+    ("responses", {"top_logprobs": -1}, "top_logprobs"),
     ("responses", {"truncation": "auto"}, "truncation"),
     ("responses", {"text": {"verbosity": "low"}}, "text.verbosity"),
     ("messages", {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
@@ -176,6 +181,7 @@ async def test_output_changing_fields_are_never_ignored(gw, protocol, extra, fie
 INERT = [
     ("chat", {"store": True, "metadata": {"k": "v"}, "user": "u1", "service_tier": "auto",
               "prompt_cache_key": "k", "safety_identifier": "s", "logprobs": False,
+              "top_logprobs": 0,
               "logit_bias": {}, "stream_options": None, "reasoning_effort": None}),
     ("completions", {"user": "u1", "echo": False, "best_of": 1, "logprobs": None}),
     ("responses", {"store": False, "metadata": {"k": "v"}, "user": "u", "truncation": "disabled",

@@ -32,7 +32,7 @@ class CodecWorker(FakeWorker):
     async def generate(self, request):
         try:
             same = codec.request_from_proto(codec.request_to_proto(request))
-        except InfernixError:  # a typed refusal of the codec (token-id prompts) is the answer
+        except InfernixError:  # a typed refusal of the codec (an id outside int64) is the answer
             raise
         except Exception as exc:  # noqa: BLE001 - the gateway let through what gRPC cannot carry
             raise InternalError(f"the worker contract cannot carry this request: {exc}") from None

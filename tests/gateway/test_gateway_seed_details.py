@@ -106,13 +106,70 @@ def test_a_bad_token_id_is_a_400_naming_it(tiny, prompt, param):
     assert info.value.body["param"] == param, info.value.body
 
 
-def test_token_ids_are_refused_by_the_worker_protocol_not_dropped():
-    """No stubs: the worker protocol carries text and messages only, so a token-id prompt bound
-    for a remote worker is a typed `unsupported` naming its prompt, never sent as empty text."""
-    from shared.errors import Unsupported
+def test_token_id_prompts_survive_the_worker_protocol():
+    """The compose deployment's route (gateway -> gRPC -> worker) carries a token-id prompt as
+    ids, with the place in the body its errors name; an id outside int64 is refused there, named,
+    never sent as something else."""
+    from shared.errors import InvalidRequest
     from shared.generation import PromptInput
-    from shared.proto.generation_codec import prompt_to_proto
+    from shared.proto.generation_codec import prompt_from_proto, prompt_to_proto
 
-    with pytest.raises(Unsupported) as info:
-        prompt_to_proto(PromptInput(token_ids=(1, 2), source="prompt[2]"))
-    assert info.value.field == "prompt[2]"
+    prompt = PromptInput(token_ids=(1, 2, 49151), source="prompt[2]")
+    assert prompt_from_proto(prompt_to_proto(prompt)) == prompt
+    with pytest.raises(InvalidRequest) as info:
+        prompt_to_proto(PromptInput(token_ids=(1, 2 ** 63), source="prompt[2]"))
+    assert info.value.field == "prompt[2][1]"
+
+
+@pytest.mark.asyncio
+async def test_token_id_prompts_over_grpc_continue_as_in_process():
+    """Seed: raw token-id prompts (optionally with a grammar) are served; over the worker's gRPC
+    service they give what the in-process worker gives, and an id outside the vocabulary is the
+    worker's typed 400 naming `prompt[i]`."""
+    from services.worker.client import open_in_process
+    from services.worker.engine import EngineConfig
+    from services.worker.remote import GrpcWorkerClient
+    from services.worker.service import create_server
+    from shared.contract import OutputConstraint
+    from shared.errors import InvalidRequest
+    from shared.frontends import get_frontend
+    from shared.generation import (
+        Finished,
+        GenerateRequest,
+        PromptInput,
+        RequestOptions,
+        SamplingParams,
+    )
+    from tests.conftest import free_port
+    from tests.support.tiny_worker import tiny_smollm2_runtime
+
+    ids = tuple(get_frontend("smollm2").tokenizer.encode("The capital of France is"))
+
+    def request(rid, prompt_ids, constraint=None):
+        return GenerateRequest(rid, PromptInput(token_ids=prompt_ids), RequestOptions(
+            max_tokens=6, sampling=SamplingParams(temperature=0), constraint=constraint),
+            model="smollm2")
+
+    async def finished(worker, req):
+        return [e async for e in worker.generate(req) if isinstance(e, Finished)][-1]
+
+    worker = open_in_process(tiny_smollm2_runtime(), EngineConfig(max_batch=1, max_len=256))
+    server = create_server(worker)
+    port = free_port()
+    await server.start("127.0.0.1", port)
+    client = GrpcWorkerClient("127.0.0.1", port)
+    try:
+        digits = OutputConstraint.regex("[0-9]{1,4}")
+        for constraint in (None, digits):
+            want = await finished(worker, request("local", ids, constraint))
+            got = await finished(client, request("remote", ids, constraint))
+            assert got.content == want.content and got.usage == want.usage
+        assert re.fullmatch("[0-9]{1,4}", got.content), got.content
+        with pytest.raises(InvalidRequest) as info:
+            await finished(client, request("bad", (1, 49152)))
+        assert info.value.field == "prompt[1]"
+    finally:
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+        await worker.aclose()

@@ -30,7 +30,7 @@ def test_check_schema_files_with_instances(tmp_path, capsys) -> None:
     good = tmp_path / "good.json"
     good.write_text(json.dumps(SCHEMA))
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"type": "string", "format": "color"}))
+    bad.write_text(json.dumps({"type": "string", "format": "idn-email"}))
     candidates = ['{"name": "Ada", "age": 36}', '{"name": "Ada"}', '{"age": 3, "name": "x"}',
                   '{"name": "much too long", "age": 1}', '{"name": "Bo", "age": -1}']
     instances = tmp_path / "instances.jsonl"

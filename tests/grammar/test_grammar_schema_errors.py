@@ -16,14 +16,14 @@ from shared.errors import InvalidSchema, SchemaSource, UnsupportedSchema
 D7 = "http://json-schema.org/draft-07/schema#"
 
 UNSUPPORTED = [
-    ({"type": "string", "format": "color"}, "/format"),
+    ({"type": "string", "format": "idn-email"}, "/format"),
     ({"type": "string", "format": "idn-hostname"}, "/format"),
     ({"type": "number", "multipleOf": 0.5}, "/multipleOf"),
     (
         {"type": "object", "patternProperties": {"^a": {}, "b": {"type": "null"}}},
         "/patternProperties/b",
     ),
-    ({"dependencies": {"a": ["b"]}}, "/dependencies"),
+    ({"$schema": D7, "prefixItems": [{"type": "null"}]}, "/prefixItems"),
     ({"dependentSchemas": {"a": {"not": {"type": "integer"}}}}, "/dependentSchemas/a/not"),
     ({"if": {"minimum": 0, "type": "integer"}, "then": {"maximum": 1}}, "/if"),
     ({"properties": {"a": {"not": {"const": {"k": 1}}}}}, "/properties/a/not"),
@@ -49,7 +49,7 @@ UNSUPPORTED = [
     ({"$ref": "https://example.com/s.json"}, "/$ref"),
     ({"properties": {"a": {"$dynamicRef": "#x"}}}, "/properties/a/$dynamicRef"),
     (
-        {"type": "object", "properties": {"a~b/c": {"type": "string", "format": "color"}}},
+        {"type": "object", "properties": {"a~b/c": {"type": "string", "format": "idn-email"}}},
         "/properties/a~0b~1c/format",
     ),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "/oneOf"),
@@ -67,7 +67,8 @@ UNSUPPORTED = [
     ({"type": "integer", "minimum": 2**64}, "/minimum"),
     ({"type": "number", "minimum": float("inf")}, "/minimum"),
     ({"$schema": "http://json-schema.org/draft-03/schema#"}, "/$schema"),
-    ({"$schema": "http://json-schema.org/draft-04/schema#", "const": 1}, "/const"),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "array", "contains": {},
+      "maxContains": 1}, "/maxContains"),
     ({"$schema": D7, "prefixItems": [{}]}, "/prefixItems"),
     ({"type": "integer", "minimum": 3, "maximum": 2}, ""),  # unsatisfiable: nothing to generate
     ({"allOf": [{"const": 1}, {"const": 2}]}, ""),
@@ -153,7 +154,7 @@ def test_tool_arguments_errors_carry_the_tool():
         ({"type": "object", "additionalProperties": True}, "/additionalProperties"),
         ({"anyOf": [{"type": "object", "additionalProperties": False}, {"type": "null"}]}, ""),
         ({"enum": [{}]}, ""),
-        ({"type": "object", "format": "color", "additionalProperties": False}, "/format"),
+        ({"type": "object", "format": "idn-email", "additionalProperties": False}, "/format"),
     ]:
         with pytest.raises(UnsupportedSchema) as info:
             reduce_tool_arguments(schema, tool_index=2, tool_name="f")
@@ -177,7 +178,7 @@ def test_error_round_trips_as_dict():
 
     with pytest.raises(UnsupportedSchema) as info:
         schema_to_grammar(
-            {"properties": {"a": {"format": "color"}}},
+            {"properties": {"a": {"format": "idn-email"}}},
             source=SchemaSource.TOOL_ARGUMENTS,
             tool_index=3,
             tool_name="mail",

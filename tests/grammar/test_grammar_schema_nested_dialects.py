@@ -144,7 +144,7 @@ def test_a_definition_reached_in_two_dialects_is_refused():
             {"properties": {"a": {"$schema": "http://json-schema.org/draft-03/schema#"}}},
             "/properties/a/$schema",
         ),
-        ({"properties": {"a": {"$schema": D4, "const": 1}}}, "/properties/a/const"),
+        ({"properties": {"a": {"$schema": D4, "prefixItems": [{}]}}}, "/properties/a/prefixItems"),
     ],
 )
 def test_nested_dialect_refusals_name_their_pointer(schema, pointer):

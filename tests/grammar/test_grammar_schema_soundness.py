@@ -260,7 +260,7 @@ def test_a_number_beyond_binary64_is_a_typed_error():
     assert info.value.field == "json_schema"
 
 
-# ---- duplicate names (the sound interim) --------------------------------------------------------
+# ---- duplicate names (refused where no name companion runs) -------------------------------------
 
 @pytest.mark.parametrize("schema,pointer", [
     ({"minProperties": 2}, "/minProperties"),  # accepted {"a":1,"a":2}
@@ -273,9 +273,11 @@ def test_a_number_beyond_binary64_is_a_typed_error():
 ])
 def test_counts_undeclared_names_could_fill_by_repeating_are_refused(schema, pointer):
     """'No generated object may repeat a name (the grammar counts copies as separate members)':
-    until a matcher-side exclusion exists, a minimum count that undeclared names would have to
-    fill beyond one member is refused at its pointer."""
+    where no JSON name companion runs beside the matcher (`unique_names` off: tool-call
+    arguments), a minimum count that undeclared names would have to fill beyond one member is
+    refused at its pointer; content JSON compiles it (test_grammar_json_names.py)."""
     assert "repeat a name" in assert_refused(schema, pointer).message
+    schema_to_grammar(schema, unique_names=True)  # content: the companion keeps names unique
 
 
 def test_counts_that_one_free_member_meets_still_compile():

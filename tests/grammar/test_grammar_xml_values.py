@@ -106,8 +106,8 @@ def test_json_values_for_other_types(compiler) -> None:
     ({"const": "x\n</parameter>y"}, "delimiter"),
     ({"enum": ["ok", "bad\n</parameter>"]}, "delimiter"),
     ({"type": "string", "pattern": "[0-9]+"}, "line break"),
-    ({"type": "string", "maxLength": 13}, "length bound"),
-    ({"type": "string", "minLength": 5}, "length bound"),
+    ({"anyOf": [{"type": "string", "maxLength": 13},
+                {"type": "string", "minLength": 20, "maxLength": 30}]}, "gap"),
 ])
 def test_unrepresentable_parameters_are_typed_errors(prop, fragment, compiler) -> None:
     """Rejected while preparing, with the tool's index and name and the parameter's pointer; the

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kernels.norms_ref import add_rms_norm_ref, rms_norm_ref
-from kernels.rope_ref import apply_rope_ref_
+from kernels.rope_ref import apply_rope_ref_, rope_ref
 from kernels.swiglu_ref import swiglu_ref
 from tests.support.kernel_backends import INTERPRETED, backend_params, run_interpreted
 
@@ -227,6 +227,20 @@ def test_rope_rotates_q_and_k_in_place(backend, dtype, rotary):
         assert torch.equal(
             q[..., rot:].cpu(), before[..., : h * d].view(b, t, h, d)[..., rot:].cpu()
         )
+
+
+@pytest.mark.parametrize("rotary", [32, 8])
+def test_cpu_float32_rope_equals_the_reference_bit_for_bit(rotary):
+    """models/layers.py `rope` on the CPU in float32 (q and k rotated together, the reference's
+    own products and sums) returns exactly `rope_ref`'s values, full and partial rotary."""
+    from services.worker.models import layers
+    gen = np.random.default_rng(7)
+    qkv = rand(gen, (2, 3, (4 + 2 * 2) * 32), torch.float32, "cpu")
+    q, k = qkv[..., :128].view(2, 3, 4, 32), qkv[..., 128:192].view(2, 3, 2, 32)
+    ang = torch.from_numpy(gen.uniform(0, 50, (2, 3, rotary // 2))).float()
+    cos, sin = ang.cos(), ang.sin()
+    got_q, got_k = layers.rope(q, k, cos, sin)
+    assert torch.equal(got_q, rope_ref(q, cos, sin)) and torch.equal(got_k, rope_ref(k, cos, sin))
 
 
 def test_rope_reference_is_the_serving_module():

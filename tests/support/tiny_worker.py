@@ -14,8 +14,10 @@ import sys
 from dataclasses import replace
 
 
-def tiny_smollm2_runtime(model=None, *, device="cpu", dtype=None):
-    """A `load_runtime` stand-in: random weights over the SmolLM2 vocabulary and Frontend."""
+def tiny_smollm2_runtime(model=None, *, device="cpu", dtype=None, hidden_size=32, num_heads=2,
+                         num_kv_heads=1, max_position_embeddings=4096):
+    """A `load_runtime` stand-in: random weights over the SmolLM2 vocabulary and Frontend
+    (float32 whatever `dtype` asks; the shape arguments default to the tiny one)."""
     import torch
 
     from bench.random_weights import random_runtime
@@ -23,8 +25,9 @@ def tiny_smollm2_runtime(model=None, *, device="cpu", dtype=None):
     from shared.frontends import get_frontend
 
     frontend = get_frontend(DEFAULT_MODEL)
-    runtime = random_runtime(frontend.domain, name=DEFAULT_MODEL, hidden_size=32, num_heads=2,
-                             num_kv_heads=1, max_position_embeddings=4096, seed=7,
+    runtime = random_runtime(frontend.domain, name=DEFAULT_MODEL, hidden_size=hidden_size,
+                             num_heads=num_heads, num_kv_heads=num_kv_heads,
+                             max_position_embeddings=max_position_embeddings, seed=7,
                              dtype=torch.float32, device=device)
     return replace(runtime, frontend=frontend)
 
@@ -45,7 +48,8 @@ class WorkerProcess:
     """A tiny worker (this module as `python -m tests.support.tiny_worker`) on a fixed loopback
     port, with its metrics port; it can be SIGKILLed and started again on the same ports."""
 
-    def __init__(self, *flags: str, name: str = "worker", env: dict | None = None) -> None:
+    def __init__(self, *flags: str, name: str = "worker", env: dict | None = None,
+                 module: str = "tests.support.tiny_worker", launcher_flags: tuple = ()) -> None:
         import tempfile
         from pathlib import Path
 
@@ -53,6 +57,8 @@ class WorkerProcess:
 
         self.flags = flags
         self.env = env or {}
+        self.module = module  # the launcher: this module, or another with the same command line
+        self.launcher_flags = launcher_flags  # the launcher's own flags, before the worker's
         self.port = free_port()
         self.metrics_port = free_port()
         self.proc = None
@@ -70,7 +76,8 @@ class WorkerProcess:
         command = [
             sys.executable,
             "-m",
-            "tests.support.tiny_worker",
+            self.module,
+            *self.launcher_flags,
             "--host",
             "127.0.0.1",
             "--port",

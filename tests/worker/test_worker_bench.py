@@ -84,9 +84,9 @@ def test_bench_decode_command_line():
 
 
 def test_bench_decode_compares_the_unfused_path():
-    """Issue 14: before and after from one run. `compare_unfused` runs the engine first on the
-    op-by-op model path, then on the fused path: both produce
-    the same greedy texts, and the report carries the per-mode speedup."""
+    """Before and after from one run. `compare_unfused` runs the engine first on the op-by-op
+    model path, `compare_float32` on the fused path with the CPU GEMV off, then the fused path:
+    all produce the same greedy texts, and the report carries the per-mode speedups."""
     domain = byte_domain()
     runtime = random_qwen3_runtime(domain, ByteTokenizer(domain), name="tiny-qwen3", shape=TINY,
                                    max_position_embeddings=256, seed=5, dtype=torch.float64,
@@ -96,7 +96,7 @@ def test_bench_decode_compares_the_unfused_path():
     try:
         report = bench_decode(runtime, DecodeBenchOptions(
             batch_sizes=(2,), max_tokens=4, prompt_tokens=8, reference=False, warmup_tokens=2,
-            compare_unfused=True, compare_serial=True, breakdown=True))
+            compare_unfused=True, compare_serial=True, compare_float32=True, breakdown=True))
     finally:
         torch.set_num_threads(threads)
     assert runtime.model.fused  # left on the serving path
@@ -108,9 +108,14 @@ def test_bench_decode_compares_the_unfused_path():
             row["engine_unfused"][mode]["tpot_p50_ms"] / row["engine"][mode]["tpot_p50_ms"], 4)
         assert row["speedup_pipeline"][mode] == round(
             row["engine_serial"][mode]["tpot_p50_ms"] / row["engine"][mode]["tpot_p50_ms"], 4)
+        assert row["engine_float32"][mode]["texts"] == row["engine"][mode]["texts"]
+        assert row["outputs_equal_float32"][mode] == 1.0
+        assert row["speedup_over_float32"][mode] == round(
+            row["engine_float32"][mode]["tpot_p50_ms"] / row["engine"][mode]["tpot_p50_ms"], 4)
     assert report["breakdown"]["copy_bandwidth_GBps"] > 0
-    engines = {"fused": "engine", "unfused": "engine_unfused", "serial": "engine_serial"}
-    for path in ("fused", "unfused", "serial"):
+    engines = {"fused": "engine", "unfused": "engine_unfused", "serial": "engine_serial",
+               "float32": "engine_float32"}
+    for path in engines:
         step = row["breakdown"][path]
         assert step["forward_ms"] > 0 and step["sample_ms"] > 0 and step["floor_ms"] > 0
         assert step["tpot_ms"] == row[engines[path]]["unconstrained"]["tpot_p50_ms"]

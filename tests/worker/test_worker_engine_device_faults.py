@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from shared.errors import InvalidRequest
-from shared.generation import FinishReason, Started
+from shared.generation import Finished, FinishReason, Started
 from tests.support.worker_support import (
     collect,
     greedy,
@@ -123,5 +123,114 @@ async def test_a_prompt_that_cannot_fit_is_refused_at_admission_and_full_lanes_a
             expected = oracle_greedy(runtime, runtime.tokenizer.encode(prompt), n)
             assert done.error is None and "".join(deltas) == text_of(runtime.domain, expected)
             assert done.usage.completion_tokens == len(expected)
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("error, lost", [
+    (torch.AcceleratorError("CUDA error: device-side assert triggered"), True),
+    (RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered"), True),
+    (None, True),  # the ready event's own report (cuda-python): DeviceError, filled in below
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), False),
+    (torch.AcceleratorError("CUDA error: out of memory"), False),
+    (ValueError("a bug of ours"), None),
+])
+def test_step_failures_are_read_as_the_device_reports_them(error, lost):
+    """Wherever the device reports a fault (torch, Triton's launcher, the ready event's
+    cuda-python call: `cudaEventSynchronize failed: cudaError_t.cudaErrorAssert`), a state it
+    cannot vouch for is the unavailable boundary (IntegrityError), a failed allocation is the
+    worker's capacity (ServiceUnavailable, the process serves on), and anything else is the
+    step's InternalError."""
+    from services.worker.integrity import DeviceError, IntegrityError, step_failure
+    from shared.errors import InternalError, ServiceUnavailable
+
+    if error is None:
+        error = DeviceError("cudaEventSynchronize failed: cudaError_t.cudaErrorAssert")
+    if lost:
+        with pytest.raises(IntegrityError) as raised:
+            step_failure(error)
+        assert raised.value.__cause__ is error
+    elif lost is False:
+        assert isinstance(step_failure(error), ServiceUnavailable)
+    else:
+        failure = step_failure(error, "engine failure")
+        assert isinstance(failure, InternalError) and failure.message.startswith("engine failure")
+
+
+def _fail_admission(monkeypatch, error: BaseException, after: int) -> dict:
+    """Program.attach_prefix (it writes the lane's block table to the device) raises `error`
+    at its call number `after` + 1: a device fault surfacing outside the Program step."""
+    from services.worker.program import program as program_module
+
+    calls = {"n": 0}
+    original = program_module.Program.attach_prefix
+
+    def attach(self, *args):
+        calls["n"] += 1
+        if calls["n"] == after + 1:
+            raise error
+        return original(self, *args)
+
+    monkeypatch.setattr(program_module.Program, "attach_prefix", attach)
+    return calls
+
+
+async def _admitted_beside_two(client, runtime, name: str):
+    """Two requests decoding, then a third whose admission fails; the three outcomes."""
+    from tests.support.device_faults import Stream
+
+    first = [Stream(client, text_request(f"{name}{i}", f"decode {i}", greedy(60),
+                                         runtime.name)) for i in range(2)]
+    for stream in first:
+        await asyncio.wait_for(stream.first_text.wait(), 60)
+    third = Stream(client, text_request(f"{name}-admitted", "admitted", greedy(6), runtime.name))
+    return [await s.done(60) for s in (*first, third)]
+
+
+@pytest.mark.asyncio
+async def test_a_lost_device_reported_at_admission_fails_every_live_request_typed(
+        runtime, monkeypatch):
+    """A device error surfacing outside the Program step (here at an admission) is the same
+    unavailable boundary as inside it: every live request, the one being admitted included,
+    ends ServiceUnavailable (before, the one being admitted was left without a lane and without
+    a terminal event, and the others ended InternalError on a worker that said ok)."""
+    from services.worker.engine import engine as engine_module
+
+    client = open_client(runtime, max_batch=3, max_len=96)
+    try:
+        _fail_admission(monkeypatch, torch.AcceleratorError(
+            "CUDA error: an illegal memory access was encountered"), after=2)
+
+        def lost(self):
+            raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+        monkeypatch.setattr(engine_module.Engine, "build", lost)
+        outcomes = await _admitted_beside_two(client, runtime, "lost")
+        for outcome in outcomes:
+            assert isinstance(outcome, Finished) and outcome.error is not None, outcome
+            assert outcome.error["type"] == "ServiceUnavailable", outcome.error
+        health = await client.health()
+        assert health["status"] == "unavailable" and "illegal memory" in health["unavailable"]
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_out_of_memory_at_admission_fails_typed_and_the_admitted_request_runs(
+        runtime, monkeypatch):
+    """Out of memory outside the Program step: the resident requests end ServiceUnavailable
+    (not InternalError), the request being admitted waits again and then runs to its end, and
+    the worker stays ok."""
+    client = open_client(runtime, max_batch=3, max_len=96)
+    try:
+        _fail_admission(monkeypatch, torch.OutOfMemoryError("CUDA out of memory."), after=2)
+        *first, third = await _admitted_beside_two(client, runtime, "oom")
+        for outcome in first:
+            assert isinstance(outcome, Finished) and outcome.error is not None, outcome
+            assert outcome.error["type"] == "ServiceUnavailable", outcome.error
+        expected = oracle_greedy(runtime, runtime.tokenizer.encode("admitted"), 6)
+        assert isinstance(third, Finished) and third.error is None, third
+        assert third.content == text_of(runtime.domain, expected)
+        assert client.engine.health()["status"] == "ok"
     finally:
         await client.aclose()

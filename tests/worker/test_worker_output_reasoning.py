@@ -28,6 +28,7 @@ from shared.contract import OutputConstraint
 from shared.generation import (
     ChatMessage,
     Finished,
+    FinishReason,
     GenerateRequest,
     PromptInput,
     ReasoningDelta,
@@ -153,6 +154,54 @@ async def test_thinking_budget_zero_closes_before_any_sample(served):
     want_reasoning, want_content = split(runtime, oracle(hf, runtime, 8, budget=0))
     assert reasoning == [] and fin.reasoning == want_reasoning == ""
     assert "".join(text) == fin.content == want_content
+
+
+@pytest.mark.asyncio
+async def test_a_forced_close_is_confirmed_and_published_once_the_lane_holds_it(served):
+    """Design document: "the control string and closing boundary are checked first, and matcher
+    and decoder state are confirmed only after the Program's append succeeds"; "Forced control |
+    no sampling; matcher preview as in section 5, committed with the physical append". While the
+    forwards that feed the forced close to the lane run, its matcher preview is held and the
+    decoder is still in the reasoning phase (nothing of the close confirmed or published); the
+    commit of the step that fed it publishes it, and the output equals transformers' with the
+    close appended. A cancel arriving before that commit ends the output without the close: the
+    reasoning only, the close neither published nor counted."""
+    hf, base = served
+    runtime, model = hooked(base)
+    close = runtime.frontend.thinking.close_id
+    client = open_client(runtime, max_batch=1, max_len=256)
+    seen: list[tuple[bool, bool]] = []
+    cancel = {"now": False}
+
+    def before(tokens, positions, lanes):
+        if close in tokens.flatten().tolist():
+            [job] = client.engine.scheduler.resident
+            seen.append((job.session.holding, job.output.in_reasoning))
+            job.cancel_requested = cancel["now"]
+
+    model.before = before
+    want = oracle(hf, runtime, 10, budget=4)
+    want_reasoning, want_content = split(runtime, want)
+    try:
+        reasoning, text, fin = await run(client, GenerateRequest(
+            "order", PromptInput(messages=QUESTION), greedy(10, thinking_budget=4), runtime.name))
+        assert seen and all(s == (True, True) for s in seen), seen
+        assert "".join(reasoning) == fin.reasoning == want_reasoning
+        assert "".join(text) == fin.content == want_content and fin.usage.completion_tokens == 10
+        assert client.engine.metrics.forced_closes._value.get() == 1
+        seen.clear()
+        cancel["now"] = True
+        reasoning, text, fin = await run(client, GenerateRequest(
+            "cancelled", PromptInput(messages=QUESTION), greedy(10, thinking_budget=4),
+            runtime.name))
+    finally:
+        await client.aclose()
+    assert seen and all(s == (True, True) for s in seen), seen
+    assert fin.finish_reason is FinishReason.CANCELLED
+    assert text == [] and fin.content == "" and "".join(reasoning) == fin.reasoning
+    assert want_reasoning.startswith(fin.reasoning)
+    assert fin.usage.completion_tokens == 4  # the reasoning the budget allowed, no close
+    assert client.engine.metrics.forced_closes._value.get() == 1
 
 
 @pytest.mark.asyncio

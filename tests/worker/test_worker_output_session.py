@@ -315,6 +315,37 @@ def test_forced_control_preview():
     assert torch.equal(after_discard[0], fresh_mask(grammar, []))
 
 
+def test_a_held_forced_preview_waits_for_its_append():
+    """"matcher and decoder state are confirmed only after the Program's append succeeds": a held
+    forced preview lets the next step's masks and preview build on it (the mask after the close),
+    `confirm_held` commits it before that step's preview is confirmed, and `finish_incomplete`
+    before then returns the matcher to before the close."""
+    grammar = gbnf('root ::= "</think>" [a-z]+')
+    forced = toks(b"</think>")
+    for appended in (True, False):
+        session = OutputSession(DOMAIN, grammar)
+        session.preview_forced(forced, limit=10)
+        session.hold()
+        assert session.holding
+        with pytest.raises(InternalError):
+            session.hold()
+        out = buffer(1)
+        session.lookahead([], out)  # the next step's mask: after the held close
+        assert torch.equal(out[0], fresh_mask(grammar, forced))
+        session.preview(toks(b"a"), limit=10)
+        if appended:
+            session.confirm_held()
+            session.confirm()
+            assert not session.holding
+            session.lookahead([], out)
+            assert torch.equal(out[0], fresh_mask(grammar, forced + toks(b"a")))
+        else:
+            session.finish_incomplete()
+            assert not session.holding and session.finished
+            with pytest.raises(InternalError):
+                session.confirm_held()
+
+
 def test_constraint_report_counts():
     """"the positions masks were actually computed for and the mask H2D bytes of successful
     commits ... Rolled-back lookahead is work already paid and its counts are not rolled back"."""

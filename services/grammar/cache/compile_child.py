@@ -80,7 +80,7 @@ def main() -> int:
         return 0
     _, domain, policy = init
     compiler = ModelCompiler(domain)
-    compiler.tokenizer_info  # noqa: B018 - the vocabulary index, built once, before "ready"
+    compiler.warm()  # the vocabulary indexes, built once, before "ready"
     write_message(out, ("ready", None))
     while True:
         message = read_message(inp)

@@ -3,9 +3,11 @@
 xgrammar's compile is C++ that Python cannot interrupt, and a legal schema can make it run for
 minutes or grow to gigabytes. Each cold-compile slot of a model has one long-lived child
 (`services.grammar.cache.compile_child`) holding the model's vocabulary index. The parent sends it a
-constraint and watches it: past `CompileLimits.deadline_s`, or with its resident memory grown by
-more than `CompileLimits.memory_bytes` since the compile began, the child is killed (SIGKILL) and
-the request gets `ConstraintTooComplex` naming the limit; the next compile starts a fresh child.
+constraint and watches it: past `CompileLimits.deadline_s` (from the moment the constraint is sent
+until the blob is back), or with its resident memory grown by more than
+`CompileLimits.memory_bytes` since the compile began, the child is killed (SIGKILL) and the request
+gets `ConstraintTooComplex` naming the limit; the next compile starts a fresh child. A compile
+waiting for a busy child is not stopped by another one's deadline (each slot has its child).
 
 The child answers with the `BuildInfo` and, as asked, the compressed blob: the grammar service
 never needs the grammar itself (it ships blobs), so a grammar that compiles faster than it loads
@@ -176,10 +178,9 @@ class CompilePool:
             kind, payload = await self._watch(child, start_rss, deadline)
             if kind == "error":
                 raise error_from_dict(payload)
-            # Serialising gets its own allowance: its cost follows the grammar's size, which the
-            # memory budget already bounds.
-            _, (info, blob) = await self._watch(child, start_rss,
-                                                time.monotonic() + self.limits.deadline_s)
+            # Serialising runs within the same deadline: the caller's wait for a cold compile
+            # (validation, conversion, vocabulary compilation and the blob) never exceeds it.
+            _, (info, blob) = await self._watch(child, start_rss, deadline)
         except ChildDied as exc:
             log.error("grammar_compile_child_died", detail=str(exc))
             await child.kill()

@@ -56,7 +56,11 @@ class BeyondLimits(Exception):
 
 class _Vocabulary:
     def __init__(self, domain: TokenDomain) -> None:
-        self.tokens = list(domain.token_bytes) + [b""] * (domain.size - len(domain.token_bytes))
+        # Padding rows get a special spelling of their own: llguidance's token-id sets
+        # (`<[^...]>`, the thinking framing's reasoning) admit an empty-spelled special token
+        # even where the set excludes its id.
+        self.tokens = list(domain.token_bytes) + [f"<|infernix-padding-{i}|>".encode() for i in
+                                                  range(len(domain.token_bytes), domain.size)]
         self.eos_token_id = min(domain.eos_ids) if domain.eos_ids else domain.size - 1
         self.bos_token_id = None
         self.special_token_ids = sorted(domain.special_ids

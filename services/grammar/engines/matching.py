@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xgrammar as xgr
 
 from services.grammar.engines.engine import CompiledConstraint, Matcher
+from services.grammar.json_text import repeats_a_name
 from shared.frontends.token_domain import TokenDomain
+
+# annotation only: the companion reads schemas, whose emitters import engines/
+if TYPE_CHECKING:
+    from services.grammar.json_names import JsonNameConstraint
 
 
 def _matcher(compiled: CompiledConstraint | xgr.CompiledGrammar, domain: TokenDomain | None,
@@ -31,9 +36,13 @@ def _matcher(compiled: CompiledConstraint | xgr.CompiledGrammar, domain: TokenDo
 
 
 def accepts(compiled: CompiledConstraint | xgr.CompiledGrammar, output: str | bytes,
-            domain: TokenDomain | None = None) -> bool:
-    """True when `output` is a complete output of the language (EOS would be legal after it)."""
+            domain: TokenDomain | None = None, *, unique_names: bool = False) -> bool:
+    """True when `output` is a complete output of the language (EOS would be legal after it).
+    `unique_names`: the output runs with the JSON name companion (json_names.json_names_for),
+    so a JSON text that repeats a member name in one object is not an output."""
     data = output.encode("utf-8") if isinstance(output, str) else output
+    if unique_names and repeats_a_name(data):
+        return False
     if not isinstance(compiled, CompiledConstraint):  # a bare xgrammar grammar (tests)
         matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=False)
         if data and not matcher.accept_string(data):
@@ -66,12 +75,14 @@ def random_walk(
     *,
     max_tokens: int = 256,
     end_bias: float = 0.5,
+    names: JsonNameConstraint | None = None,
 ) -> Walk:
     """Pick uniformly random legal tokens until EOS or `max_tokens`.
 
     End bias: when EOS is legal, it is taken with probability `end_bias` before a uniform draw over
     the other legal tokens (a uniform draw alone almost never ends a JSON walk, and always ending at
-    the first chance would only ever produce the shortest outputs).
+    the first chance would only ever produce the shortest outputs). `names`: the JSON name
+    companion of the output (json_names.json_names_for), applied to every mask and token.
     """
     matcher = _matcher(compiled, domain)
     mask = np.zeros((1, domain.mask_words), dtype=np.int32)
@@ -79,6 +90,8 @@ def random_walk(
     data = bytearray()
     for step in range(max_tokens):
         matcher.fill_mask(mask, 0)
+        if names is not None:
+            names.apply(mask[0], matcher)
         ids = legal_ids(mask[0], domain.size)
         if not ids:
             return Walk(data.decode("utf-8", "replace"), bytes(data), False, step, dead_end=True)
@@ -91,5 +104,7 @@ def random_walk(
         token = rng.choice(other)
         ok = matcher.accept_token(token)
         assert ok, f"legal token {token} was refused"
+        if names is not None:
+            names.accept(token)
         data += domain.token_bytes[token]
     return Walk(data.decode("utf-8", "replace"), bytes(data), False, max_tokens)

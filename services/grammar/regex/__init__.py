@@ -56,7 +56,7 @@ def search_tree(pattern: str, *, python: bool = False) -> Node:
     """The tree whose whole-match language is the strings in which `pattern` finds a match
     (JSON Schema `pattern`: ends unanchored unless ^ / $). Raises InvalidRegex (0-based position).
     `python=True`: the strings in which Python's `re.search` finds one (`parser.parse_regex`)."""
-    return _search_tree(parse_regex(pattern, python=python), python)
+    return _search_tree(parse_regex(pattern, python=python, schema=True), python)
 
 
 def _leafwise(a: Node, b: Node, op: str) -> Node:
@@ -86,7 +86,8 @@ def reading_bounds(pattern: str) -> tuple[Node, Node]:
     readings (`search_tree`, `python=True`): the first matches only strings both match (classes
     intersected, ECMAScript's `$`), the second every string either matches (classes united,
     Python's `$`). Raises InvalidRegex as `search_tree(..., python=True)` does."""
-    ours, theirs = parse_regex(pattern), parse_regex(pattern, python=True)
+    ours = parse_regex(pattern, schema=True)
+    theirs = parse_regex(pattern, python=True, schema=True)
     meet = [Branch(_leafwise(a.node, b.node, "meet"), a.starts_anchored, a.ends_anchored)
             for a, b in zip(ours, theirs)]
     join = [Branch(_leafwise(a.node, b.node, "join"), a.starts_anchored, a.ends_anchored)

@@ -6,9 +6,13 @@ groups (capturing, named, `(?:...)`), alternatives, `* + ? {m} {m,} {m,n}` and t
 (same legal set), escapes `\\xNN \\uNNNN \\u{N...} \\cX \\t \\n \\r \\f \\v \\0` and escaped
 punctuation. `\\d`/`\\w` are ASCII, `\\s` is ECMAScript's WhiteSpace + LineTerminator set, `.`
 excludes \\n, \\r, U+2028, U+2029, and negated classes hold only Unicode scalar values.
-`^`/`$` are accepted only at the ends of the expression or of a top-level alternative. Everything
-else (back-references, lookaround, `\\b \\B`, `\\p{..}`, inline flags, surrogate escapes, unknown
-escapes, stray `{ } ]`) raises InvalidRegex with the 0-based position of the offending construct.
+`^`/`$` are accepted only at the ends of the expression or of a top-level alternative. A JSON
+Schema `pattern` (`schema=True`) also admits them at the ends of the alternatives of a group that
+is a whole top-level alternative (`(^a$)|(^b$)`: searching for `(A|B)` is searching for A or B),
+and a `]` outside a class as a literal, as ECMAScript's web grammar (Annex B) and Python read it.
+Everything else (back-references, lookaround, `\\b \\B`, `\\p{..}`, inline flags, surrogate escapes,
+unknown escapes, stray `{ }`, a stray `]` outside a pattern) raises InvalidRegex with the 0-based
+position of the offending construct.
 """
 
 from __future__ import annotations
@@ -35,22 +39,28 @@ class Branch:
     ends_anchored: bool
 
 
-def parse_regex(pattern: str, *, python: bool = False) -> list[Branch]:
+def parse_regex(pattern: str, *, python: bool = False, schema: bool = False) -> list[Branch]:
     """Parse `pattern` into its top-level alternatives. Raises InvalidRegex (0-based position).
 
     `python=True` reads it as Python's `re` does (the reading of the validators users run, e.g.
     `jsonschema`): `.` excludes only \\n, `\\d \\w \\s` are Unicode (`charset.python_class`), and
     constructs whose meaning differs structurally (`[]`, `[^]`, `\\c`, `\\u{..}`,
     `(?<name>..)`) raise InvalidRegex. A `$` anchor is recorded as in ECMAScript; Python's
-    extra match before a final newline is added by the caller (`regex.search_tree`)."""
-    return _Parser(pattern, python).parse()
+    extra match before a final newline is added by the caller (`regex.search_tree`).
+
+    `schema=True` is the JSON Schema `pattern` reading, which admits two forms the regex entry
+    refuses: anchors at the ends of a group that is a whole top-level alternative, and a literal
+    `]` (see the module docstring)."""
+    return _Parser(pattern, python, schema).parse()
 
 
 class _Parser:
-    def __init__(self, pattern: str, python: bool = False) -> None:
+    def __init__(self, pattern: str, python: bool = False, schema: bool = False) -> None:
         self.src = pattern
         self.pos = 0
         self.python = python
+        self.schema = schema
+        self.ends = ("", "|")  # what may follow a `$` that ends an alternative
 
     # ---- helpers
     def peek(self, delta: int = 0) -> str:
@@ -63,13 +73,49 @@ class _Parser:
 
     # ---- grammar
     def parse(self) -> list[Branch]:
-        branches = [self.branch()]
+        branches = self.alternative()
         while self.peek() == "|":
             self.pos += 1
-            branches.append(self.branch())
+            branches.extend(self.alternative())
         if self.pos < len(self.src):
             assert self.peek() == ")"
             raise self.error("unmatched ')'")
+        return branches
+
+    def alternative(self) -> list[Branch]:
+        """One top-level alternative; a group that is the whole alternative and holds anchors,
+        `(^a$)|(^b$)`, is its own alternatives: searching for `(A|B)` is searching for A or for
+        B, so `^`/`$` at the ends of A and B keep their top-level meaning."""
+        if self.schema and self.peek() == "(":
+            saved = self.pos
+            try:
+                inner = self.anchored_group()
+            except InvalidRegex:
+                inner = None
+            if inner is not None and self.peek() in self.ends and any(
+                b.starts_anchored or b.ends_anchored for b in inner
+            ):
+                return inner
+            self.pos = saved
+        return [self.branch()]
+
+    def anchored_group(self) -> list[Branch]:
+        self.pos += 1
+        if self.peek() == "?":
+            if self.peek(1) != ":":
+                raise self.error("only a plain or non-capturing group is read as alternatives")
+            self.pos += 2
+        outer, self.ends = self.ends, ("", "|", ")")
+        try:
+            branches = self.alternative()
+            while self.peek() == "|":
+                self.pos += 1
+                branches.extend(self.alternative())
+        finally:
+            self.ends = outer
+        if self.peek() != ")":
+            raise self.error("unclosed group '('")
+        self.pos += 1
         return branches
 
     def branch(self) -> Branch:
@@ -80,7 +126,7 @@ class _Parser:
         end = self.peek() == "$"
         if end:
             self.pos += 1
-            if self.peek() not in ("", "|"):
+            if self.peek() not in self.ends:
                 raise self.error("'$' is allowed only at the end of the expression or of a "
                                  "top-level alternative", self.pos - 1)
         return Branch(seq(items), start, end)
@@ -98,7 +144,7 @@ class _Parser:
             ch = self.peek()
             if ch in ("", "|", ")"):
                 return items
-            if ch == "$" and top and self.peek(1) in ("", "|"):
+            if ch == "$" and top and self.peek(1) in self.ends:
                 return items
             if ch in ("^", "$"):
                 raise self.error(f"'{ch}' is allowed only at the ends of the expression or of a "
@@ -168,7 +214,7 @@ class _Parser:
             return Chars(value if isinstance(value, CharSet) else CharSet.of([(value, value)]))
         if ch in ("*", "+", "?"):
             raise self.error("nothing to repeat")
-        if ch in ("{", "}", "]"):
+        if ch in ("{", "}") or (ch == "]" and not self.schema):
             raise self.error(f"a literal '{ch}' must be escaped as \\{ch}")
         self.pos += 1
         cp = self.scalar(ch, start)

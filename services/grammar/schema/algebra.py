@@ -85,6 +85,8 @@ class Graph:
         # patterns and lengths together (None: not decided within the automaton limits)
         self.string_empty = string_empty
         self.first_empty: str | None = None  # the pointer of the first string found empty
+        # meets of a reference whose definition is still being read: (name, ref, other, pointer)
+        self._deferred: list[tuple[str, Ref, Node, str]] = []
 
     # -- references -------------------------------------------------------------------------
     def resolve(self, node: Node, pointer: str) -> Node:
@@ -102,6 +104,36 @@ class Graph:
 
     def begin(self, name: str) -> None:
         self.defs[name] = _IN_PROGRESS
+
+    def _in_progress(self, node: Ref) -> bool:
+        seen = 0
+        while isinstance(node, Ref) and seen <= MAX_DEPTH:
+            target = self.defs.get(node.name)
+            if target is _IN_PROGRESS:
+                return True
+            node, seen = target, seen + 1
+        return False
+
+    def settle(self) -> None:
+        """Compute the deferred meets whose reference is now defined (each may defer more)."""
+        progress = True
+        while progress:
+            progress = False
+            for item in list(self._deferred):
+                name, ref, other, pointer = item
+                if self._in_progress(ref):
+                    continue
+                self._deferred.remove(item)
+                self.defs[name] = self.meet(self.resolve(ref, pointer), other, pointer)
+                progress = True
+
+    def finish(self) -> None:
+        """After the whole document is read: every deferred meet is computed."""
+        self.settle()
+        if self._deferred:
+            name, ref, _, pointer = self._deferred[0]
+            raise self.ctx.unsupported(pointer, f"reference {ref.name!r} is intersected with "
+                                                "itself while it is being defined")
 
     # -- intersection -----------------------------------------------------------------------
     def meet(self, a: Node, b: Node, pointer: str) -> Node:
@@ -134,6 +166,13 @@ class Graph:
         name = f"{ref.name}&{len(self._meet_memo)}"
         self._meet_memo[key] = name
         self.begin(name)
+        if self._in_progress(ref):
+            # The definition refers to itself through an intersection (an allOf/anyOf member of
+            # its own subtree): the meet is the same function of the finished definition, so it
+            # is computed once that is read (settle). Whatever needs it resolved before then
+            # (a oneOf proof, a complement) still refuses.
+            self._deferred.append((name, ref, other, pointer))
+            return Ref(name)
         target = self.resolve(ref, pointer)
         self.defs[name] = self.meet(target, other, pointer)
         return Ref(name)
@@ -238,7 +277,7 @@ class Graph:
         declared = {k for k, _ in out}
         out += [(r.name, self.value_of(probe, r.name, pointer)) for r in required
                 if r.name not in declared]
-        free_count_check(self.ctx, pointer, min_props, len(required), additional, patterns)
+        free_count_check(self.ctx, pointer, min_props, len(required), additional, patterns, names)
         obj = ObjectType(
             tuple(out), required, additional, tuple(patterns), names, min_props, max_props
         )
@@ -321,11 +360,16 @@ class Graph:
 
 
 def free_count_check(ctx: Context, pointer: str, min_props: int, required: int, additional: Node,
-                     patterns: tuple) -> None:
+                     patterns: tuple, names: Node = ANY) -> None:
     """Refuse a minimum member count that undeclared names could reach only by repeating a
     name: the grammar cannot exclude a name used earlier, counts a repeat as a member, and a
     parser keeps one (`{"minProperties": 2}` accepted `{"a":1,"a":2}`). Members beyond the
-    required ones count safely only while one free member suffices."""
+    required ones count safely while one free member suffices, or where the consumer keeps names
+    unique (`ctx.unique_names`) and undeclared names are any string (no patterns, no
+    propertyNames): infinitely many distinct names then fill every count, so no name set runs out
+    below the minimum."""
+    if ctx.unique_names and not patterns and isinstance(names, AnyValue):
+        return
     if min_props >= required + 2 and (patterns or not isinstance(additional, NoValue)):
         raise ctx.unsupported(pointer, f"at least {min_props} members where undeclared names may "
                                        "fill the count: a generated object could repeat a name, "

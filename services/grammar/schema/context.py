@@ -26,6 +26,9 @@ class Context:
     tool_index: int | None = None
     tool_name: str | None = None
     merges: int = 0
+    # The consumer keeps member names unique (json_names.JsonNameConstraint runs beside the
+    # matcher): a count of undeclared names is then a count of distinct members.
+    unique_names: bool = False
 
     def _where(self, pointer: str) -> str:
         where = f"at {pointer!r}" if pointer else "at the schema root"

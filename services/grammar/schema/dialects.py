@@ -20,7 +20,12 @@ A keyword in no vocabulary of the dialect is an annotation (the specification's 
 near-miss of an assertion keyword (one case change, or one edit: insertion, deletion, substitution
 or transposition of adjacent letters, for keywords of four or more letters), which is refused
 because its author meant the assertion; and except an assertion keyword of another dialect (e.g.
-`const` in draft-04), which the declared dialect would silently ignore: refused too.
+`const` in draft-04, `dependencies` in 2020-12), which the declared dialect would ignore: where it
+only narrows the values and reads the same in every dialect that has it
+(`reader.READ_IN_EVERY_DIALECT`), it is enforced as defined, so that each generated value is
+valid in both readings, and listed as `foreign:<keyword>`; the others (prefixItems, minContains,
+$recursiveRef, additionalItems beside an items array, ...) change how the declared dialect's own
+keywords read and are refused.
 """
 
 from __future__ import annotations

@@ -27,8 +27,13 @@ than either):
   numbers), float/double (numbers; no constraint beyond finite binary64), byte (RFC 4648 base64),
   binary and password (any string).
 
-Formats a JSON Schema specification defines (draft-03 to 2020-12) that are not reduced here (regex,
-idn-*, iri*, uri-template, draft-03's color, style, phone, utc-millisec, ip-address, host-name) are
+- regex: a regular subset of the expressions both ECMAScript and Python's `re` compile (see
+  REGEX); draft-03's color: hex triplets and the CSS 2.1 names; draft-03's utc-millisec: any
+  number. Draft-03's formats are enforced in every dialect (the later dialects' validators ignore
+  them, so the generated values are valid in both readings).
+
+Formats a JSON Schema specification defines (draft-03 to 2020-12) that are not reduced here
+(idn-*, iri*, uri-template, draft-03's style, phone, ip-address, host-name) are
 UnsupportedSchema: validators check them, and we cannot execute the assertion.
 
 Any other name is an unknown format, which no specification makes an assertion: draft-04 7.2 and
@@ -127,6 +132,29 @@ RELATIVE_JSON_POINTER = f"(?:0|[1-9]+0?)(?:#|{JSON_POINTER})"
 
 BYTE = "(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 
+# ---- regex (ECMA-262; jsonschema's checker is Python's re.compile): a regular subset valid in
+# both, ECMAScript with or without the u flag and Python: literals other than the syntax
+# characters, escaped syntax characters and `/`, `\d \w \s` and negations, `.`, classes of
+# such characters and the ranges a-z, A-Z, 0-9, one quantifier `* + ? {m} {m,}` per atom (lazy or
+# not), groups one level deep, `^` and `$` at the ends of top-level alternatives. Not `-` escaped
+# outside a class (an error with the u flag), not `{m,n}` (out of order is an error), not `[` `|`
+# `&` `~` inside a class (Python warns of set operations).
+_RX_LIT = "[^\\\\^$.|?*+()\\[\\]{}]"
+_RX_ESC = "\\\\[\\\\^$.|?*+()\\[\\]{}/dDwWsS]"
+_RX_CLASS_ATOM = "(?:[^\\\\\\]\\[^|&~\\-]|\\\\[\\\\\\]\\[^\\-dDwWsS]|a-z|A-Z|0-9)"
+_RX_CLASS = f"\\[\\^?{_RX_CLASS_ATOM}+\\]"
+_RX_QUANT = "(?:(?:[*+?]|\\{[0-9]{1,3},?\\})\\??)?"
+_RX_ATOM = f"(?:(?:{_RX_LIT}|{_RX_ESC}|\\.|{_RX_CLASS}){_RX_QUANT})"
+_RX_GROUP = f"(?:\\((?:\\?:)?{_RX_ATOM}*(?:\\|{_RX_ATOM}*)*\\){_RX_QUANT})"
+_RX_ALTERNATIVE = f"\\^?(?:{_RX_ATOM}|{_RX_GROUP})*\\$?"
+REGEX = f"{_RX_ALTERNATIVE}(?:\\|{_RX_ALTERNATIVE})*"
+
+# ---- draft-03 color (CSS 2.1; jsonschema's draft-03 checker is webcolors): hex triplets and the
+# CSS 2.1 names in lowercase, a subset of what webcolors accepts.
+_CSS21 = ("aqua", "black", "blue", "fuchsia", "gray", "green", "lime", "maroon", "navy", "olive",
+          "orange", "purple", "red", "silver", "teal", "white", "yellow")
+COLOR = f"(?:#{_HEX}{{3}}|#{_HEX}{{6}}|{'|'.join(_CSS21)})"
+
 # name -> (whole-match regex, maximum length or None)
 STRING_FORMATS: dict[str, tuple[str, int | None]] = {
     "date-time": (DATE_TIME, None), "date": (DATE, None), "time": (TIME, None),
@@ -134,6 +162,7 @@ STRING_FORMATS: dict[str, tuple[str, int | None]] = {
     "ipv4": (IPV4, None), "ipv6": (IPV6, None), "uuid": (UUID, None), "uri": (URI, None),
     "uri-reference": (URI_REFERENCE, None), "json-pointer": (JSON_POINTER, None),
     "relative-json-pointer": (RELATIVE_JSON_POINTER, None), "byte": (BYTE, None),
+    "regex": (REGEX, None), "color": (COLOR, None),
 }
 # Formats whose language for the validators (`jsonschema`'s checkers with the format-nongpl
 # libraries, e.g. Python's ipaddress, datetime, rfc3339-validator) is known exactly as a regular
@@ -147,17 +176,18 @@ VALIDATOR_FORMATS: dict[str, str] = {
     "date-time": f"{DATE_TIME}\n?", "time": f"{TIME}\n?",
 }
 # Formats that assert nothing for the type they apply to (OpenAPI: descriptive).
-STRING_NO_CONSTRAINT = frozenset({"binary", "password"})
+# draft-03's utc-millisec is any number (milliseconds since the epoch) and not a string format.
+STRING_NO_CONSTRAINT = frozenset({"binary", "password", "utc-millisec"})
 # OpenAPI integer formats: inclusive ranges.
 INTEGER_FORMATS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
-NUMBER_NO_CONSTRAINT = frozenset({"float", "double"})
+NUMBER_NO_CONSTRAINT = frozenset({"float", "double", "utc-millisec"})
 KNOWN = frozenset(STRING_FORMATS) | STRING_NO_CONSTRAINT | frozenset(INTEGER_FORMATS) | \
     NUMBER_NO_CONSTRAINT
 
 # Formats the specifications define (draft-03 .. 2020-12) that are not reduced here.
 SPEC_UNREDUCED = frozenset({
-    "regex", "idn-email", "idn-hostname", "iri", "iri-reference", "uri-template",
-    "color", "style", "phone", "utc-millisec", "ip-address", "host-name",
+    "idn-email", "idn-hostname", "iri", "iri-reference", "uri-template",
+    "style", "phone", "ip-address", "host-name",
 })
 _RESEMBLED = sorted(KNOWN | SPEC_UNREDUCED)
 

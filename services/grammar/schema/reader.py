@@ -55,6 +55,17 @@ ENFORCED = frozenset({
 }) | applicators.KEYWORDS
 
 
+# Assertion keywords of other dialects that only narrow the values and mean the same in every
+# dialect that defines them: in a dialect without them they are enforced as defined, so that every
+# generated value is valid in both readings (the declared dialect's, which ignores the keyword, and
+# the author's evident one). The others (prefixItems, minContains, $recursiveRef, ...) change how
+# the declared dialect's own keywords read, and stay refused.
+READ_IN_EVERY_DIALECT = frozenset({
+    "const", "contains", "propertyNames", "if", "then", "else", "dependencies",
+    "dependentRequired", "dependentSchemas",
+})
+
+
 class Reader:
     """One reduction: `read(schema)` returns the root node; `graph.defs` holds the references."""
 
@@ -192,6 +203,17 @@ class Reader:
                     raise self.ctx.unsupported(at, f"keyword {key!r} is not supported")
                 continue
             if key in ALL_ASSERTIONS:
+                if key in READ_IN_EVERY_DIALECT:
+                    # The declared dialect ignores it, the dialects that define it assert it:
+                    # enforced, so every generated value is valid in both readings. Listed, since
+                    # the declared dialect's validators accept more.
+                    self.annotations.add(f"foreign:{key}")
+                    continue
+                if key == "additionalItems" and not isinstance(schema.get("items"), list):
+                    # Without an items array it asserts nothing in the dialects that define it
+                    # either ("MUST be ignored", draft-07 6.4.2): an annotation in every reading.
+                    self.annotations.add(key)
+                    continue
                 raise self.ctx.unsupported(at, f"{key!r} is not a keyword of {dialect.name} (the "
                                                f"declared dialect would ignore it); it is one of "
                                                f"{', '.join(foreign_dialects(key))}: declare that "
@@ -268,6 +290,7 @@ class Reader:
                 self.graph.defs[target_ptr] = self.read(target, target_ptr, depth)
             finally:
                 self.dialect = outer
+            self.graph.settle()
         elif self._def_dialects.get(target_ptr, dialect) is not dialect:
             raise self.ctx.unsupported(at, f"reference {ref!r} is reached in dialects "
                                            f"{self._def_dialects[target_ptr].name} and "

@@ -29,6 +29,46 @@ MAX_WHITESPACE = 32  # longest run of insignificant whitespace between JSON toke
 STRING_SUB_RULE = ("(" + " | ".join(['"\\""'] + [f"{u} string_sub" for u in (RAW_CLASS, *ESCAPES)])
                    + f") (= [ \\t\\n\\r]{{0,{MAX_WHITESPACE}}} [,}}\\]:])")
 
+# A string of lo..hi characters (`minLength`/`maxLength`) as a chain of rules, for xgrammar: `t_k`
+# is "at most k more characters, then the closing quote", `m_j_d` "exactly j more characters,
+# then t_d"; every character's alternatives sit inline in the chain rule, and every chain rule
+# ends at the closing quote and carries the string's lookahead annotation. xgrammar precomputes a
+# token's mask inside one rule and the rules below it; written as `char{lo,hi}` (a counted
+# repetition of a rule with alternatives) every token longer than one character crosses the end
+# of `char` and is checked at run time, ~20 ms per mask on SmolLM2's vocabulary and ~0.1 s on
+# Qwen3.5's (docs/benchmarks.md, "Bounded strings in framed grammars"). Each chain rule costs one
+# precomputed mask per character class (~10 ms compile on SmolLM2, ~45 ms on Qwen3.5): chains
+# are shared by every bounded string of a grammar and written up to CHAIN_MAX_LENGTH characters
+# and CHAIN_RULE_BUDGET rules per grammar; longer bounds keep the counted repetition.
+CHAIN_MAX_LENGTH = 64
+CHAIN_RULE_BUDGET = 128
+_CHAIN = "strb_"
+_UNITS = (RAW_CLASS, *ESCAPES)
+_CLOSE_LOOKAHEAD = f"(= [ \\t\\n\\r]{{0,{MAX_WHITESPACE}}} [,}}\\]:])"
+
+
+def bounded_string_rules(lo: int, hi: int | None, rules: dict[str, str]) -> str | None:
+    """The rule for the rest of a JSON string of lo..hi characters after its opening quote
+    (closing quote included), its chain added to `rules`; None when the bound is beyond the chain
+    limits (the caller writes the counted repetition)."""
+    if hi is None or hi > CHAIN_MAX_LENGTH:
+        return None
+    d = hi - lo
+    new = [k for k in range(d + 1) if f"{_CHAIN}t{k}" not in rules]
+    new_m = [j for j in range(1, lo + 1) if f"{_CHAIN}m{j}_{d}" not in rules]
+    used = sum(1 for name in rules if name.startswith(_CHAIN))
+    if used + len(new) + len(new_m) > CHAIN_RULE_BUDGET:
+        return None
+    for k in new:
+        alts = ['"\\""'] + [f"{u} {_CHAIN}t{k - 1}" for u in _UNITS] * (k > 0)
+        rules[f"{_CHAIN}t{k}"] = f"({' | '.join(alts)}) {_CLOSE_LOOKAHEAD}"
+    for j in new_m:
+        below = f"{_CHAIN}m{j - 1}_{d}" if j > 1 else f"{_CHAIN}t{d}"
+        rules[f"{_CHAIN}m{j}_{d}"] = f"({' | '.join(f'{u} {below}' for u in _UNITS)}) " \
+                                     f"{_CLOSE_LOOKAHEAD}"
+    return f"{_CHAIN}m{lo}_{d}" if lo else f"{_CHAIN}t{d}"
+
+
 _SHORT = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
 # Every escaped unit, for excluding specific units in a key trie.
 ESCAPED_UNITS = tuple(sorted(set(_SHORT.values()) | {f"\\u{c:04x}" for c in range(0x20)

@@ -24,6 +24,7 @@ from services.grammar.schema.strings import (
     CHAR_RULE,
     MAX_WHITESPACE,
     STRING_SUB_RULE,
+    bounded_string_rules,
     key_excluding,
 )
 
@@ -52,6 +53,9 @@ class EbnfSyntax:
     def string(self, lo: int, hi: int | None) -> str:
         if lo == 0 and hi is None:
             return "string"
+        chained = bounded_string_rules(lo, hi, self.extra)
+        if chained is not None:
+            return f'"\\"" {chained}'
         return f'"\\"" char{{{lo},{"" if hi is None else hi}}} "\\""'
 
     def pattern_string(self, body: Node) -> str:

@@ -302,7 +302,7 @@ def _object(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
         names = r.graph.meet(names, StringType(), pointer)
     least = count(r, s, "minProperties", pointer) or 0
     free_count_check(r.ctx, child(pointer, "minProperties"), least,
-                     len({q.name for q in required}), additional, tuple(patterns))
+                     len({q.name for q in required}), additional, tuple(patterns), names)
     return r.graph.object_type(tuple(props), tuple(required), additional, tuple(patterns), names,
                                least,
                                count(r, s, "maxProperties", pointer), pointer)

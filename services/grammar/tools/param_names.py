@@ -177,6 +177,16 @@ class ParameterNameConstraint:
             state = self._states[-1]
         self._states.append(state)
 
+    def accept_bytes(self, data: bytes) -> None:
+        """Follow bytes the matcher accepted outside any token (not undoable by rollback)."""
+        state = self._states[-1]
+        try:
+            for byte in data:
+                state = _step(state, byte)
+        except _Duplicate:
+            return
+        self._states[-1] = state
+
     def rollback(self, n: int) -> None:
         """Undo the last `n` accepted tokens (the matcher's rollback of the same `n`)."""
         if not 0 <= n <= self.accepted:
@@ -184,9 +194,10 @@ class ParameterNameConstraint:
         if n:
             del self._states[-n:]
 
-    def apply(self, row: torch.Tensor) -> int:
+    def apply(self, row: torch.Tensor, matcher: object = None) -> int:
         """Clear in `row` ([ceil(V/32)] int32) every set bit of a token that would complete a
-        used name; returns how many were cleared."""
+        used name; returns how many were cleared. `matcher` (the interface every companion of
+        `NamedMatcher` shares) is not read: this companion never probes its grammar."""
         state = self._states[-1]
         mode, aux, used = state
         if not used or mode in ("out", "lost", "closer", "next", "after"):

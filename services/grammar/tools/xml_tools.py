@@ -15,7 +15,8 @@ legal. The three independent choices of the design document:
   be enforced exactly; any other non-strict tool's arguments are any parameters with any
   representable name (no '>' or line break) and any value text without the delimiter; that each
   name appears once in a call is the ParameterNameConstraint companion's part (param_names.py),
-  not the grammar's;
+  not the grammar's, and so are a raw string's length bounds past what the delimiter automaton
+  counts cheaply: the RawLengthConstraint companion's (raw_lengths.py, `counted_lengths`);
 - call policy: `auto` = free text, then zero or more calls; `required` = one or more calls from
   the start; `parallel=False` = at most one call; `none` = free text that can never open a call.
 
@@ -64,9 +65,10 @@ _NAME_CLASS = ebnf_class(CharSet.chars(">\n\r").invert())
 
 def _strict_parameters(tool: ToolDefinition, index: int, prefix: str,
                        raw: RawStrings | None = None, *, schema: object = None
-                       ) -> tuple[list[tuple[str, str, str, bool]], str]:
-    """[(name, kind, value expression, required)] in declared order and the rules they use, of
-    `schema` (default: the tool's parameters).
+                       ) -> tuple[list[tuple[str, str, str, bool, tuple | None]], str]:
+    """[(name, kind, value expression, required, counted bounds)] in declared order and the rules
+    they use, of `schema` (default: the tool's parameters); counted bounds: the (min, max) a raw
+    value leaves to the length companion (RawStrings.counted), else None.
 
     Raises InvalidSchema / UnsupportedSchema (source tool_arguments, the tool's index and name)
     for a root that is not a closed object, a parameter mixing string with other types, a name
@@ -101,9 +103,12 @@ def _strict_parameters(tool: ToolDefinition, index: int, prefix: str,
     text = emitter.grammar()
     out = []
     for name, kind, node, req in params:
-        expr = prefix + emitter.rule(node, 0) if kind == JSON else \
-            raw.expression(node, reduced, child("/properties", name))
-        out.append((name, kind, expr, req))
+        pointer = child("/properties", name)
+        if kind == JSON:
+            out.append((name, kind, prefix + emitter.rule(node, 0), req, None))
+        else:
+            out.append((name, kind, raw.expression(node, reduced, pointer), req,
+                        raw.counted(node, reduced, pointer)))
     body, _ = embed(text, prefix)
     rules = body if shared else body + "".join(f"{k} ::= {v}\n" for k, v in raw.rules.items())
     return out, rules
@@ -138,7 +143,7 @@ def _arguments(tool: ToolDefinition, index: int, raw: RawStrings,
         return "xml_loose", ""
     params, rules = built
     parts = []
-    for name, _, expr, req in params:
+    for name, _, expr, req, _ in params:
         one = f"{ebnf_literal(PARAM_OPEN + name)} {_NAME_END} {expr} {_VALUE_END}"
         parts.append(f"({one})" if req else f"({one})?")
     return (" ".join(parts) if parts else '""'), rules
@@ -210,5 +215,22 @@ def argument_codings(tools: tuple[ToolDefinition, ...], *,
             continue
         params, _ = built  # the grammar's own classification
         out[tool.name] = ArgumentCoding(strict=True,
-                                        raw=frozenset(n for n, kind, _, _ in params if kind == RAW))
+                                        raw=frozenset(n for n, kind, *_ in params if kind == RAW))
+    return out
+
+
+def counted_lengths(tools: tuple[ToolDefinition, ...], *,
+                    forced: bool = False) -> dict[str, dict[str, tuple[int, int | None]]]:
+    """Tool name -> raw parameter -> the (min, max or None) length bounds its grammar leaves to
+    the RawLengthConstraint companion (raw_lengths.py), for the tools whose schema constrains
+    their arguments (built exactly as the grammar is); tools without such a value are absent.
+    The grammar is exact only together with a companion of these bounds."""
+    out: dict[str, dict[str, tuple[int, int | None]]] = {}
+    for i, tool in enumerate(tools):
+        built = _enforced(tool, i, forced)
+        if built is None:
+            continue
+        bounds = {name: b for name, _, _, _, b in built[0] if b is not None}
+        if bounds:
+            out[tool.name] = bounds
     return out

@@ -17,14 +17,17 @@ automaton, times a character count for length bounds:
 - no pattern and no length: the automaton alone;
 - a maximum length below the delimiter's length: any characters (no value that short holds it);
 - a minimum length up to `MAX_COUNTED` (and no maximum of 13 or more): the automaton times the
-  count (its compile cost grows with the count, so longer bounds are refused);
+  count (its compile cost grows with the count);
+- any other length bounds (a maximum of 13 or more, a longer minimum): the automaton alone, the
+  bounds counted beside the matcher by the RawLengthConstraint companion (raw_lengths.py), which
+  `counted` gives them to; a union of such strings counts one interval of lengths;
 - one pattern, no length: the pattern's own language when it cannot produce a line break (then it
   cannot hold the delimiter, whose first character is the line break);
 - const/enum: the literal texts, each checked not to hold the delimiter.
 
-Everything else (a pattern that may produce a line break, pattern with length, several patterns,
-longer counted bounds) needs the general string-automaton intersection: UnsupportedSchema at the
-parameter, never a looser language.
+Everything else (a pattern that may produce a line break, several patterns, a counted union with
+a gap or a pattern or literal branch) needs the general string-automaton intersection:
+UnsupportedSchema at the parameter, never a looser language.
 """
 
 from __future__ import annotations
@@ -49,10 +52,10 @@ from services.grammar.schema.patterns import PatternSupport
 from shared.frontends.formats.qwen_xml import VALUE_END
 
 RAW, JSON, MIXED, NEVER = "raw", "json", "mixed", "never"
-# Longest length bound counted together with the delimiter exclusion. The product automaton costs
-# about 0.3-0.6 s of compile per counted character on the Qwen3.5 vocabulary (measured: minLength
-# 3: 2.1 s, 8: 4.8 s; maxLength 13: 4.9 s, 24: 17 s; unbounded: 0.7 s), so longer bounds wait
-# for an engine-level intersection.
+# Longest length bound the grammar counts itself, together with the delimiter exclusion. The
+# product automaton costs about 0.3-0.6 s of compile per counted character on the Qwen3.5
+# vocabulary (measured: minLength 3: 2.1 s, 8: 4.8 s; maxLength 13: 4.9 s, 24: 17 s; unbounded:
+# 0.7 s), so longer bounds are counted by the length companion instead.
 MAX_COUNTED = 4
 
 
@@ -83,6 +86,16 @@ def parameter_kind(node: Node, schema: ReducedSchema) -> str:
         kinds = {parameter_kind(b, schema) for b in node.branches} - {NEVER}
         return kinds.pop() if len(kinds) == 1 else MIXED if kinds else NEVER
     return JSON
+
+
+def _counted(node: StringType) -> bool:
+    """Whether a raw string's length bounds are counted beside its grammar: no pattern, and
+    bounds the delimiter automaton cannot carry cheaply (a maximum of the delimiter's length or
+    more, or a minimum above MAX_COUNTED)."""
+    lo, hi = node.min_length, node.max_length
+    if node.patterns or (hi is not None and hi < len(VALUE_END)) or (lo == 0 and hi is None):
+        return False
+    return (hi if hi is not None else lo) > MAX_COUNTED
 
 
 def _can_produce(tree: TreeNode, cp: int) -> bool:
@@ -153,13 +166,33 @@ class RawStrings:
             return f"{ebnf_class(ANY)}{{{lo},{hi}}}" if hi else '""'
         if lo == 0 and hi is None:
             return self._state(0, 0, None)
-        bound = hi if hi is not None else lo
-        if bound > MAX_COUNTED:
-            raise self.ctx.unsupported(pointer, f"a raw XML string with a length bound of "
-                                       f"{bound} (together with the '\\n</parameter>' exclusion; "
-                                       f"supported: a maximum below {len(VALUE_END)}, a minimum up "
-                                       f"to {MAX_COUNTED}) is not supported yet")
+        if _counted(node):  # the length companion counts it (raw_lengths.py)
+            return self._state(0, 0, None)
         return self._state(0, 0, (lo, hi))
+
+    def counted(self, node: Node, schema: ReducedSchema,
+                pointer: str) -> tuple[int, int | None] | None:
+        """The (min, max or None) length bounds of a raw parameter that its grammar leaves to the
+        RawLengthConstraint companion (raw_lengths.py) beside the delimiter automaton, None when
+        the grammar holds its value set exactly. A union of such strings counts one interval: a
+        union with a gap between its lengths, or with a pattern or literal branch, raises
+        UnsupportedSchema at `pointer`."""
+        node = resolve(node, schema)
+        branches = [resolve(b, schema) for b in node.branches
+                    if parameter_kind(b, schema) != NEVER] if isinstance(node, Union) else [node]
+        if not any(isinstance(b, StringType) and _counted(b) for b in branches):
+            return None
+        if not all(isinstance(b, StringType) and not b.patterns for b in branches):
+            raise self.ctx.unsupported(pointer, "a raw XML string union of a length-bounded "
+                                       "string with a pattern or literal branch is not supported")
+        spans = sorted((b.min_length, b.max_length) for b in branches)
+        lo, hi = spans[0]
+        for a, b in spans[1:]:
+            if hi is not None and a > hi + 1:
+                raise self.ctx.unsupported(pointer, "a raw XML string union whose length bounds "
+                                           "leave a gap is not supported")
+            hi = None if hi is None or b is None else max(hi, b)
+        return lo, hi
 
     def _pattern(self, node: StringType, pointer: str) -> str:
         self.patterns.check(node, self.ctx)

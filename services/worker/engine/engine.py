@@ -50,7 +50,7 @@ from services.worker.spec import (
     check_model,
     make_proposer,
 )
-from shared.errors import DeadlineExceeded, InternalError
+from shared.errors import DeadlineExceeded
 from shared.generation import FinishReason, GenerateRequest, PromptInput, Started
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
@@ -82,6 +82,9 @@ class EngineConfig:
     # Run every kernel shape once at start (program/warmup.py) before health says ok (a served
     # CUDA worker turns it on: services/embedded.py; benches and tests time their own shapes)
     warmup: bool = False
+    # What logprobs report (program/logprobs.py): "processed" (the distribution each token was
+    # sampled from) or "raw" (the model's own log-softmax)
+    logprobs_mode: str = "processed"
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "kv_budget_bytes", "prefill_chunk"):
@@ -102,6 +105,9 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}"
             )
+        if self.logprobs_mode not in ("processed", "raw"):
+            raise ValueError(f"EngineConfig.logprobs_mode must be processed or raw, got "
+                             f"{self.logprobs_mode!r}")
 
     @property
     def waiting_limit(self) -> int:
@@ -147,7 +153,8 @@ class Engine:
                                cuda_graphs=config.cuda_graphs
                                and captures_graphs(config.speculative),
                                prefix_cache=config.prefix_cache,
-                               kv_cache_tokens=config.kv_cache_tokens)
+                               kv_cache_tokens=config.kv_cache_tokens,
+                               logprobs_mode=config.logprobs_mode)
         # The speculative proposer (None: ordinary decoding), built once over the Program's state;
         # setting Engine.proposer to None later stops drafting (the Program's copy still aligns).
         self.proposer = make_proposer(config, runtime, self.program.state)
@@ -339,12 +346,16 @@ class Engine:
                     self.step()
                 except IntegrityError as exc:
                     unavailable_boundary(self, exc)
-                except Exception as exc:  # a bug: fail what is resident, keep serving
-                    log.exception("engine_step_failed")
+                except Exception as exc:  # a bug, or the device failing outside the Program
+                    log.exception("engine_step_failed")  # step (it reports at the next wait)
                     self.pipeline.drop()
-                    for job in list(self.scheduler.resident):
-                        self.post.finish(job, FinishReason.ERROR,
-                                         InternalError(f"engine failure: {exc}"))
+                    try:
+                        error = step_failure(exc, "engine failure")
+                    except IntegrityError as lost:  # the device's state is unknown
+                        unavailable_boundary(self, lost)
+                        continue
+                    for job in list(self.scheduler.resident):  # fail what is resident, serve on
+                        self.post.finish(job, FinishReason.ERROR, error)
                     self.post.flush()
         finally:
             self.running = False

@@ -42,7 +42,7 @@ from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request
 from services.worker.spec.counters import SpecCounters
 from shared.errors import InfernixError, InternalError
-from shared.generation import Finished, FinishReason, GenerationEvent, Usage
+from shared.generation import Finished, FinishReason, GenerationEvent, TokenLogprobs, Usage
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
 
@@ -100,9 +100,16 @@ class Postprocessor:
                 rows[i].request.session.discard()
             raise IntegrityError(f"the Program commit failed: {type(exc).__name__}: {exc}") \
                 from exc
+        closes: dict[int, tuple[int, ...]] = {}
         for i, n in kept.items():
+            job = rows[i].request
+            close = job.take_appended(rows[i].start + n)
+            if close:  # the lane holds the forced close now: confirmed before this step's tokens
+                job.session.confirm_held()
+                self.metrics.forced_closes.inc()
+                closes[i] = close
             self._confirm(pending, i, round_.previews.get(i), n)
-        self._publish(pending.batch, round_)
+        self._publish(pending, round_, closes)
 
     def flush(self) -> None:
         """Deliver every held event; a request whose consumer is gone stops generating."""
@@ -176,19 +183,23 @@ class Postprocessor:
                 self.metrics.spec_drafts.labels(result="rolled_back").inc(row.num_drafts - accepted)
         job.commit(row.start + kept, preview.tokens if preview is not None else [])
 
-    def _publish(self, batch: StepBatch, round_: _Round) -> None:
+    def _publish(self, pending: PendingBatch, round_: _Round,
+                 closes: dict[int, tuple[int, ...]]) -> None:
         now = time.monotonic()
-        for i, row in enumerate(batch.rows):
+        for i, row in enumerate(pending.batch.rows):
             job = row.request
             if job.cancel_requested:
                 self.finish(job, FinishReason.CANCELLED)
             elif i in round_.failures:
                 self.finish(job, FinishReason.ERROR, round_.failures[i])
+            elif i in closes and not self._emit(job, list(closes[i])):
+                continue  # the forced close this step appended goes out before its tokens
             elif i in round_.previews:
                 preview = round_.previews[i]
                 if job.first_token_at is None:
                     job.first_token_at = now
-                if not self._emit(job, preview.tokens[:preview.result.accepted]):
+                if not self._emit(job, preview.tokens[:preview.result.accepted],
+                                  pending.results[i].logprobs):
                     continue  # its publication failed: that request alone ended with the error
                 if preview.result.terminated or preview.stop_id or job.output.stopped:
                     self.finish(job, FinishReason.STOP)
@@ -200,10 +211,15 @@ class Postprocessor:
     def force_close(self, job: Request) -> None:
         """The thinking budget ran out: force the close sequence (design document: "the control
         string is injected after a committed round"; "Control strings call no sampler and consume
-        no sampling RNG; they count toward the output budget as before"). The matcher's
-        forced-control preview checks the whole sequence first; the tokens join the committed
-        ledger (the lane's model state reads them with the next step's prefill), and only then
-        are matcher and decoder confirmed and the close published (framing: nothing to see)."""
+        no sampling RNG; they count toward the output budget as before"; "the control string and
+        closing boundary are checked first, and matcher and decoder state are confirmed only
+        after the Program's append succeeds"). The matcher's forced-control preview checks the
+        whole sequence first and is held; the tokens join the ledger, the next step feeds them to
+        the lane (its masks and sample build on the held preview), and the commit of that step
+        confirms the close and publishes it before the step's own tokens (`commit`). A cancel or
+        failure before then ends the output without it (`finish`). A close that uses up the
+        output budget ends the output: nothing is fed after it, so it is confirmed and published
+        at once."""
         forced = list(job.output.forced_close())
         if len(forced) > job.remaining:  # the output budget cannot hold the close
             self.finish(job, FinishReason.LENGTH)
@@ -213,19 +229,35 @@ class Postprocessor:
         if result.failure is not None:
             self.finish(job, FinishReason.ERROR, result.failure)
             return
-        job.append_forced(forced)
+        if not result.length_cut:
+            job.session.hold()
+            job.append_forced(forced)
+            return
+        job.append_forced(forced, held=False)
         job.session.confirm()
         self.metrics.forced_closes.inc()
-        if self._emit(job, forced) and result.length_cut:
+        if self._emit(job, forced):
             self.finish(job, FinishReason.LENGTH)
 
     # ---------------------------------------------------------------- publication
 
-    def _emit(self, job: Request, tokens: list[int]) -> bool:
+    def _emit(self, job: Request, tokens: list[int], logprobs: tuple = ()) -> bool:
         """Publish committed tokens; False when reading them failed (a decoder bug, a tool stream
-        that cannot read a call): that request ends with the typed error, never the batch."""
+        that cannot read a call): that request ends with the typed error, never the batch.
+        `logprobs`: the tokens' entries when the request asked (absent for forced controls): the
+        content tokens' ones go out first, as one TokenLogprobs event."""
         try:
-            events = job.output.feed(tokens)
+            if logprobs:
+                listed, events = [], []
+                eos = job.session.domain.eos_ids
+                for t, entry in zip(tokens, logprobs):  # a token's phase is read before it
+                    if not job.output.in_reasoning and t not in eos:
+                        listed.append(entry)
+                    events += job.output.feed((t,))
+                if listed:
+                    events.insert(0, TokenLogprobs(tuple(listed)))
+            else:
+                events = job.output.feed(tokens)
         except Exception as exc:
             log.exception("publication_failed", request_id=job.request_id)
             self.finish(job, FinishReason.ERROR, exc if isinstance(exc, InternalError) else
@@ -248,6 +280,7 @@ class Postprocessor:
         its Finished event with usage, constraint report and timings."""
         if job.is_terminal:
             return
+        job.drop_held()  # a forced close the lane never received is not part of the output
         session = job.session
         if not session.finished:
             session.finish_incomplete()  # the publication decoder flushes the held text

@@ -15,10 +15,14 @@ import time
 
 from services.grammar.client import (
     GrammarClient,
+    LengthIndex,
     NameIndex,
     ParameterNameConstraint,
+    RawLengthConstraint,
     ToolSpec,
     argument_codings,
+    counted_lengths,
+    json_names_for,
     needs_tool_grammar,
 )
 from services.worker.output.publication import Publication
@@ -84,6 +88,7 @@ async def prepare(request: GenerateRequest, *, runtime: ModelRuntime, grammar: G
         seed=seed if seed is not None else secrets.randbits(63), output=output,
         stop_token_ids=frozenset(options.stop_token_ids),
         thinking_budget=options.thinking_budget if prompt.phase == REASONING else None,
+        logprobs=options.logprobs,
         constraint_kind=_constraint_kind(request, tool_spec),
         deadline=submitted + options.timeout_s if options.timeout_s else None,
         timeout_s=options.timeout_s, submitted_at=submitted,
@@ -163,6 +168,24 @@ def _name_constraint(tool_spec: ToolSpec | None,
                                    domain.special_id(closer))
 
 
+def _length_constraint(tool_spec: ToolSpec | None,
+                       frontend: Frontend) -> RawLengthConstraint | None:
+    """The RawLengthConstraint companion of an XML tool grammar that leaves raw string length
+    bounds to it (xml_tools.counted_lengths, from the same tool spec as the grammar): without it
+    the grammar alone would let a value overrun its bounds."""
+    fmt = frontend.tool_format
+    if tool_spec is None or not fmt.coded_arguments or fmt.name_guard is None \
+            or tool_spec.choice.mode is ToolMode.NONE:
+        return None
+    bounds = counted_lengths(tool_spec.allowed(), forced=tool_spec.forced)
+    if not bounds:
+        return None
+    domain = frontend.domain
+    opener, closer = fmt.name_guard
+    return RawLengthConstraint(LengthIndex.of(domain), domain.special_id(opener),
+                               domain.special_id(closer), bounds)
+
+
 def _constraint_kind(request: GenerateRequest, tool_spec: ToolSpec | None) -> str:
     """The metrics label of a request's output language."""
     if tool_spec is not None:
@@ -191,7 +214,9 @@ async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
                                 built=stats.built, waited=stats.waited,
                                 compile_ms=stats.compile_ms,
                                 branch="undecided" if tool_spec is not None else "content",
-                                names=_name_constraint(tool_spec, frontend))
+                                names=_name_constraint(tool_spec, frontend) if tool_spec
+                                is not None else json_names_for(constraint, domain, framing),
+                                lengths=_length_constraint(tool_spec, frontend))
         if not (session.may_end or session.can_continue):
             raise ConstraintDeadEnd("the constraint allows no token at output position 0",
                                     position=0)

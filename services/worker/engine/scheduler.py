@@ -19,6 +19,7 @@ sampled token under this request's own mask and sampling parameters).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 
@@ -67,7 +68,14 @@ class Scheduler:
                 self.on_admit(now - job.waiting_since)
             lane = program.acquire_lane()
             first = job.admitted_at is None
-            job.admit(lane, self._cached_prefix(program, lane, job), now)
+            try:  # attaching writes the lane's block table to the device, which may fail there
+                cached = self._cached_prefix(program, lane, job)
+            except BaseException:
+                self.waiting.appendleft(job)  # it waits again: a failed admission orphans none
+                with contextlib.suppress(Exception):  # (a lost device fails this too)
+                    program.release_lane(lane)
+                raise
+            job.admit(lane, cached, now)
             if first:
                 _announce(job)
             self.resident.append(job)

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu_gemv import QuantizedMatrix
 from services.worker.models import layers as ops
 from services.worker.models.config import ModelConfig
 from services.worker.models.fused_linear import fuse_linears, project
@@ -77,6 +78,8 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.fused = False  # DenseDecoder.fuse_projections sets it
+        # "qkv", "o_proj": the block-format matrices of the fused GEMMs (gguf_loading)
+        self.quantized: dict[str, QuantizedMatrix | None] = {}
 
     def forward(
         self,
@@ -93,7 +96,8 @@ class Attention(nn.Module):
         out = cache.attend(layer, q, k, v, rows)  # [B, T, H, D]
         out = out.reshape(B, T, self.num_heads * self.head_dim)
         if self.fused:
-            return ops.linear(out, self.o_proj.weight, self.o_proj.bias)
+            return ops.linear(out, self.o_proj.weight, self.o_proj.bias,
+                              self.quantized.get("o_proj"))
         return self.o_proj(out)
 
     def qkv(
@@ -108,7 +112,8 @@ class Attention(nn.Module):
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-        q, k, v = project(self, x, ATTENTION_PROJECTIONS)  # views of one [B, T, (H + 2Hkv) D] GEMM
+        # views of one [B, T, (H + 2Hkv) D] GEMM
+        q, k, v = project(self, x, ATTENTION_PROJECTIONS, self.quantized.get("qkv"))
         q = q.view(B, T, self.num_heads, self.head_dim)
         k = k.view(B, T, self.num_kv_heads, self.head_dim)
         v = v.view(B, T, self.num_kv_heads, self.head_dim)
@@ -127,15 +132,19 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, **kw)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, **kw)
         self.fused = False  # DenseDecoder.fuse_projections sets it
+        # "gate_up", "down_proj": the block-format matrices of the fused GEMMs (gguf_loading)
+        self.quantized: dict[str, QuantizedMatrix | None] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.fused:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         weight = getattr(self, f"fused_{MLP_PROJECTIONS[0]}")
         gate_up = ops.linear(
-            x, weight, getattr(self, f"fused_{MLP_PROJECTIONS[0]}_bias")
+            x, weight, getattr(self, f"fused_{MLP_PROJECTIONS[0]}_bias"),
+            self.quantized.get("gate_up"),
         )  # [..., 2I]
-        return ops.linear(ops.swiglu(gate_up), self.down_proj.weight, self.down_proj.bias)
+        return ops.linear(ops.swiglu(gate_up), self.down_proj.weight, self.down_proj.bias,
+                          self.quantized.get("down_proj"))
 
 
 class DecoderLayer(nn.Module):
@@ -175,6 +184,7 @@ class DenseDecoder(nn.Module):
         w, self.rope_scaling = inverse_frequencies(config.rope, config.head_dim)
         self.register_buffer("rope_w", w.to(device=device), persistent=False)  # [D/2] float32
         self.source_path: str | None = None  # checkpoint directory or GGUF file, set by the loaders
+        self.quantized_output: QuantizedMatrix | None = None  # output_weight as stored (GGUF)
         self._fused = False
 
     def reset_rope(self, device: torch.device | str) -> None:
@@ -287,7 +297,7 @@ class DenseDecoder(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab] in the model's dtype."""
         if self.fused:
-            return ops.linear(hidden, self.output_weight)
+            return ops.linear(hidden, self.output_weight, None, self.quantized_output)
         return F.linear(hidden, self.output_weight)
 
     def forward(

@@ -30,12 +30,14 @@ def fuse_linears(parent: nn.Module, names: tuple[str, ...]) -> None:
     parent.register_buffer(f"fused_{names[0]}_bias", bias, persistent=False)
 
 
-def project(parent: nn.Module, x: torch.Tensor, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
-    """The outputs of the Linear children `names` on x [..., in], fused when `fuse_linears` ran."""
+def project(parent: nn.Module, x: torch.Tensor, names: tuple[str, ...],
+            quantized=None) -> tuple[torch.Tensor, ...]:
+    """The outputs of the Linear children `names` on x [..., in], fused when `fuse_linears` ran
+    (quantized: the fused matrix in a block format, for layers.linear)."""
     weight = getattr(parent, f"fused_{names[0]}", None)
     if weight is None:
         return tuple(getattr(parent, n)(x) for n in names)
     from services.worker.models.layers import linear
 
-    out = linear(x, weight, getattr(parent, f"fused_{names[0]}_bias"))  # [..., sum(out)]
+    out = linear(x, weight, getattr(parent, f"fused_{names[0]}_bias"), quantized)  # [..., sum(out)]
     return tuple(out.split([getattr(parent, n).weight.shape[0] for n in names], dim=-1))

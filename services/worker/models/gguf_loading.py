@@ -1,7 +1,8 @@
 """Load a Llama-architecture GGUF (the built-in SmolLM2-135M-Instruct) into a `DenseDecoder`.
 
 Tensors are dequantised once at load (`gguf.quants.dequantize`: Q4_1, Q8_0, F32, ...) and renamed
-to Hugging Face names. Two layout facts of GGUF matter:
+to Hugging Face names; Q4_1 / Q8_0 matrices are also kept as stored for the CPU decode GEMV
+(`attach_quantized`). Two layout facts of GGUF matter:
 
 - A tensor's GGUF shape lists dimensions fastest first; the row-major array is its reverse, which is
   exactly the Hugging Face `[out_features, in_features]`.
@@ -15,9 +16,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kernels import cpu_gemv
+from kernels.cpu_gemv import QuantizedMatrix
 from services.worker.models.config import ModelConfig, ModelConfigError, RopeConfig
 from services.worker.models.dense import DenseDecoder
 from services.worker.models.hf_loading import build_model
+from services.worker.models.layers import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
 from shared.frontends.gguf_reader import open_gguf
 
 _LAYER_NAMES = {
@@ -121,31 +125,72 @@ def config_from_gguf(reader) -> ModelConfig:
     )
 
 
-def read_gguf_state(reader, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """All tensors of the GGUF, dequantised to float32, by Hugging Face names, Q/K rows restored."""
+def read_gguf_state(reader, config: ModelConfig
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, QuantizedMatrix]]:
+    """All tensors of the GGUF, dequantised to float32, by Hugging Face names, Q/K rows restored;
+    beside them the matrices stored in a block format the CPU GEMV reads (Q4_1, Q8_0), as stored,
+    under the same names and with the same rows."""
     import gguf
 
     state: dict[str, torch.Tensor] = {}
+    blocks: dict[str, QuantizedMatrix] = {}
     for t in reader.tensors:
         name = hf_name(t.name)
-        array = gguf.quants.dequantize(t.data, t.tensor_type)
-        array = array.reshape(tuple(int(n) for n in reversed(t.shape)))  # [out, in] or [n]
-        if name.endswith("q_proj.weight"):
-            array = unpermute_rope_rows(array, config.num_heads)
-        elif name.endswith("k_proj.weight"):
-            array = unpermute_rope_rows(array, config.num_kv_heads)
+        shape = tuple(int(n) for n in reversed(t.shape))  # [out, in] or [n]
+        array = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+        heads = (config.num_heads if name.endswith("q_proj.weight")
+                 else config.num_kv_heads if name.endswith("k_proj.weight") else None)
+        if heads is not None:
+            array = unpermute_rope_rows(array, heads)
         # a fresh, writable float32 copy: F32 tensors are views of the read-only file mapping
         state[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
-    return state
+        kind = t.tensor_type.name.lower()
+        if kind in cpu_gemv.KINDS and len(shape) == 2 and shape[1] % cpu_gemv.BLOCK == 0:
+            matrix = QuantizedMatrix.from_gguf_blocks(kind, t.data, shape[0])
+            if heads is not None:  # the same row order as the float32 matrix
+                order = unpermute_rope_rows(np.arange(shape[0])[:, None], heads)[:, 0]
+                matrix = matrix.rows(torch.from_numpy(order))
+            blocks[name] = matrix
+    return state, blocks
+
+
+def attach_quantized(model: DenseDecoder, blocks: dict[str, QuantizedMatrix]) -> None:
+    """Give the fused path's weight GEMMs their block-format matrices (models/layers.py `linear`
+    takes them for CPU decode rows): q|k|v and gate|up concatenated as the fused float32 matrices
+    are, o_proj, down_proj and the output matrix (the embedding when tied). A GEMM with any part
+    missing (another GGUF format) keeps F.linear."""
+    def cat(names: list[str]) -> QuantizedMatrix | None:
+        if any(n not in blocks for n in names):
+            return None
+        return QuantizedMatrix.cat([blocks[n] for n in names])
+
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        layer.self_attn.quantized = {
+            "qkv": cat([f"{attn}{n}.weight" for n in ATTENTION_PROJECTIONS]),
+            "o_proj": cat([f"{attn}o_proj.weight"]),
+        }
+        layer.mlp.quantized = {
+            "gate_up": cat([f"{mlp}{n}.weight" for n in MLP_PROJECTIONS]),
+            "down_proj": cat([f"{mlp}down_proj.weight"]),
+        }
+    output = "model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
+    model.quantized_output = cat([output])
 
 
 def load_gguf_model(path: str, dtype: torch.dtype = torch.float32,
                     device: torch.device | str = "cpu") -> tuple[DenseDecoder, ModelConfig]:
     """Load a llama-architecture GGUF file, dequantised and cast to `dtype` on `device`. Returns
-    (model, config); `model.source_path == path`. Raises FileNotFoundError, ModelConfigError."""
+    (model, config); `model.source_path == path`. Raises FileNotFoundError, ModelConfigError.
+    A float32 model on the CPU also keeps the Q4_1 / Q8_0 matrices as stored, which its decode
+    rows read instead of the float32 ones (same weights, about a fifth of the bytes)."""
     reader = open_gguf(path)
     config = config_from_gguf(reader)
-    return build_model(config, read_gguf_state(reader, config), dtype, device, path), config
+    state, blocks = read_gguf_state(reader, config)
+    model = build_model(config, state, dtype, device, path)
+    if dtype == torch.float32 and torch.device(device).type == "cpu":
+        attach_quantized(model, blocks)
+    return model, config
 
 
 def load_default_model(dtype: torch.dtype = torch.float32,

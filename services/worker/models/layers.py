@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_gemv
+from kernels.cpu_gemv import QuantizedMatrix
 from kernels.norms_ref import rms_norm_ref
 from kernels.rope_ref import rope_ref
 from kernels.swiglu_ref import swiglu_ref
@@ -37,12 +39,23 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 GEMV = switch("gemv")
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight^T (+ bias) of the fused path's weight GEMMs (see GEMV)."""
+# On the CPU, decode rows (<= cpu_gemv.MAX_ROWS) of a GEMM whose weight the GGUF stores in a block
+# format read those blocks (kernels/cpu_gemv.py: the same float32 weights, a fifth of the bytes);
+# F.linear on the float32 matrix otherwise, and everywhere with INFERNIX_CPU_GEMV=0.
+CPU_GEMV = switch("cpu_gemv")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           quantized: QuantizedMatrix | None = None) -> torch.Tensor:
+    """x @ weight^T (+ bias) of the fused path's weight GEMMs (see GEMV, CPU_GEMV); `quantized`:
+    `weight` as the checkpoint stores it, when in a block format."""
     if GEMV and x.is_cuda:
         from kernels.gemv import linear as gemv_linear
 
         return gemv_linear(x, weight, bias)
+    if (quantized is not None and CPU_GEMV and x.dtype == torch.float32 and x.device.type == "cpu"
+            and x.numel() <= cpu_gemv.MAX_ROWS * x.shape[-1] and cpu_gemv.available()):
+        return quantized.linear(x, bias)
     return F.linear(x, weight, bias)
 
 
@@ -88,6 +101,16 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
         apply_rope_(q, k, cos, sin)
         return q, k
+    if q.dtype == torch.float32 and k.dtype == torch.float32 and cos.dtype == torch.float32:
+        # rope_ref's products and sums, once over q and k's heads together and without its
+        # dtype round trips (no-ops in float32): the same values in a third of the ops
+        heads = q.shape[-2]
+        x = torch.cat([q, k], dim=-2)  # [B, T, H + Hkv, D]
+        half = cos.shape[-1]
+        x1, x2 = x[..., :half], x[..., half:2 * half]
+        c, s = cos[..., None, :], sin[..., None, :]
+        out = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * half:]], dim=-1)
+        return out[..., :heads, :], out[..., heads:, :]
     return rope_ref(q, cos, sin), rope_ref(k, cos, sin)
 
 

@@ -1,20 +1,29 @@
-"""NamedMatcher: one session's grammar matcher together with the XML tool grammar's
-parameter-name companion (ParameterNameConstraint), which shares every matcher transaction.
+"""NamedMatcher: one session's grammar matcher together with its companions, which share every
+matcher transaction: a name companion (the XML tool grammar's ParameterNameConstraint for the
+argument names of a call, or the JsonNameConstraint of JSON content for the member names of each
+object) and the XML tool grammar's raw string length companion (RawLengthConstraint).
 
-The companion clears, in each mask the matcher fills, the tokens that would repeat an argument
-name, and follows every token the matcher accepts and every rollback. Keeping the pair in one
-object is what makes that hold everywhere: the session's lookahead and previews (session.py) and
-a proposer's probe (probe.py) call only this object. Without a companion it is the matcher alone.
+Each companion clears, in each mask the matcher fills, the tokens the grammar alone cannot refuse
+(a repeated name, and for JSON those after which only used names could follow: it probes the
+matcher, leaving it as it was; a raw value that can no longer keep its length bounds), and
+follows every token and byte the matcher accepts and every rollback. Keeping them in one object
+is what makes that hold everywhere: the session's lookahead and previews (session.py) and a
+proposer's probe (probe.py) call only this object. Without companions it is the matcher alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, Union
 
 import torch
 
-from services.grammar.client import Matcher, ParameterNameConstraint
+from services.grammar.client import (
+    JsonNameConstraint,
+    Matcher,
+    ParameterNameConstraint,
+    RawLengthConstraint,
+)
 from services.worker.output.positions import PositionState
 from services.worker.output.report import ConstraintCounters
 from shared.errors import InternalError
@@ -33,36 +42,55 @@ class Walk:
     error: Exception | None = None
 
 
-class NamedMatcher:
-    """`matcher`, and `names` (None: no companion), moving together."""
+# A name companion: accept(token), accept_bytes(data), rollback(n), apply(row, matcher).
+NameCompanion = Union[ParameterNameConstraint, JsonNameConstraint]
 
-    def __init__(self, matcher: Matcher, names: ParameterNameConstraint | None = None) -> None:
+
+class NamedMatcher:
+    """`matcher`, `names` and `lengths` (None: no such companion), moving together."""
+
+    def __init__(self, matcher: Matcher, names: NameCompanion | None = None,
+                 lengths: RawLengthConstraint | None = None) -> None:
         self.matcher = matcher
         self.names = names
+        self.lengths = lengths
 
     def accept_token(self, token: int) -> bool:
-        """Accept `token`; False (nothing changes) when the grammar refuses it."""
+        """Accept `token`; False (nothing changes) when the grammar or the length companion
+        refuses it."""
         if not self.matcher.accept_token(token):
+            return False
+        if self.lengths is not None and not self.lengths.accept(token):
+            self.matcher.rollback(1)
             return False
         if self.names is not None:
             self.names.accept(token)
         return True
 
     def accept_bytes(self, data: bytes) -> bool:
-        """Accept raw bytes: the matcher only (a grammar with a companion takes its prefix as
-        tokens, so that the companion follows it)."""
-        return self.matcher.accept_bytes(data)
+        """Accept raw bytes (a continuation prefix; not undoable by rollback); the companion
+        follows them."""
+        if not self.matcher.accept_bytes(data):
+            return False
+        if self.names is not None:
+            self.names.accept_bytes(data)
+        return True
 
     def rollback(self, n: int) -> None:
         self.matcher.rollback(n)
         if self.names is not None:
             self.names.rollback(n)
+        if self.lengths is not None:
+            self.lengths.rollback(n)
 
     def apply_names(self, row: torch.Tensor) -> None:
-        """Clear in `row` ([ceil(V/32)] int32, the matcher's mask) the tokens that would repeat an
-        argument name."""
+        """Clear in `row` ([ceil(V/32)] int32, the matcher's mask at its current state) the tokens
+        the companions refuse: those that would repeat a name or overrun a raw value's length
+        bounds."""
+        if self.lengths is not None:
+            self.lengths.apply(row)
         if self.names is not None:
-            self.names.apply(row)
+            self.names.apply(row, self.matcher)
 
     def fill_mask(self, out: torch.Tensor, i: int) -> None:
         """Fill `out[i]` with the legal set, the companion's repeats cleared."""

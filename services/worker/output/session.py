@@ -38,9 +38,9 @@ from typing import Sequence
 
 import torch
 
-from services.grammar.client import CompiledConstraint, Matcher, ParameterNameConstraint
+from services.grammar.client import CompiledConstraint, Matcher, RawLengthConstraint
 from services.worker.integrity import IntegrityError
-from services.worker.output.named_matcher import NamedMatcher
+from services.worker.output.named_matcher import NameCompanion, NamedMatcher
 from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
     LookaheadResult,
     PositionState,
@@ -87,9 +87,12 @@ class OutputSession:
     content a ContinueFinalAssistant request continues (UTF-8 bytes; accepted by the matcher at
     creation, never published, part of completeness; default b""). `branch`: the report's branch
     (default "content"). `cache` ("l1" | "redis" | None), `built`, `waited`, `compile_ms`: the
-    compile-cache outcome for the report. `names`: the XML tool grammar's ParameterNameConstraint
-    companion (non-strict tools), which shares every matcher transaction: it clears the masks'
-    tokens that would repeat an argument name and follows every accept and rollback.
+    compile-cache outcome for the report. `names`: the name companion, which shares every matcher
+    transaction (named_matcher.py): the XML tool grammar's ParameterNameConstraint (non-strict
+    tools) or the JsonNameConstraint of JSON content with undeclared names; it clears the masks'
+    tokens that would repeat a name and follows every accept, prefix and rollback; `lengths`: the
+    XML tool grammar's RawLengthConstraint companion (raw string length bounds the grammar leaves
+    to it), the same way.
     `prefix_tokens`: the continued content as tokens, for a tool grammar (the Frontend's
     `continuation_tokens`), accepted instead of `prefix` bytes.
 
@@ -109,7 +112,8 @@ class OutputSession:
         built: bool = False,
         waited: bool = False,
         compile_ms: float = 0.0,
-        names: ParameterNameConstraint | None = None,
+        names: NameCompanion | None = None,
+        lengths: RawLengthConstraint | None = None,
         prefix_tokens: Sequence[int] = (),
     ) -> None:
         start = time.perf_counter()
@@ -126,8 +130,9 @@ class OutputSession:
         # round counts here directly
         self.counters = ConstraintCounters(cache=cache, built=built, waited=waited,
                                             compile_ms=compile_ms)
-        self._matcher: NamedMatcher | None = None  # the matcher and its names companion
+        self._matcher: NamedMatcher | None = None  # the matcher and its companions
         self._pending: _Pending | None = None
+        self._held: _Pending | None = None  # a forced-control preview awaiting its append
         self._probing = False  # a MatcherProbe is open
         self._eos = False  # EOS committed
         self._cut = False  # ended by the budget or an interruption
@@ -138,7 +143,7 @@ class OutputSession:
         vocab = compiled.domain.size
         if vocab != domain.size:
             raise InternalError(f"grammar compiled for {vocab} token ids, domain has {domain.size}")
-        self._matcher = NamedMatcher(compiled.matcher(), names)
+        self._matcher = NamedMatcher(compiled.matcher(), names, lengths)
         if prefix_tokens:
             for t in prefix_tokens:
                 if not self._matcher.accept_token(int(t)):
@@ -272,6 +277,32 @@ class OutputSession:
         self._eos = pending.terminated
         self._cut = pending.length_cut
 
+    def hold(self) -> None:
+        """Keep the pending forced-control preview provisional until the Program has appended
+        its tokens to the lane (design document: "matcher and decoder state are confirmed only
+        after the Program's append succeeds"). Its tokens are fed with the next step, whose
+        masks and preview build on it: lookahead, previews and confirm work on top of it;
+        `confirm_held` commits it, `finish_incomplete` returns the matcher to before it.
+        InternalError without a pending preview or with one held already."""
+        if self._pending is None or self._held is not None:
+            raise InternalError("hold() needs a pending preview and none held")
+        self._held, self._pending = self._pending, None
+
+    @property
+    def holding(self) -> bool:
+        """A forced-control preview is held (see `hold`)."""
+        return self._held is not None
+
+    def confirm_held(self) -> None:
+        """Commit the held preview once the Program appended its tokens (InternalError when
+        none is held)."""
+        held = self._held
+        if held is None:
+            raise InternalError("confirm_held() without a held preview")
+        self._held = None
+        self._eos = held.terminated
+        self._cut = held.length_cut
+
     def discard(self) -> None:
         """Return the matcher to the mark of the pending preview; a no-op when none is pending."""
         pending = self._pending
@@ -282,8 +313,11 @@ class OutputSession:
 
     def finish_incomplete(self) -> None:
         """End the output without EOS (cancellation, context exhaustion, a failed row): discards a
-        pending preview (nothing uncommitted is published)."""
+        pending preview and a held one (nothing uncommitted is published)."""
         self.discard()
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._rollback_preview(held.matcher_tokens)
         self._cut = self._cut or not self._eos
 
     def _preview(self, tokens: Sequence[int], limit: int | None, position: int, *,
@@ -369,7 +403,7 @@ class OutputSession:
             self._scratch = torch.empty((1, self.domain.mask_words), dtype=torch.int32)
         start = time.perf_counter()
         row = self._scratch  # [1, ceil(V/32)]
-        self._matcher.matcher.fill_mask(row, 0)  # the grammar's set, before the companion's
+        self._matcher.fill_mask(row, 0)  # the companion's tokens cleared: they lead nowhere
         for eos in self.domain.eos_ids:  # clear the EOS bits (int32: bit 31 is the sign)
             row[0, eos >> 5] &= int32(~(1 << (eos & 31)) & 0xFFFFFFFF)
         self.counters.mask_seconds += time.perf_counter() - start

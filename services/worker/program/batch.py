@@ -17,6 +17,7 @@ from shared.errors import InfernixError
 
 if TYPE_CHECKING:
     from services.worker.request import Request
+    from shared.generation import TokenLogprob
 
 
 class RowOutcome(Enum):
@@ -64,6 +65,8 @@ class RowResult:
     error: InfernixError | None = None  # set for DEAD_END and NONFINITE
     mask_bytes: int = 0  # mask H2D bytes this row's sampling used
     accepted_drafts: int = 0  # drafts the verification accepted (tokens = those + one more)
+    # per token of `tokens`, when the row's request asked for log-probabilities
+    logprobs: tuple["TokenLogprob", ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from shared.errors import InternalError
+from services.worker.integrity import DeviceError
 
 
 class ReadyEvent:
@@ -24,7 +24,7 @@ class ReadyEvent:
 
     def _check(self, err, what: str) -> None:
         if err != self._cudart.cudaError_t.cudaSuccess:
-            raise InternalError(f"{what} failed: {err}")
+            raise DeviceError(f"{what} failed: {err}")  # a sticky fault of an earlier kernel
 
     def record(self, stream: torch.cuda.Stream) -> None:
         (err,) = self._cudart.cudaEventRecord(self._event, stream.cuda_stream)

@@ -22,7 +22,7 @@ committed frontier and are overwritten before being read.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -33,6 +33,7 @@ from services.worker.program.blocks import BlockManager
 from services.worker.program.events import ReadyEvent
 from services.worker.program.forward import Forward
 from services.worker.program.graphs import DecodeGraphs
+from services.worker.program.logprobs import LogprobReader, LogprobSite
 from services.worker.program.masks import MaskBuffers
 from services.worker.program.rounds import Rounds
 from services.worker.program.sampling import Sampler
@@ -69,7 +70,8 @@ class Program:
     def __init__(self, runtime: ModelRuntime, *, max_batch: int, max_len: int | None = None,
                  kv_budget_bytes: int = 256 << 20, max_drafts: int = 0,
                  cuda_graphs: bool = True, prefix_cache: bool = True,
-                 kv_cache_tokens: int | None = None, state_snapshots: int | None = None) -> None:
+                 kv_cache_tokens: int | None = None, state_snapshots: int | None = None,
+                 logprobs_mode: str = "processed") -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.runtime = runtime
@@ -116,8 +118,9 @@ class Program:
                  if snapshots and snapshot_bytes is not None else 0)
         self.masks = MaskBuffers(self.domain, max_batch, max_drafts, self.device)
         self.sampler = Sampler(self.domain, self.device)
+        self.logprobs = LogprobReader(self.domain, self.device, logprobs_mode)
         verifier = Verifier(self.domain, self.device, self.masks, self.sampler,
-                            max_drafts) if max_drafts > 0 else None
+                            max_drafts, self.logprobs) if max_drafts > 0 else None
         pin = self.cuda
         self.host_tokens = torch.zeros(max_batch, dtype=torch.int64, pin_memory=pin)  # [B]
         self.host_status = torch.zeros(max_batch, dtype=torch.int32, pin_memory=pin)  # [B]
@@ -291,7 +294,21 @@ class Program:
         host_tokens, host_status = self.host_tokens[:m].tolist(), self.host_status[:m].tolist()
         for j, i in enumerate(sampled):
             results[i] = self._row_result(j, rows[i], fill, host_tokens[j], host_status[j])
+        self._read_logprobs(launched.logits, sampled, requests, host_tokens, results)
         return self._after(self._pending(rows, index, results))
+
+    def _read_logprobs(self, logits, sampled, requests, tokens, results) -> None:
+        # The rows that asked, after sampling, from the logits it read (a graph's stay valid
+        # until its next replay); a row's mask is position 0 of its host buffer.
+        asked = [(j, i) for j, i in enumerate(sampled) if requests[j].logprobs is not None
+                 and results[i].outcome is RowOutcome.TOKENS]
+        if not asked:
+            return
+        sites = [LogprobSite(requests[j], logits[i], self.masks.host[j, 0]
+                             if int(self.masks.host_row[j]) >= 0 else None, tokens[j])
+                 for j, i in asked]
+        for (_, i), entry in zip(asked, self.logprobs.read(sites)):
+            results[i] = replace(results[i], logprobs=(entry,))
 
     @staticmethod
     def _pending(rows, index: list[int], results: dict[int, RowResult]) -> PendingBatch:

@@ -24,6 +24,7 @@ being read; recurrent state through the model state's commit), then the sessions
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -31,6 +32,7 @@ from kernels.acceptance_contract import PositionState, speculative_penalties
 from kernels.sampling_contract import SampleStatus
 from services.worker.output.positions import LookaheadResult
 from services.worker.program.batch import BatchRow, RowOutcome, RowResult
+from services.worker.program.logprobs import LogprobReader, LogprobSite
 from services.worker.program.masks import MaskBuffers
 from services.worker.program.sampling import Sampler
 from shared.errors import InternalError
@@ -41,7 +43,7 @@ class Verifier:
     """Masks and acceptance of one round (see the module docstring). `max_drafts`: K >= 1."""
 
     def __init__(self, domain: TokenDomain, device: torch.device, masks: MaskBuffers,
-                 sampler: Sampler, max_drafts: int) -> None:
+                 sampler: Sampler, max_drafts: int, logprobs: LogprobReader | None = None) -> None:
         if max_drafts < 1:
             raise ValueError(f"max_drafts must be >= 1 for verification, got {max_drafts}")
         self.domain = domain
@@ -49,6 +51,7 @@ class Verifier:
         self.masks = masks
         self.sampler = sampler
         self.k = max_drafts
+        self.logprobs = logprobs if logprobs is not None else LogprobReader(domain, device)
         self.cuda = device.type == "cuda"
         eos = sorted(domain.eos_ids)
         self._eos = torch.tensor(eos, dtype=torch.int32, device=device) if eos else None
@@ -78,6 +81,25 @@ class Verifier:
             looks.append(look)
         return states, looks
 
+    def _logprobs(self, rows: Sequence[BatchRow], logits: torch.Tensor, looks,
+                  results: list[RowResult]) -> list[RowResult]:
+        # Token i of a round was chosen at verify position i (the anchor's logits for the
+        # first): that position's logits, its lookahead mask (Ready along the accepted chain)
+        # and the penalty history of the tokens before it. One read for every row that asked.
+        sites, owners = [], []
+        for j, (row, res) in enumerate(zip(rows, results)):
+            if row.request.logprobs is None or res.outcome is not RowOutcome.TOKENS:
+                continue
+            for i, t in enumerate(res.tokens):
+                sites.append(LogprobSite(row.request, logits[j, i], self.masks.host[j, i]
+                                         if looks[j] is not None else None, t, res.tokens[:i]))
+                owners.append(j)
+        entries: dict[int, list] = {}
+        for j, entry in zip(owners, self.logprobs.read(sites)):
+            entries.setdefault(j, []).append(entry)
+        return [replace(res, logprobs=tuple(entries[j])) if j in entries else res
+                for j, res in enumerate(results)]
+
     def _sparse_q(self, rows: Sequence[BatchRow], drafts: torch.Tensor):
         """(q_ids, q_probs) [m, K, Q] when some row's drafter has a real q (DFlash2 at T > 0);
         the other rows' one-hot q as the same sparse form. (None, None): one-hot q for all."""
@@ -103,6 +125,7 @@ class Verifier:
         (the forward may still run on the device meanwhile), runs acceptance and returns one
         RowResult per row."""
         m, width = logits.shape[:2]
+        raw_logits = logits  # [m, W, V'] each committed token's own position, for logprobs
         k = self.k
         assert width <= k + 1 and m == len(rows) <= self.masks.host.shape[0], (logits.shape, k)
         states, looks = self.fill(rows)  # the CPU's lookahead while the forward runs
@@ -147,4 +170,4 @@ class Verifier:
                     "an empty legal set on the device where the CPU mask said Ready"
                 out.append(RowResult(RowOutcome.NONFINITE, error=InternalError(
                     f"verification found {what} at output position {position}")))
-        return out
+        return self._logprobs(rows, raw_logits, looks, out)

@@ -72,9 +72,10 @@ def draft_limit(row: BatchRow, k: int, max_len: int) -> int:
     draft sits at position start + n < max_len) ends; 0 when none."""
     job = row.request
     limit = min(k, job.remaining - 1, max_len - 1 - row.start)
-    if job.thinking_budget is not None and job.output.in_reasoning:
+    if job.thinking_budget is not None and job.output.in_reasoning and job.held_close is None:
         # The round must not pass the thinking budget: its close is forced there, as in
-        # ordinary decoding, which samples one token a step.
+        # ordinary decoding, which samples one token a step (a forced close the round feeds
+        # has ended the reasoning already).
         limit = min(limit, job.thinking_budget - job.num_output_tokens - 1)
     return max(0, limit)
 

@@ -1,0 +1,165 @@
+"""Mask fills inside bounded strings of framed grammars, before and after, as JSON.
+
+On the built-in vocabulary (SmolLM2) a Hermes tool call whose strict arguments hold a string of
+`maxLength` N (tool grammars run on xgrammar); on Qwen3.5 the thinking framing around a JSON
+schema with the same string (an XML tool call's raw values are counted beside the matcher, by
+`services/grammar/tools/raw_lengths.py`, which this bench does not drive). Each case walks one
+canonical output (the model's tokenizer writes the text, control tokens by id) with the string N
+characters long, and reports the engine, the cold compile, the
+blob size and the per-token `fill_mask` CPU time (p50 / p99 / max) over the whole output and
+inside the string, on the first walk after the cold compile and on the next walk over the same
+compiled grammar (llguidance builds lexer states on first use). "before" is main's lowering:
+xgrammar with the counted repetition `char{0,N}` (the chain limit set below every bound);
+"after" the product's rule (`services.grammar.compiler.framed_engine`: thinking + JSON content
+on llguidance; the rule chain of `services/grammar/schema/strings.py` on xgrammar up to its
+limit), side by side in one process. A walk whose fills pass `--case-budget-s` of CPU is cut.
+
+    infernix bench bounded-strings --out bench-out/bounded-strings.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import platform
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from unittest import mock
+
+import numpy as np
+
+from bench.grammar import tokenize
+from services.grammar.cache import records
+from services.grammar.compiler import Framed, ModelCompiler
+from services.grammar.engines.engine import XGRAMMAR
+from services.grammar.engines.engine_llguidance import lltokenizer
+from services.grammar.schema import strings
+from services.grammar.tools.hermes import ToolSpec
+from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
+from shared.errors import InfernixError
+from shared.frontends import get_domain
+from shared.frontends.qwen35 import qwen35_tokenizer
+
+_WORDS = ("the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", ",", ".",
+          " é", " 日本", "\n", " \"quoted\"", " 42")
+
+
+def _text(n: int) -> str:
+    out, i = "", 0
+    while len(out) < n:
+        out += _WORDS[i % len(_WORDS)]
+        i += 1
+    return out[:n]
+
+
+def _schema(n: int) -> dict:
+    return {"type": "object", "properties": {"text": {"type": "string", "maxLength": n}},
+            "required": ["text"], "additionalProperties": False}
+
+
+CASES = {"smollm2": ("hermes-args",), "qwen3.5": ("thinking-json",)}
+
+
+def _case(model: str, case: str, n: int) -> tuple[object, list[tuple[str, int]]]:
+    """(compilable, [(region, token id)]) of the case's framed grammar and canonical output."""
+    args = json.dumps({"text": _text(n)}, ensure_ascii=False)
+    head, tail = args.split('"text": "', 1)
+    if case == "hermes-args":
+        tool = ToolDefinition.create("note", _schema(n), strict=True)
+        spec = ToolSpec((tool,), ToolChoice(ToolMode.REQUIRED))
+        pre = '<tool_call>\n{"name": "note", "arguments": ' + head + '"text": "'
+        pieces = [("framing", pre), ("string", tail[:-2]),
+                  ("framing", tail[-2:] + "}\n</tool_call>")]
+        return spec, [(r, t) for r, p in pieces for t in tokenize(model, p)]
+    domain = get_domain(model)
+    enc = qwen35_tokenizer()._tokenizer.encode_ordinary
+    close = domain.special_id("</think>")
+    constraint = Framed(OutputConstraint.json_schema(_schema(n)), "qwen-think-v1+raw")
+    pieces = [("reasoning", "The user wants a short note."), ("framing", close),
+              ("framing", "\n\n" + head + '"text": "'), ("string", tail[:-2]),
+              ("framing", tail[-2:])]
+    return constraint, [(r, t) for r, p in pieces for t in ([p] if isinstance(p, int) else enc(p))]
+
+
+def _stats(values: list[float]) -> dict:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    return {"p50": round(statistics.median(ordered), 1), "p99": round(p99, 1),
+            "max": round(ordered[-1], 1), "tokens": len(ordered)}
+
+
+def run_case(compiler: ModelCompiler, model: str, case: str, n: int, form: str,
+             budget_s: float) -> dict:
+    constraint, tokens = _case(model, case, n)
+    before = form == "before"
+    with mock.patch.object(strings, "CHAIN_MAX_LENGTH", -1) if before else nullcontext():
+        start = time.process_time()
+        compiled = compiler.compile(constraint, engine=XGRAMMAR if before else None).grammar
+        compile_ms = (time.process_time() - start) * 1000
+    blob_kb = len(records.serialize(compiled)) / 1024
+    out = {"model": model, "case": case, "max_length": n, "form": form,
+           "engine": compiled.engine, "cold_compile_ms": round(compile_ms),
+           "blob_kb": round(blob_kb)}
+    for walk in ("first", "next"):  # the next walk finds what the first one built lazily
+        fills, cut = _walk(compiled, tokens, budget_s, f"{model} {case} {n} ({form})")
+        out[walk] = {"cut": cut, "mask_fill_us": _stats([v for vs in fills.values() for v in vs]),
+                     "in_string_us": _stats(fills.get("string", []))}
+        if cut:
+            break
+    return out
+
+
+def _walk(compiled, tokens: list[tuple[str, int]], budget_s: float, what: str,
+          ) -> tuple[dict[str, list[float]], bool]:
+    """CPU microseconds of each fill_mask by region while one matcher accepts `tokens`, and
+    whether the budget cut the walk."""
+    matcher = compiled.matcher()
+    mask = np.zeros((1, compiled.domain.mask_words), dtype=np.int32)
+    fills: dict[str, list[float]] = {}
+    until = time.process_time() + budget_s
+    for region, t in tokens:
+        if time.process_time() > until:
+            return fills, True
+        t0 = time.process_time()
+        matcher.fill_mask(mask, 0)
+        fills.setdefault(region, []).append((time.process_time() - t0) * 1e6)
+        if not matcher.accept_token(t):
+            raise RuntimeError(f"{what}: token {t} ({region}) refused")
+    if not matcher.is_completed():
+        raise RuntimeError(f"{what}: the output is not complete")
+    return fills, False
+
+
+def run(args: argparse.Namespace) -> int:
+    results = []
+    for model in args.models:
+        compiler = ModelCompiler(get_domain(model))
+        compiler.tokenizer_info  # noqa: B018 - the vocabulary indexes, outside every timing
+        lltokenizer(compiler.domain)
+        for case in CASES[model]:
+            if args.cases and case not in args.cases:
+                continue
+            for n in args.max_lengths:
+                for form in ("before", "after"):
+                    try:
+                        results.append(run_case(compiler, model, case, n, form,
+                                                args.case_budget_s))
+                    except InfernixError as exc:  # a bound the case's grammar refuses
+                        results.append({"model": model, "case": case, "max_length": n,
+                                        "form": form, "error": exc.to_dict()})
+                    print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    report = {"bench": "bounded-strings", "chain_max_length": strings.CHAIN_MAX_LENGTH,
+              "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
+                          "xgrammar": importlib.metadata.version("xgrammar")},
+              "cases": results}
+    text = json.dumps(report, indent=2)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0

@@ -1,0 +1,95 @@
+"""What the JSON name companion (services/grammar/json_names.py) adds to each mask: CPU
+microseconds of `fill_mask` alone and of `fill_mask` + `JsonNameConstraint.apply`, side by side
+in one run, while walking valid outputs tokenised by the model's own tokenizer; plus the probes
+the companion ran and the tokens it cleared.
+
+    python -m bench.json_names --models smollm2 qwen3.5 --out bench-out/json-names.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from bench.grammar import tokenize
+from services.grammar.compiler import ModelCompiler
+from services.grammar.json_names import json_names_for
+from services.grammar.schema import layout_values
+from shared.contract import OutputConstraint
+from shared.frontends import get_domain
+
+MANY = {f"k{i}": i for i in range(12)}
+# (name, schema or None for json_object, outputs)
+CASES = [
+    ("open-object", {"type": "object"}, [MANY, {"a": {"b": 1, "c": [1, {"d": 2}]}, "e": "x"}]),
+    ("min-properties-2", {"type": "object", "minProperties": 2,
+                          "additionalProperties": {"type": "integer"}}, [MANY]),
+    ("finite-names", {"type": "object", "propertyNames": {"enum": ["alpha", "beta", "gamma"]},
+                      "additionalProperties": {"type": "integer"}},
+     [{"alpha": 1, "beta": 2, "gamma": 3}]),
+    ("json-object", None, [MANY]),
+]
+
+
+def _stats(values: list[float]) -> dict:
+    values = sorted(values)
+    return {"mean_us": round(statistics.fmean(values), 1),
+            "p50_us": round(values[len(values) // 2], 1),
+            "p99_us": round(values[min(len(values) - 1, int(len(values) * 0.99))], 1)}
+
+
+def bench_case(model: str, compiler: ModelCompiler, name: str, schema, outputs) -> dict:
+    domain = compiler.domain
+    constraint = OutputConstraint.json_object(whitespace="any") if schema is None else \
+        OutputConstraint.json_schema(schema, whitespace="any")
+    grammar = compiler.compile(constraint).grammar
+    texts = layout_values(schema if schema is not None else {"type": "object"}, outputs)
+    bare, with_names = [], []
+    probes = cleared = 0
+    mask = np.zeros((1, domain.mask_words), dtype=np.int32)
+    for text in texts:
+        names = json_names_for(constraint, domain)
+        matcher = grammar.matcher()
+        for t in tokenize(model, text):
+            start = time.process_time()
+            matcher.fill_mask(mask, 0)
+            mid = time.process_time()
+            cleared += names.apply(mask[0], matcher)
+            end = time.process_time()
+            bare.append((mid - start) * 1e6)
+            with_names.append((end - start) * 1e6)
+            if not (matcher.accept_token(t) and (int(mask[0, t >> 5]) >> (t & 31)) & 1):
+                raise RuntimeError(f"{name}: a valid output's token {t} was refused")
+            names.accept(t)
+        probes += names.probes
+    return {"case": name, "engine": grammar.engine, "masks": len(bare),
+            "fill": _stats(bare), "fill_and_names": _stats(with_names),
+            "probes": probes, "cleared": cleared}
+
+
+def bench_model(model: str) -> dict:
+    compiler = ModelCompiler(get_domain(model))
+    return {"model": model, "cases": [bench_case(model, compiler, *c) for c in CASES]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["smollm2"], choices=["smollm2", "qwen3.5"])
+    p.add_argument("--out", help="write the JSON report here (default: stdout only)")
+    args = p.parse_args(argv)
+    report = {"bench": "json-names", "models": [bench_model(m) for m in args.models]}
+    text = json.dumps(report, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    sys.stdout.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
