@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -82,6 +83,26 @@ def redis_server():
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def pytest_collection_finish(session):
+    """The files whose interpreter cases this session runs share one interpreted child pytest
+    (tests/support/kernel_backends.py), started now in the background."""
+    from tests.support import kernel_backends
+
+    kernel_backends.SESSION_FILES[:] = sorted({str(item.path.resolve()) for item in session.items
+                                              if item.name.endswith("_under_interpreter")})
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's basetemp is popen-gwN in a common one
+        base = session.config._tmp_path_factory.getbasetemp().parent  # pruned by pytest
+        kernel_backends.SHARED_DIR[:] = [base]
+    if kernel_backends.SESSION_FILES and not session.config.option.collectonly:
+        kernel_backends.start_session_run()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from tests.support import kernel_backends
+
+    kernel_backends.end_session_run(exitstatus == pytest.ExitCode.INTERRUPTED)
 
 
 def pytest_collection_modifyitems(config, items):

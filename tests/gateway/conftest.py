@@ -1,28 +1,30 @@
 """Fixtures of the gateway tests on the real embedded default: the built-in SmolLM2 on the CPU
-behind a real gateway, one per test module (its event loop is the module's), and the official
-SDK clients on it."""
+behind a real gateway, built by the same settings and `open_worker` as `infernix serve` with no
+flags. Loading the model is the costly part, so one such gateway serves the whole test session
+(every module that asks for `gateway_url`, `chat` or `claude`); it runs in its own thread and
+event loop, and each module's SDK clients reach it over HTTP from the module's loop."""
 
 from __future__ import annotations
 
 import anthropic
 import openai
+import pytest
 import pytest_asyncio
 
-from tests.support.fake_worker import running_gateway
+from tests.support.fake_worker import InProcessGateway
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def gateway_url():
-    from services.worker.client import open_in_process
-    from services.worker.engine import EngineConfig
-    from services.worker.runtime import load_runtime
+def _open_default():
+    from services.embedded import WorkerSettings, open_worker
 
-    worker = open_in_process(load_runtime(), EngineConfig(max_batch=2, max_len=1024))
-    try:
-        async with running_gateway(worker) as url:
-            yield url
-    finally:
-        await worker.aclose()
+    return open_worker(WorkerSettings())
+
+
+@pytest.fixture(scope="session")
+def gateway_url():
+    """The base URL of the session's embedded default gateway."""
+    with InProcessGateway(_open_default) as gateway:
+        yield gateway.url
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -1,6 +1,7 @@
 """The "Using Infernix" pages run as written against the real embedded default: the gateway and
 an in-process worker over the built-in SmolLM2 on the CPU, built by the same settings and
-`open_worker` as `infernix serve` with no flags. Every Python block of each page runs in order
+`open_worker` as `infernix serve` with no flags (the session's `gateway_url`,
+tests/gateway/conftest.py). Every Python block of each page runs in order
 with the official SDK (tests/gateway/test_gateway_docs.py runs the same blocks against the scripted
 fake worker, which checks the constraint each block sends). A block whose printed output on the
 default model is known (a refusal) says so with `embedded_prints`, a regex its output must match
@@ -15,32 +16,19 @@ import re
 import pytest
 
 from tests.gateway.test_gateway_docs import DEFAULT_URL, PAGES, blocks
-from tests.support.fake_worker import InProcessGateway
 
 pytestmark = pytest.mark.slow
 
 
-def _open_default():
-    from services.embedded import WorkerSettings, open_worker
-
-    return open_worker(WorkerSettings())
-
-
-@pytest.fixture(scope="module")
-def embedded_url():
-    with InProcessGateway(_open_default) as gateway:
-        yield gateway.url
-
-
 @pytest.mark.parametrize("page", PAGES)
-def test_the_examples_run_on_the_embedded_default(embedded_url, page):
+def test_the_examples_run_on_the_embedded_default(gateway_url, page):
     """Issue 11 §4 and its follow-up: the pages' examples "run as written against `infernix
     serve` on its default address" -- on the real default model, not only the fake worker: no
     block raises, and a block documented to be refused by the default prints that refusal."""
     namespace: dict = {}
     for n, (spec, code) in enumerate(blocks(page)):
         out = io.StringIO()
-        source = code.replace(DEFAULT_URL, embedded_url)
+        source = code.replace(DEFAULT_URL, gateway_url)
         with contextlib.redirect_stdout(out):
             exec(compile(source, f"{page}[{n}]", "exec"), namespace)  # noqa: S102 - our docs
         expected = spec.get("embedded_prints")

@@ -1,7 +1,8 @@
 """Several choices with the real embedded worker (the built-in SmolLM2 on the CPU) behind a real
 gateway: constrained choices are each valid (checked with `jsonschema`, an independent
 validator), and choice seeds are derived deterministically, so a stream of n=2 repeats the first
-two choices of an aggregate n=3 with the same seed."""
+two choices of an aggregate n=3 with the same seed. The gateway is the session's embedded default
+(`gateway_url`, tests/gateway/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,28 +13,12 @@ import openai
 import pytest
 import pytest_asyncio
 
-from tests.support.fake_worker import running_gateway
-
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}},
           "required": ["colour"], "additionalProperties": False}
 ASK = dict(model="smollm2", seed=5, temperature=0.8, max_tokens=40,
            messages=[{"role": "user", "content": "Pick a colour, as JSON."}],
            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}})
-
-
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def gateway_url():
-    from services.worker.client import open_in_process
-    from services.worker.engine import EngineConfig
-    from services.worker.runtime import load_runtime
-
-    worker = open_in_process(load_runtime(), EngineConfig(max_batch=3, max_len=512))
-    try:
-        async with running_gateway(worker) as url:
-            yield url
-    finally:
-        await worker.aclose()
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

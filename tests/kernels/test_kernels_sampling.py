@@ -9,11 +9,7 @@ marked gpu). The oracle below is numpy float64, written from the design document
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +18,8 @@ import torch
 from kernels.rng import Purpose
 from kernels.sampling_contract import PenaltyHistory, SampleStatus, SamplingParams, check_inputs
 from tests.kernels.test_kernels_sampling_rng import chi2_upper, oracle_uniform
+from tests.support.kernel_backends import INTERPRETED, run_interpreted
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 OK, DEAD_END, NONFINITE = SampleStatus.OK, SampleStatus.DEAD_END, SampleStatus.NONFINITE
 
 
@@ -578,10 +574,4 @@ def test_triton_kernels_under_interpreter():
     """Design: "kernels have torch references and Triton's interpreter (TRITON_INTERPRET=1) for
     small shapes": every scenario above, run on the Triton kernels in a fresh interpreted
     process."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-x",
-                           "-k", "interpreter and not under_interpreter", "-p", "no:cacheprovider"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout.split("\n")[-2]
+    run_interpreted(__file__)

@@ -55,10 +55,16 @@ async def _run(runtime, speculative):
         await client.aclose()
 
 
+@pytest.fixture(scope="module")
+def plain(runtime):
+    """The tokens of plain greedy decoding (no speculation), decoded once for both backends."""
+    tokens, _, _ = asyncio.run(_run(runtime, None))
+    return tokens
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["grammar", "ngram"])
-def test_greedy_with_grammar_drafts_is_plain_greedy(runtime, backend):
-    plain, fins, _ = asyncio.run(_run(runtime, None))
+def test_greedy_with_grammar_drafts_is_plain_greedy(runtime, plain, backend):
     spec_tokens, spec_fins, spec = asyncio.run(_run(runtime, backend))
     assert spec_tokens == plain
     assert spec.accepted >= 8  # the forced keys and layout were drafted and accepted
