@@ -56,7 +56,9 @@ def _prompts(runtime, n: int) -> list[GenerateRequest]:
     return out
 
 
-async def _serve(runtime, requests, *, bucketed: bool, **config):
+async def _serve(runtime, requests, *, bucketed: bool, later=(), **config):
+    # `later`: requests sent one by one after `requests` all finished (a prefix hit is then
+    # certain, not a matter of which request was admitted first)
     hooked_runtime, model = hooked(runtime)
     widths: list[int] = []
     model.before = lambda tokens, positions, lanes: widths.append(tokens.shape[1])
@@ -66,6 +68,8 @@ async def _serve(runtime, requests, *, bucketed: bool, **config):
         import asyncio
 
         results = await asyncio.gather(*(collect(client, r) for r in requests))
+        for r in later:
+            results.append(await collect(client, r))
     finally:
         await client.aclose()
     return [fin for _, fin in results], widths
@@ -100,12 +104,13 @@ async def test_hybrid_outputs_equal_with_and_without_bucketing(qwen35, prefix_ca
     """On Qwen3.5 (chunked gated delta rule over padded tokens with g = beta = 0; with the prefix
     cache, state snapshots cut inside the padded forwards) the outputs are the same too."""
     requests = _prompts(qwen35, 4)
-    requests.append(requests[1].__class__("again", requests[1].prompt, requests[1].options,
-                                          model=qwen35.name))  # a prefix hit when cached
+    again = [requests[1].__class__("again", requests[1].prompt, requests[1].options,
+                                   model=qwen35.name)]  # a prefix hit when cached
     config = {"max_batch": 2, "max_len": 512, "prefill_chunk": 96,
               "prefix_cache": prefix_cache}
-    plain, _ = await _serve(qwen35, requests, bucketed=False, **config)
-    padded, widths = await _serve(qwen35, requests, bucketed=True, **config)
+    plain, _ = await _serve(qwen35, requests, bucketed=False, later=again, **config)
+    padded, widths = await _serve(qwen35, requests, bucketed=True, later=again, **config)
+    assert (plain[-1].usage.cached_tokens > 0) == prefix_cache
     assert any(w > EXACT_WIDTHS and w % PREFILL_STEP == 0 for w in widths), widths
     for a, b in zip(plain, padded):
         assert a.error is None and b.error is None
