@@ -99,6 +99,49 @@ async def test_an_illegal_device_state_takes_the_worker_out_of_rotation(runtime,
 
 
 @pytest.mark.asyncio
+async def test_after_a_failed_rebuild_nothing_runs_on_the_old_program(runtime, monkeypatch):
+    """A request already queued when the device failed (it passed admission before the boundary
+    closed it) must not run on the old Program once the rebuild failed: it fails typed, as the
+    live rows did (on a device that still computes it would otherwise be served from state
+    nobody trusts)."""
+    import time
+
+    from services.worker.engine import engine as engine_module
+
+    hooked_runtime, model = hooked(runtime)
+    client = open_client(hooked_runtime, max_batch=2, max_len=96)
+    loop = asyncio.get_running_loop()
+    late: dict = {}
+    calls = {"n": 0}
+
+    def before(tokens, positions, lanes):  # on the engine's thread
+        calls["n"] += 1
+        if calls["n"] != 5:
+            return
+        late["run"] = asyncio.run_coroutine_threadsafe(
+            collect(client, text_request("late", "late", greedy(6), runtime.name)), loop)
+        deadline = time.monotonic() + 30
+        while client.engine.admission.get("late") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # its queueing follows its registration at once, on the loop
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    model.before = before
+    try:
+        def lost(self):
+            raise RuntimeError("CUDA error: no CUDA-capable device is detected")
+
+        monkeypatch.setattr(engine_module.Engine, "build", lost)
+        await asyncio.wait_for(_two(client, hooked_runtime), 60)
+        assert "run" in late, "the fault never fired"
+        _, done = await asyncio.wait_for(asyncio.wrap_future(late["run"]), 60)
+        assert done.finish_reason is FinishReason.ERROR, done
+        assert done.error["type"] == "ServiceUnavailable", done.error
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.asyncio
 async def test_a_prompt_that_cannot_fit_is_refused_at_admission_and_full_lanes_are_never_evicted(
         runtime):
     """Every lane's full length is backed by the KV pool (its smallest size), so a prompt that

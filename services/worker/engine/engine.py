@@ -33,7 +33,11 @@ from dataclasses import dataclass
 
 from services.grammar.client import GrammarClient
 from services.worker.engine.admission import Admission, check_serving
-from services.worker.engine.health import engine_health, unavailable_boundary
+from services.worker.engine.health import (
+    engine_health,
+    refuse_while_unavailable,
+    unavailable_boundary,
+)
 from services.worker.engine.pipeline import Pipeline
 from services.worker.engine.postprocess import Postprocessor
 from services.worker.engine.prepare import prepare
@@ -342,6 +346,9 @@ class Engine:
         try:
             self._warm_up()
             while self._take_inbox(block=self.scheduler.idle):
+                if self.unavailable is not None:  # its rebuild failed: nothing runs
+                    refuse_while_unavailable(self)
+                    continue
                 try:
                     self.step()
                 except IntegrityError as exc:

@@ -56,12 +56,8 @@ def unavailable_boundary(engine, exc: IntegrityError) -> None:
     log.error("engine_integrity_failure", error=str(exc))
     engine.unavailable = str(exc)
     engine.pipeline.drop()
-    error = ServiceUnavailable(f"the worker lost its integrity and is recovering: {exc}",
-                               service="worker", retry_after_s=5.0)
-    for job in engine.scheduler.live():  # (the inbox's requests go to the new Program)
-        job.lane = None  # the lanes go with the old Program
-        engine.post.finish(job, FinishReason.ERROR, error)
-    engine.post.flush()
+    _fail_live(engine, exc)
+
     try:
         engine.program.close()
         engine.build()
@@ -70,3 +66,20 @@ def unavailable_boundary(engine, exc: IntegrityError) -> None:
         return
     engine.unavailable = None
     log.info("engine_recovered")
+
+
+def refuse_while_unavailable(engine) -> None:
+    """After a rebuild that failed, nothing may run on the old Program (on a lost device every
+    forward fails again; on a device that still computes, its state is not trusted): requests
+    that were already in the inbox when the boundary closed submissions fail typed, as the live
+    ones did."""
+    _fail_live(engine, engine.unavailable)
+
+
+def _fail_live(engine, what) -> None:
+    error = ServiceUnavailable(f"the worker lost its integrity and is recovering: {what}",
+                               service="worker", retry_after_s=5.0)
+    for job in engine.scheduler.live():  # (the inbox's requests go to the new Program)
+        job.lane = None  # the lanes go with the old Program
+        engine.post.finish(job, FinishReason.ERROR, error)
+    engine.post.flush()
