@@ -43,13 +43,10 @@ _GT, _EQ, _NL = ord(">"), ord("="), ord("\n")
 _OUT = ("out", b"", frozenset())
 
 
-def _kmp_next(k: int, byte: int) -> int:
-    while k and _END[k] != byte:
-        k = _END_FAIL[k]
-    return k + 1 if _END[k] == byte else 0
-
-
-def _failure(word: bytes) -> list[int]:
+@lru_cache(maxsize=None)
+def kmp_failure(word: str | bytes) -> tuple[int, ...]:
+    """The KMP failure function of `word`: the delimiter automata of the XML tool grammar's
+    companions and of its raw-value rules (xml_values.py) all step by it."""
     fail, k = [0] * (len(word) + 1), 0
     for i in range(1, len(word)):
         while k and word[i] != word[k]:
@@ -57,10 +54,17 @@ def _failure(word: bytes) -> list[int]:
         if word[i] == word[k]:
             k += 1
         fail[i + 1] = k
-    return fail
+    return tuple(fail)
 
 
-_END_FAIL = _failure(_END)
+_END_FAIL = kmp_failure(_END)
+
+
+def value_end_next(k: int, byte: int) -> int:
+    """The `VALUE_END` delimiter's KMP step: `k` bytes of it matched, then `byte`."""
+    while k and _END[k] != byte:
+        k = _END_FAIL[k]
+    return k + 1 if _END[k] == byte else 0
 
 
 class _Duplicate(Exception):
@@ -97,7 +101,7 @@ def _step(state: tuple, byte: int) -> tuple:
             raise _Duplicate
         return ("name_nl", b"", used | {aux})
     if mode == "value":
-        k = _kmp_next(len(aux), byte)
+        k = value_end_next(len(aux), byte)
         if k == len(_END):
             return ("sep", b"", used)
         return (mode, _END[:k], used)  # aux holds the matched delimiter prefix

@@ -50,32 +50,13 @@ from typing import Mapping, NamedTuple
 import numpy as np
 import torch
 
+from services.grammar.tools.param_names import value_end_next
 from shared.frontends.formats.qwen_xml import CALL_HEAD, CALL_TAIL, PARAM_OPEN, VALUE_END
 from shared.frontends.token_domain import TokenDomain
 
 _HEAD, _TAIL, _OPEN, _END = (s.encode() for s in (CALL_HEAD, CALL_TAIL, PARAM_OPEN, VALUE_END))
 _GT, _NL = ord(">"), ord("\n")
 Bounds = tuple[int, int | None]  # (minLength, maxLength or None), in characters
-
-
-def _failure(word: bytes) -> list[int]:
-    fail, k = [0] * (len(word) + 1), 0
-    for i in range(1, len(word)):
-        while k and word[i] != word[k]:
-            k = fail[k]
-        if word[i] == word[k]:
-            k += 1
-        fail[i + 1] = k
-    return fail
-
-
-_END_FAIL = _failure(_END)
-
-
-def _kmp_next(k: int, byte: int) -> int:
-    while k and _END[k] != byte:
-        k = _END_FAIL[k]
-    return k + 1 if _END[k] == byte else 0
 
 
 def live(count: int, k: int, bounds: Bounds) -> bool:
@@ -170,7 +151,7 @@ def _index(domain: TokenDomain) -> LengthIndex:
     for data in spelled:
         k = 0
         for byte in data:
-            k = _kmp_next(k, byte)
+            k = value_end_next(k, byte)
         tails.append(k)
     size = len(_END)
     completes = np.array([[k > 0 and d.startswith(_END[k:]) for d in spelled]
@@ -290,7 +271,7 @@ class RawLengthConstraint:
         """One byte of text. Raises _Violation when it leaves a bounded value's live states."""
         mode = s.mode
         if mode == "value":
-            k = _kmp_next(s.k, byte)
+            k = value_end_next(s.k, byte)
             count = s.count + (byte & 0xC0 != 0x80)
             bounds = self.bounds.get(s.function, {}).get(s.parameter)
             if k == len(_END):

@@ -49,6 +49,7 @@ from services.grammar.schema.nodes import (
     Union,
 )
 from services.grammar.schema.patterns import PatternSupport
+from services.grammar.tools.param_names import kmp_failure
 from shared.frontends.formats.qwen_xml import VALUE_END
 
 RAW, JSON, MIXED, NEVER = "raw", "json", "mixed", "never"
@@ -229,7 +230,7 @@ class RawStrings:
         for ch in sorted(set(word)):
             k = state
             while k and word[k] != ch:
-                k = _failure(word)[k]
+                k = kmp_failure(word)[k]
             nxt = k + 1 if word[k] == ch else 0
             if nxt < len(word):
                 by_next.setdefault(nxt, []).append(ch)
@@ -259,18 +260,3 @@ class RawStrings:
         return name
 
 
-_FAILURE: dict[str, list[int]] = {}
-
-
-def _failure(word: str) -> list[int]:
-    """The KMP failure function of `word` (memoized)."""
-    if word not in _FAILURE:
-        fail, k = [0] * (len(word) + 1), 0
-        for i in range(1, len(word)):
-            while k and word[i] != word[k]:
-                k = fail[k]
-            if word[i] == word[k]:
-                k += 1
-            fail[i + 1] = k
-        _FAILURE[word] = fail
-    return _FAILURE[word]
