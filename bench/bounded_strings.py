@@ -35,6 +35,7 @@ from unittest import mock
 import numpy as np
 
 from bench.grammar import tokenize
+from bench.stats import write_report
 from services.grammar.cache import records
 from services.grammar.compiler import Framed, ModelCompiler
 from services.grammar.engines.engine import XGRAMMAR
@@ -166,9 +167,5 @@ def run(args: argparse.Namespace) -> int:
               "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
                           "xgrammar": importlib.metadata.version("xgrammar")},
               "cases": results}
-    text = json.dumps(report, indent=2)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)
+    write_report(report, args.out)
     return 0

@@ -12,7 +12,6 @@ bandwidth), as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.decode import report_header
+from bench.stats import write_report
 
 
 def step_gemms(model) -> list[tuple]:
@@ -92,11 +92,7 @@ def main(argv: list[str] | None = None) -> int:
               "command": "python -m bench.cpu_gemv " + shlex.join(sys.argv[1:]),
               "results": {r: bench_gemms(runtime.model, tuple(args.threads), args.steps, r)
                           for r in args.rows}}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    write_report(report, args.out)
     return 0
 
 

@@ -36,6 +36,7 @@ from bench.models import build_runtime, prompt_texts
 from bench.stats import ratio as _ratio
 from bench.stats import schemas as _schemas
 from bench.stats import summary as _summary
+from bench.stats import write_report
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.models import layers as ops
@@ -440,12 +441,3 @@ def run(args: argparse.Namespace) -> int:
     report["total_s"] = round(time.perf_counter() - started, 1)
     write_report(report, args.out)
     return 0
-
-
-def write_report(report: dict, out: str | None) -> None:
-    """Print the report as JSON and also write it to `out` when given."""
-    text = json.dumps(report, indent=2, default=str)
-    if out:
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)

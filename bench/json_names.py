@@ -9,7 +9,6 @@ the companion ran and the tokens it cleared.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -17,6 +16,7 @@ import time
 import numpy as np
 
 from bench.grammar import tokenize
+from bench.stats import write_report
 from services.grammar.compiler import ModelCompiler
 from services.grammar.json_names import json_names_for
 from services.grammar.schema import layout_values
@@ -83,11 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the JSON report here (default: stdout only)")
     args = p.parse_args(argv)
     report = {"bench": "json-names", "models": [bench_model(m) for m in args.models]}
-    text = json.dumps(report, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    sys.stdout.write(text + "\n")
+    write_report(report, args.out)
     return 0
 
 

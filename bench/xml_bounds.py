@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import platform
 import random
 import sys
@@ -26,6 +25,7 @@ import time
 import xgrammar as xgr
 
 from bench.qwen35_framings import _stats
+from bench.stats import write_report
 from services.grammar.compiler import build_framed_grammar
 from services.grammar.tools import xml_values
 from services.grammar.tools.hermes import ToolSpec
@@ -132,11 +132,7 @@ def main() -> int:
                           "xgrammar": importlib.metadata.version("xgrammar")},
               "companion": [run_bound(compiler, domain, hi, rng) for hi in BOUNDS],
               "product_automaton": [run_product(compiler, domain, hi) for hi in args.product]}
-    text = json.dumps(report, indent=2)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)
+    write_report(report, args.out)
     return 0
 
 
