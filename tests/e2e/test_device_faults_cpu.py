@@ -12,24 +12,23 @@ evicted mid-decode without a terminal event."
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from tests.support.device_faults import CPU_SHAPE, FaultStack, kv_pool, lost_device, out_of_memory
+from tests.support.device_faults import (
+    CPU_SHAPE,
+    kv_pool,
+    lost_device,
+    out_of_memory,
+    running_stack,
+)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    built = FaultStack("cpu", tmp_path_factory.mktemp("device-faults"), CPU_SHAPE)
-    try:
-        built.start()
-        asyncio.run(built.ready())
+    with running_stack("cpu", tmp_path_factory.mktemp("device-faults"), CPU_SHAPE) as built:
         yield built
-    finally:
-        built.kill()
 
 
 @pytest.mark.asyncio

@@ -17,17 +17,15 @@ evicted mid-decode without a terminal event."
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
 
 from tests.support.device_faults import (
     CUDA_SHAPE,
-    FaultStack,
     kv_pool,
     lost_device,
     out_of_memory,
+    running_stack,
 )
 
 pytestmark = [pytest.mark.gpu,
@@ -36,13 +34,8 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    built = FaultStack("cuda", tmp_path_factory.mktemp("gpu-faults"), CUDA_SHAPE)
-    try:
-        built.start()
-        asyncio.run(built.ready())
+    with running_stack("cuda", tmp_path_factory.mktemp("gpu-faults"), CUDA_SHAPE) as built:
         yield built
-    finally:
-        built.kill()
 
 
 def _hog() -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ only end a run that would otherwise hang; nothing is timed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -103,6 +104,18 @@ class FaultStack:
     def kill(self) -> None:
         for process in (self.gateway, *self.workers):
             process.kill()
+
+
+@contextlib.contextmanager
+def running_stack(device: str, path: Path, shape):
+    """A started, ready FaultStack (the modules' one fixture body), killed on exit."""
+    built = FaultStack(device, path, shape)
+    try:
+        built.start()
+        asyncio.run(built.ready())
+        yield built
+    finally:
+        built.kill()
 
     def logs(self) -> str:
         """The tail of every process's log (for an assertion message)."""
