@@ -117,9 +117,15 @@ def _checker(constraint: OutputConstraint, domain: Any) -> Any:
     output gets one (a text repeating a member name is then no output)."""
     from services.grammar.engines.matching import accepts
     from services.grammar.json_names import json_names_for
+    from services.grammar.unique_items import repeats_an_item
 
     unique = json_names_for(constraint, domain) is not None
-    return lambda grammar, text: accepts(grammar, text, unique_names=unique)
+
+    def check(grammar: Any, text: str) -> bool:
+        return accepts(grammar, text, unique_names=unique) and \
+            not repeats_an_item(constraint, text.encode("utf-8"))
+
+    return check
 
 
 def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -203,11 +209,13 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> int:
         _emit(out, _error_json(exc))
         return EXIT_REJECTED
     from services.grammar.json_names import json_names_for
+    from services.grammar.unique_items import unique_items_for
 
     rng = random.Random(args.seed)
     for _ in range(args.n):
         walk = random_walk(outcome.grammar, domain, rng, max_tokens=args.max_tokens,
-                           end_bias=args.end_bias, names=json_names_for(constraint, domain))
+                           end_bias=args.end_bias, names=json_names_for(constraint, domain),
+                           items=unique_items_for(constraint, domain))
         _emit(out, {"text": walk.text, "completed": walk.completed, "tokens": walk.tokens})
     return EXIT_OK
 

@@ -303,6 +303,10 @@ from services.grammar.tools.xml_tools import (  # noqa: E402,F401 - the decoder'
     argument_codings,
     counted_lengths,
 )
+from services.grammar.unique_items import (  # noqa: E402,F401 - re-exported: the JSON companion
+    UniqueItemsConstraint,
+    unique_items_for,
+)
 
 
 def in_process_client(domains: dict, *, redis_url: str | None = None, config=None,

@@ -60,6 +60,10 @@ def _reduce_graph(
     graph.finish()
     reduced = ReducedSchema(root, graph.defs, tuple(sorted(reader.annotations)))
     _finalize(reduced, ctx, patterns)
+    if ctx.unique_items_at is not None:
+        from services.grammar.schema.unique_items import check_positions
+
+        check_positions(graph, root, ctx, ctx.unique_items_at)
     if isinstance(graph.resolve(root, ""), NoValue):
         why = "" if graph.first_empty is None else \
             f"; the first string found to match nothing: {graph.first_empty!r}"
@@ -247,6 +251,16 @@ def layout_values(schema: Any, values: list[Any]) -> list[str]:
     return [layout_text(reduced.root, v, reduced.defs, member, 0, value_of) for v in values]
 
 
+def companion_positions(schema: Any) -> Any:
+    """The value positions (schema/unique_items.py `Positions`) of a content schema with arrays
+    left to the unique-items companion, else None. Raises what `check_schema` raises."""
+    from services.grammar.schema.unique_items import Positions
+
+    ctx = _context(SchemaSource.CONTENT, None, None, unique_names=True)
+    reduced, graph = _reduce_graph(schema, ctx, PatternSupport(ctx))
+    return None if ctx.unique_items_at is None else Positions(graph, reduced.root)
+
+
 def json_object_grammar(whitespace: str = "any") -> xgr.Grammar:
     """Any JSON object at the root (json_object mode), same layout as schema grammars."""
     return schema_to_grammar({"type": "object"}, whitespace=whitespace)
@@ -255,6 +269,7 @@ def json_object_grammar(whitespace: str = "any") -> xgr.Grammar:
 __all__ = [
     "ReducedSchema",
     "check_schema",
+    "companion_positions",
     "json_object_grammar",
     "layout_values",
     "make_emitter",

@@ -24,6 +24,7 @@ from services.grammar.client import (
     counted_lengths,
     json_names_for,
     needs_tool_grammar,
+    unique_items_for,
 )
 from services.worker.output.publication import Publication
 from services.worker.output.session import OutputSession
@@ -216,7 +217,9 @@ async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
                                 branch="undecided" if tool_spec is not None else "content",
                                 names=_name_constraint(tool_spec, frontend) if tool_spec
                                 is not None else json_names_for(constraint, domain, framing),
-                                lengths=_length_constraint(tool_spec, frontend))
+                                lengths=_length_constraint(tool_spec, frontend),
+                                items=None if tool_spec is not None else
+                                unique_items_for(constraint, domain, framing))
         if not (session.may_end or session.can_continue):
             raise ConstraintDeadEnd("the constraint allows no token at output position 0",
                                     position=0)

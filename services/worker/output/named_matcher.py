@@ -1,7 +1,8 @@
 """NamedMatcher: one session's grammar matcher together with its companions, which share every
 matcher transaction: a name companion (the XML tool grammar's ParameterNameConstraint for the
 argument names of a call, or the JsonNameConstraint of JSON content for the member names of each
-object) and the XML tool grammar's raw string length companion (RawLengthConstraint).
+object), the XML tool grammar's raw string length companion (RawLengthConstraint) and the
+UniqueItemsConstraint of JSON content for arrays whose uniqueItems the grammar leaves to it.
 
 Each companion clears, in each mask the matcher fills, the tokens the grammar alone cannot refuse
 (a repeated name, and for JSON those after which only used names could follow: it probes the
@@ -23,6 +24,7 @@ from services.grammar.client import (
     Matcher,
     ParameterNameConstraint,
     RawLengthConstraint,
+    UniqueItemsConstraint,
 )
 from services.worker.output.positions import PositionState
 from services.worker.output.report import ConstraintCounters
@@ -47,13 +49,15 @@ NameCompanion = Union[ParameterNameConstraint, JsonNameConstraint]
 
 
 class NamedMatcher:
-    """`matcher`, `names` and `lengths` (None: no such companion), moving together."""
+    """`matcher`, `names`, `lengths` and `items` (None: no such companion), moving together."""
 
     def __init__(self, matcher: Matcher, names: NameCompanion | None = None,
-                 lengths: RawLengthConstraint | None = None) -> None:
+                 lengths: RawLengthConstraint | None = None,
+                 items: UniqueItemsConstraint | None = None) -> None:
         self.matcher = matcher
         self.names = names
         self.lengths = lengths
+        self.items = items
 
     def accept_token(self, token: int) -> bool:
         """Accept `token`; False (nothing changes) when the grammar or the length companion
@@ -65,6 +69,8 @@ class NamedMatcher:
             return False
         if self.names is not None:
             self.names.accept(token)
+        if self.items is not None:
+            self.items.accept(token)
         return True
 
     def accept_bytes(self, data: bytes) -> bool:
@@ -74,6 +80,8 @@ class NamedMatcher:
             return False
         if self.names is not None:
             self.names.accept_bytes(data)
+        if self.items is not None:
+            self.items.accept_bytes(data)
         return True
 
     def rollback(self, n: int) -> None:
@@ -82,6 +90,8 @@ class NamedMatcher:
             self.names.rollback(n)
         if self.lengths is not None:
             self.lengths.rollback(n)
+        if self.items is not None:
+            self.items.rollback(n)
 
     def apply_names(self, row: torch.Tensor) -> None:
         """Clear in `row` ([ceil(V/32)] int32, the matcher's mask at its current state) the tokens
@@ -91,6 +101,8 @@ class NamedMatcher:
             self.lengths.apply(row)
         if self.names is not None:
             self.names.apply(row, self.matcher)
+        if self.items is not None:
+            self.items.apply(row, self.matcher)
 
     def fill_mask(self, out: torch.Tensor, i: int) -> None:
         """Fill `out[i]` with the legal set, the companion's repeats cleared."""

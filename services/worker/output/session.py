@@ -38,7 +38,12 @@ from typing import Sequence
 
 import torch
 
-from services.grammar.client import CompiledConstraint, Matcher, RawLengthConstraint
+from services.grammar.client import (
+    CompiledConstraint,
+    Matcher,
+    RawLengthConstraint,
+    UniqueItemsConstraint,
+)
 from services.worker.integrity import IntegrityError
 from services.worker.output.named_matcher import NameCompanion, NamedMatcher
 from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
@@ -92,7 +97,8 @@ class OutputSession:
     tools) or the JsonNameConstraint of JSON content with undeclared names; it clears the masks'
     tokens that would repeat a name and follows every accept, prefix and rollback; `lengths`: the
     XML tool grammar's RawLengthConstraint companion (raw string length bounds the grammar leaves
-    to it), the same way.
+    to it), the same way; `items`: the UniqueItemsConstraint of JSON content (uniqueItems the
+    grammar leaves to it), the same way.
     `prefix_tokens`: the continued content as tokens, for a tool grammar (the Frontend's
     `continuation_tokens`), accepted instead of `prefix` bytes.
 
@@ -115,6 +121,7 @@ class OutputSession:
         names: NameCompanion | None = None,
         lengths: RawLengthConstraint | None = None,
         prefix_tokens: Sequence[int] = (),
+        items: UniqueItemsConstraint | None = None,
     ) -> None:
         start = time.perf_counter()
         if branch not in BRANCHES or cache not in CACHE_HITS:
@@ -143,7 +150,7 @@ class OutputSession:
         vocab = compiled.domain.size
         if vocab != domain.size:
             raise InternalError(f"grammar compiled for {vocab} token ids, domain has {domain.size}")
-        self._matcher = NamedMatcher(compiled.matcher(), names, lengths)
+        self._matcher = NamedMatcher(compiled.matcher(), names, lengths, items)
         if prefix_tokens:
             for t in prefix_tokens:
                 if not self._matcher.accept_token(int(t)):
