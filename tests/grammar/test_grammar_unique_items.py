@@ -269,3 +269,19 @@ def test_rollback_and_prefix_bytes_follow_the_matcher():
     assert items.state == base
     with pytest.raises(ValueError):
         items.rollback(1)
+
+
+def test_finite_domain_with_fewer_values_than_min_items_has_no_array():
+    """The fuzzer's counterexample: a unique array over one value with minItems 2 wrote a rule
+    with no way on as the placeholder bytes, so `[` + two NUL bytes was a complete output; no such
+    array exists (unsatisfiable branch), also when the minimum comes from an allOf."""
+    d = byte_domain()
+    schema = {"oneOf": [{"type": "integer", "minimum": 4, "multipleOf": 3},
+                        {"type": "array", "items": {"const": "x"}, "uniqueItems": True,
+                         "minItems": 2}]}
+    grammar = ModelCompiler(d).compile(OutputConstraint.json_schema(schema)).grammar
+    m = grammar.matcher()
+    assert not (m.accept_bytes(b"[\x00\x00") and m.is_completed())
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        check_schema({"allOf": [{"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True},
+                                {"minItems": 3}]}, unique_names=True)

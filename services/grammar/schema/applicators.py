@@ -27,7 +27,7 @@ import json
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from services.grammar.schema.algebra import free_count_check, number_range
+from services.grammar.schema.algebra import free_count_check, number_range, too_few_distinct
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
     ANY,
@@ -280,6 +280,8 @@ def _unique(r: "Reader", node: Node, at: str) -> Node:
             return one(n)
         if not isinstance(n, ArrayType) or (n.max_items is not None and n.max_items <= 1):
             return n
+        if not n.prefix and n.contains is None and too_few_distinct(r.graph, n.items, n.min_items):
+            return NEVER  # fewer distinct items than minItems: no array of this branch is valid
         if finite_domain(r.graph, n.items, at) is None or n.prefix or n.contains is not None:
             domain = item_domain(r.graph, n.items) if r.ctx.unique_names else None
             if domain is None or n.prefix or n.contains is not None or \
