@@ -283,8 +283,9 @@ class UniqueItemsConstraint:
         # The legal tokens that can complete an item or leave an unsettled state: outside a
         # companion array only a token holding `[` can enter one; inside, in an open string
         # item, a quote ends it (or, for a closed string part, the content can near a used
-        # one); elsewhere every legal token but whitespace (layout leaves the state as it is)
-        # and, where strings are open, one that only opens a string item.
+        # one); in an open scalar item every legal token; between items every legal token but
+        # whitespace (layout leaves the state as it is) and, where strings are open, one that
+        # only opens a string item.
         tok = self._tokens
         text, frames, item = state
         if not frames or frames[-1][0] != "a" or frames[-1][3] is None:
@@ -308,8 +309,10 @@ class UniqueItemsConstraint:
                 keep |= np.isin(ids, np.fromiter(extend, dtype=np.int64)) | \
                     np.isin(ids, self._escapes())
             return ids[keep].tolist()
+        if item is not None:  # an open scalar: whitespace ends it too
+            return ids.tolist()
         keep = ~tok.space[ids]
-        if item is None and dom.open_strings:
+        if dom.open_strings:
             keep &= tok.quotes[ids] != 1
         return ids[keep].tolist()
 

@@ -153,8 +153,8 @@ def test_no_companion_no_support_for_tool_arguments():
 
 # ---------------------------------------------------------------- mask exactness
 
-ORACLE_BYTES = b'[],"ab012.\\u'
-WALK_BYTES = b'[],"ab012'
+ORACLE_BYTES = b' [],"ab012.\\u'
+WALK_BYTES = b' [],"ab012'
 
 
 def _valid(check, text: bytes) -> bool:
