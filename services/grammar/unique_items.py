@@ -181,10 +181,12 @@ def _spellings(dom: Any, used: frozenset) -> list[bytes]:
 
 @dataclass(frozen=True, eq=False)
 class _Tokens:
-    """Per vocabulary: quotes per token, whitespace-only tokens, tokens holding `[`."""
+    """Per vocabulary: quotes per token, whitespace-only tokens, tokens that only open a string
+    (whitespace and commas, then their one quote), tokens holding `[`."""
 
     quotes: np.ndarray  # [V] int16
     space: np.ndarray  # [V] bool
+    opens: np.ndarray  # [V] bool
     brackets: np.ndarray  # int64 ids
 
 
@@ -192,15 +194,17 @@ class _Tokens:
 def _tokens(domain: TokenDomain) -> _Tokens:
     quotes = np.zeros(domain.size, dtype=np.int16)
     space = np.zeros(domain.size, dtype=bool)
+    opens = np.zeros(domain.size, dtype=bool)
     brackets = []
     for t, data in enumerate(domain.token_bytes):
         if not data or not domain.is_ordinary(t):
             continue
         quotes[t] = data.count(b'"')
         space[t] = not data.strip(_WS)
+        opens[t] = quotes[t] == 1 and not data.split(b'"')[0].strip(_WS + b",")
         if b"[" in data:
             brackets.append(t)
-    return _Tokens(quotes, space, np.array(brackets, dtype=np.int64))
+    return _Tokens(quotes, space, opens, np.array(brackets, dtype=np.int64))
 
 
 class UniqueItemsConstraint:
@@ -313,7 +317,7 @@ class UniqueItemsConstraint:
             return ids.tolist()
         keep = ~tok.space[ids]
         if dom.open_strings:
-            keep &= tok.quotes[ids] != 1
+            keep &= ~tok.opens[ids]
         return ids[keep].tolist()
 
     def _escapes(self) -> np.ndarray:

@@ -285,3 +285,36 @@ def test_finite_domain_with_fewer_values_than_min_items_has_no_array():
     with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
         check_schema({"allOf": [{"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True},
                                 {"minItems": 3}]}, unique_names=True)
+
+
+def test_a_token_spanning_items_is_read_whole():
+    """A token may close one item and open the next (`1,"`, `","`): where strings are any string
+    a token that only opens one is skipped, one that completes a scalar first is not: after
+    `[1,` the token `1,"` repeats 1 and is cleared, `2,"` and `,"`-free `"x` stay."""
+    from shared.frontends.token_domain import TokenDomain
+
+    base = byte_domain()
+    extra = (b'1,"', b'2,"', b'","')
+    tokens = base.token_bytes[:256] + extra + (b"<eos>",)
+    d = TokenDomain(name="bytes-unique-test", token_bytes=tokens, size=len(tokens),
+                    eos_ids=frozenset({len(tokens) - 1}), control_ids=frozenset(),
+                    special_names=(("<eos>", len(tokens) - 1),))
+    constraint = OutputConstraint.json_schema(ISSUE_CASES[0][0], whitespace="any")
+    grammar = ModelCompiler(d).compile(constraint).grammar
+    items = unique_items_for(constraint, d)
+    matcher = grammar.matcher()
+    for b in b'["a",1,':
+        assert matcher.accept_token(b)
+        items.accept(b)
+    mask = np.zeros((1, d.mask_words), dtype=np.int32)
+    matcher.fill_mask(mask, 0)
+    items.apply(mask[0], matcher)
+    kept = set(legal_ids(mask[0], d.size))
+    one, two, pair = 256, 257, 258
+    assert one not in kept and two in kept and ord('"') in kept
+    for b in b'"b':
+        assert matcher.accept_token(b)
+        items.accept(b)
+    matcher.fill_mask(mask, 0)
+    items.apply(mask[0], matcher)
+    assert pair in set(legal_ids(mask[0], d.size))  # closes "b", opens the next: fresh
