@@ -405,7 +405,12 @@ def _positions(constraint) -> Any:
 def repeats_an_item(constraint, data: bytes) -> bool:
     """True when the JSON text `data` repeats an item of an array the companion keeps unique
     (`grammar check`: such a text is no output of the constraint)."""
-    positions = _positions(constraint) if constraint is not None else None
+    from shared.contract import ConstraintKind, OutputConstraint
+
+    if not isinstance(constraint, OutputConstraint) or \
+            constraint.kind is not ConstraintKind.JSON_SCHEMA:
+        return False
+    positions = _positions(constraint)
     if positions is None:
         return False
     try:
