@@ -121,8 +121,10 @@ def trace(model, *, draft: int, prompt_len: int, max_len: int, seed: int,
     pos = torch.arange(prompt_len)[None]
 
     def fwd(tokens, positions, lanes):
-        return model(tokens.to(dev), positions.to(dev), state, torch.tensor(lanes).to(dev),
-                     kv_len=max_len)
+        out = model(tokens.to(dev), positions.to(dev), state, torch.tensor(lanes).to(dev),
+                    kv_len=max_len)
+        state.commit(lanes, [tokens.shape[1]] * len(lanes))  # a hybrid state advances on commit
+        return out
 
     for lane in reversed(range(lanes_n)):  # one row at a time: lanes 0 and 1 get the same bits
         logits = fwd(prompts[0 if lane == 1 else lane][None], pos, [lane])
@@ -256,6 +258,8 @@ def main(argv=None) -> int:
                 {k: r.get(k) for k in ("first_difference", "differing_calls", "logits_equal",
                                        "argmax_equal", "batch4_logits_equal")}), flush=True)
         layers.WIDTH_INVARIANT = False
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
         model = None
         if args.device == "cuda":
             torch.cuda.empty_cache()
