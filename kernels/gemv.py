@@ -47,9 +47,9 @@ from kernels.gemv_configs import (
 from kernels.triton_util import INTERPRETED, to_dtype
 
 MAX_ROWS = 16
-# The width-invariant route tiles rows in 16s up to this many (a verify forward's B x (K+1) rows;
-# wider forwards, prefill chunks, take F.linear: their rows need not match a decode step's)
-INVARIANT_MAX_ROWS = 256
+# The width-invariant route tiles rows in 16s up to this many (a verify forward's B x (K+1) rows);
+# beyond, F.linear
+INVARIANT_MAX_ROWS = 1024
 
 
 @triton.jit(do_not_specialize=["M", "M_TILES"])

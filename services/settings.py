@@ -174,8 +174,8 @@ _TABLE = (
     # Operator switches without a flag (read where the code runs, also in compile children).
     Setting("gemv", _on_unless_zero, True, "0: the fused path's decode-row weight GEMMs take "
             "F.linear (cuBLAS) instead of kernels/gemv.py's Triton GEMV", has_flag=False),
-    Setting("width_invariant", _on_unless_zero, False, "1: every CUDA forward of up to 256 "
-            "token rows computes each row as a decode step would (one GEMV config per weight "
+    Setting("width_invariant", _on_unless_zero, False, "1: every CUDA forward of up to 32 "
+            "tokens a row computes each row as a decode step would (one GEMV config per weight "
             "shape, attention per query with context splits fixed by the lane length), so "
             "speculative greedy decoding is token-identical to plain greedy in bf16 / fp16",
             has_flag=False),

@@ -37,12 +37,11 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the Trit
 
 
 def _width_invariant(q: torch.Tensor) -> bool:
-    # The width-invariant route (models/layers.py WIDTH_INVARIANT) for forwards of up to
-    # gemv.INVARIANT_MAX_ROWS query tokens; prefill chunks beyond keep the one-tile-per-row launch.
+    # The width-invariant route (models/layers.py `width_invariant`) for q [B, T, H, D]
     from kernels.gemv import INVARIANT_MAX_ROWS
     from services.worker.models import layers
 
-    return layers.WIDTH_INVARIANT and q.shape[0] * q.shape[1] <= INVARIANT_MAX_ROWS
+    return layers.width_invariant(q.shape[1]) and q.shape[0] * q.shape[1] <= INVARIANT_MAX_ROWS
 
 
 def element_size(dtype: torch.dtype) -> int:
