@@ -26,7 +26,9 @@ Configs come from `pick_config(M, N, K)` (kernels/gemv_configs.py: a fixed heuri
 of measured configs per shape, `TUNED`; not triton.autotune, which must not run inside the decode
 forward's CUDA graphs). `gemv_ref` is the torch
 reference (float32 F.linear rounded once to x's dtype). `linear(x, weight, bias)` dispatches to the
-kernel on CUDA for bf16/fp16 with <= 16 rows and a contiguous weight, else to F.linear.
+kernel on CUDA for bf16/fp16 with <= 16 rows and a contiguous weight, else to F.linear; with
+`invariant=True` (the width-invariant route, models/layers.py) every GEMM of up to
+INVARIANT_MAX_ROWS rows takes the "dot" kernel with one config per weight shape, rows tiled in 16s.
 """
 
 from __future__ import annotations
