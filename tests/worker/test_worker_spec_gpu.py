@@ -87,7 +87,7 @@ def test_ngram_and_oracle_on_cuda_equal_ordinary_greedy(dense):
 def test_draft_models_on_cuda_equal_ordinary_greedy(dense, kind, graphs, tmp_path):
     """DFlash's Forward phase captured per padded batch size (draft block, D2H of the ids,
     external event record, target forward) or eager; DFlash2 always eager."""
-    write_checkpoint(tmp_path, dense.domain.size, dflash2=kind == "dflash2")
+    write_checkpoint(tmp_path, dense, dflash2=kind == "dflash2")
     base, _ = asyncio.run(_run(dense))
     fins, engine = asyncio.run(_run(dense, speculative=kind, draft_model=str(tmp_path),
                                     num_draft_tokens=4, cuda_graphs=graphs))
@@ -128,7 +128,7 @@ def test_external_event_record_inside_capture_only():
 
 
 def test_dflash2_sampled_on_cuda_stays_in_the_language(dense, tmp_path):
-    write_checkpoint(tmp_path, dense.domain.size, dflash2=True)
+    write_checkpoint(tmp_path, dense, dflash2=True)
     opts = RequestOptions(max_tokens=24, constraint=OutputConstraint.regex("(ab|abc|c)+d"),
                           sampling=SamplingParams(temperature=1.0, seed=3))
     fins, engine = asyncio.run(_run(dense, [(f"s{i}", "abc", opts) for i in range(3)],
