@@ -58,8 +58,8 @@ def drafts(tmp_path_factory, runtime):
     return out
 
 
-async def _run(runtime, cases=CASES, *, seen=None, wrap=None, **config):
-    client = open_client(runtime, max_batch=3, max_len=96, prefill_chunk=6,
+async def _run(runtime, cases=CASES, *, seen=None, wrap=None, prefill_chunk=6, **config):
+    client = open_client(runtime, max_batch=3, max_len=96, prefill_chunk=prefill_chunk,
                          num_draft_tokens=K, **config)
     if wrap is not None:
         wrap(client.engine.proposer)
@@ -100,9 +100,12 @@ def _same(fins, baseline):
 @pytest.mark.parametrize("kind", ["dflash", "dflash2"])
 def test_greedy_with_the_draft_on_a_hybrid_target_equals_greedy_without(runtime, drafts,
                                                                           baseline, kind):
+    """The three prompts prefill in one forward padded past the verify width (the tapped
+    prefill keeps each row's real token count: padding never enters a lane's recurrent state);
+    the partly-accepted test below prefills in chunks of 6 tokens."""
     seen = []
     fins, engine = asyncio.run(_run(runtime, speculative=kind, draft_model=drafts[kind],
-                                    seen=seen))
+                                    seen=seen, prefill_chunk=32))
     _same(fins, baseline)
     assert fins[1].content.startswith("{")  # the constrained row verified its drafts too
     assert engine.speculation.rounds > 0 and len(seen) > 10
