@@ -167,7 +167,7 @@ def targets(rows: list[dict]) -> dict[str, dict]:
 
 def run(args: argparse.Namespace) -> int:
     """`infernix bench spec --acceptance ...` (bench/cli.py)."""
-    from bench.decode import report_header, write_report
+    from bench.report import report_header, write_report
     from shared.logging import configure_logging
 
     opts = SpecBenchOptions(tasks=tuple(args.tasks), backends=tuple(args.backends),

@@ -35,7 +35,7 @@ from unittest import mock
 import numpy as np
 
 from bench.grammar import tokenize
-from bench.stats import write_report
+from bench.report import write_report
 from services.grammar.cache import records
 from services.grammar.compiler import Framed, ModelCompiler
 from services.grammar.engines.engine import XGRAMMAR

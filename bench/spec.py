@@ -40,9 +40,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.decode import report_header, write_report
 from bench.models import build_runtime
 from bench.oracle import OracleProposer
+from bench.report import report_header, write_report
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime

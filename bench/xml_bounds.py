@@ -25,7 +25,7 @@ import time
 import xgrammar as xgr
 
 from bench.qwen35_framings import _stats
-from bench.stats import write_report
+from bench.report import write_report
 from services.grammar.compiler import build_framed_grammar
 from services.grammar.tools import xml_values
 from services.grammar.tools.hermes import ToolSpec
