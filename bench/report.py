@@ -1,5 +1,6 @@
 """What every `infernix bench` report starts with (the bench, the command line, the machine, the
-model) and where it goes (stdout, and a JSON file when asked)."""
+model) and where it goes (stdout, and a JSON file when asked). The model benches describe their
+machine with `machine`, the grammar and client benches theirs with `host`."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import os
 import platform
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from services.worker.runtime import ModelRuntime
+if TYPE_CHECKING:
+    from services.worker.runtime import ModelRuntime
 
 
 def report_header(bench: str, args: argparse.Namespace, runtime: ModelRuntime) -> dict[str, Any]:
@@ -25,15 +25,25 @@ def report_header(bench: str, args: argparse.Namespace, runtime: ModelRuntime) -
             "dtype": str(runtime.dtype).removeprefix("torch.")}
 
 
+def package_version(name: str) -> str | None:
+    """The installed version of package `name`; None when it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def host(*packages: str) -> dict[str, Any]:
+    """The machine of a bench that runs no model: platform, Python and the named packages'
+    versions (None: not installed)."""
+    return {"platform": platform.platform(), "python": sys.version.split()[0],
+            **{name: package_version(name) for name in packages}}
+
+
 def machine(device: str) -> dict[str, Any]:
     """The machine a report was measured on: platform, CPU, Python, the packages that shape the
     timings, and on a CUDA `device` the GPU and CUDA version."""
-
-    def version(name: str) -> str | None:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
+    import torch  # the grammar and client benches, and the CLI's parser, import this module
 
     info = {
         "platform": platform.platform(),
@@ -41,9 +51,9 @@ def machine(device: str) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
-        "triton": version("triton"),
-        "transformers": version("transformers"),
-        "xgrammar": version("xgrammar"),
+        "triton": package_version("triton"),
+        "transformers": package_version("transformers"),
+        "xgrammar": package_version("xgrammar"),
         "torch_threads": torch.get_num_threads(),
     }
     if device.startswith("cuda"):
