@@ -170,10 +170,7 @@ def run(args: argparse.Namespace) -> int:
     from bench.report import report_header, write_report
     from shared.logging import configure_logging
 
-    opts = SpecBenchOptions(tasks=tuple(args.tasks), backends=tuple(args.backends),
-                            draft_tokens=tuple(args.num_draft_tokens), batch_size=args.batch_size,
-                            max_tokens=args.max_tokens, cuda_graphs=not args.no_cuda_graphs,
-                            draft_layers=args.draft_layers)
+    opts = SpecBenchOptions.from_args(args)
     batch_sizes = tuple(args.batch_sizes or [args.batch_size])
 
     def log(line: str) -> None:

@@ -122,6 +122,15 @@ class SpecBenchOptions:
             raise ValueError("SpecBenchOptions: batch_size >= 1, max_tokens >= 2 and "
                              "draft_layers >= 1")
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SpecBenchOptions:
+        """The options of `infernix bench spec` (bench/cli.py's parser), with or without
+        `--acceptance`."""
+        return cls(tasks=tuple(args.tasks), backends=tuple(args.backends),
+                   draft_tokens=tuple(args.num_draft_tokens), batch_size=args.batch_size,
+                   max_tokens=args.max_tokens, cuda_graphs=not args.no_cuda_graphs,
+                   draft_layers=args.draft_layers)
+
 
 def _requests(runtime: ModelRuntime, prompts: list[str], schema: dict | list[dict] | None,
               max_tokens: int, tag: str) -> list[GenerateRequest]:
@@ -343,10 +352,7 @@ def _runtime(model: str, device: str) -> ModelRuntime:
 
 
 def run(args: argparse.Namespace) -> int:
-    opts = SpecBenchOptions(tasks=tuple(args.tasks), backends=tuple(args.backends),
-                            draft_tokens=tuple(args.num_draft_tokens), batch_size=args.batch_size,
-                            max_tokens=args.max_tokens, cuda_graphs=not args.no_cuda_graphs,
-                            draft_layers=args.draft_layers)
+    opts = SpecBenchOptions.from_args(args)
 
     def log(line: str) -> None:
         print(f"[bench spec] {line}", file=sys.stderr, flush=True)
