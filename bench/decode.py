@@ -83,6 +83,14 @@ class DecodeBenchOptions:
 # ---------------------------------------------------------------- report
 
 
+_MODES = ("unconstrained", "constrained")  # the rounds every path and the reference run
+
+
+def _speedups(before: dict, after: dict, key: str = "tpot_p50_ms") -> dict[str, float | None]:
+    """Per mode, how many times faster `after` is than `before` by `key` (ms per token)."""
+    return {m: _ratio(before[m][key], after[m][key]) for m in _MODES}
+
+
 def _agreement(ours: dict, ref: dict) -> float:
     pairs = list(zip(ours["texts"], ref["texts"]))
     return round(sum(a == b for a, b in pairs) / len(pairs), 3)
@@ -124,26 +132,17 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
         if "unfused" in paths:
             before = paths["unfused"][b]
             row["engine_unfused"] = before
-            row["speedup_fused_over_unfused"] = {
-                m: _ratio(before[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
-                for m in ("unconstrained", "constrained")}
+            row["speedup_fused_over_unfused"] = _speedups(before, engine[b])
         if "float32" in paths:
             before = paths["float32"][b]
             row["engine_float32"] = before
-            row["speedup_over_float32"] = {
-                m: _ratio(before[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
-                for m in ("unconstrained", "constrained")}
-            row["outputs_equal_float32"] = {m: _agreement(engine[b][m], before[m])
-                                            for m in ("unconstrained", "constrained")}
+            row["speedup_over_float32"] = _speedups(before, engine[b])
+            row["outputs_equal_float32"] = {m: _agreement(engine[b][m], before[m]) for m in _MODES}
         if "serial" in paths:
             serial = paths["serial"][b]
             row["engine_serial"] = serial
-            row["speedup_pipeline"] = {
-                m: _ratio(serial[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
-                for m in ("unconstrained", "constrained")}
-            row["speedup_pipeline_steady"] = {
-                m: _ratio(serial[m]["tpot_steady_ms"], engine[b][m]["tpot_steady_ms"])
-                for m in ("unconstrained", "constrained")}
+            row["speedup_pipeline"] = _speedups(serial, engine[b])
+            row["speedup_pipeline_steady"] = _speedups(serial, engine[b], "tpot_steady_ms")
         if breakdown is not None:
             row["breakdown"] = _breakdown_row(breakdown["rows"][b], paths, b)
         if reference is not None and b in reference:
@@ -153,8 +152,7 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
                                                        engine[b]["unconstrained"]["tpot_p50_ms"])
             row["speedup_tpot_constrained"] = _ratio(ref["constrained"]["tpot_p50_ms"],
                                                      engine[b]["constrained"]["tpot_p50_ms"])
-            row["outputs_equal_fraction"] = {m: _agreement(engine[b][m], ref[m])
-                                             for m in ("unconstrained", "constrained")}
+            row["outputs_equal_fraction"] = {m: _agreement(engine[b][m], ref[m]) for m in _MODES}
         rows.append(row)
     first = rows[0] if rows[0]["batch_size"] == 1 else None
     targets = {
