@@ -13,15 +13,14 @@ side by side in one run.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
-import platform
 import statistics
 import sys
 import time
 
 import xgrammar as xgr
 
+from bench.report import host, write_report
 from services.grammar.compiler import build_framed_grammar
 from services.grammar.tools.hermes import ToolSpec
 from services.grammar.tools.param_names import NameIndex, ParameterNameConstraint
@@ -129,14 +128,9 @@ def main() -> int:
     for r in results:
         r["p50_over_json_baseline"] = round(r["mask_fill_us"]["p50"] / base, 2)
     report = {"bench": "qwen35-framings", "vocab_size": domain.size,
-              "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
-                          "xgrammar": importlib.metadata.version("xgrammar")},
+              "machine": host("xgrammar"),
               "cases": results}
-    text = json.dumps(report, indent=2)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)
+    write_report(report, args.out)
     return 0
 
 
