@@ -195,3 +195,27 @@ def test_draft_targets_are_checked(runtime, drafts):
     with pytest.raises(Unsupported, match="target_layer_ids") as exc:
         Engine(runtime, None, EngineConfig(speculative="dflash", draft_model=path, max_len=64))
     assert exc.value.field == "draft_model"
+
+
+def test_a_draft_in_the_published_qwen35_layout_loads(runtime, tmp_path):
+    """config.json as published Qwen3.5 DFlash drafts spell it (block_size and rope_theta at the
+    top level, dflash_config holding only mask_token_id and target_layer_ids, model_type qwen3,
+    num_target_layers), tensors under the loader's names: the Engine loads it for the Qwen3.5
+    target by its config and names."""
+    import json
+
+    raw = write_checkpoint(tmp_path, runtime, dflash2=False, target_layer_ids=TAPS)
+    layout = {k: v for k, v in raw.items() if k not in ("dflash_config", "rope_parameters")}
+    layout.update(block_size=3, rope_theta=1e7, rope_scaling=None, model_type="qwen3",
+                  num_target_layers=len(LAYER_TYPES), dtype="bfloat16",
+                  dflash_config={"mask_token_id": runtime.domain.size - 2,
+                                 "target_layer_ids": list(TAPS)})
+    (tmp_path / "config.json").write_text(json.dumps(layout))
+    from services.worker.engine import Engine, EngineConfig
+
+    engine = Engine(runtime, None, EngineConfig(speculative="dflash", draft_model=str(tmp_path),
+                                                max_len=64, num_draft_tokens=4))
+    c = engine.proposer.config
+    assert (c.block_size, c.mask_token_id, c.target_layer_ids, c.rope.theta) == (
+        3, runtime.domain.size - 2, TAPS, 1e7)
+    assert engine.proposer.k == 2  # block_size - 1 drafts a round
