@@ -58,8 +58,9 @@ def drafts(tmp_path_factory, runtime):
     return out
 
 
-async def _run(runtime, cases=CASES, *, seen=None, wrap=None, prefill_chunk=6, **config):
-    client = open_client(runtime, max_batch=3, max_len=96, prefill_chunk=prefill_chunk,
+async def _run(runtime, cases=CASES, *, seen=None, wrap=None, prefill_chunk=6, max_batch=3,
+               **config):
+    client = open_client(runtime, max_batch=max_batch, max_len=96, prefill_chunk=prefill_chunk,
                          num_draft_tokens=K, **config)
     if wrap is not None:
         wrap(client.engine.proposer)
@@ -151,6 +152,16 @@ def test_partly_accepted_rounds_keep_the_hybrid_state_at_the_accepted_prefix(run
     draft = engine.proposer.draft
     for context, got in own[:: max(1, len(own) // 8)]:
         assert got == drafts_from_scratch(runtime, draft, list(context), K)
+
+
+def test_preempted_requests_resume_with_their_draft_context(runtime, drafts, baseline):
+    """Three requests through two lanes, preempted at once: a paused request resumes in a lane
+    by Replay (the hybrid state and the draft's context rebuilt for what it prefills again)
+    and its output stays plain greedy's."""
+    fins, engine = asyncio.run(_run(runtime, speculative="dflash", draft_model=drafts["dflash"],
+                                    max_batch=2, preempt_after_s=0.0))
+    _same(fins, baseline)
+    assert engine.metrics.preemptions._value.get() >= 1 and engine.speculation.rounds > 0
 
 
 def test_dflash2_sampled_rounds_on_a_hybrid_target_use_the_sparse_q(runtime, drafts):
