@@ -40,9 +40,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.decode import report_header, write_report
 from bench.models import build_runtime
 from bench.oracle import OracleProposer
+from bench.report import report_header, write_report
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime
@@ -121,6 +121,15 @@ class SpecBenchOptions:
         if self.batch_size < 1 or self.max_tokens < 2 or self.draft_layers < 1:
             raise ValueError("SpecBenchOptions: batch_size >= 1, max_tokens >= 2 and "
                              "draft_layers >= 1")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SpecBenchOptions:
+        """The options of `infernix bench spec` (bench/cli.py's parser), with or without
+        `--acceptance`."""
+        return cls(tasks=tuple(args.tasks), backends=tuple(args.backends),
+                   draft_tokens=tuple(args.num_draft_tokens), batch_size=args.batch_size,
+                   max_tokens=args.max_tokens, cuda_graphs=not args.no_cuda_graphs,
+                   draft_layers=args.draft_layers)
 
 
 def _requests(runtime: ModelRuntime, prompts: list[str], schema: dict | list[dict] | None,
@@ -343,10 +352,7 @@ def _runtime(model: str, device: str) -> ModelRuntime:
 
 
 def run(args: argparse.Namespace) -> int:
-    opts = SpecBenchOptions(tasks=tuple(args.tasks), backends=tuple(args.backends),
-                            draft_tokens=tuple(args.num_draft_tokens), batch_size=args.batch_size,
-                            max_tokens=args.max_tokens, cuda_graphs=not args.no_cuda_graphs,
-                            draft_layers=args.draft_layers)
+    opts = SpecBenchOptions.from_args(args)
 
     def log(line: str) -> None:
         print(f"[bench spec] {line}", file=sys.stderr, flush=True)
