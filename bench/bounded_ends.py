@@ -29,8 +29,6 @@ positioned matcher (the lexer states are built by the first).
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import platform
 import statistics
 import sys
 import time
@@ -38,7 +36,7 @@ import time
 import llguidance as llg
 import numpy as np
 
-from bench.stats import write_report
+from bench.report import host, write_report
 from services.grammar.compiler import build_llguidance_lark
 from services.grammar.engines import engine_llguidance
 from shared.contract import OutputConstraint
@@ -141,8 +139,7 @@ def run(args: argparse.Namespace) -> int:
             print(results[-1], file=sys.stderr, flush=True)
     report = {"bench": "bounded-ends", "vocabulary": "qwen3.5", "framing": FRAMING,
               "slices": engine_llguidance.SLICES, "repeats": args.repeats,
-              "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
-                          "llguidance": importlib.metadata.version("llguidance")},
+              "machine": host("llguidance"),
               "cases": results}
     write_report(report, args.out)
     return 0
