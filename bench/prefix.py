@@ -11,8 +11,9 @@ decode TPOT of both (paged KV must leave TPOT unchanged within noise; `infernix 
 compares it across builds). A last round repeats one cold and one hit prompt with the cache off,
 so cold and off are also seen side by side. The built-in SmolLM2 runs on the CPU by default.
 
-On CUDA every Triton kernel that compiles (or loads from disk) after the warm-up request is
-listed in `compiles_after_warmup` with the request it delayed: the warm-up should leave none.
+On CUDA every Triton kernel that compiles (or loads from disk) after the warm-up request, and
+every autotuner run for a new key (fla-core's kernels benchmark their configs per key), is listed
+in `compiles_after_warmup` with the request it delayed: the warm-up should leave none.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def _row(fin) -> dict[str, Any]:
 def compile_log(active: bool):
     """Yields (list of {"request", "kernel"}, a setter of the current request's tag); while
     active, Triton's jit_cache_hook (called on every in-memory kernel cache miss, before a compile
-    or a disk load) appends each miss, and the kernel is compiled as usual."""
+    or a disk load) appends each miss, and the kernel is compiled as usual; its autotuning
+    listener appends each benchmarked new key ("autotune ..." with the seconds it took)."""
     seen: list[dict[str, str]] = []
     current = {"tag": ""}
 
@@ -116,11 +118,19 @@ def compile_log(active: bool):
                      "kernel": f"{getattr(info, 'name', '?')} {kwargs.get('repr', '')}"[:600]})
         return None  # compile it: the log only counts
 
-    knobs.jit_cache_hook = hook
+    def tuned(fn, key, best_config, configs_timings, duration, cache_hit):
+        if not cache_hit:
+            name = getattr(fn, "__name__", fn)
+            seen.append({"request": current["tag"],
+                         "kernel": f"autotune {name} key={key} {duration or 0:.2f}s"[:600]})
+
+    tuning = triton.knobs.autotuning
+    previous_listener = tuning.listener
+    knobs.jit_cache_hook, tuning.listener = hook, tuned
     try:
         yield seen, tag
     finally:
-        knobs.jit_cache_hook = previous
+        knobs.jit_cache_hook, tuning.listener = previous, previous_listener
 
 
 async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
