@@ -181,7 +181,7 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
         graphs = client.engine.program.forward.prefill_graphs
         prefill_graphs = None if graphs is None else {
             "captured": [list(s) for s in graphs.captured], "replays": graphs.replays,
-            "steps_eager_for_snapshot_cuts": graphs.cut_steps}
+            "split_at_snapshot_cuts": graphs.split_steps}
     finally:
         compiles.close()
         await client.aclose()

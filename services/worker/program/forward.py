@@ -14,7 +14,13 @@ import torch
 from services.worker.program.batch import BatchRow, StepBatch
 from services.worker.program.buckets import prefill_width
 from services.worker.program.graphs import DecodeGraphs
-from services.worker.program.prefill_graphs import PrefillGraphs, padded_inputs
+from services.worker.program.prefill_graphs import (
+    PrefillGraphs,
+    padded_inputs,
+    run_segments,
+    segments,
+    static_prefill,
+)
 from shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -97,11 +103,13 @@ class Forward:
         shape = self._graph_shape(rows, width)
         if shape is not None:
             cuts = self._cuts(rows)
-            self.prefill_graphs.cut_steps += bool(cuts)
             if not cuts:
-                logits = self._prefill_graph(rows, shape)
-                if logits is not None:
-                    return logits
+                return self._graph_forward([r.tokens for r in rows], [r.start for r in rows],
+                                           [r.request.lane for r in rows])
+            if self._segments_fit(rows, cuts):
+                self.prefill_graphs.split_steps += 1
+                return run_segments(self.state, [(r.tokens, r.start, r.request.lane)
+                                                 for r in rows], cuts, self._graph_forward)
         if any(r.start + width > self.max_len for r in rows):  # padding would leave the lane
             return torch.cat([self.prefill((r,), self._padded(len(r.tokens), r.start))
                               for r in rows])
@@ -117,20 +125,30 @@ class Forward:
             return None
         return shape
 
-    def _prefill_graph(self, rows: Sequence[BatchRow], shape: tuple[int, int]):
-        # Logits [n, V] of the rows through the replayed prefill graph (None: that shape's
-        # capture failed, the rows run eagerly).
+    def _segments_fit(self, rows: Sequence[BatchRow], cuts) -> bool:
+        # Whether every segment forward of a step split at its cuts (prefill_graphs.py
+        # `run_segments`) has a graph shape whose padding stays inside each row's lane.
+        for p, t, sub in segments([len(r.tokens) for r in rows], [c[1] for c in cuts]):
+            shape = self.prefill_graphs.shape(len(sub), t - p)
+            if shape is None or any(rows[i].start + p + shape[1] > self.max_len for i in sub):
+                return False
+        return True
+
+    def _graph_forward(self, tokens, starts, lanes) -> torch.Tensor:
+        # Logits [k, V] of rows (tokens, start position, lane each) through their prefill graph,
+        # also a segment of `run_segments` (eager where that shape's capture failed: the same
+        # padded inputs through the function it captures).
+        shape = self.prefill_graphs.shape(len(tokens), max(len(t) for t in tokens))
         graph, captured = self.prefill_graphs.get(*shape)
         if captured:
             log.info("prefill_graph_captured", batch_size=shape[0], width=shape[1],
                      ok=graph is not None)
+        inputs = padded_inputs(tokens, starts, lanes, *shape, self.prefill_graphs.scratch_lane)
         if graph is None:
-            return None
+            inputs = (t.to(self.device) for t in inputs)
+            return static_prefill(self.model, self.state, *inputs)[:len(tokens)]
         self.prefill_graphs.replays += 1
-        inputs = padded_inputs([r.tokens for r in rows], [r.start for r in rows],
-                               [r.request.lane for r in rows], *shape, graph.scratch_lane)
-        return graph.run(*(t.pin_memory() if self.device.type == "cuda" else t
-                           for t in inputs))[:len(rows)]
+        return graph.run(*(t.pin_memory() for t in inputs))[:len(tokens)]
 
     def _cuts(self, rows: Sequence[BatchRow]) -> list[tuple[int, int, int]]:
         # The prefix-cache snapshots a hybrid model's forward of these rows takes inside itself:

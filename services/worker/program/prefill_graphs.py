@@ -12,19 +12,23 @@ rows). Widths up to buckets.py's EXACT_WIDTHS stay on the hybrid model's per-tok
 (whose result for a token does not depend on how many tokens follow it), wider ones on the
 chunked one, as the eager forward of the same width.
 
+A hybrid model's forward that snapshots the recurrent state inside itself (prefix-cache cuts,
+models/gdn.py `_recur_cut`, whose segments are host-side slices a static graph cannot express)
+runs as consecutive graph forwards that end at its cuts (`run_segments`): a row's state is
+snapshotted after the segment that ends at its cut, and committed between segments so the next
+one continues it (a prefill row left uncommitted is one whose request is over: its lane is
+released, so committing its leading segments early changes nothing that is read again).
+
 The graph and its eager twin run one function, `static_prefill` (attention bounded by the lane's
 whole length, kv_len = max_len, as the decode graph: the context split count then does not
 depend on the row's length), so a replay's logits equal the eager forward of the same padded
 inputs bit for bit (the gpu test). What stays eager (forward.py): steps with a row whose W
-positions leave its lane, forwards whose hidden states a proposer reads, and a hybrid model's
-forwards that snapshot the recurrent state inside themselves (prefix-cache cuts: their segment
-offsets are host-side slices of every GDN layer's recurrence, which a static graph cannot
-express).
+positions (or a segment's) leave its lane, and forwards whose hidden states a proposer reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -70,6 +74,52 @@ def padded_inputs(tokens: Sequence[Sequence[int]], starts: Sequence[int], lanes:
         out_lanes[i] = lanes[i]
         fed[i] = len(tokens[i])
     return out_tokens, positions, out_lanes, fed
+
+
+def segments(lengths: Sequence[int], cuts: Sequence[int]) -> list[tuple[int, int, list[int]]]:
+    """The forwards a prefill step of rows feeding `lengths` tokens, cut at offsets `cuts`
+    (1 <= offset <= the row's length), runs as: (p, t, rows) per forward, the rows that have
+    tokens in [p, t), feeding tokens p .. min(t, length) - 1 each."""
+    out, p = [], 0
+    for t in sorted(set(cuts) | {max(lengths)}):
+        if t > p:
+            out.append((p, t, [i for i, n in enumerate(lengths) if n > p]))
+            p = t
+    return out
+
+
+def run_segments(state, rows: Sequence[tuple[Sequence[int], int, int]],
+                 cuts: Sequence[tuple[int, int, int]],
+                 forward: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """A hybrid model's prefill step with snapshot cuts (module docstring) as `segments`
+    forwards: rows (tokens, start position, lane) per batch row; cuts (batch row, offset, slot);
+    forward(tokens per row, starts, lanes) -> logits [k, V] after each given row's last token (a
+    graph's static output: copied here). Returns logits [n, V]; every row's forward is pending,
+    counted whole (commit keeps it as one forward of all its tokens)."""
+    dev = state.device
+    lengths = [len(r[0]) for r in rows]
+
+    def ids(values) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=torch.int64).to(dev, non_blocking=True)
+
+    parts, order = [], []
+    for p, t, sub in segments(lengths, [c[1] for c in cuts]):
+        logits = forward([rows[i][0][p:t] for i in sub], [rows[i][1] + p for i in sub],
+                         [rows[i][2] for i in sub])  # [k, V]
+        done = [j for j, i in enumerate(sub) if lengths[i] <= t]
+        parts.append(logits.index_select(0, ids(done)))
+        order += [sub[j] for j in done]
+        snap = [(rows[i][2], slot) for i, offset, slot in cuts if offset == t]
+        if snap:
+            state.save_pending(ids(lane for lane, _ in snap), ids(slot for _, slot in snap))
+        going = [i for i in sub if lengths[i] > t]
+        if going:
+            state.commit(ids(rows[i][2] for i in going), ids(t - p for _ in going))
+        whole = [i for i in sub if lengths[i] <= t and p > 0]
+        if whole:
+            state.count_whole(ids(rows[i][2] for i in whole), ids(lengths[i] for i in whole))
+    out = torch.cat(parts)  # [n, V] in `order`
+    return out.index_select(0, ids(sorted(range(len(order)), key=order.__getitem__)))
 
 
 def static_prefill(model, state, tokens: torch.Tensor, positions: torch.Tensor,
@@ -125,12 +175,16 @@ class PrefillGraphs:
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict[tuple[int, int], PrefillGraph | None] = {}
         self.replays = 0  # steps run through a graph (cumulative)
-        self.cut_steps = 0  # steps of a graph's shape run eagerly for their snapshot cuts
+        self.split_steps = 0  # steps with snapshot cuts run as segment forwards (cumulative)
 
     @property
     def captured(self) -> tuple[tuple[int, int], ...]:
         """(rows, width) of the graphs captured so far."""
         return tuple(sorted(k for k, g in self._graphs.items() if g is not None))
+
+    @property
+    def scratch_lane(self) -> int:
+        return self._scratch
 
     def shape(self, n: int, width: int) -> tuple[int, int] | None:
         """(S, W) of the graph a step of n rows, widest row `width` tokens, runs; None: eager."""
