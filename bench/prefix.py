@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from typing import Any
@@ -118,19 +119,24 @@ def compile_log(active: bool):
                      "kernel": f"{getattr(info, 'name', '?')} {kwargs.get('repr', '')}"[:600]})
         return None  # compile it: the log only counts
 
-    def tuned(fn, key, best_config, configs_timings, duration, cache_hit):
-        if not cache_hit:
-            name = getattr(fn, "__name__", fn)
-            seen.append({"request": current["tag"],
-                         "kernel": f"autotune {name} key={key} {duration or 0:.2f}s"[:600]})
+    from triton.runtime.autotuner import Autotuner
 
-    tuning = triton.knobs.autotuning
-    previous_listener = tuning.listener
-    knobs.jit_cache_hook, tuning.listener = hook, tuned
+    tune = Autotuner.run
+
+    def tuned(self, *args, **kwargs):  # a key new to the autotuner's cache was benchmarked
+        keys, started = len(self.cache), time.perf_counter()
+        out = tune(self, *args, **kwargs)
+        if len(self.cache) > keys:
+            name = getattr(getattr(self, "base_fn", None), "__name__", "?")
+            seen.append({"request": current["tag"], "kernel": f"autotune {name} "
+                         f"{time.perf_counter() - started:.2f}s"})
+        return out
+
+    knobs.jit_cache_hook, Autotuner.run = hook, tuned
     try:
         yield seen, tag
     finally:
-        knobs.jit_cache_hook, tuning.listener = previous, previous_listener
+        knobs.jit_cache_hook, Autotuner.run = previous, tune
 
 
 async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
@@ -238,7 +244,18 @@ def run(args: argparse.Namespace) -> int:
             "chat": getattr(args, "chat", False),
         },
     }
-    report.update(asyncio.run(_rounds(runtime, args, log)))
+    switch = getattr(args, "switch", None)
+    if switch is None:
+        report.update(asyncio.run(_rounds(runtime, args, log)))
+    else:  # the same rounds with the operator switch off, then on, on the same runtime
+        from services.settings import SETTINGS
+
+        env = SETTINGS[switch].env
+        report["switch"], report["runs"] = env, {}
+        for value in ("0", "1"):
+            os.environ[env] = value
+            log(f"{env}={value}")
+            report["runs"][value] = asyncio.run(_rounds(runtime, args, log))
     report["total_s"] = round(time.perf_counter() - started, 1)
     write_report(report, args.out)
     return 0

@@ -106,10 +106,11 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 def _forward(model, state, lane: int, tokens: list[int], start: int) -> torch.Tensor:
     # The unpadded eager prefill of one row (forward.py `prefill` at its own width), committed.
-    t = torch.tensor([tokens])
-    pos = torch.arange(start, start + len(tokens))[None]
-    lanes = torch.tensor([lane])
-    fed = torch.tensor([len(tokens)])
+    dev = state.device
+    t = torch.tensor([tokens], device=dev)
+    pos = torch.arange(start, start + len(tokens), device=dev)[None]
+    lanes = torch.tensor([lane], device=dev)
+    fed = torch.tensor([len(tokens)], device=dev)
     logits = model(t, pos, state, lanes, kv_len=start + len(tokens), logit_index=fed[:, None] - 1,
                    num_tokens=fed)[:, 0]
     _commit(state, lanes, fed)
