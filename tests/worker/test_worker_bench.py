@@ -147,6 +147,9 @@ def test_bench_prefix_reports_cold_hit_and_cache_off():
     assert report["hit_over_cold"] is not None and report["ttft_cold_p50_ms"] > 0
     parsed = build_parser().parse_args(["bench", "prefix", "--prefix-tokens", "100", "--hits", "3"])
     assert (parsed.prefix_tokens, parsed.hits, parsed.repeats) == (100, 3, 2)
+    assert parsed.switch is None and report["compiles_after_warmup"] == []  # the CPU compiles none
+    parsed = build_parser().parse_args(["bench", "prefix", "--switch", "prefill_graphs"])
+    assert parsed.switch == "prefill_graphs"
 
 
 def test_bench_decode_runs_the_qwen35_model_with_its_state_in_the_floor(monkeypatch):
