@@ -251,11 +251,17 @@ def run(args: argparse.Namespace) -> int:
         from services.settings import SETTINGS
 
         env = SETTINGS[switch].env
-        report["switch"], report["runs"] = env, {}
-        for value in ("0", "1"):
-            os.environ[env] = value
-            log(f"{env}={value}")
-            report["runs"][value] = asyncio.run(_rounds(runtime, args, log))
+        report["switch"], report["runs"], before = env, {}, os.environ.get(env)
+        try:
+            for value in ("0", "1"):
+                os.environ[env] = value
+                log(f"{env}={value}")
+                report["runs"][value] = asyncio.run(_rounds(runtime, args, log))
+        finally:
+            if before is None:
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = before
     report["total_s"] = round(time.perf_counter() - started, 1)
     write_report(report, args.out)
     return 0
