@@ -62,6 +62,7 @@ def test_graph_shapes_cover_each_step_a_prefill_chunk_holds():
             assert (size, graph_width(widest)) in shapes, (rows, widest)
     assert (8, 64) not in shapes and all(r in graph_sizes(max_batch) for r, _ in shapes)
     assert max(w for _, w in graph_shapes(1, 512, 20)) == 16  # no width past the lane
+    assert max(w for _, w in graph_shapes(4, 8, 512)) == 8  # nor past the prefill chunk
 
 
 def test_padded_inputs_pad_rows_right_and_the_step_with_scratch_rows():

@@ -49,7 +49,7 @@ def graph_shapes(max_batch: int, prefill_chunk: int, max_len: int) -> list[tuple
     token than the bucket below, plus one token per other row within `prefill_chunk`)."""
     shapes, below = [], 0
     for width in GRAPH_WIDTHS:
-        if width > max_len:
+        if width > max_len or below >= prefill_chunk:  # no step's widest row pads to it
             break
         for rows in graph_sizes(max_batch):
             if below + 1 + rows - 1 <= max(prefill_chunk, width):
