@@ -26,8 +26,9 @@ import sys
 import time
 from typing import Any
 
-from bench.decode import _collect, report_header, write_report
+from bench.engine_rounds import collect
 from bench.models import build_runtime
+from bench.report import report_header, write_report
 from bench.stats import ms, p50, ratio
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
@@ -155,12 +156,12 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
     compiles = contextlib.ExitStack()
     seen, tag = compiles.enter_context(compile_log(runtime.device.type == "cuda"))
     try:
-        await _collect(client, _request(runtime, "warmup", "Warm up.", 4))
+        await collect(client, _request(runtime, "warmup", "Warm up.", 4))
         seen.clear()  # the warm-up's own compiles
         for r, doc in enumerate(docs[:-1]):
             first = _request(runtime, f"cold-{r}", doc, args.max_tokens, _QUESTIONS[0], chat)
             tag(first.request_id)
-            fin = await _collect(client, first)
+            fin = await collect(client, first)
             cold.append(_row(fin))
             log(
                 f"document {r}: cold TTFT {cold[-1]['ttft_ms']:.0f} ms "
@@ -170,7 +171,7 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
                 q = _QUESTIONS[1 + h % (len(_QUESTIONS) - 1)]
                 again = _request(runtime, f"hit-{r}-{h}", doc, args.max_tokens, q, chat)
                 tag(again.request_id)
-                fin = await _collect(client, again)
+                fin = await collect(client, again)
                 hits.append(_row(fin))
                 shared = _shared(runtime, first, again)
                 hits[-1].update(shared_tokens=shared,
@@ -194,10 +195,10 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
     off = []
     client = open_in_process(runtime, EngineConfig(**config, prefix_cache=False))
     try:
-        await _collect(client, _request(runtime, "warmup", "Warm up.", 4))
+        await collect(client, _request(runtime, "warmup", "Warm up.", 4))
         for tag, q in (("off-0", _QUESTIONS[0]), ("off-1", _QUESTIONS[1])):
-            off.append(_row(await _collect(client, _request(runtime, tag, docs[-1], args.max_tokens,
-                                                             q, chat))))
+            off.append(_row(await collect(client, _request(runtime, tag, docs[-1], args.max_tokens,
+                                                            q, chat))))
             log(f"cache off: TTFT {off[-1]['ttft_ms']:.0f} ms")
     finally:
         await client.aclose()

@@ -129,7 +129,8 @@ _TABLE = (
     Setting("speculative", _speculative, None, "speculative decoding backend: grammar (the text "
             "a constraint forces), ngram (n-gram copy from the request's own context), mtp (a "
             "Qwen3.5 model's MTP module; ngram and mtp add grammar drafts on constrained rows), "
-            "dflash or dflash2 (a draft model, --draft-model, on a dense target); omitted: off",
+            "dflash or dflash2 (a draft model, --draft-model, on a dense Llama/Qwen3 or a Qwen3.5 "
+            "target; its context cache is paid from the KV budget); omitted: off",
             "BACKEND"),
     Setting("draft_model", str, None, "checkpoint directory of the draft model (dflash, dflash2)",
             "DIR"),

@@ -7,9 +7,10 @@ import json
 import jsonschema
 import torch
 
-from bench.decode import DecodeBenchOptions, bench_decode, write_report
+from bench.decode import DecodeBenchOptions, bench_decode
 from bench.grammar import SCHEMAS
 from bench.random_weights import ByteTokenizer, random_qwen3_runtime
+from bench.report import write_report
 from services.cli import build_parser
 from tests.support.common import byte_domain
 
@@ -229,11 +230,11 @@ def test_steady_tpot_is_the_step_time_while_every_request_decodes():
     """The steady-state TPOT of a round: wall time per engine step between the last request's
     first output and the first request's end (no prefill step of the round inside); None when
     that window holds no step (a request ended before the last one started)."""
-    from bench.decode import _steady_step_ms
+    from bench.engine_rounds import steady_step_ms
 
     marks = [{"first": (1.0, 3), "end": (2.0, 13)}, {"first": (1.2, 4), "end": (2.5, 20)}]
-    assert _steady_step_ms(marks) == round(0.8 / 9 * 1e3, 3)
-    assert _steady_step_ms([{"first": (1.0, 3), "end": (1.1, 4)},
+    assert steady_step_ms(marks) == round(0.8 / 9 * 1e3, 3)
+    assert steady_step_ms([{"first": (1.0, 3), "end": (1.1, 4)},
                             {"first": (1.5, 6), "end": (2.0, 9)}]) is None
 
 

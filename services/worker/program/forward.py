@@ -200,7 +200,8 @@ class Forward:
                               logit_index=logit_index, num_tokens=num_tokens)
         if self.reads != FINAL:
             hidden, kept = self.model.hidden_states(tokens, positions, self.state, lanes,
-                                                    kv_len=kv_len, tap=self.reads)
+                                                    kv_len=kv_len, num_tokens=num_tokens,
+                                                    tap=self.reads)
         else:
             hidden = kept = self.model.hidden_states(tokens, positions, self.state, lanes,
                                                      kv_len=kv_len, num_tokens=num_tokens)

@@ -32,6 +32,7 @@ from services.settings import switch
 from services.worker.models.kv_cache import BLOCK_SIZE, KVCache, blocks_per_lane
 from services.worker.program.batch import BatchRow, PendingBatch, RowOutcome, RowResult, StepBatch
 from services.worker.program.blocks import BlockManager
+from services.worker.program.budget import lane_length
 from services.worker.program.events import ReadyEvent
 from services.worker.program.forward import Forward
 from services.worker.program.graphs import DecodeGraphs
@@ -67,14 +68,16 @@ class Program:
     fit. `prefix_cache`: the automatic prefix cache (blocks.py; default on).
     `kv_cache_tokens`: KV pool positions, at least (and by default) every lane's full length.
     `state_snapshots`: a hybrid model's recurrent-state snapshot slots (default 2 x max_batch, at
-    least 8), paid from `kv_budget_bytes` when max_len comes from it. A speculative proposer is
-    handed over once by `use`."""
+    least 8), paid from `kv_budget_bytes` when max_len comes from it, and so is
+    `context_bytes_per_position`: a draft model's context cache beside the state, bytes per lane
+    position (budget.py; the proposer allocates it over this state's lanes). A speculative
+    proposer is handed over once by `use`."""
 
     def __init__(self, runtime: ModelRuntime, *, max_batch: int, max_len: int | None = None,
                  kv_budget_bytes: int = 256 << 20, max_drafts: int = 0,
                  cuda_graphs: bool = True, prefix_cache: bool = True,
                  kv_cache_tokens: int | None = None, state_snapshots: int | None = None,
-                 logprobs_mode: str = "processed") -> None:
+                 logprobs_mode: str = "processed", context_bytes_per_position: int = 0) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.runtime = runtime
@@ -90,17 +93,17 @@ class Program:
         # A hybrid model's prefix-cache snapshots are paid from the same budget as the lanes.
         snapshot_bytes = getattr(self.model, "snapshot_bytes", None)
         snapshots = max(8, 2 * max_batch) if state_snapshots is None else state_snapshots
+        extra = {"verify_width": max_drafts + 1} if max_drafts else {}
         if max_len is None:
             paid = snapshots * snapshot_bytes(runtime.dtype) \
                 if snapshot_bytes is not None and prefix_cache else 0
-            max_len = self.model.max_len_for_budget(lanes, max(kv_budget_bytes - paid, 0),
-                                                    runtime.dtype)
+            max_len = lane_length(self.model, lanes, kv_budget_bytes, runtime.dtype, paid=paid,
+                                  per_position=context_bytes_per_position, **extra)
         max_len = min(max_len, cap)
         num_blocks = None
         if kv_cache_tokens is not None:  # room beyond the lanes for the prefix cache
             num_blocks = 1 + max(lanes * blocks_per_lane(max_len, BLOCK_SIZE),
                                  blocks_per_lane(kv_cache_tokens, BLOCK_SIZE))
-        extra = {"verify_width": max_drafts + 1} if max_drafts else {}
         self.state = self.model.new_state(lanes, max_len, dtype=runtime.dtype,
                                           device=self.device, num_blocks=num_blocks, **extra)
         self.max_len = self.state.max_len
@@ -117,6 +120,7 @@ class Program:
                                    snapshots=snapshots, special_ids=self.domain.special_ids)
         log.info("kv_pool", blocks=kv.num_blocks, block_size=kv.block_size, max_len=self.max_len,
                  bytes=kv.nbytes, prefix_cache=self.prefix_cache, state_snapshots=snapshots,
+                 draft_context_bytes=lanes * self.max_len * context_bytes_per_position,
                  snapshot_bytes=snapshots * snapshot_bytes(runtime.dtype)
                  if snapshots and snapshot_bytes is not None else 0)
         self.masks = MaskBuffers(self.domain, max_batch, max_drafts, self.device)
