@@ -185,6 +185,9 @@ _TABLE = (
             has_flag=False),
     Setting("fla", _on_unless_zero, True, "0: Qwen3.5 prefill takes the torch chunked gated delta "
             "rule even when fla-core is installed", has_flag=False),
+    Setting("prefill_graphs", _on_unless_zero, True, "0: short prefill forwards (a prefix-cache "
+            "hit's, a short prompt's) run eagerly instead of through their CUDA graphs",
+            has_flag=False),
     Setting("json_engine", str, "llguidance", "the engine of JSON content; xgrammar, the engine "
             "of record, runs everything else", choices=("llguidance", "xgrammar"),
             has_flag=False),
