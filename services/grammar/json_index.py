@@ -55,6 +55,7 @@ class JsonNameIndex:
 
 @lru_cache(maxsize=8)
 def _index(domain: TokenDomain) -> JsonNameIndex:
+    domain.byte_token_ids  # the probes' single-byte tokens: a pass over the vocabulary, paid here
     exact: dict[bytes, list[int]] = {}
     before: dict[bytes, list[int]] = {}
     between: dict[bytes, list[int]] = {}

@@ -6,8 +6,9 @@ name is next (or that ends inside a name that could still become a used one) is 
 some continuation completes an unused name or leaves the used ones behind. The probe accepts the
 token, walks single-byte tokens through the matcher depth-first (accept, then roll back) while
 the text could still become a used name, and rolls back; the grammar guarantees a completion from
-the first state that leaves the used names behind. Where the name language is open the first
-byte tried answers; a finite one is searched to the end.
+the first state that leaves the used names behind. Each step fills one mask and answers at once
+when a byte the grammar takes leaves the used names behind (an open name language: the first
+step); a finite one is searched to the end, one mask per byte of the used names it shares.
 
 Answers are kept by a digest of the output read so far (`Key`): the matcher's state and the
 companion's (its used names included) are functions of the bytes and control tokens it accepted,
@@ -42,10 +43,6 @@ from shared.frontends.token_domain import TokenDomain
 # Accepts one probe may try before it gives up and keeps the token (a name language with very
 # many spellings of the used names; never reached by the schemas the corpus holds).
 PROBE_BUDGET = 4096
-# The bytes a probe tries first inside a name: the quote that closes it, then a few name
-# characters (for an open name language one of them answers at once); then every byte the
-# grammar takes, from one mask fill.
-_QUICK = b'"q_0Z~'
 _WS = frozenset(WS_BYTES)
 # JSON reader modes whose whitespace is layout (outside strings and names)
 LAYOUT = frozenset((VALUE, VALUE0, KEY0, KEYX, COLON, SCALAR, AFTER))
@@ -98,6 +95,7 @@ class NameProbe:
         self.hits = 0  # probes answered from `answers`
         self.gave_up = 0  # probes that ran out of PROBE_BUDGET (the token was kept)
         self._scratch: np.ndarray | None = None  # [1, ceil(V/32)] int32 for a probe's fills
+        self._bytes = self._byte_ids = np.zeros(0, dtype=np.int64)  # bytes with a token, ids
 
     def probe(self, matcher, token: int, after: tuple, key: Key) -> bool:
         """Whether, once `token` is accepted (the companion then in `after`, the output read so
@@ -146,12 +144,19 @@ class NameProbe:
                 if found is not None:
                     return self._keep(digest, found, budget)
             return self._keep(digest, False, budget)
-        tried = set(_QUICK)
-        for byte in _QUICK:  # an open name language answers here
-            if self._branch(matcher, state, key, byte, budget):
-                return self._keep(digest, True, budget)
+        # Every byte the grammar takes next (one mask fill): one that leaves the used names
+        # behind answers at once (the grammar completes from there); the others are searched.
+        deeper = []
         for byte in self._legal_bytes(matcher, budget):
-            if byte not in tried and self._branch(matcher, state, key, byte, budget):
+            try:
+                child = self.frame.step(state, byte)
+            except Duplicate:
+                continue
+            if not near_used(child[1]):
+                return self._keep(digest, True, budget)
+            deeper.append(byte)
+        for byte in deeper:
+            if self._branch(matcher, state, key, byte, budget):
                 return self._keep(digest, True, budget)
             if budget[0] <= 0:
                 return True
@@ -177,14 +182,17 @@ class NameProbe:
 
     def _legal_bytes(self, matcher, budget: list[int]) -> list[int]:
         # The bytes whose single-byte token the grammar takes next (one mask fill).
-        domain = self.domain
         if self._scratch is None:
-            self._scratch = np.zeros((1, domain.mask_words), dtype=np.int32)
+            self._scratch = np.zeros((1, self.domain.mask_words), dtype=np.int32)
+            ids = np.array(self.domain.byte_token_ids, dtype=np.int64)
+            self._bytes = np.flatnonzero(ids >= 0)
+            self._byte_ids = ids[self._bytes]
         matcher.fill_mask(self._scratch, 0)
         budget[0] -= 16
         words = self._scratch[0].view(np.uint32)
-        return [b for b, t in enumerate(domain.byte_token_ids)
-                if t >= 0 and (int(words[t >> 5]) >> (t & 31)) & 1]
+        ids = self._byte_ids
+        legal = (words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1
+        return self._bytes[legal.astype(bool)].tolist()
 
 
 __all__ = ["CACHE_LIMIT", "PROBE_BUDGET", "Key", "NameProbe", "control", "significant"]

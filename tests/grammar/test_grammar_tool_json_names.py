@@ -299,4 +299,5 @@ def test_mask_is_exact_against_brute_force(schema, framing):
             t = rng.choice(choices)
             session.accept(t)
             text.append(t)
-    assert cleared > 0
+    if schema.get("type") == "object":
+        assert cleared > 0  # the walks met repeats the grammar alone allowed
