@@ -301,3 +301,35 @@ def test_mask_is_exact_against_brute_force(schema, framing):
             text.append(t)
     if schema.get("type") == "object":
         assert cleared > 0  # the walks met repeats the grammar alone allowed
+
+
+def test_after_thinking_the_calls_start_at_the_close_or_at_an_xml_opener():
+    """Design: reasoning, then the close token and the tool language; an XML opener inside the
+    reasoning opens a call at once (the grammar's implicit end of reasoning). Reasoning text is
+    never read as arguments."""
+    from services.grammar.json_spans import HermesFrame, XmlFrame
+    from services.grammar.json_text import START, WAITING
+
+    hermes = HermesFrame(start=99)
+    state = hermes.feed(hermes.initial, HERMES_HEAD + b'{"a":1,')
+    assert state[1] == WAITING  # still reasoning
+    state = hermes.feed(hermes.token(state, 99), b"\n\n" + HERMES_HEAD + b'{"a":1,')
+    assert state[1][3] == (frozenset({b"a"}),)
+    xml = XmlFrame({b"f": frozenset({b"v"})}, 7, 8, start=99)
+    state = xml.feed(xml.token(xml.initial, 7), XML_HEAD)
+    assert state[1] == START
+
+
+def test_a_repeated_mask_is_answered_from_the_probe_cache():
+    """Probe answers are kept by the grammar state they were asked in: the same mask again (the
+    lookahead's K+1 masks, a proposer's probe then the verification) runs no new search and
+    clears the same tokens."""
+    d = byte_domain()
+    spec = _spec(_strict({"type": "object", "propertyNames": {"enum": ["ab", "b"]},
+                          "additionalProperties": {"const": 1}}))
+    session = Session(spec, "hermes-v1", d)
+    assert session.feed([HERMES_HEAD + b'{"v": {"ab":1,"b":1'])
+    first = session.mask()
+    probes = session.names.probes
+    assert probes > 0 and first[0] != first[1]
+    assert session.mask() == first and session.names.probes == probes
