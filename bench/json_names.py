@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from bench.grammar import tokenize
-from bench.stats import write_report
+from bench.report import write_report
 from services.grammar.compiler import ModelCompiler
 from services.grammar.json_names import json_names_for
 from services.grammar.schema import layout_values
