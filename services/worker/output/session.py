@@ -61,10 +61,11 @@ class OutputSession:
     content a ContinueFinalAssistant request continues (UTF-8 bytes; accepted by the matcher at
     creation, never published, part of completeness; default b""). `branch`: the report's branch
     (default "content"). `cache` ("l1" | "redis" | None), `built`, `waited`, `compile_ms`: the
-    compile-cache outcome for the report. `names`: the name companion, which shares every matcher
-    transaction (named_matcher.py): the XML tool grammar's ParameterNameConstraint (non-strict
-    tools) or the JsonNameConstraint of JSON content with undeclared names; it clears the masks'
-    tokens that would repeat a name and follows every accept, prefix and rollback; `lengths`: the
+    compile-cache outcome for the report. `names`: the name companions (one, a sequence or None),
+    which share every matcher transaction (named_matcher.py): the XML tool grammar's
+    ParameterNameConstraint (non-strict tools) and the JsonNameConstraint of JSON with undeclared
+    names (content, tool-call arguments); they clear the masks' tokens that would repeat a name
+    and follow every accept, prefix and rollback; `lengths`: the
     XML tool grammar's RawLengthConstraint companion (raw string length bounds the grammar leaves
     to it), the same way.
     `prefix_tokens`: the continued content as tokens, for a tool grammar (the Frontend's
@@ -86,7 +87,7 @@ class OutputSession:
         built: bool = False,
         waited: bool = False,
         compile_ms: float = 0.0,
-        names: NameCompanion | None = None,
+        names: NameCompanion | Sequence[NameCompanion] | None = None,
         lengths: RawLengthConstraint | None = None,
         prefix_tokens: Sequence[int] = (),
     ) -> None:
