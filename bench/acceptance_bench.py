@@ -167,13 +167,10 @@ def targets(rows: list[dict]) -> dict[str, dict]:
 
 def run(args: argparse.Namespace) -> int:
     """`infernix bench spec --acceptance ...` (bench/cli.py)."""
-    from bench.decode import report_header, write_report
+    from bench.report import report_header, write_report
     from shared.logging import configure_logging
 
-    opts = SpecBenchOptions(tasks=tuple(args.tasks), backends=tuple(args.backends),
-                            draft_tokens=tuple(args.num_draft_tokens), batch_size=args.batch_size,
-                            max_tokens=args.max_tokens, cuda_graphs=not args.no_cuda_graphs,
-                            draft_layers=args.draft_layers)
+    opts = SpecBenchOptions.from_args(args)
     batch_sizes = tuple(args.batch_sizes or [args.batch_size])
 
     def log(line: str) -> None:

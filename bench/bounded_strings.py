@@ -23,9 +23,7 @@ fills pass `--case-budget-s` of CPU is cut.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
-import platform
 import statistics
 import sys
 import time
@@ -35,7 +33,7 @@ from unittest import mock
 import numpy as np
 
 from bench.grammar import tokenize
-from bench.stats import write_report
+from bench.report import host, write_report
 from services.grammar.cache import records
 from services.grammar.compiler import Framed, ModelCompiler
 from services.grammar.engines.engine import XGRAMMAR
@@ -164,8 +162,7 @@ def run(args: argparse.Namespace) -> int:
                                         "form": form, "error": exc.to_dict()})
                     print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     report = {"bench": "bounded-strings", "chain_max_length": strings.CHAIN_MAX_LENGTH,
-              "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
-                          "xgrammar": importlib.metadata.version("xgrammar")},
+              "machine": host("xgrammar"),
               "cases": results}
     write_report(report, args.out)
     return 0

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
@@ -28,6 +27,8 @@ import subprocess
 import sys
 import time
 from typing import Any
+
+from bench.report import write_report
 
 # Short common words: about one token each in the byte-level BPE vocabularies served here.
 WORDS = ("time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child",
@@ -146,11 +147,7 @@ def run(args: argparse.Namespace) -> int:
     starts = [asyncio.run(_one_start(args, n)) for n in range(args.starts)]
     doc = {"bench": "coldstart", "model": args.model, "device": args.device,
            "host": platform.node(), "max_tokens": args.max_tokens, "starts": starts}
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    write_report(doc, args.out)
     return 0
 
 

@@ -20,8 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.decode import report_header
-from bench.stats import write_report
+from bench.report import report_header, write_report
 
 
 def step_gemms(model) -> list[tuple]:

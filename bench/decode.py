@@ -6,11 +6,11 @@ JSON Schema (`bench.grammar.SCHEMAS`, request i gets schema i mod 2). Per mode i
 time to first token (p50 over requests), time per output token (p50 over requests of
 decode time / (tokens - 1)), throughput (all output tokens / wall time of the round) and the
 constraint report's CPU seconds (mask fills, accepts), plus constrained / unconstrained TPOT.
-The reference engine is Hugging Face `generate` over the same weights (a `Qwen3ForCausalLM` or
-`LlamaForCausalLM` that adopts our state dict), unconstrained and with xgrammar's HF logits
-processor. Targets (measured, never asserted): constrained TPOT within 3% of
-unconstrained at every B on the H200; ours >= 3x faster per token than the reference at B = 1;
-CPU mask work hidden at B = 1.
+Our engine's rounds are bench/engine_rounds.py's. The reference engine (bench/reference.py) is
+Hugging Face `generate` over the same weights (a `Qwen3ForCausalLM` or `LlamaForCausalLM` that
+adopts our state dict), unconstrained and with xgrammar's HF logits processor. Targets (measured,
+never asserted): constrained TPOT within 3% of unconstrained at every B on the H200; ours >= 3x
+faster per token than the reference at B = 1; CPU mask work hidden at B = 1.
 
 Models: `smollm2` (the built-in default), `qwen3-8b-random`, a random-weight bf16 model of
 Qwen3-8B's shape over the Qwen3.5 vocabulary, and `qwen35-9b-random`, the random-weight
@@ -21,35 +21,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import json
-import platform
-import shlex
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from bench.models import build_runtime, prompt_texts
+from bench.engine_rounds import bench_engine
+from bench.models import build_runtime
+from bench.report import report_header, write_report
 from bench.stats import ratio as _ratio
-from bench.stats import schemas as _schemas
-from bench.stats import summary as _summary
-from bench.stats import write_report
-from services.worker.client import open_in_process
-from services.worker.engine import EngineConfig
-from services.worker.models import layers as ops
 from services.worker.runtime import ModelRuntime
-from shared.contract import OutputConstraint
-from shared.generation import (
-    Finished,
-    GenerateRequest,
-    PromptInput,
-    RequestOptions,
-    SamplingParams,
-    Started,
-)
 
 
 @dataclass(frozen=True)
@@ -98,132 +80,15 @@ class DecodeBenchOptions:
                              f"{self.reference_max_tokens}")
 
 
-# ---------------------------------------------------------------- our engine
-
-
-async def _collect(client, request: GenerateRequest, marks: dict | None = None) -> Finished:
-    """The request's Finished event. `marks` (when given) gets (wall time, engine steps) at the
-    request's first output event ("first") and at its Finished ("end")."""
-    engine = client.engine
-    async for event in client.generate(request):
-        if marks is not None and "first" not in marks and not isinstance(event, Started):
-            marks["first"] = (time.perf_counter(), engine.steps)
-        if isinstance(event, Finished):
-            if event.error is not None:
-                raise RuntimeError(f"request {request.request_id} failed: {event.error}")
-            if marks is not None:
-                marks["end"] = (time.perf_counter(), engine.steps)
-            return event
-    raise RuntimeError(f"request {request.request_id} ended without Finished")
-
-
-def _steady_step_ms(marks: list[dict]) -> float | None:
-    """Milliseconds per engine step while every request of the round was decoding: from the
-    last request's first output to the first request's end (no prefill step of the round falls
-    inside, so each step is one token of every row: the steady-state TPOT). None when that
-    window holds no step."""
-    t0, s0 = max((m["first"] for m in marks), key=lambda x: x[0])
-    t1, s1 = min((m["end"] for m in marks), key=lambda x: x[0])
-    if s1 <= s0:
-        return None
-    return round((t1 - t0) / (s1 - s0) * 1e3, 3)
-
-
-async def _engine_round(client, runtime: ModelRuntime, prompts: list[str], max_tokens: int,
-                        schemas: list[dict] | None, tag: str,
-                        logprobs: int | None = None) -> dict[str, Any]:
-    sampling = SamplingParams(temperature=0.0)
-    requests = [
-        GenerateRequest(
-            f"{tag}-{i}",
-            PromptInput(text=p),
-            RequestOptions(
-                max_tokens=max_tokens,
-                sampling=sampling,
-                constraint=OutputConstraint.json_schema(schemas[i % len(schemas)])
-                if schemas
-                else None,
-                logprobs=logprobs,
-            ),
-            model=runtime.name,
-        )
-        for i, p in enumerate(prompts)
-    ]
-    marks: list[dict] = [{} for _ in requests]
-    start = time.perf_counter()
-    finished = await asyncio.gather(*(_collect(client, r, m) for r, m in zip(requests, marks)))
-    wall = time.perf_counter() - start
-    tokens = [f.usage.completion_tokens for f in finished]
-    tpot = [f.timings["decode"] / (n - 1) for f, n in zip(finished, tokens) if n >= 2]
-    out = _summary([f.timings["ttft"] for f in finished], tpot, tokens, wall,
-                   [f.content for f in finished], schemas)
-    # TPOT p50 includes the steps that prefill later requests of the round (what a user sees);
-    # the steady-state figure excludes them (what the decode step itself costs)
-    out["tpot_steady_ms"] = _steady_step_ms(marks)
-    out["texts"] = [f.content for f in finished]
-    if schemas:
-        reports = [f.constraint or {} for f in finished]
-        mask_s = sum(r.get("mask_seconds", 0.0) for r in reports)
-        positions = sum(r.get("mask_positions", 0) for r in reports)
-        out["constraint_cpu"] = {
-            "mask_seconds": round(mask_s, 6),
-            "accept_seconds": round(sum(r.get("accept_seconds", 0.0) for r in reports), 6),
-            "mask_positions": positions,
-            "mask_us_per_position": round(1e6 * mask_s / positions, 2) if positions else None,
-        }
-    return out
-
-
-async def _bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
-                        partial, path: str = "fused") -> dict:
-    schemas = _schemas()
-    max_len = opts.prompt_tokens + max(opts.max_tokens, opts.warmup_tokens) + 32
-    config = EngineConfig(max_batch=max(opts.batch_sizes), max_len=max_len,
-                          prefill_chunk=max(512, opts.prompt_tokens + 32),
-                          cuda_graphs=opts.cuda_graphs, pipeline=None if path == "fused" else False)
-    model = runtime.model
-    if hasattr(model, "fused"):
-        model.fused = path != "unfused"  # before the engine captures its graphs
-    cpu_gemv = ops.CPU_GEMV
-    ops.CPU_GEMV = cpu_gemv and path != "float32"
-    client = open_in_process(runtime, config)
-    try:
-        for schema in schemas:  # compile outside every timed round
-            await client.engine.grammar.compile(
-                OutputConstraint.json_schema(schema), model=runtime.name
-            )
-        rows = {}
-        modes = [("unconstrained", None, None), ("constrained", schemas, None)]
-        if opts.logprobs is not None:
-            modes.append(("logprobs", None, opts.logprobs))
-        for b in opts.batch_sizes:
-            prompts = prompt_texts(runtime, b, opts.prompt_tokens)
-            for mode, sch, lp in modes:
-                await _engine_round(
-                    client, runtime, prompts, opts.warmup_tokens, sch, f"w{b}{mode}", lp
-                )
-            entry = {}
-            for mode, sch, lp in modes:
-                entry[mode] = await _engine_round(client, runtime, prompts, opts.max_tokens, sch,
-                                                  f"m{b}{mode}", lp)
-                log(f"engine[{path}] B={b} {mode}: tpot {entry[mode]['tpot_p50_ms']} ms, "
-                    f"{entry[mode]['throughput_tok_s']} tok/s")
-            entry["tpot_ratio"] = _ratio(entry["constrained"]["tpot_p50_ms"],
-                                         entry["unconstrained"]["tpot_p50_ms"])
-            entry["tpot_steady_ratio"] = _ratio(entry["constrained"]["tpot_steady_ms"],
-                                                entry["unconstrained"]["tpot_steady_ms"])
-            if opts.logprobs is not None:  # what reading logprobs adds to a greedy row's step
-                entry["logprobs_tpot_ratio"] = _ratio(entry["logprobs"]["tpot_p50_ms"],
-                                                      entry["unconstrained"]["tpot_p50_ms"])
-            rows[b] = entry
-            partial({"engine": rows})
-        return rows
-    finally:
-        await client.aclose()
-        ops.CPU_GEMV = cpu_gemv
-
-
 # ---------------------------------------------------------------- report
+
+
+_MODES = ("unconstrained", "constrained")  # the rounds every path and the reference run
+
+
+def _speedups(before: dict, after: dict, key: str = "tpot_p50_ms") -> dict[str, float | None]:
+    """Per mode, how many times faster `after` is than `before` by `key` (ms per token)."""
+    return {m: _ratio(before[m][key], after[m][key]) for m in _MODES}
 
 
 def _agreement(ours: dict, ref: dict) -> float:
@@ -243,7 +108,7 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
                 {**{f"engine_{p}": r for p, r in paths.items()}, f"engine_{path}": rows["engine"]}
             )
 
-        paths[path] = asyncio.run(_bench_engine(runtime, opts, log, partial_path, path))
+        paths[path] = asyncio.run(bench_engine(runtime, opts, log, partial_path, path))
     engine = paths["fused"]
     if hasattr(runtime.model, "fused"):
         runtime.model.fused = True
@@ -267,26 +132,17 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
         if "unfused" in paths:
             before = paths["unfused"][b]
             row["engine_unfused"] = before
-            row["speedup_fused_over_unfused"] = {
-                m: _ratio(before[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
-                for m in ("unconstrained", "constrained")}
+            row["speedup_fused_over_unfused"] = _speedups(before, engine[b])
         if "float32" in paths:
             before = paths["float32"][b]
             row["engine_float32"] = before
-            row["speedup_over_float32"] = {
-                m: _ratio(before[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
-                for m in ("unconstrained", "constrained")}
-            row["outputs_equal_float32"] = {m: _agreement(engine[b][m], before[m])
-                                            for m in ("unconstrained", "constrained")}
+            row["speedup_over_float32"] = _speedups(before, engine[b])
+            row["outputs_equal_float32"] = {m: _agreement(engine[b][m], before[m]) for m in _MODES}
         if "serial" in paths:
             serial = paths["serial"][b]
             row["engine_serial"] = serial
-            row["speedup_pipeline"] = {
-                m: _ratio(serial[m]["tpot_p50_ms"], engine[b][m]["tpot_p50_ms"])
-                for m in ("unconstrained", "constrained")}
-            row["speedup_pipeline_steady"] = {
-                m: _ratio(serial[m]["tpot_steady_ms"], engine[b][m]["tpot_steady_ms"])
-                for m in ("unconstrained", "constrained")}
+            row["speedup_pipeline"] = _speedups(serial, engine[b])
+            row["speedup_pipeline_steady"] = _speedups(serial, engine[b], "tpot_steady_ms")
         if breakdown is not None:
             row["breakdown"] = _breakdown_row(breakdown["rows"][b], paths, b)
         if reference is not None and b in reference:
@@ -296,8 +152,7 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
                                                        engine[b]["unconstrained"]["tpot_p50_ms"])
             row["speedup_tpot_constrained"] = _ratio(ref["constrained"]["tpot_p50_ms"],
                                                      engine[b]["constrained"]["tpot_p50_ms"])
-            row["outputs_equal_fraction"] = {m: _agreement(engine[b][m], ref[m])
-                                             for m in ("unconstrained", "constrained")}
+            row["outputs_equal_fraction"] = {m: _agreement(engine[b][m], ref[m]) for m in _MODES}
         rows.append(row)
     first = rows[0] if rows[0]["batch_size"] == 1 else None
     targets = {
@@ -364,38 +219,6 @@ def _speed_targets(rows: list[dict], first: dict | None) -> dict:
             by_b[64]["engine"]["constrained"]["throughput_tok_s"] >= 5000
         )
     return out
-
-
-def report_header(bench: str, args: argparse.Namespace, runtime: ModelRuntime) -> dict[str, Any]:
-    """What every `infernix bench` report starts with: the bench, the command line, the machine,
-    the model, device and dtype (each bench adds its "options")."""
-    return {"bench": bench, "command": "infernix " + shlex.join(sys.argv[1:]),
-            "machine": _machine(args.device), "model": args.model, "device": args.device,
-            "dtype": str(runtime.dtype).removeprefix("torch.")}
-
-
-def _machine(device: str) -> dict[str, Any]:
-    def version(name: str) -> str | None:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    info = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "python": sys.version.split()[0],
-        "cpu_count": __import__("os").cpu_count(),
-        "torch": torch.__version__,
-        "triton": version("triton"),
-        "transformers": version("transformers"),
-        "xgrammar": version("xgrammar"),
-        "torch_threads": torch.get_num_threads(),
-    }
-    if device.startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name()
-        info["cuda"] = torch.version.cuda
-    return info
 
 
 def run(args: argparse.Namespace) -> int:

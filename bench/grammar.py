@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import json
-import platform
 import random
 import statistics
 import sys
@@ -38,6 +36,7 @@ import numpy as np
 
 from bench.grammar_cases import SCHEMAS as _CASES
 from bench.grammar_cases import Case, all_cases
+from bench.report import host, write_report
 from services.grammar.engines.engine import CompiledConstraint
 from shared.contract import ConstraintKind
 from shared.frontends import get_domain
@@ -317,22 +316,12 @@ def _bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    versions = {}
-    for pkg in ("xgrammar", "llguidance"):
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = None
     report: dict[str, Any] = {
         "bench": "grammar", "label": args.label,
-        "machine": {"platform": platform.platform(), "python": sys.version.split()[0], **versions},
+        "machine": host("xgrammar", "llguidance"),
         "timing": "CPU time of the process (time.process_time), single-threaded engines",
         "goals": GOALS, "command": "infernix bench grammar " + " ".join(sys.argv[3:]),
         "models": [_bench_model(model, args) for model in args.models],
     }
-    text = json.dumps(report, indent=2)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)
+    write_report(report, args.out)
     return 0

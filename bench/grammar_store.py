@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
-import json
-import platform
 import statistics
 import sys
 import time
 from typing import Any
 
+from bench.report import host, write_report
 from services.grammar.cache.limits import CompileLimits, StorePolicy
 from shared.contract import OutputConstraint
 from shared.frontends import get_domain
@@ -232,16 +230,11 @@ def run(args: argparse.Namespace) -> int:
     policy = StorePolicy()
     report = {
         "bench": "grammar-store",
-        "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
-                    "xgrammar": importlib.metadata.version("xgrammar")},
+        "machine": host("xgrammar"),
         "command": "infernix bench grammar-store " + " ".join(sys.argv[3:]),
         "models": [bench_model(m, args.redis_url or None, args.quick, policy) for m in args.models],
     }
-    text = json.dumps(report, indent=2)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)
+    write_report(report, args.out)
     return 0
 
 

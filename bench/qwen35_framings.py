@@ -13,19 +13,18 @@ side by side in one run.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
-import platform
 import statistics
 import sys
 import time
 
 import xgrammar as xgr
 
+from bench.report import host, write_report
 from services.grammar.compiler import build_framed_grammar
 from services.grammar.tools.hermes import ToolSpec
 from services.grammar.tools.param_names import NameIndex, ParameterNameConstraint
-from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
+from shared.contract import OutputConstraint, ToolChoice, ToolDefinition
 from shared.frontends import get_frontend
 from shared.frontends.qwen35 import qwen35_tokenizer
 
@@ -96,10 +95,10 @@ def run_case(compiler, domain, name, constraint, framing, pieces, names=False) -
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the JSON report here too")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     frontend = get_frontend("qwen3.5")
     domain = frontend.domain
     t = frontend.thinking
@@ -118,7 +117,9 @@ def main() -> int:
          [("reasoning", REASONING[:-1])] + close + [("content", "I will look it up.\n\n"),
                                                     ("call", opener), ("call", STRICT_CALL),
                                                     ("call", closer)], False),
-        ("xml non-strict (required)", ToolSpec((LOOKUP, NOTE), ToolChoice(ToolMode.REQUIRED)),
+        # `auto`: a forced call (`required`, a named choice) to a non-strict tool follows its
+        # declared properties, so only an unforced one takes the loose parameters measured here
+        ("xml non-strict (auto)", ToolSpec((LOOKUP, NOTE), ToolChoice()),
          "qwen-xml-v1", [("call", opener), ("call", LOOSE_CALL), ("call", closer)], True),
         ("thinking + json | xml", ToolSpec((LOOKUP, NOTE), ToolChoice(), json_c),
          "qwen-think-v1+qwen-xml-v1",
@@ -129,14 +130,9 @@ def main() -> int:
     for r in results:
         r["p50_over_json_baseline"] = round(r["mask_fill_us"]["p50"] / base, 2)
     report = {"bench": "qwen35-framings", "vocab_size": domain.size,
-              "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
-                          "xgrammar": importlib.metadata.version("xgrammar")},
+              "machine": host("xgrammar"),
               "cases": results}
-    text = json.dumps(report, indent=2)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)
+    write_report(report, args.out)
     return 0
 
 

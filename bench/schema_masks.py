@@ -11,12 +11,12 @@ Uses `bench.grammar.walk_fills` and `tokenize` (the grammar bench's own helpers)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
 from bench.grammar import _Budget, tokenize, walk_fills
+from bench.report import write_report
 from services.grammar.compiler import ModelCompiler
 from services.grammar.schema import layout_values
 from shared.contract import OutputConstraint
@@ -147,11 +147,7 @@ def main() -> int:
     p.add_argument("--out")
     args = p.parse_args()
     report = {"bench": "schema-masks", "models": [bench_model(m) for m in args.models]}
-    text = json.dumps(report, indent=1)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)
+    write_report(report, args.out)
     return 0
 
 

@@ -27,13 +27,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import shlex
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from bench.report import host, write_report
 
 KINDS = ("raw", "chat", "json", "tools")
 SCHEMA = {"type": "object",
@@ -234,7 +235,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             levels.append(await level(session, args, c, offset))
             offset += args.requests
     return {"bench": "serve", "command": "infernix " + shlex.join(sys.argv[1:]),
-            "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
+            "machine": host(),
             "url": args.url, "model": args.model,
             "options": {"mix": list(args.mix), "requests": args.requests,
                         "max_tokens": args.max_tokens, "prompt_words": args.prompt_words,
@@ -250,11 +251,7 @@ def run(args: argparse.Namespace) -> int:
                          "--warmup >= 0")
     args.url = args.url.rstrip("/")
     report = asyncio.run(bench(args))
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+    write_report(report, args.out)
     return 0 if all(lv["ok"] for lv in report["levels"]) else 1
 
 

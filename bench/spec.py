@@ -40,9 +40,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.decode import report_header, write_report
 from bench.models import build_runtime
 from bench.oracle import OracleProposer
+from bench.report import report_header, write_report
 from services.worker.client import open_in_process
 from services.worker.engine import EngineConfig
 from services.worker.runtime import ModelRuntime
@@ -122,6 +122,15 @@ class SpecBenchOptions:
             raise ValueError("SpecBenchOptions: batch_size >= 1, max_tokens >= 2 and "
                              "draft_layers >= 1")
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SpecBenchOptions:
+        """The options of `infernix bench spec` (bench/cli.py's parser), with or without
+        `--acceptance`."""
+        return cls(tasks=tuple(args.tasks), backends=tuple(args.backends),
+                   draft_tokens=tuple(args.num_draft_tokens), batch_size=args.batch_size,
+                   max_tokens=args.max_tokens, cuda_graphs=not args.no_cuda_graphs,
+                   draft_layers=args.draft_layers)
+
 
 def _requests(runtime: ModelRuntime, prompts: list[str], schema: dict | list[dict] | None,
               max_tokens: int, tag: str) -> list[GenerateRequest]:
@@ -150,42 +159,13 @@ async def _finished(client, request: GenerateRequest) -> Finished:
 
 def random_draft(runtime: ModelRuntime, path: str, *, dflash2: bool, layers: int, block: int,
                  seed: int = 0) -> None:
-    """Write a random-weight DFlash (or DFlash2) checkpoint for `runtime`'s dense target into
-    directory `path` (config.json + model.safetensors)."""
-    import os
+    """Write a random-weight DFlash (or DFlash2) checkpoint for `runtime`'s target (dense or
+    Qwen3.5) into directory `path` (bench/random_weights.py `write_random_dflash`)."""
+    from bench.random_weights import write_random_dflash
 
-    import torch
-    from safetensors.torch import save_file
-
-    from services.worker.models.dflash import DFlashConfig, DFlashDraft
-
-    t = runtime.config
-    n = max(1, min(5, t.num_layers - 2))
-    ids = sorted({1 + round(i * (t.num_layers - 4) / max(1, n - 1)) for i in range(n)})
-    raw = {"architectures": ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"],
-           "hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size,
-           "num_hidden_layers": layers, "num_attention_heads": t.num_heads,
-           "num_key_value_heads": t.num_kv_heads, "head_dim": t.head_dim,
-           "rms_norm_eps": t.rms_norm_eps, "vocab_size": t.vocab_size,
-           "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"},
-           "dflash_config": {"block_size": block, "mask_token_id": runtime.domain.size - 1,
-                             "target_layer_ids": [min(i, t.num_layers - 1) for i in ids]}}
-    if dflash2:
-        raw["dflash_config"].update(conv_kernel_size=2, conv_group_size=16, selector_rank=256,
-                                    selector_top_k=16)
-    device = runtime.device
-    model = DFlashDraft(DFlashConfig.from_dict(raw), dtype=runtime.dtype, device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    tensors = {}
-    for name, p in model.state_dict().items():
-        if name.endswith("norm.weight"):
-            tensors[name] = torch.ones_like(p).cpu()
-        else:
-            std = p.shape[-1] ** -0.5
-            tensors[name] = torch.empty_like(p).normal_(0.0, std, generator=gen).cpu()
-    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(raw, f)
-    save_file(tensors, os.path.join(path, "model.safetensors"))
+    write_random_dflash(path, runtime.config, mask_token_id=runtime.domain.size - 1,
+                        dflash2=dflash2, layers=layers, block=block, seed=seed,
+                        dtype=runtime.dtype, device=runtime.device)
 
 
 async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: str | None,
@@ -343,10 +323,7 @@ def _runtime(model: str, device: str) -> ModelRuntime:
 
 
 def run(args: argparse.Namespace) -> int:
-    opts = SpecBenchOptions(tasks=tuple(args.tasks), backends=tuple(args.backends),
-                            draft_tokens=tuple(args.num_draft_tokens), batch_size=args.batch_size,
-                            max_tokens=args.max_tokens, cuda_graphs=not args.no_cuda_graphs,
-                            draft_layers=args.draft_layers)
+    opts = SpecBenchOptions.from_args(args)
 
     def log(line: str) -> None:
         print(f"[bench spec] {line}", file=sys.stderr, flush=True)

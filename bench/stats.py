@@ -42,16 +42,6 @@ def ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
 
 
-
-
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a is not None and b else None
 
-
-def write_report(report: dict, out: str | None) -> None:
-    """Print the report as JSON and also write it to `out` when given."""
-    text = json.dumps(report, indent=2, default=str)
-    if out:
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)

@@ -16,8 +16,6 @@ the companion replaces, side by side in the same run.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import platform
 import random
 import sys
 import time
@@ -25,7 +23,7 @@ import time
 import xgrammar as xgr
 
 from bench.qwen35_framings import _stats
-from bench.stats import write_report
+from bench.report import host, write_report
 from services.grammar.compiler import build_framed_grammar
 from services.grammar.tools import xml_values
 from services.grammar.tools.hermes import ToolSpec
@@ -128,8 +126,7 @@ def main() -> int:
     rng = random.Random(0)
     report = {"bench": "xml-bounds", "vocab_size": domain.size,
               "length_index_build_ms": round(index_ms, 1),
-              "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
-                          "xgrammar": importlib.metadata.version("xgrammar")},
+              "machine": host("xgrammar"),
               "companion": [run_bound(compiler, domain, hi, rng) for hi in BOUNDS],
               "product_automaton": [run_product(compiler, domain, hi) for hi in args.product]}
     write_report(report, args.out)

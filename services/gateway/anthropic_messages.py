@@ -14,6 +14,7 @@ from services.gateway.known import FieldPolicy
 from services.gateway.limits import GatewayLimits
 from services.gateway.translate import (
     Translated,
+    declared_tools,
     json_schema_constraint,
     merge_content_constraint,
     structured_outputs,
@@ -223,16 +224,9 @@ def _assistant(blocks: list[dict], path: str) -> list[ChatMessage]:
 
 
 def _tools(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple:
-    raw = f.get_list(body, "tools", "") or []
-    limits.check_tools(len(raw), "tools")
     tools = []
-    for i, tool in enumerate(raw):
-        path = f"tools[{i}]"
-        tool = f.as_dict(tool, path)
-        kind = f.get_str(tool, "type", path, default="custom")
-        f.reject_unless(kind == "custom", f"{path}.type",
-                        f"{path}.type {kind!r} is not supported; only custom (client) tools")
-        policy.check(tool, path, known.MESSAGES_TOOL)
+    for i, path, tool in declared_tools(body, limits, policy, known.MESSAGES_TOOL, kind="custom",
+                                        default_kind="custom", what="custom (client) tools"):
         tools.append(tool_definition(
             i, f.get_str(tool, "name", path, required=True),
             f.get_dict(tool, "input_schema", path, required=True),

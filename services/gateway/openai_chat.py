@@ -16,12 +16,13 @@ from services.gateway.sse import DONE, SSE
 from services.gateway.translate import (
     Thinking,
     Translated,
-    allowed_names,
     choice_count,
+    declared_tools,
     effort_thinking,
     json_schema_constraint,
     merge_content_constraint,
     merge_thinking,
+    openai_tool_choice,
     structured_outputs,
     structured_outputs_key,
     thinking_budget,
@@ -30,7 +31,7 @@ from services.gateway.translate import (
     tool_policy,
     with_json_whitespace,
 )
-from shared.contract import OutputConstraint, ToolChoice, ToolMode, parse_json_text
+from shared.contract import OutputConstraint, parse_json_text
 from shared.errors import InvalidRequest, Unsupported
 from shared.generation import (
     ChatMessage,
@@ -85,7 +86,8 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
     n = choice_count(body, limits)
     messages = _messages(body, limits, policy)
     tools = _tools(body, limits, policy)
-    choice = tool_policy(tools, _tool_choice(body, policy))
+    choice = tool_policy(tools, openai_tool_choice(body, policy, known.CHAT_TOOL_CHOICE,
+                                                     nested=True))
     constraint = with_json_whitespace(merge_content_constraint(
         _response_format(body, limits, policy), structured_outputs(body, limits),
         "response_format"), body)
@@ -218,16 +220,9 @@ def _assistant_calls(message: dict, path: str, policy: FieldPolicy) -> tuple[Too
 
 
 def _tools(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple:
-    raw = f.get_list(body, "tools", "") or []
-    limits.check_tools(len(raw), "tools")
     tools = []
-    for i, tool in enumerate(raw):
-        path = f"tools[{i}]"
-        tool = f.as_dict(tool, path)
-        kind = f.get_str(tool, "type", path, required=True)
-        f.reject_unless(kind == "function", f"{path}.type",
-                        f"{path}.type {kind!r} is not supported; only function tools")
-        policy.check(tool, path, known.CHAT_TOOL)
+    for i, path, tool in declared_tools(body, limits, policy, known.CHAT_TOOL, kind="function",
+                                        what="function tools"):
         function = f.get_dict(tool, "function", path, required=True)
         fn_path = f"{path}.function"
         policy.check(function, fn_path, known.CHAT_FUNCTION)
@@ -238,38 +233,6 @@ def _tools(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple:
             strict=f.get_bool(function, "strict", fn_path, default=False),
             schema_path=f"{fn_path}.parameters", limits=limits))
     return tuple(tools)
-
-
-def _tool_choice(body: dict, policy: FieldPolicy) -> ToolChoice:
-    parallel = f.get_bool(body, "parallel_tool_calls", "", default=True)
-    value = f.get(body, "tool_choice", "")
-    if value is f.MISSING:
-        return ToolChoice(parallel=parallel)
-    if isinstance(value, str):
-        modes = {"auto": ToolMode.AUTO, "none": ToolMode.NONE, "required": ToolMode.REQUIRED}
-        if value not in modes:
-            raise InvalidRequest(f"tool_choice {value!r} must be auto, none, required or a named "
-                                 "function", field="tool_choice")
-        return ToolChoice(modes[value], parallel=parallel)
-    value = f.as_dict(value, "tool_choice")
-    policy.check(value, "tool_choice", known.CHAT_TOOL_CHOICE)
-    kind = f.get_str(value, "type", "tool_choice", required=True)
-    if kind == "function":
-        function = f.get_dict(value, "function", "tool_choice", required=True)
-        return ToolChoice.named(f.get_str(function, "name", "tool_choice.function", required=True))
-    if kind == "allowed_tools":
-        allowed = f.get_dict(value, "allowed_tools", "tool_choice", required=True)
-        mode = f.get_str(allowed, "mode", "tool_choice.allowed_tools", required=True)
-        if mode not in ("auto", "required"):
-            raise InvalidRequest(
-                f"tool_choice.allowed_tools.mode {mode!r} must be auto or required",
-                field="tool_choice.allowed_tools.mode",
-            )
-        names = allowed_names(allowed.get("tools"), "tool_choice.allowed_tools.tools",
-                              nested_function=True)
-        return ToolChoice(ToolMode(mode), names, parallel)
-    raise Unsupported(f"tool_choice.type {kind!r} is not supported (function, allowed_tools)",
-                      field="tool_choice.type")
 
 
 def _response_format(body: dict, limits: GatewayLimits,

@@ -16,11 +16,12 @@ from services.gateway.logprobs import responses_logprobs
 from services.gateway.responses_replies import Streamer, aggregate  # noqa: F401 - the entry's
 from services.gateway.translate import (
     Translated,
-    allowed_names,
+    declared_tools,
     effort_thinking,
     json_schema_constraint,
     merge_content_constraint,
     merge_thinking,
+    openai_tool_choice,
     structured_outputs,
     structured_outputs_key,
     thinking_budget,
@@ -28,7 +29,7 @@ from services.gateway.translate import (
     tool_definition,
     tool_policy,
 )
-from shared.contract import OutputConstraint, ToolChoice, ToolMode, parse_json_text
+from shared.contract import OutputConstraint, parse_json_text
 from shared.errors import InvalidRequest, Unsupported
 from shared.generation import (
     ChatMessage,
@@ -74,7 +75,8 @@ def translate(body: dict, request_id: str, limits: GatewayLimits,
         raise Unsupported("top_logprobs / include message.output_text.logprobs with tools is not "
                           "supported on Responses (chat reports log-probabilities with tools)",
                           field="top_logprobs" if body.get("top_logprobs") else "include")
-    choice = tool_policy(tools, _tool_choice(body, policy))
+    choice = tool_policy(tools, openai_tool_choice(body, policy, known.RESPONSES_TOOL_CHOICE,
+                                                     nested=False))
     text = f.get_dict(body, "text", "") or {}
     policy.check(text, "text", known.RESPONSES_TEXT)
     constraint = merge_content_constraint(_format(text, limits, policy),
@@ -199,16 +201,9 @@ def _text(content: Any, path: str, policy: FieldPolicy) -> str:
 
 
 def _tools(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple:
-    raw = f.get_list(body, "tools", "") or []
-    limits.check_tools(len(raw), "tools")
     tools = []
-    for i, tool in enumerate(raw):
-        path = f"tools[{i}]"
-        tool = f.as_dict(tool, path)
-        kind = f.get_str(tool, "type", path, required=True)
-        f.reject_unless(kind == "function", f"{path}.type",
-                        f"{path}.type {kind!r} is not supported; only function tools")
-        policy.check(tool, path, known.RESPONSES_TOOL)
+    for i, path, tool in declared_tools(body, limits, policy, known.RESPONSES_TOOL,
+                                        kind="function", what="function tools"):
         tools.append(tool_definition(
             i, f.get_str(tool, "name", path, required=True), f.get_dict(tool, "parameters", path),
             description=f.get_str(tool, "description", path),
@@ -216,32 +211,6 @@ def _tools(body: dict, limits: GatewayLimits, policy: FieldPolicy) -> tuple:
             strict=f.get_bool(tool, "strict", path, default=True),
             schema_path=f"{path}.parameters", limits=limits))
     return tuple(tools)
-
-
-def _tool_choice(body: dict, policy: FieldPolicy) -> ToolChoice:
-    parallel = f.get_bool(body, "parallel_tool_calls", "", default=True)
-    value = f.get(body, "tool_choice", "")
-    if value is f.MISSING:
-        return ToolChoice(parallel=parallel)
-    if isinstance(value, str):
-        if value not in ("auto", "none", "required"):
-            raise InvalidRequest(f"tool_choice {value!r} must be auto, none, required or a named "
-                                 "function", field="tool_choice")
-        return ToolChoice(ToolMode(value), parallel=parallel)
-    value = f.as_dict(value, "tool_choice")
-    policy.check(value, "tool_choice", known.RESPONSES_TOOL_CHOICE)
-    kind = f.get_str(value, "type", "tool_choice", required=True)
-    if kind == "function":
-        return ToolChoice.named(f.get_str(value, "name", "tool_choice", required=True))
-    if kind == "allowed_tools":
-        mode = f.get_str(value, "mode", "tool_choice", required=True)
-        if mode not in ("auto", "required"):
-            raise InvalidRequest(f"tool_choice.mode {mode!r} must be auto or required",
-                                 field="tool_choice.mode")
-        names = allowed_names(value.get("tools"), "tool_choice.tools", nested_function=False)
-        return ToolChoice(ToolMode(mode), names, parallel)
-    raise Unsupported(f"tool_choice.type {kind!r} is not supported (function, allowed_tools)",
-                      field="tool_choice.type")
 
 
 def _format(text: dict, limits: GatewayLimits, policy: FieldPolicy) -> OutputConstraint | None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from services.gateway import fields as f
 from services.gateway.errors import ErrorPaths
+from services.gateway.known import FieldPolicy, Shape
 from services.gateway.limits import GatewayLimits
 from services.gateway.schema_meta import check_meta_schema
 from shared.contract import (
@@ -20,7 +21,7 @@ from shared.contract import (
     ToolMode,
     validate_tools,
 )
-from shared.errors import ConflictingConstraint, InvalidRequest
+from shared.errors import ConflictingConstraint, InvalidRequest, Unsupported
 from shared.generation import GenerateRequest
 
 STRUCTURED_OUTPUT_KEYS = ("grammar", "regex", "choice")
@@ -144,6 +145,25 @@ def json_schema_constraint(schema: Any, path: str, limits: GatewayLimits) -> Out
     return OutputConstraint.json_schema(schema)
 
 
+def declared_tools(body: dict, limits: GatewayLimits, policy: FieldPolicy, shape: Shape, *,
+                   kind: str, default_kind: str | None = None,
+                   what: str) -> Iterator[tuple[int, str, dict]]:
+    """The entries of the body's `tools` array as (index, path, object): their count within the
+    gateway limit, each an object of `type` `kind` (`default_kind` when absent; None: the type is
+    required) with only the fields `shape` knows. `what` names the supported tools in the
+    refusal of another type."""
+    raw = f.get_list(body, "tools", "") or []
+    limits.check_tools(len(raw), "tools")
+    for i, tool in enumerate(raw):
+        path = f"tools[{i}]"
+        tool = f.as_dict(tool, path)
+        given = f.get_str(tool, "type", path, required=default_kind is None, default=default_kind)
+        f.reject_unless(given == kind, f"{path}.type",
+                        f"{path}.type {given!r} is not supported; only {what}")
+        policy.check(tool, path, shape)
+        yield i, path, tool
+
+
 def tool_definition(index: int, name: Any, parameters: Any, *, description: Any, strict: bool,
                     schema_path: str, limits: GatewayLimits) -> ToolDefinition:
     """One function tool; the parameters schema's size is checked against the gateway limit,
@@ -165,6 +185,41 @@ def tool_policy(tools: tuple[ToolDefinition, ...], choice: ToolChoice) -> ToolCh
     if not tools and choice.mode is not ToolMode.REQUIRED:
         return ToolChoice(parallel=choice.parallel)
     return choice
+
+
+def openai_tool_choice(body: dict, policy: FieldPolicy, shape: Shape, *,
+                       nested: bool) -> ToolChoice:
+    """OpenAI's `tool_choice` and `parallel_tool_calls`: a mode string, a named function or
+    `allowed_tools`, in Chat's shape (`nested`: `{type: function, function: {name}}` and
+    `{type: allowed_tools, allowed_tools: {mode, tools}}`) or Responses' flat one (`{type:
+    function, name}`, `{type: allowed_tools, mode, tools}`); `shape`: the object's known
+    fields. Raises InvalidRequest or Unsupported naming the field."""
+    parallel = f.get_bool(body, "parallel_tool_calls", "", default=True)
+    value = f.get(body, "tool_choice", "")
+    if value is f.MISSING:
+        return ToolChoice(parallel=parallel)
+    if isinstance(value, str):
+        if value not in ("auto", "none", "required"):
+            raise InvalidRequest(f"tool_choice {value!r} must be auto, none, required or a named "
+                                 "function", field="tool_choice")
+        return ToolChoice(ToolMode(value), parallel=parallel)
+    value = f.as_dict(value, "tool_choice")
+    policy.check(value, "tool_choice", shape)
+    kind = f.get_str(value, "type", "tool_choice", required=True)
+    if kind not in ("function", "allowed_tools"):
+        raise Unsupported(f"tool_choice.type {kind!r} is not supported (function, allowed_tools)",
+                          field="tool_choice.type")
+    inner, path = value, "tool_choice"
+    if nested:  # Chat: the function or the allowed tools in an object of their own
+        inner, path = f.get_dict(value, kind, path, required=True), f"{path}.{kind}"
+    if kind == "function":
+        return ToolChoice.named(f.get_str(inner, "name", path, required=True))
+    mode = f.get_str(inner, "mode", path, required=True)
+    if mode not in ("auto", "required"):
+        raise InvalidRequest(f"{path}.mode {mode!r} must be auto or required",
+                             field=f"{path}.mode")
+    names = allowed_names(inner.get("tools"), f"{path}.tools", nested_function=nested)
+    return ToolChoice(ToolMode(mode), names, parallel)
 
 
 def allowed_names(entries: Any, path: str, *, nested_function: bool) -> tuple[str, ...]:

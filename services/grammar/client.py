@@ -286,6 +286,7 @@ from services.grammar.engines.engine import (  # noqa: E402,F401 - re-exported: 
 from services.grammar.json_names import (  # noqa: E402,F401 - re-exported: the JSON companion
     JsonNameConstraint,
     json_names_for,
+    tool_json_names_for,
 )
 from services.grammar.tools.hermes import (  # noqa: E402,F401 - re-exported
     ToolSpec,

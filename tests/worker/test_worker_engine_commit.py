@@ -17,7 +17,8 @@ import asyncio
 
 import pytest
 
-from services.worker.output.session import OutputSession, PreviewResult
+from services.worker.output.preview import PreviewResult
+from services.worker.output.session import OutputSession
 from services.worker.program import Program
 from shared.contract import OutputConstraint
 from shared.errors import InternalError

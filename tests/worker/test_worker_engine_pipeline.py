@@ -240,7 +240,8 @@ async def test_hybrid_row_of_an_aborted_chained_round_resumes_by_replay(qwen35, 
     same step again". With the pipeline the aborted step's recurrent state was already committed
     ahead (and the next step launched), so the survivor resumes by Replay from its committed
     tokens: its output equals its output alone."""
-    from services.worker.output.session import OutputSession, PreviewResult
+    from services.worker.output.preview import PreviewResult
+    from services.worker.output.session import OutputSession
     from shared.errors import InternalError
 
     original = OutputSession.preview

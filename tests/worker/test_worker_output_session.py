@@ -21,7 +21,8 @@ import xgrammar as xgr
 from services.grammar.compiler import ModelCompiler
 from services.grammar.engines.engine_xgrammar import XgrammarConstraint
 from services.grammar.engines.matching import legal_ids
-from services.worker.output.session import OutputSession, PositionState, filler_row
+from services.worker.output.positions import PositionState, filler_row
+from services.worker.output.session import OutputSession
 from services.worker.program.masks import MaskBuffers
 from shared.contract import OutputConstraint
 from shared.errors import ConstraintDeadEnd, InternalError, InvalidRequest

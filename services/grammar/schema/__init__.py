@@ -167,9 +167,11 @@ def reduce_tool_arguments(schema: Any, *, tool_index: int, tool_name: str) -> Re
 
 def tool_argument_parts(schema: Any, *, tool_index: int, tool_name: str
                         ) -> tuple[ReducedSchema, Graph, PatternSupport, Context]:
-    """`reduce_tool_arguments` with what `make_emitter` needs to write its values' grammar."""
+    """`reduce_tool_arguments` with what `make_emitter` needs to write its values' grammar.
+    Tool grammars run with the JSON name companion (json_names.tool_json_names_for), so counts
+    of undeclared names compile (`unique_names`)."""
     src = SchemaSource.TOOL_ARGUMENTS
-    ctx = _context(src, tool_index, tool_name)
+    ctx = _context(src, tool_index, tool_name, unique_names=True)
     patterns = PatternSupport(ctx)
     reduced, graph = _reduce_graph(schema, ctx, patterns)
     root = reduced.root

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.stream import Outbox
 from services.worker.integrity import IntegrityError
-from services.worker.output.session import PreviewResult
+from services.worker.output.preview import PreviewResult
 from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request
 from services.worker.spec.counters import SpecCounters

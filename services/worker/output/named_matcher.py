@@ -1,8 +1,9 @@
 """NamedMatcher: one session's grammar matcher together with its companions, which share every
-matcher transaction: a name companion (the XML tool grammar's ParameterNameConstraint for the
-argument names of a call, or the JsonNameConstraint of JSON content for the member names of each
-object), the XML tool grammar's raw string length companion (RawLengthConstraint) and the
-UniqueItemsConstraint of JSON content for arrays whose uniqueItems the grammar leaves to it.
+matcher transaction: the name companions (the XML tool grammar's ParameterNameConstraint for the
+argument names of a call; the JsonNameConstraint for the member names of each object of JSON
+content, of Hermes call arguments and of JSON-valued XML parameters), the XML tool grammar's
+raw string length companion (RawLengthConstraint) and the UniqueItemsConstraint of JSON content
+for arrays whose uniqueItems the grammar leaves to it.
 
 Each companion clears, in each mask the matcher fills, the tokens the grammar alone cannot refuse
 (a repeated name, and for JSON those after which only used names could follow: it probes the
@@ -49,13 +50,17 @@ NameCompanion = Union[ParameterNameConstraint, JsonNameConstraint]
 
 
 class NamedMatcher:
-    """`matcher`, `names`, `lengths` and `items` (None: no such companion), moving together."""
+    """`matcher`, `names` (a name companion, several in the order they clear masks, or None),
+    `lengths` and `items` (None: no such companion), moving together."""
 
-    def __init__(self, matcher: Matcher, names: NameCompanion | None = None,
+    def __init__(self, matcher: Matcher,
+                 names: NameCompanion | Sequence[NameCompanion] | None = None,
                  lengths: RawLengthConstraint | None = None,
                  items: UniqueItemsConstraint | None = None) -> None:
         self.matcher = matcher
-        self.names = names
+        self.names: tuple[NameCompanion, ...] = () if names is None else \
+            tuple(n for n in names if n is not None) if isinstance(names, (tuple, list)) \
+            else (names,)
         self.lengths = lengths
         self.items = items
 
@@ -67,8 +72,8 @@ class NamedMatcher:
         if self.lengths is not None and not self.lengths.accept(token):
             self.matcher.rollback(1)
             return False
-        if self.names is not None:
-            self.names.accept(token)
+        for names in self.names:
+            names.accept(token)
         if self.items is not None:
             self.items.accept(token)
         return True
@@ -78,16 +83,16 @@ class NamedMatcher:
         follows them."""
         if not self.matcher.accept_bytes(data):
             return False
-        if self.names is not None:
-            self.names.accept_bytes(data)
+        for names in self.names:
+            names.accept_bytes(data)
         if self.items is not None:
             self.items.accept_bytes(data)
         return True
 
     def rollback(self, n: int) -> None:
         self.matcher.rollback(n)
-        if self.names is not None:
-            self.names.rollback(n)
+        for names in self.names:
+            names.rollback(n)
         if self.lengths is not None:
             self.lengths.rollback(n)
         if self.items is not None:
@@ -99,8 +104,8 @@ class NamedMatcher:
         bounds."""
         if self.lengths is not None:
             self.lengths.apply(row)
-        if self.names is not None:
-            self.names.apply(row, self.matcher)
+        for names in self.names:
+            names.apply(row, self.matcher)
         if self.items is not None:
             self.items.apply(row, self.matcher)
 

@@ -11,11 +11,11 @@ Transactions (design document, section 5):
 - `lookahead(drafts, out)` fills one mask row per position, accepting drafts temporarily, and
   always rolls the matcher back to the committed baseline with the matcher's `rollback`; it never
   replays the output. Its counts and time are work paid and stay in the report.
-- `preview(tokens, limit=)` accepts the produced tokens provisionally (matcher, EOS, the output
-  budget left that the Request passes) and fixes the accepted prefix; `confirm()` commits it after
-  the Program commit succeeded (nothing there can fail), `discard()` returns to the mark.
-  `preview_forced(tokens)` does the same for a fixed control string. A lookahead while a preview
-  is pending is an internal error.
+- `preview(tokens, limit=)` accepts the produced tokens provisionally (preview.py: matcher, EOS,
+  the output budget left that the Request passes) and fixes the accepted prefix; `confirm()`
+  commits it after the Program commit succeeded (nothing there can fail), `discard()` returns to
+  the mark. `preview_forced(tokens)` does the same for a fixed control string. A lookahead while
+  a preview is pending is an internal error.
 - `fill_matcher()` / `filled(row, ...)`: one row of a batched position-0 fill of several
   sessions (program/masks.py), the same transaction as `lookahead(())`.
 - `probe()` opens a temporary walk (probe.py) for a proposer; closing it rolls back to the
@@ -33,7 +33,6 @@ output position (for error messages) and the budget left (`limit`) to the calls 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -46,15 +45,9 @@ from services.grammar.client import (
 )
 from services.worker.integrity import IntegrityError
 from services.worker.output.named_matcher import NameCompanion, NamedMatcher
-from services.worker.output.positions import (  # noqa: F401 - PositionState, filler_row: public here
-    LookaheadResult,
-    PositionState,
-    filler_row,
-    int32,
-)
-from services.worker.output.positions import (
-    filler as _filler,
-)
+from services.worker.output.positions import LookaheadResult, PositionState, int32
+from services.worker.output.positions import filler as _filler
+from services.worker.output.preview import Accepted, PreviewResult, accept_produced
 from services.worker.output.probe import MatcherProbe
 from services.worker.output.report import (
     BRANCHES,
@@ -66,25 +59,6 @@ from shared.errors import InternalError, InvalidRequest
 from shared.frontends.token_domain import TokenDomain
 
 
-@dataclass(frozen=True)
-class PreviewResult:
-    """The provisional outcome of a preview. Nothing is published before `confirm()`."""
-
-    accepted: int  # tokens of the produced sequence accepted (EOS included when accepted)
-    terminated: bool = False  # EOS accepted: a normal completion
-    length_cut: bool = False  # the output budget ran out at the end of the accepted prefix
-    failure: InternalError | None = None  # an illegal token; the session is back at its mark
-    row_only: bool = False  # the matcher itself failed: this row fails, the others commit
-
-
-@dataclass
-class _Pending:
-    matcher_tokens: int
-    accepted: int
-    terminated: bool
-    length_cut: bool
-
-
 class OutputSession:
     """One request's matcher transactions (see the module docstring).
 
@@ -92,10 +66,11 @@ class OutputSession:
     content a ContinueFinalAssistant request continues (UTF-8 bytes; accepted by the matcher at
     creation, never published, part of completeness; default b""). `branch`: the report's branch
     (default "content"). `cache` ("l1" | "redis" | None), `built`, `waited`, `compile_ms`: the
-    compile-cache outcome for the report. `names`: the name companion, which shares every matcher
-    transaction (named_matcher.py): the XML tool grammar's ParameterNameConstraint (non-strict
-    tools) or the JsonNameConstraint of JSON content with undeclared names; it clears the masks'
-    tokens that would repeat a name and follows every accept, prefix and rollback; `lengths`: the
+    compile-cache outcome for the report. `names`: the name companions (one, a sequence or None),
+    which share every matcher transaction (named_matcher.py): the XML tool grammar's
+    ParameterNameConstraint (non-strict tools) and the JsonNameConstraint of JSON with undeclared
+    names (content, tool-call arguments); they clear the masks' tokens that would repeat a name
+    and follow every accept, prefix and rollback; `lengths`: the
     XML tool grammar's RawLengthConstraint companion (raw string length bounds the grammar leaves
     to it), the same way; `items`: the UniqueItemsConstraint of JSON content (uniqueItems the
     grammar leaves to it), the same way.
@@ -118,7 +93,7 @@ class OutputSession:
         built: bool = False,
         waited: bool = False,
         compile_ms: float = 0.0,
-        names: NameCompanion | None = None,
+        names: NameCompanion | Sequence[NameCompanion] | None = None,
         lengths: RawLengthConstraint | None = None,
         prefix_tokens: Sequence[int] = (),
         items: UniqueItemsConstraint | None = None,
@@ -138,8 +113,8 @@ class OutputSession:
         self.counters = ConstraintCounters(cache=cache, built=built, waited=waited,
                                             compile_ms=compile_ms)
         self._matcher: NamedMatcher | None = None  # the matcher and its companions
-        self._pending: _Pending | None = None
-        self._held: _Pending | None = None  # a forced-control preview awaiting its append
+        self._pending: Accepted | None = None
+        self._held: Accepted | None = None  # a forced-control preview awaiting its append
         self._probing = False  # a MatcherProbe is open
         self._eos = False  # EOS committed
         self._cut = False  # ended by the budget or an interruption
@@ -330,41 +305,18 @@ class OutputSession:
     def _preview(self, tokens: Sequence[int], limit: int | None, position: int, *,
                  forced: bool) -> PreviewResult:
         self._check_idle("preview")
-        matcher, domain = self._matcher, self.domain
-        accepted = matcher_tokens = 0
-        terminated = False
-        failure: InternalError | None = None
         start = time.perf_counter()
-        try:
-            for token in map(int, tokens):
-                if not forced and limit is not None and accepted >= limit:
-                    break
-                if matcher is not None:
-                    if not matcher.accept_token(token):
-                        failure = InternalError(f"the matcher refused produced token {token} at "
-                                                f"output position {position + accepted}")
-                        break
-                    matcher_tokens += 1
-                    terminated = matcher.is_terminated()
-                elif not domain.is_ordinary(token) and token not in domain.eos_ids \
-                        and token not in domain.control_ids:
-                    failure = InternalError(f"produced token {token} is never generable")
-                    break
-                else:
-                    terminated = token in domain.eos_ids
-                accepted += 1
-                if terminated:
-                    break
-        except Exception as exc:  # the engine failed on this row's state: only its row fails
-            self.counters.accept_seconds += time.perf_counter() - start
-            return PreviewResult(0, failure=self._fail(exc, position + accepted), row_only=True)
+        a = accept_produced(self._matcher, self.domain, tokens, limit=limit, position=position,
+                            forced=forced)
         self.counters.accept_seconds += time.perf_counter() - start
-        if failure is not None:
-            self._rollback_preview(matcher_tokens)
-            return PreviewResult(0, failure=failure)
-        length_cut = not terminated and limit is not None and accepted >= limit
-        self._pending = _Pending(matcher_tokens, accepted, terminated, length_cut)
-        return PreviewResult(accepted, terminated, length_cut)
+        if a.error is not None:
+            return PreviewResult(0, failure=self._fail(a.error, position + a.accepted),
+                                 row_only=True)
+        if a.illegal is not None:
+            self._rollback_preview(a.matcher_tokens)
+            return PreviewResult(0, failure=a.illegal)
+        self._pending = a
+        return PreviewResult(a.accepted, a.terminated, a.length_cut)
 
     def _rollback_preview(self, matcher_tokens: int) -> None:
         if matcher_tokens and self._matcher is not None:
