@@ -103,7 +103,8 @@ def _schema_report(schema: Any, values: list[Any], grammar: Any, accepts: Any) -
     line's "values": accepted in the generation layout, and accepted as plain json.dumps text."""
     from services.grammar.schema import check_schema, layout_values
 
-    reduced = check_schema(schema, unique_names=True)  # content: names kept unique
+    reduced = check_schema(schema, unique_names=True,
+                           unique_items=True)  # content: names and items kept unique
     report: dict[str, Any] = {"annotations": list(reduced.annotations)}
     if values:
         report["values_accepted"] = [accepts(grammar, t) for t in layout_values(schema, values)]

@@ -19,7 +19,7 @@ def content_names(constraint) -> tuple[bool, bool]:
         return True, False
     if constraint.kind is not ConstraintKind.JSON_SCHEMA:
         return False, False
-    return _free_names(check_schema(constraint.schema, unique_names=True))
+    return _free_names(check_schema(constraint.schema, unique_names=True, unique_items=True))
 
 
 def hermes_names(spec) -> tuple[bool, bool]:

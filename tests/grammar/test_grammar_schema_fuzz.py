@@ -214,7 +214,8 @@ def fuzz(seed: int, budget_s: float) -> dict:
         schema = random_schema(rng)
         stats["schemas"] += 1
         try:
-            grammar = _compiler().compile_grammar(schema_to_grammar(schema, unique_names=True))
+            grammar = _compiler().compile_grammar(schema_to_grammar(schema, unique_names=True,
+                                                                     unique_items=True))
         except (UnsupportedSchema, InvalidSchema) as exc:
             assert exc.pointer is not None, (schema, exc)
             stats["refused"] += 1

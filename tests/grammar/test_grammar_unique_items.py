@@ -20,7 +20,12 @@ import pytest
 from services.grammar.cli import run_check
 from services.grammar.compiler import ModelCompiler
 from services.grammar.engines.matching import legal_ids, random_walk
-from services.grammar.schema import check_schema, companion_positions, reduce_tool_arguments
+from services.grammar.schema import (
+    check_schema,
+    companion_positions,
+    reduce_tool_arguments,
+    schema_to_ebnf,
+)
 from services.grammar.unique_items import (
     ItemReader,
     RepeatedItem,
@@ -130,12 +135,13 @@ def test_shapes_not_kept_exact_stay_refused(schema, pointer):
     minimum count a pattern's strings are not proved to fill, and an array position that is
     unique in one branch and not in another."""
     with pytest.raises(UnsupportedSchema) as e:
-        check_schema(schema, unique_names=True)
+        check_schema(schema, unique_names=True, unique_items=True)
     assert e.value.pointer == pointer
 
 
 def test_no_companion_no_support_for_tool_arguments():
-    """Tool arguments run without the companion (Hermes and XML tool grammars): refused there;
+    """Tool grammars run without this companion (Hermes and XML calls, and the JSON content of a
+    JSON-or-calls union): refused there, though they run the name companion;
     schemas without such arrays get no companion (no cost)."""
     args = {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True,
                                                    "items": {"type": "string"}}},
@@ -143,6 +149,9 @@ def test_no_companion_no_support_for_tool_arguments():
     with pytest.raises(UnsupportedSchema) as e:
         reduce_tool_arguments(args, tool_index=0, tool_name="f")
     assert e.value.pointer == "/properties/t/uniqueItems"
+    # a tool grammar's JSON content (JSON-or-calls) is embedded with the name companion only
+    with pytest.raises(UnsupportedSchema):
+        schema_to_ebnf(args, unique_names=True)
     d = byte_domain()
     assert unique_items_for(OutputConstraint.json_schema(args), d) is not None
     finite = {"type": "array", "uniqueItems": True, "items": {"enum": [1, 2, 3]}}
@@ -284,7 +293,7 @@ def test_finite_domain_with_fewer_values_than_min_items_has_no_array():
     assert not (m.accept_bytes(b"[\x00\x00") and m.is_completed())
     with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
         check_schema({"allOf": [{"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True},
-                                {"minItems": 3}]}, unique_names=True)
+                                {"minItems": 3}]}, unique_names=True, unique_items=True)
 
 
 def test_a_token_spanning_items_is_read_whole():

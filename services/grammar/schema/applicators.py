@@ -18,7 +18,7 @@ exactly to the graph, otherwise UnsupportedSchema at its pointer.
 - `uniqueItems` over a finite item domain (literals, booleans, null, small integer ranges) of at
   most `arrays.MAX_UNIQUE` values in the grammar; over other scalar items it is not context-free
   and is kept by the content companion (schema/unique_items.py) where one runs
-  (`ctx.unique_names`); otherwise refused.
+  (`ctx.unique_items`); otherwise refused.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def _unique(r: "Reader", node: Node, at: str) -> Node:
         if not n.prefix and n.contains is None and too_few_distinct(r.graph, n.items, n.min_items):
             return NEVER  # fewer distinct items than minItems: no array of this branch is valid
         if finite_domain(r.graph, n.items, at) is None or n.prefix or n.contains is not None:
-            domain = item_domain(r.graph, n.items) if r.ctx.unique_names else None
+            domain = item_domain(r.graph, n.items) if r.ctx.unique_items else None
             if domain is None or n.prefix or n.contains is not None or \
                     domain.at_least < n.min_items:
                 raise r.ctx.unsupported(at, "uniqueItems is supported over a finite item domain "
