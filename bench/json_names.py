@@ -44,11 +44,12 @@ def _stats(values: list[float]) -> dict:
 
 
 def bench_case(model: str, compiler: ModelCompiler, name: str, schema, outputs,
-               passes: int = 10) -> dict:
+               passes: int = 10, companion=json_names_for) -> dict:
     """The masks of every output, walked `passes` times after one untimed warm-up pass (the
     vocabulary's one-time indexes and the interpreter's first calls are not a mask's cost); each
     mask is filled and cleared twice at its state, as the lookahead and the verification (or a
-    proposer's probe and the sampling) do: `repeat` is the second."""
+    proposer's probe and the sampling) do: `repeat` is the second. `companion(constraint,
+    domain)`: the companion measured (bench/unique_items.py passes the unique-items one)."""
     domain = compiler.domain
     constraint = OutputConstraint.json_object(whitespace="any") if schema is None else \
         OutputConstraint.json_schema(schema, whitespace="any")
@@ -59,7 +60,7 @@ def bench_case(model: str, compiler: ModelCompiler, name: str, schema, outputs,
     mask = np.zeros((1, domain.mask_words), dtype=np.int32)
     for n in range(passes + 1):
         for text in texts:
-            names = json_names_for(constraint, domain)
+            names = companion(constraint, domain)
             matcher = grammar.matcher()
             for t in tokenize(model, text):
                 start = time.process_time()
