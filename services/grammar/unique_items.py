@@ -399,6 +399,8 @@ def unique_items_for(constraint, domain: TokenDomain,
 def _positions(constraint) -> Any:
     from services.grammar.schema import companion_positions
 
+    if "uniqueItems" not in json.dumps(constraint.schema):  # no reduction for most schemas
+        return None
     return companion_positions(constraint.schema)
 
 
