@@ -1,0 +1,118 @@
+"""ItemProbe: whether, after a token, the open item of a unique array can still become an unused
+value, asked through the matcher, with the answers kept by a digest of the output read so far.
+
+The probe accepts the token, walks single-byte tokens through the matcher depth-first (accept,
+then roll back) until the companion's reader is settled (unique_items.py: the grammar then
+guarantees a fresh completion) or every way over the used items' spellings is used up, and rolls
+back. Each step fills one mask and answers at once when a byte the grammar takes settles the
+reader; the others are searched.
+
+Answers are kept by the digest of every byte and control token the request accepted
+(json_probe.Key, here with the layout kept in: the key then names the matcher's state and the
+reader's, its used items included, whichever tokens spelled the bytes). So the repeated masks of
+one state, the tokens of one mask that reach one text (`"al` and `"` then `al`) and the next
+position's probes along the same item share one search. A True found below the top is kept too
+(a way out is one whatever led there); a False only for a whole probe: below the top a search
+skips the states its ancestors hold (whitespace between items comes back to one state), so its
+False is the ancestors' to give.
+"""
+
+from __future__ import annotations
+
+from services.grammar.json_probe import CACHE_LIMIT, PROBE_BUDGET, ByteSteps, Key
+from shared.frontends.token_domain import TokenDomain
+
+
+class ItemProbe:
+    """The probes of one request's unique-items companion and their answers. `reader`: the
+    companion's ItemReader; `cache`: False runs every search afresh (the reference the tests
+    compare the kept answers with)."""
+
+    def __init__(self, reader, domain: TokenDomain, cache: bool = True) -> None:
+        self.reader = reader
+        self.domain = domain
+        self.cache = cache
+        self.answers: dict[bytes, bool] = {}
+        self.probes = 0  # searches run
+        self.hits = 0  # probes answered from `answers`
+        self.gave_up = 0  # probes that ran out of PROBE_BUDGET (the token was kept)
+        self._steps: ByteSteps | None = None
+
+    def probe(self, matcher, token: int, after: tuple, key: Key) -> bool:
+        """Whether, once `token` is accepted (the reader then in `after`, the output read so far
+        digested as `key`), the open item can still become an unused value. `matcher` is left
+        as it was."""
+        digest = key.digest()
+        if self.cache:
+            known = self.answers.get(digest)
+            if known is not None:
+                self.hits += 1
+                return known
+        self.probes += 1
+        if not matcher.accept_token(token):
+            return False
+        budget = [PROBE_BUDGET]
+        try:
+            found = self._search(matcher, after, key, budget, set())
+        finally:
+            matcher.rollback(1)
+        if budget[0] <= 0:
+            self.gave_up += 1
+            return True
+        self._keep(digest, found)
+        return found
+
+    def _keep(self, digest: bytes, found: bool) -> None:
+        if self.cache:
+            if len(self.answers) >= CACHE_LIMIT:
+                self.answers.clear()
+            self.answers[digest] = found
+
+    def _search(self, matcher, state: tuple, key: Key, budget: list[int], seen: set) -> bool:
+        # Depth-first over the single bytes the grammar takes, until a settled state (True) or
+        # every way is used up (False); `seen`: the reader states on the way here.
+        if self.reader.settled(state) or budget[0] <= 0:
+            return True
+        if state in seen:
+            return False
+        if seen and self.cache:
+            known = self.answers.get(key.digest())
+            if known is not None:  # a False was a whole probe's: a narrower search finds none
+                return known
+        seen = seen | {state}
+        if self._steps is None:
+            self._steps = ByteSteps(self.domain)
+        budget[0] -= 16
+        deeper = []
+        for byte in self._steps.legal(matcher):
+            try:
+                child = self.reader.step(state, byte)
+            except self.reader.refused:
+                continue
+            if self.reader.settled(child):
+                self._found(key, budget, seen)
+                return True
+            deeper.append((byte, child))
+        for byte, child in deeper:
+            t = self.domain.byte_token_ids[byte]
+            budget[0] -= 1
+            if not matcher.accept_token(t):
+                continue
+            try:
+                below = key.extended(bytes((byte,)))
+                if self._search(matcher, child, below, budget, seen):
+                    self._found(key, budget, seen)
+                    return True
+            finally:
+                matcher.rollback(1)
+            if budget[0] <= 0:
+                return True
+        return False
+
+    def _found(self, key: Key, budget: list[int], seen: set) -> None:
+        # A way out below the top (the top keeps its own answer, False included).
+        if len(seen) > 1 and budget[0] > 0:
+            self._keep(key.digest(), True)
+
+
+__all__ = ["ItemProbe"]
