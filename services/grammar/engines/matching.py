@@ -21,6 +21,7 @@ from shared.frontends.token_domain import TokenDomain
 
 # annotation only: the companion reads schemas, whose emitters import engines/
 if TYPE_CHECKING:
+    from services.grammar.json_lengths import JsonLengthConstraint
     from services.grammar.json_names import JsonNameConstraint
 
 
@@ -36,12 +37,17 @@ def _matcher(compiled: CompiledConstraint | xgr.CompiledGrammar, domain: TokenDo
 
 
 def accepts(compiled: CompiledConstraint | xgr.CompiledGrammar, output: str | bytes,
-            domain: TokenDomain | None = None, *, unique_names: bool = False) -> bool:
+            domain: TokenDomain | None = None, *, unique_names: bool = False,
+            lengths: JsonLengthConstraint | None = None) -> bool:
     """True when `output` is a complete output of the language (EOS would be legal after it).
     `unique_names`: the output runs with the JSON name companion (json_names.json_names_for),
-    so a JSON text that repeats a member name in one object is not an output."""
+    so a JSON text that repeats a member name in one object is not an output. `lengths`: a fresh
+    JSON length companion of the output (json_lengths.json_lengths_for): a string that leaves
+    its counted bounds makes the text no output."""
     data = output.encode("utf-8") if isinstance(output, str) else output
     if unique_names and repeats_a_name(data):
+        return False
+    if lengths is not None and lengths.after_bytes(data) is None:
         return False
     if not isinstance(compiled, CompiledConstraint):  # a bare xgrammar grammar (tests)
         matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=False)
@@ -76,13 +82,15 @@ def random_walk(
     max_tokens: int = 256,
     end_bias: float = 0.5,
     names: JsonNameConstraint | None = None,
+    lengths: JsonLengthConstraint | None = None,
 ) -> Walk:
     """Pick uniformly random legal tokens until EOS or `max_tokens`.
 
     End bias: when EOS is legal, it is taken with probability `end_bias` before a uniform draw over
     the other legal tokens (a uniform draw alone almost never ends a JSON walk, and always ending at
     the first chance would only ever produce the shortest outputs). `names`: the JSON name
-    companion of the output (json_names.json_names_for), applied to every mask and token.
+    companion of the output (json_names.json_names_for), `lengths` its JSON length companion
+    (json_lengths.json_lengths_for), applied to every mask and token.
     """
     matcher = _matcher(compiled, domain)
     mask = np.zeros((1, domain.mask_words), dtype=np.int32)
@@ -90,6 +98,8 @@ def random_walk(
     data = bytearray()
     for step in range(max_tokens):
         matcher.fill_mask(mask, 0)
+        if lengths is not None:
+            lengths.apply(mask[0])
         if names is not None:
             names.apply(mask[0], matcher)
         ids = legal_ids(mask[0], domain.size)
@@ -104,6 +114,8 @@ def random_walk(
         token = rng.choice(other)
         ok = matcher.accept_token(token)
         assert ok, f"legal token {token} was refused"
+        if lengths is not None:
+            assert lengths.accept(token), f"legal token {token} was refused by its lengths"
         if names is not None:
             names.accept(token)
         data += domain.token_bytes[token]

@@ -22,6 +22,7 @@ from services.grammar.client import (
     ToolSpec,
     argument_codings,
     counted_lengths,
+    json_lengths_for,
     json_names_for,
     needs_tool_grammar,
 )
@@ -216,7 +217,8 @@ async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
                                 branch="undecided" if tool_spec is not None else "content",
                                 names=_name_constraint(tool_spec, frontend) if tool_spec
                                 is not None else json_names_for(constraint, domain, framing),
-                                lengths=_length_constraint(tool_spec, frontend))
+                                lengths=_length_constraint(tool_spec, frontend) if tool_spec
+                                is not None else json_lengths_for(constraint, domain, framing))
         if not (session.may_end or session.can_continue):
             raise ConstraintDeadEnd("the constraint allows no token at output position 0",
                                     position=0)
