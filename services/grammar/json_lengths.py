@@ -52,6 +52,10 @@ _Q, _BS, _U = ord('"'), ord("\\"), ord("u")
 ESCAPES = (0, -1, 4, 3, 2, 1)
 _OUTSIDE = len(ESCAPES)  # the scan variant of a token read outside any string
 _BIG = 1 << 30
+# What may precede a token's first `"` (whitespace around it) when that quote opens a string
+# whose place the reader knows before the token: a value or key next, after a name, after a value
+_BEFORE = (b"", b":", b",")
+_WS_ONLY, _COLON, _COMMA = range(3)
 
 
 class State(NamedTuple):
@@ -196,7 +200,7 @@ class LengthIndex:
     closes: np.ndarray  # [len(ESCAPES) + 1, S] bool: they close it
     open_max: np.ndarray  # [len(ESCAPES) + 1, S] int32: most characters of a later string
     closed_min: np.ndarray  # [len(ESCAPES) + 1, S] int32: fewest of a later string it closes
-    ws_quote: np.ndarray  # [S] bool: only whitespace before the token's first `"`
+    before: np.ndarray  # [S] int8: what precedes the token's first `"` (`_BEFORE`)
 
     @staticmethod
     def of(domain: TokenDomain) -> "LengthIndex":
@@ -246,9 +250,16 @@ def _index(domain: TokenDomain) -> LengthIndex:
             first[e, j], closes[e, j] = f, c
             open_max[e, j] = max((k for k, _ in later), default=-1)
             closed_min[e, j] = min((k for k, done in later if done), default=_BIG)
-    ws_quote = np.array([set(datas[t].split(b'"', 1)[0]) <= _WS and b'"' in datas[t]
-                         for t in special.tolist()], dtype=bool)
-    return LengthIndex(domain, keep, special, first, closes, open_max, closed_min, ws_quote)
+    before = np.array([_before(datas[t]) for t in special.tolist()], dtype=np.int8)
+    return LengthIndex(domain, keep, special, first, closes, open_max, closed_min, before)
+
+
+def _before(data: bytes) -> int:
+    """The class of the bytes before the first `"` of `data` (`_BEFORE`; -1: none of them)."""
+    if b'"' not in data:
+        return -1
+    head = data.split(b'"', 1)[0].strip(b" \t\n\r")
+    return _BEFORE.index(head) if head in _BEFORE else -1
 
 
 def _set_bits(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -349,14 +360,19 @@ class JsonLengthConstraint:
             judged = np.ones(len(index.special), dtype=bool) if bounds is not None else None
         else:
             v = _OUTSIDE
-            if s.mode in (VALUE, VALUE0) and isinstance(s.child, tuple):
-                bounds = s.child
-                judged = index.ws_quote
-            else:
-                judged = None
-        if judged is None:  # no counted string is current: only later strings matter
-            loose = self._loose_all[v] if v == _OUTSIDE else self._loose[v]
-            read = ~loose
+            kind, place = _first_string(s)
+            judged = None
+            if kind is not None:  # tokens of `kind` open their first string at `place`
+                known = index.before == kind
+                if isinstance(place, tuple):
+                    bounds, judged = place, known
+                else:  # a name or an uncounted value: only later strings matter
+                    read = (known & ~self._loose[v]) | (~known & ~self._loose_all[v])
+                    judged = False
+        if judged is False:
+            pass
+        elif judged is None:  # no counted string is current: only later strings matter
+            read = ~(self._loose_all[v] if v == _OUTSIDE else self._loose[v])
         else:
             lo, hi = bounds
             hi = _BIG if hi is None else hi
@@ -371,6 +387,22 @@ class JsonLengthConstraint:
                 self._advance(s, t)
             except _Violation:
                 _clear_bits(words, np.array([t], dtype=np.int64))
+
+
+def _first_string(s: State) -> tuple[int | None, Counted | None]:
+    """Outside any string: the `_BEFORE` class of the tokens whose first `"` opens a string at a
+    place the state fixes, and the counted subtree there (None: a name or an uncounted value);
+    (None, None) where no class does."""
+    if s.mode in (VALUE, VALUE0):
+        return _WS_ONLY, s.child
+    if s.mode == COLON:
+        return _COLON, s.child
+    if s.mode in (KEY0, KEYX):
+        return _WS_ONLY, None
+    if s.mode == AFTER and s.stack:
+        is_array, sub, n = s.stack[-1]
+        return _COMMA, (sub.child(n + 1) if is_array and sub is not None else None)
+    return None, None
 
 
 def json_lengths_for(constraint, domain: TokenDomain,

@@ -29,7 +29,10 @@ _MERGES = (b'"', b'",', b'"}', b'":', b'":"', b'", "', b'","', b'""', b'"a"', b'
            b'"]', b'"a', b'ab', b'abc', b'abcd', b'\\', b'\\n', b'\\"', b'\\\\', b'\\u', b'\\u00',
            b'\\u001', b'u00', b'001f', b'n"', b'\\t"', b'a\\', b'ab"', b'\xc3\xa9', b'\xe6\x97',
            b'\xa5', b'\xf0\x9f\x98', b'\x80', b'\xe6\x97\xa5\xe6\x9c\xac', b'a"}', b'a", "b":"',
-           b'": "', b' "', b'x":"abc', b'":"ab"}', b'"b"', b', ', b'[', b']', b'ws ', b'  ')
+           b'": "', b' "', b'x":"abc', b'":"ab"}', b'"b"', b', ', b'[', b']', b'ws ', b'  ',
+           # a string opened after a name, a comma or whitespace, inside the token
+           b': "abc', b':"a', b': ""', b',"ab', b', "abcd', b',""', b' "abc', b'"abcde',
+           b'["abc', b'"], "', b'"}, {"')
 
 
 def _domain() -> TokenDomain:
