@@ -15,7 +15,7 @@ first byte arrives: a lead byte of raw UTF-8 (not 0b10xxxxxx) or the `\\` of an 
 escape's other bytes count nothing. A string at `count` characters is live iff count <= max;
 its closing quote is legal iff min <= count.
 
-Masks (`LengthIndex`, once per vocabulary): tokens without `"` or `\\` ("plain") inside a
+Masks (`JsonLengthIndex`, once per vocabulary): tokens without `"` or `\\` ("plain") inside a
 counted string only add characters, and are legal iff they fit what is left: one precomputed
 packed row per count left clears them (a row set per escape state, since a token read just after
 `\\` or inside `\\u00xx` first finishes the escape). The others ("special": a few thousand) are
@@ -189,7 +189,7 @@ def _scan(data: bytes, inside: bool, esc: int) -> tuple[int, bool, list[tuple[in
 
 
 @dataclass(frozen=True, eq=False)
-class LengthIndex:
+class JsonLengthIndex:
     """Per vocabulary: the packed keep rows of plain tokens per escape state and count left, and
     the scans of the special tokens per start (`ESCAPES`, then outside)."""
 
@@ -203,12 +203,12 @@ class LengthIndex:
     before: np.ndarray  # [S] int8: what precedes the token's first `"` (`_BEFORE`)
 
     @staticmethod
-    def of(domain: TokenDomain) -> "LengthIndex":
+    def of(domain: TokenDomain) -> "JsonLengthIndex":
         return _index(domain)
 
 
 @lru_cache(maxsize=8)
-def _index(domain: TokenDomain) -> LengthIndex:
+def _index(domain: TokenDomain) -> JsonLengthIndex:
     datas = domain.token_bytes
     n = len(datas)
     ordinary = np.zeros(n, dtype=bool)
@@ -251,7 +251,7 @@ def _index(domain: TokenDomain) -> LengthIndex:
             open_max[e, j] = max((k for k, _ in later), default=-1)
             closed_min[e, j] = min((k for k, done in later if done), default=_BIG)
     before = np.array([_before(datas[t]) for t in special.tolist()], dtype=np.int8)
-    return LengthIndex(domain, keep, special, first, closes, open_max, closed_min, before)
+    return JsonLengthIndex(domain, keep, special, first, closes, open_max, closed_min, before)
 
 
 def _before(data: bytes) -> int:
@@ -276,7 +276,7 @@ class JsonLengthConstraint:
     """The length companion of one request's matcher. `counted`: `counted_strings` of the
     schema's root; `start`: as for JsonNameConstraint (None: the output is the JSON text)."""
 
-    def __init__(self, index: LengthIndex, counted: Counted, start: int | None = None) -> None:
+    def __init__(self, index: JsonLengthIndex, counted: Counted, start: int | None = None) -> None:
         self.index = index
         self.counted = counted
         self.start = start
@@ -420,7 +420,7 @@ def json_lengths_for(constraint, domain: TokenDomain,
     counted = _counted(constraint)
     if counted is None:
         return None
-    return JsonLengthConstraint(LengthIndex.of(domain), counted, _start_id(framing, domain))
+    return JsonLengthConstraint(JsonLengthIndex.of(domain), counted, _start_id(framing, domain))
 
 
 @lru_cache(maxsize=256)

@@ -19,7 +19,7 @@ import pytest
 
 from services.grammar.engines.engine_llguidance import LlguidanceConstraint
 from services.grammar.engines.matching import legal_ids
-from services.grammar.json_lengths import JsonLengthConstraint, LengthIndex
+from services.grammar.json_lengths import JsonLengthConstraint, JsonLengthIndex
 from services.grammar.schema import check_schema, schema_to_lark
 from services.grammar.schema.lengths import counted_strings
 from shared.frontends.token_domain import TokenDomain
@@ -50,7 +50,8 @@ SCHEMAS = [
      "required": ["a"]},
     {"type": "object", "properties": {"x": {"type": "string", "maxLength": 1, "minLength": 1},
                                       "y": {"type": "array", "items": {"type": "string",
-                                                                       "maxLength": 2}}}},
+                                                                       "maxLength": 2}}},
+     "additionalProperties": False},
     {"type": "array", "prefixItems": [{"type": "string", "maxLength": 1}],
      "items": {"type": "string", "minLength": 1, "maxLength": 3}, "maxItems": 4},
     # not counted where ambiguous: the union keeps its exact grammar beside a counted member
@@ -58,17 +59,26 @@ SCHEMAS = [
         "u": {"anyOf": [{"type": "string", "maxLength": 2}, {"enum": ["aaaab"]}]},
         "c": {"type": "string", "maxLength": 2},
         "n": {"type": "object", "properties": {"ab": {"type": "string", "maxLength": 5}}}},
-     "additionalProperties": {"type": "string", "maxLength": 1}},
+     "required": ["u", "c", "n"], "additionalProperties": {"type": "string", "maxLength": 1}},
+    # a declared name spelled with an escape and a multi-byte character; objects in an array
+    {"type": "object", "properties": {
+        'k"é': {"type": "string", "maxLength": 2},
+        "o": {"type": "array", "maxItems": 2, "items": {
+            "type": "object", "properties": {"ab": {"type": "string", "minLength": 2,
+                                                     "maxLength": 3}}, "required": ["ab"],
+            "additionalProperties": False}}},
+     "additionalProperties": False},
 ]
 
 
-def _pair(schema, domain, framing_close=None):
-    exact = LlguidanceConstraint(schema_to_lark(schema, unique_names=True), domain).matcher()
+def _pair(schema, domain, framing_close=None, whitespace="any"):
+    exact = LlguidanceConstraint(schema_to_lark(schema, unique_names=True,
+                                                whitespace=whitespace), domain).matcher()
     counted = counted_strings(check_schema(schema, unique_names=True).root)
     assert counted is not None
-    loose = LlguidanceConstraint(schema_to_lark(schema, unique_names=True, counted_lengths=True),
-                 domain).matcher()
-    lengths = JsonLengthConstraint(LengthIndex.of(domain), counted, framing_close)
+    loose = LlguidanceConstraint(schema_to_lark(schema, unique_names=True, counted_lengths=True,
+                                                whitespace=whitespace), domain).matcher()
+    lengths = JsonLengthConstraint(JsonLengthIndex.of(domain), counted, framing_close)
     return exact, loose, lengths
 
 
@@ -92,8 +102,8 @@ def _pick(ids, domain, rng):
     return rng.choice(multi if multi and r < 0.8 else ids)
 
 
-def _walk(schema, domain, rng, steps, pair=None):
-    exact, loose, lengths = pair or _pair(schema, domain)
+def _walk(schema, domain, rng, steps, pair=None, whitespace="any"):
+    exact, loose, lengths = pair or _pair(schema, domain, whitespace=whitespace)
     depth = 0
     for _ in range(steps):
         a, b = _masks(exact, loose, lengths, domain)
@@ -127,6 +137,15 @@ def test_every_mask_equals_the_exact_grammar_on_adversarial_tokens(schema):
         _walk(schema, domain, rng, 40)
 
 
+@pytest.mark.parametrize("whitespace", ["compact", "indented"])
+def test_every_mask_equal_in_each_whitespace_profile(whitespace):
+    domain = _domain()
+    rng = random.Random(11)
+    for schema in (SCHEMAS[2], SCHEMAS[5]):
+        for _ in range(15):
+            _walk(schema, domain, rng, 40, whitespace=whitespace)
+
+
 def test_the_union_position_is_not_counted():
     """The diagnosis's case: under anyOf(maxLength-2 string, enum "aaaab") no single bound
     applies, so only the plain member `c` is counted."""
@@ -150,7 +169,7 @@ def test_rollback_restores_the_count():
 def test_after_a_thinking_close_the_json_starts():
     domain = _domain()
     close = domain.special_id("<think-close>")
-    lengths = JsonLengthConstraint(LengthIndex.of(domain),
+    lengths = JsonLengthConstraint(JsonLengthIndex.of(domain),
                                    counted_strings(check_schema(SCHEMAS[0]).root), close)
     for t in b'"abcdef':  # reasoning text: not counted
         assert lengths.accept(t)
