@@ -225,3 +225,20 @@ def test_qwen35_product_build_after_a_thinking_framing():
     for t in head:
         assert exact.accept_token(t) and loose.accept_token(t) and lengths.accept(t)
     _walk(QWEN_SCHEMA, domain, random.Random(5), 40, (exact, loose, lengths))
+
+
+def test_grammar_check_refuses_a_text_past_a_counted_bound():
+    """`grammar check` judges a text as the worker decodes it: the compiled grammar alone takes
+    the overlong string (it is written unbounded), the check with the companion does not."""
+    from services.grammar.cli import _checker
+    from services.grammar.compiler import ModelCompiler
+    from services.grammar.engines.matching import accepts
+    from shared.contract import OutputConstraint
+
+    domain = _domain()
+    constraint = OutputConstraint.json_schema(SCHEMAS[1])
+    compiled = ModelCompiler(domain).compile(constraint).grammar
+    check = _checker(constraint, domain)
+    assert accepts(compiled, '{"a":"abc"}')
+    assert not check(compiled, '{"a":"abc"}') and check(compiled, '{"a":"ab"}')
+    assert not check(compiled, '{"a":"","b":"x"}') and check(compiled, '{"a":"","b":"xy"}')
