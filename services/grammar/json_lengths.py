@@ -2,11 +2,12 @@
 
 Where a string's place in the text fixes its schema (schema/lengths.py `counted_strings`), the
 content grammar writes it without `maxLength`/`minLength` and this companion counts instead: it
-follows the JSON text the matcher accepts (its own reader: the path from the root, and inside a
-counted string its characters so far) and clears, in every mask the matcher fills, the tokens
-after which that string can no longer keep its bounds. The pair's language is the exact bounded
-one: at a counted position the bounded grammar differs from the unbounded one only by the count,
-and the rest of the text never depends on a string's content.
+follows the JSON text the matcher accepts (json_paths.py: the path from the root, and inside a
+counted string its characters so far; one state per accepted token, so a rollback of n tokens
+drops n states) and clears, in every mask the matcher fills, the tokens after which a counted
+string can no longer keep its bounds. The pair's language is the exact bounded one: at a counted
+position the bounded grammar differs from the unbounded one only by the count, and the rest of
+the text never depends on a string's content.
 
 Counting: characters are Unicode scalar values, as JSON Schema counts. The grammar writes
 canonical escapes only (schema/strings.py: `\\"` `\\\\` `\\b` `\\f` `\\n` `\\r` `\\t` and
@@ -20,11 +21,13 @@ counted string only add characters, and are legal iff they fit what is left: one
 packed row per count left clears them (a row set per escape state, since a token read just after
 `\\` or inside `\\u00xx` first finishes the escape). The others ("special": a few thousand) are
 described by a scan of their bytes from each start (outside any string, or inside one in each
-escape state): the characters of the current string before its closing quote, whether they close
-it, and the lengths of the strings they open (and close) afterwards. A special token whose later
-strings all fit every counted bound is judged by its first string in one vector operation; the
-rest, and every legal token that opens a counted string in a way the vectors do not cover, are
-read byte by byte. API (the same transactions as `json_names.JsonNameConstraint`):
+escape state): the characters of their first string (the current one, or outside the first they
+open), whether they close it, and the lengths of the strings they open (and close) after it. The
+state says where a first string lands (the current string; outside, the value or name next, by
+what precedes the token's quote: whitespace, `:` or `,`); a token whose later strings all fit
+every counted bound is judged by its first string in one vector operation, and the rest (1,234
+special tokens on Qwen3.5, few of them legal anywhere) are read byte by byte. API (the same
+transactions as `json_names.JsonNameConstraint`):
 
     lengths = json_lengths_for(constraint, domain, framing)  # None: nothing counted
     matcher.fill_mask(out, i); lengths.apply(out[i])
@@ -36,19 +39,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from services.grammar.schema.lengths import Counted, CountedArray, CountedObject, least_bounds
+from services.grammar.json_paths import (
+    AFTER,
+    BACKSLASH,
+    COLON,
+    DONE,
+    KEY,
+    KEY0,
+    KEYX,
+    LETTER_U,
+    LOST,
+    QUOTE,
+    STR,
+    VALUE,
+    VALUE0,
+    WAIT,
+    State,
+    Violation,
+    esc_next,
+    step,
+)
+from services.grammar.schema.lengths import Counted, least_bounds
 from shared.frontends.token_domain import TokenDomain
 
-# reader modes
-WAIT, VALUE, VALUE0, KEY0, KEYX, KEY, COLON, STR, SCALAR, AFTER, DONE, LOST = range(12)
-_WS = frozenset(b" \t\n\r")
-_Q, _BS, _U = ord('"'), ord("\\"), ord("u")
-# escape states: 0 none, -1 just after `\`, k > 0: hex digits of `\u` still to come
+# the escape states a token may start in (json_paths.State.esc), each with its own scan
 ESCAPES = (0, -1, 4, 3, 2, 1)
 _OUTSIDE = len(ESCAPES)  # the scan variant of a token read outside any string
 _BIG = 1 << 30
@@ -56,101 +74,6 @@ _BIG = 1 << 30
 # whose place the reader knows before the token: a value or key next, after a name, after a value
 _BEFORE = (b"", b":", b",")
 _WS_ONLY, _COLON, _COMMA = range(3)
-
-
-class State(NamedTuple):
-    """`mode`; `stack`: per open container (is_array, counted subtree or None, element index);
-    `child`: the counted subtree of the value being read or next; in a string or name: `esc`,
-    and for a counted string its `bounds` and `count`; in a name its bytes so far."""
-
-    mode: int
-    stack: tuple = ()
-    child: Counted | None = None
-    bounds: tuple | None = None
-    count: int = 0
-    esc: int = 0
-    name: bytes = b""
-
-
-class _Violation(Exception):
-    """A byte leaves a counted string's bounds."""
-
-
-def _esc_next(esc: int, byte: int) -> int:
-    if esc == -1:
-        return 4 if byte == _U else 0
-    return esc - 1
-
-
-def _open(child: Counted | None, byte: int, s: State) -> State:
-    """The first byte of a value."""
-    if byte == ord("{"):
-        sub = child if isinstance(child, CountedObject) else None
-        return State(KEY0, s.stack + ((False, sub, 0),))
-    if byte == ord("["):
-        sub = child if isinstance(child, CountedArray) else None
-        return State(VALUE0, s.stack + ((True, sub, 0),), None if sub is None else sub.child(0))
-    if byte == _Q:
-        return State(STR, s.stack, None, child if isinstance(child, tuple) else None)
-    return State(SCALAR, s.stack)
-
-
-def _after(byte: int, stack: tuple) -> State:
-    if byte == ord(","):
-        is_array, sub, n = stack[-1]
-        if not is_array:
-            return State(KEYX, stack)
-        return State(VALUE, stack[:-1] + ((True, sub, n + 1),),
-                     None if sub is None else sub.child(n + 1))
-    if byte in (ord("}"), ord("]")):
-        rest = stack[:-1]
-        return State(AFTER if rest else DONE, rest)
-    return State(LOST, stack)
-
-
-def step(s: State, byte: int) -> State:
-    """The state after one byte the grammar accepted; raises _Violation past a counted bound."""
-    mode = s.mode
-    if mode == STR:
-        if s.esc:
-            return s._replace(esc=_esc_next(s.esc, byte))
-        if byte == _Q:
-            if s.bounds is not None and s.count < s.bounds[0]:
-                raise _Violation
-            return State(AFTER if s.stack else DONE, s.stack)
-        if byte == _BS or byte & 0xC0 != 0x80:
-            if s.bounds is not None:
-                hi = s.bounds[1]
-                if hi is not None and s.count >= hi:
-                    raise _Violation
-                s = s._replace(count=s.count + 1)
-            if byte == _BS:
-                return s._replace(esc=-1)
-        return s
-    if mode == KEY:
-        if s.esc:
-            return s._replace(esc=_esc_next(s.esc, byte), name=s.name + bytes([byte]))
-        if byte == _Q:
-            _, sub, _ = s.stack[-1]
-            return State(COLON, s.stack, None if sub is None else sub.child(s.name))
-        return s._replace(esc=-1 if byte == _BS else 0, name=s.name + bytes([byte]))
-    if mode in (WAIT, DONE, LOST):
-        return s
-    if byte in _WS:
-        return State(AFTER if s.stack else DONE, s.stack) if mode == SCALAR else s
-    if mode in (VALUE, VALUE0):
-        if mode == VALUE0 and byte == ord("]"):
-            return _after(byte, s.stack)
-        return _open(s.child, byte, s)
-    if mode in (KEY0, KEYX):
-        if byte == _Q:
-            return State(KEY, s.stack)
-        return _after(byte, s.stack) if mode == KEY0 and byte == ord("}") else State(LOST, s.stack)
-    if mode == COLON:
-        return State(VALUE, s.stack, s.child) if byte == ord(":") else State(LOST, s.stack)
-    if mode == SCALAR:
-        return _after(byte, s.stack) if byte in (ord(","), ord("}"), ord("]")) else s
-    return _after(byte, s.stack)  # AFTER
 
 
 def _scan(data: bytes, inside: bool, esc: int) -> tuple[int, bool, list[tuple[int, bool]]]:
@@ -163,22 +86,22 @@ def _scan(data: bytes, inside: bool, esc: int) -> tuple[int, bool, list[tuple[in
         cur = [0, esc]
     for byte in data:
         if cur is None:
-            if byte == _Q:
+            if byte == QUOTE:
                 cur = [0, 0]
             continue
         if cur[1]:
-            cur[1] = _esc_next(cur[1], byte)
+            cur[1] = esc_next(cur[1], byte)
             continue
-        if byte == _Q:
+        if byte == QUOTE:
             if inside and not later and not closed:
                 first, closed = cur[0], True
             else:
                 later.append((cur[0], True))
             cur = None
             continue
-        if byte == _BS or byte & 0xC0 != 0x80:
+        if byte == BACKSLASH or byte & 0xC0 != 0x80:
             cur[0] += 1
-            if byte == _BS:
+            if byte == BACKSLASH:
                 cur[1] = -1
     if cur is not None:
         if inside and not closed and not later:
@@ -220,7 +143,7 @@ def _index(domain: TokenDomain) -> JsonLengthIndex:
     blob = np.frombuffer(b"".join(datas), dtype=np.uint8)
     lead = np.concatenate([[0], np.cumsum((blob & 0xC0) != 0x80)])
     first_u = np.zeros(n, dtype=bool)
-    first_u[lens > 0] = blob[starts[lens > 0]] == _U
+    first_u[lens > 0] = blob[starts[lens > 0]] == LETTER_U
     rows = []
     for esc in ESCAPES:  # a plain token first finishes the pending escape
         skip = np.zeros(n, dtype=np.int64) + (esc if esc > 0 else 0)
@@ -287,6 +210,8 @@ class JsonLengthConstraint:
         first_fits = (index.first <= hi) & (~index.closes | (index.first >= most_lo))
         self._loose_all = self._loose.copy()
         self._loose_all[_OUTSIDE] &= first_fits[_OUTSIDE]
+        self._every = np.ones(len(index.special), dtype=bool)
+        self._no = ~self._every
         self._states = [State(VALUE, child=counted) if start is None else State(WAIT)]
 
     @property
@@ -300,7 +225,7 @@ class JsonLengthConstraint:
     def accept(self, token_id: int) -> bool:
         try:
             state = self._advance(self._states[-1], token_id)
-        except _Violation:
+        except Violation:
             return False
         self._states.append(state)
         return True
@@ -312,7 +237,7 @@ class JsonLengthConstraint:
             if state.mode != WAIT:
                 for byte in data:
                     state = step(state, byte)
-        except _Violation:
+        except Violation:
             return None
         return state
 
@@ -349,43 +274,30 @@ class JsonLengthConstraint:
             return
         words = row.numpy() if isinstance(row, torch.Tensor) else row
         index = self.index
-        bounds, count = None, 0
-        if s.mode in (STR, KEY):
-            v = ESCAPES.index(s.esc)
-            bounds, count = s.bounds, s.count
-            if bounds is not None and bounds[1] is not None:
-                left = bounds[1] - count
+        if s.mode in (STR, KEY):  # every token's first string is the current one
+            v, count, place = ESCAPES.index(s.esc), s.count, s.bounds
+            known = self._every
+            if place is not None and place[1] is not None:
+                left = place[1] - count  # plain tokens: legal iff they fit what is left
                 if left < index.keep.shape[1] - 1:
                     np.bitwise_and(words, index.keep[v, max(left, -1) + 1], out=words)
-            judged = np.ones(len(index.special), dtype=bool) if bounds is not None else None
         else:
-            v = _OUTSIDE
+            v, count = _OUTSIDE, 0
             kind, place = _first_string(s)
-            judged = None
-            if kind is not None:  # tokens of `kind` open their first string at `place`
-                known = index.before == kind
-                if isinstance(place, tuple):
-                    bounds, judged = place, known
-                else:  # a name or an uncounted value: only later strings matter
-                    read = (known & ~self._loose[v]) | (~known & ~self._loose_all[v])
-                    judged = False
-        if judged is False:
-            pass
-        elif judged is None:  # no counted string is current: only later strings matter
-            read = ~(self._loose_all[v] if v == _OUTSIDE else self._loose[v])
-        else:
-            lo, hi = bounds
-            hi = _BIG if hi is None else hi
+            known = self._no if kind is None else index.before == kind
+        # a token whose first string lands where the state says needs reading only for its later
+        # strings; any other, for every string it opens
+        read = np.where(known, ~self._loose[v], ~self._loose_all[v])
+        if isinstance(place, tuple):  # that first string is counted: the vectors judge it
+            lo, hi = place
             ends = count + index.first[v]
-            closes = index.closes[v]
-            fits = (ends <= hi) & (~closes | (ends >= lo))
-            read = (judged & ~self._loose[v]) | (~judged & ~self._loose_all[v])
-            _clear_bits(words, index.special[judged & ~fits & ~read])
+            fits = (ends <= (_BIG if hi is None else hi)) & (~index.closes[v] | (ends >= lo))
+            _clear_bits(words, index.special[known & ~fits & ~read])
         ids = index.special[read]
         for t in ids[_set_bits(words, ids)].tolist():
             try:
                 self._advance(s, t)
-            except _Violation:
+            except Violation:
                 _clear_bits(words, np.array([t], dtype=np.int64))
 
 
