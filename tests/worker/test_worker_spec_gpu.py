@@ -31,8 +31,8 @@ CASES = [("a", "hello hello hello", greedy(24)),
              {"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]})))]
 
 
-async def _run(runtime, cases=CASES, *, record=None, wrap=None, **config):
-    client = open_client(runtime, max_batch=3, max_len=128, prefill_chunk=8, **config)
+async def _run(runtime, cases=CASES, *, record=None, wrap=None, max_len=128, **config):
+    client = open_client(runtime, max_batch=3, max_len=max_len, prefill_chunk=8, **config)
     if wrap is not None:
         client.engine.proposer = wrap(client.engine)
     if record is not None:

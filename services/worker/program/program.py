@@ -6,7 +6,8 @@ names only the trash block, for the padding rows of decode graphs), the block ma
 cache over its KV pool (blocks.py: `step` backs each row's new positions with blocks, `commit`
 adds full committed blocks to the cache, `attach_prefix` starts an admitted lane from it), the
 mask buffers (masks.py), the sampler (sampling.py), the model's forwards (forward.py), and on CUDA
-the decode graphs (graphs.py) and the ready event (events.py). A speculative proposer
+the decode graphs (graphs.py), the short prefill forwards' graphs (prefill_graphs.py) and the
+ready event (events.py). A speculative proposer
 (services/worker/spec) is handed over once (`use`); the Program calls only its interface.
 
 `step(batch)` runs one forward for the batch's rows (a verification round when rows carry drafts
@@ -27,6 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kernels.sampling_contract import SampleStatus
+from services.settings import switch
 from services.worker.models.kv_cache import BLOCK_SIZE, KVCache, blocks_per_lane
 from services.worker.program.batch import BatchRow, PendingBatch, RowOutcome, RowResult, StepBatch
 from services.worker.program.blocks import BlockManager
@@ -36,6 +38,7 @@ from services.worker.program.forward import Forward
 from services.worker.program.graphs import DecodeGraphs
 from services.worker.program.logprobs import LogprobReader, LogprobSite
 from services.worker.program.masks import MaskBuffers
+from services.worker.program.prefill_graphs import PrefillGraphs
 from services.worker.program.rounds import Rounds
 from services.worker.program.sampling import Sampler
 from services.worker.program.verify import Verifier
@@ -140,6 +143,9 @@ class Program:
                              ready=self._ready)
         self._proposer = None  # aligned with and drafting after every step (`use`)
         self._graph_forwards(keep_hidden=False)
+        if self._use_graphs and switch("prefill_graphs"):
+            self.forward.prefill_graphs = PrefillGraphs(self.model, self.state, max_batch,
+                                                        scratch_lane=max_batch)
 
     def use(self, proposer) -> None:
         """Serve with a speculative proposer (services/worker/spec/proposer.py: `route`, `k`,
@@ -356,7 +362,8 @@ class Program:
 
     def close(self) -> None:
         """Destroy graphs before the event and buffers they reference."""
-        for graphs in (self.forward.graphs, self.forward.verify_graphs):
+        for graphs in (self.forward.graphs, self.forward.verify_graphs,
+                       self.forward.prefill_graphs):
             if graphs is not None:
                 graphs.clear()
         self.rounds.close()
