@@ -340,4 +340,6 @@ def _counted(constraint) -> Counted | None:
     from services.grammar.schema import check_schema
     from services.grammar.schema.lengths import counted_strings
 
-    return counted_strings(check_schema(constraint.schema, unique_names=True).root)
+    # the reduction the content compile makes (compiler.build_grammar / build_lark)
+    reduced = check_schema(constraint.schema, unique_names=True, unique_items=True)
+    return counted_strings(reduced.root)

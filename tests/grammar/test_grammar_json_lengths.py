@@ -242,3 +242,14 @@ def test_grammar_check_refuses_a_text_past_a_counted_bound():
     assert accepts(compiled, '{"a":"abc"}')
     assert not check(compiled, '{"a":"abc"}') and check(compiled, '{"a":"ab"}')
     assert not check(compiled, '{"a":"","b":"x"}') and check(compiled, '{"a":"","b":"xy"}')
+
+
+def test_items_of_a_unique_array_are_not_counted():
+    """The unique-items companion probes the matcher for a fresh item; a probe through an
+    unbounded item string could find one only a longer string than maxLength spells, so such
+    items keep their bounded grammar."""
+    schema = {"type": "object", "properties": {
+        "u": {"type": "array", "uniqueItems": True, "items": {"type": "string", "maxLength": 2}},
+        "t": {"type": "string", "maxLength": 2}}}
+    counted = counted_strings(check_schema(schema, unique_names=True, unique_items=True).root)
+    assert counted.members == ((b"t", (0, 2)),)
