@@ -120,7 +120,8 @@ def random_walk(
         ok = matcher.accept_token(token)
         assert ok, f"legal token {token} was refused"
         if lengths is not None:
-            assert lengths.accept(token), f"legal token {token} was refused by its lengths"
+            ok = lengths.accept(token)
+            assert ok, f"legal token {token} was refused by its lengths"
         if names is not None:
             names.accept(token)
         if items is not None:
