@@ -253,3 +253,22 @@ def test_items_of_a_unique_array_are_not_counted():
         "t": {"type": "string", "maxLength": 2}}}
     counted = counted_strings(check_schema(schema, unique_names=True, unique_items=True).root)
     assert counted.members == ((b"t", (0, 2)),)
+
+
+def test_generated_schemas_keep_every_mask_equal():
+    """The engine differential's generated schemas (objects, arrays, unions, enums, patterns,
+    recursive definitions, bounded strings anywhere): wherever some string is counted, the pair's
+    masks equal the exact grammar's along walks (a string the selection wrongly counted, or a
+    bound the companion applied at the wrong place, shows as a differing bit)."""
+    from tests.grammar.test_grammar_engine_diff import generated_schemas
+
+    domain = _domain()
+    rng = random.Random(21)
+    counted = 0
+    for schema in generated_schemas(400, seed=15):
+        if counted_strings(check_schema(schema, unique_names=True).root) is None:
+            continue
+        counted += 1
+        for _ in range(6):
+            _walk(schema, domain, rng, 40)
+    assert counted >= 10  # the generator reaches counted strings in many schemas
