@@ -60,6 +60,7 @@ def _reduce_graph(
     reader = Reader(schema, ctx, graph)
     root = reader.read(schema)
     graph.finish()
+    reader.check_foreign_complements()
     reduced = ReducedSchema(root, graph.defs, tuple(sorted(reader.annotations)))
     _finalize(reduced, ctx, patterns)
     if ctx.unique_items_at is not None:

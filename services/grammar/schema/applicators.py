@@ -68,6 +68,7 @@ def _others(*kinds: str) -> list[Node]:
 
 def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | None:
     """Every JSON value not in `node`, or None where that is not exactly representable."""
+    r.complemented.add(pointer)  # Reader.check_foreign_complements
     g = r.graph
     if depth > 64:
         return None
