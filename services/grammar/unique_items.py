@@ -17,21 +17,28 @@ clears
    string part that is any string never dead-ends; an item still to come has fresh values while
    fewer are used than the domain's proved count); otherwise the grammar is probed: a walk over
    single-byte tokens through the matcher (accepted, then rolled back) looks for a settled
-   state, exhaustively over the used items' spellings (finite), `PROBE_BUDGET` bytes at most.
+   state, exhaustively over the used items' spellings (finite), `PROBE_BUDGET` bytes at most
+   (unique_probe.py). Where the domain's facts decide it, no probe runs: a finite domain's
+   values, or a count of the strings of bounded length sharing the open content
+   (`unique_probe.counted`).
+
+Cost: only the tokens that can complete an item or leave an unsettled state are read
+(unique_scan.py); probe answers are kept by a digest of the output read so far, and each state's
+decisions by the same digest, so a mask filled again at a state reads them. `fast=False` decides
+every candidate afresh without these (the reference the tests compare masks with, bit for bit).
 
 Whether the rest of the output can complete once the item is fresh: its items are scalars, so no
 unique array nests in another, and every companion array has at least minItems distinct values
 (refused otherwise), so the items still required can always be fresh.
 
-API (as JsonNameConstraint): `unique_items_for(constraint, domain, framing)` gives None or the
-companion; `apply(row, matcher)` after every fill, `accept(t)`, `accept_bytes(data)`,
+API (as JsonNameConstraint): `unique_items_for(constraint, domain, framing, fast=True)` gives
+None or the companion; `apply(row, matcher)` after every fill, `accept(t)`, `accept_bytes(data)`,
 `rollback(n)`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -39,14 +46,16 @@ import numpy as np
 import torch
 
 from services.grammar import json_text as jt
-from services.grammar.json_names import JsonNameIndex
-from services.grammar.json_probe import CACHE_LIMIT, PROBE_BUDGET, Key, control
-from services.grammar.unique_probe import ItemProbe
+from services.grammar.json_probe import PROBE_BUDGET, Key, control
+from services.grammar.unique_probe import ItemProbe, counted
+from services.grammar.unique_scan import ItemScan
 from shared.frontends.token_domain import TokenDomain
 
 _WS = b" \t\n\r"
-
-
+# States whose decisions are kept before the store starts over: the masks filled again at one
+# state come close together (the lookahead's K+1 masks, a proposer's probe then the sampling),
+# and a state holds up to a vocabulary's worth of decisions.
+DECIDED_LIMIT = 64
 class RepeatedItem(Exception):
     """The byte completed an item JSON-equal to an earlier item of its unique array."""
 
@@ -182,69 +191,6 @@ def _spellings(dom: Any, used: frozenset) -> list[bytes]:
     return out
 
 
-@dataclass(frozen=True, eq=False)
-class _Tokens:
-    """Per vocabulary: quotes per token, whitespace-only tokens, tokens that only open a string
-    (whitespace and commas, then their one quote), tokens holding `[`, and as ids those holding a
-    quote and the whitespace-only ones."""
-
-    quotes: np.ndarray  # [V] int16
-    space: np.ndarray  # [V] bool
-    opens: np.ndarray  # [V] bool
-    brackets: np.ndarray  # int64 ids
-    quoted: np.ndarray  # int64 ids
-    spaces: np.ndarray  # int64 ids
-    # Closers: tokens `c"` + layout, commas and closers only (c without a backslash), by c; the
-    # other quoted tokens as ids. In an open string, a closer only ends the item with content +
-    # c (what follows starts no item and enters no array).
-    closers: dict[bytes, np.ndarray]
-    unclosing: np.ndarray  # int64 ids
-
-
-@lru_cache(maxsize=8)
-def _tokens(domain: TokenDomain) -> _Tokens:
-    quotes = np.zeros(domain.size, dtype=np.int16)
-    space = np.zeros(domain.size, dtype=bool)
-    opens = np.zeros(domain.size, dtype=bool)
-    brackets = []
-    closers: dict[bytes, list[int]] = {}
-    unclosing = []
-    for t, data in enumerate(domain.token_bytes):
-        if not data or not domain.is_ordinary(t):
-            continue
-        quotes[t] = data.count(b'"')
-        space[t] = not data.strip(_WS)
-        opens[t] = quotes[t] == 1 and not data.split(b'"')[0].strip(_WS + b",")
-        if b"[" in data:
-            brackets.append(t)
-        if quotes[t]:
-            content, _, rest = data.partition(b'"')
-            if quotes[t] == 1 and b"\\" not in content and not rest.strip(_WS + b",]}"):
-                closers.setdefault(content, []).append(t)
-            else:
-                unclosing.append(t)
-    return _Tokens(quotes, space, opens, np.array(brackets, dtype=np.int64),
-                   np.flatnonzero(quotes > 0), np.flatnonzero(space),
-                   {c: np.array(ids, dtype=np.int64) for c, ids in closers.items()},
-                   np.array(unclosing, dtype=np.int64))
-
-
-def _legal(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The ids among `ids` whose bit is set in the packed row `words` ([ceil(V/32)] uint32)."""
-    ids = ids[ids < 32 * len(words)]
-    return ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
-
-
-def _set_ids(words: np.ndarray, size: int) -> np.ndarray:
-    """Every id whose bit is set, unpacking only the non-zero words (most masks in an array are
-    sparse: a value's first tokens, or a number's digits and closers)."""
-    nz = np.flatnonzero(words)
-    bits = np.unpackbits(words[nz].view(np.uint8), bitorder="little").reshape(len(nz), 32)
-    rows, cols = np.nonzero(bits)
-    ids = nz[rows].astype(np.int64) * 32 + cols
-    return ids[ids < size]
-
-
 class UniqueItemsConstraint:
     """The unique-items companion of one request's matcher (see the module docstring).
     `start`: None when the output is the JSON text itself, else the control token id after which
@@ -258,8 +204,7 @@ class UniqueItemsConstraint:
         self.domain = domain
         self.start = start
         self.fast = fast
-        self._tokens = _tokens(domain)
-        self._exact = JsonNameIndex.of(domain).exact
+        self._scan = ItemScan(domain, fast)
         self._states = [self.reader.start(waiting=start is not None)]
         self._keys = [Key()]  # the digest of the output read up to each state
         self._probe = ItemProbe(self.reader, domain, cache=fast)
@@ -329,22 +274,22 @@ class UniqueItemsConstraint:
         key = self._keys[-1]
         decided: dict[int, bool] = {}
         if self.fast:  # the state's digest names the matcher's state: its decisions hold again
-            if len(self._decided) >= CACHE_LIMIT:
+            if len(self._decided) >= DECIDED_LIMIT:
                 self._decided.clear()
             decided = self._decided.setdefault(key.digest(), {})
         spaces = self.fast and state[2] is not None and state[2][0] == "n"
         space_keep = None
         cleared = 0
-        for t in self._candidates(state, words):
+        for t in self._scan.candidates(state, words):
             keep = decided.get(t)
             if keep is None:
-                if spaces and self._tokens.space[t] and space_keep is not None:
+                if spaces and self._scan.tokens.space[t] and space_keep is not None:
                     # whitespace ends the open number or literal, and what follows is layout:
                     # every whitespace token decides as the first one did
                     keep = space_keep
                 else:
                     keep = self._decide(matcher, state, key, t)
-                    if spaces and self._tokens.space[t]:
+                    if spaces and self._scan.tokens.space[t]:
                         space_keep = keep
                 decided[t] = keep
             if not keep:
@@ -359,63 +304,12 @@ class UniqueItemsConstraint:
             return False
         except jt.Duplicate:
             return True  # a repeated name: the name companion clears it
-        return self.reader.settled(after) or \
-            self._probe.probe(matcher, t, after, self._key(key, t))
-
-    def _candidates(self, state: tuple, words: np.ndarray) -> list[int]:
-        # The legal tokens that can complete an item or leave an unsettled state: outside a
-        # companion array only a token holding `[` can enter one; inside, in an open string
-        # item, a quote ends it (or, for a closed string part, the content can near a used
-        # one); in an open scalar item every legal token; between items every legal token but
-        # whitespace (layout leaves the state as it is) and, where strings are open, one that
-        # only opens a string item.
-        tok = self._tokens
-        text, frames, item = state
-        if not frames or frames[-1][0] != "a" or frames[-1][3] is None:
-            return _legal(words, tok.brackets).tolist()
-        dom, used = frames[-1][3], frames[-1][4]
-        if self.fast and item is not None and item[0] == "s":  # inside a string: most are legal
-            done = item[1][1]
-            if not dom.open_strings:
-                return np.union1d(_legal(words, tok.quoted),
-                                  _legal(words, self._extending(used, done))).tolist()
-            if item[1][2]:  # inside an escape
-                return _legal(words, tok.quoted).tolist()
-            # any string: a closer matters only where it completes a used item
-            ids = [_legal(words, tok.unclosing)]
-            for k in used:
-                if k[0] == "s" and k[1].startswith(done) and k[1][len(done):] in tok.closers:
-                    ids.append(_legal(words, tok.closers[k[1][len(done):]]))
-            return np.unique(np.concatenate(ids)).tolist()
-        if self.fast:
-            ids = _set_ids(words, self.domain.size)
-        else:
-            bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:self.domain.size]
-            ids = np.flatnonzero(bits)
-        if item is not None and item[0] == "s":
-            keep = tok.quotes[ids] > 0
-            if not dom.open_strings:
-                keep |= np.isin(ids, self._extending(used, item[1][1]))
-            return ids[keep].tolist()
-        if item is not None:  # an open scalar: whitespace ends it too
-            return ids.tolist()
-        keep = ~tok.space[ids]
-        if dom.open_strings:
-            keep &= ~tok.opens[ids]
-        return ids[keep].tolist()
-
-    def _extending(self, used: frozenset, done: bytes) -> np.ndarray:
-        # The tokens that carry an open string's content `done` on along a used item (each a
-        # prefix of the rest of one), and those holding an escape (unescaped, they could).
-        extend = set()
-        for k in used:
-            if k[0] == "s" and k[1].startswith(done):
-                rest = k[1][len(done):]
-                for n in range(1, len(rest) + 1):
-                    extend.update(self._exact.get(rest[:n], ()))
-        return np.union1d(np.fromiter(extend, dtype=np.int64),
-                          JsonNameIndex.of(self.domain).escapes)
-
+        if self.reader.settled(after):
+            return True
+        known = counted(after) if self.fast else None
+        if known is not None:
+            return known
+        return self._probe.probe(matcher, t, after, self._key(key, t))
 
 # ---------------------------------------------------------------- which outputs get one
 

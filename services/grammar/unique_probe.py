@@ -15,6 +15,10 @@ position's probes along the same item share one search. A True found below the t
 (a way out is one whatever led there); a False only for a whole probe: below the top a search
 skips the states its ancestors hold (whitespace between items comes back to one state), so its
 False is the ancestors' to give.
+
+`counted(state)` answers without a probe where the item domain's facts decide (schema/
+unique_items.py hands them over): a finite domain by its values, a plain length-bounded string
+domain by a count.
 """
 
 from __future__ import annotations
@@ -115,4 +119,44 @@ class ItemProbe:
             self._keep(key.digest(), True)
 
 
-__all__ = ["ItemProbe"]
+def counted(state: tuple) -> bool | None:
+    """Whether an open string item can still become an unused value, where
+    the domain's facts decide it without a probe: a finite domain, by its values (the grammar
+    spells each one way, so the text so far continues into exactly the values its content
+    begins); strings of [lo, hi] code points, by a count (at least 93 plain printable ASCII
+    characters at each place left, an open `\\` 8 values and an open `\\u` 63,488, against the
+    used items sharing the content). None: probe."""
+    _, frames, item = state
+    if item is None or item[0] != "s":
+        return None
+    dom, used = frames[-1][3], frames[-1][4]
+    _, done, pend, _ = item[1]
+    ways = _ESCAPES.get(pend)
+    if ways is None:
+        return None
+    if dom.values is not None:
+        if pend:
+            return None
+        return any(k[0] == "s" and k[1].startswith(done) and k not in used for k in dom.values)
+    if dom.lengths is None:
+        return None
+    try:
+        n = len(done.decode("utf-8"))  # strict: a split character or a lone surrogate probes
+    except UnicodeDecodeError:
+        return None
+    left = dom.lengths[1] - n
+    if left == 0 and not pend:  # only the closing quote: the content is the used item it begins
+        return False
+    if left <= 0:
+        return None
+    sharing = sum(1 for k in used if k[0] == "s" and k[1].startswith(done))
+    return True if left > 3 or ways * 93 ** (left - 1) > sharing else None
+
+
+# The distinct characters an open escape of a string can still become (none open: one place of
+# 93 plain characters, counted by the caller's power; `\\`: the 8 one-letter escapes; `\\u`: the
+# code points of four hex digits that are no surrogate); another partial escape probes.
+_ESCAPES = {b"": 93, b"\\": 8, b"\\u": 0x10000 - 0x800}
+
+
+__all__ = ["ItemProbe", "counted"]
