@@ -124,8 +124,8 @@ def counted(state: tuple) -> bool | None:
     the domain's facts decide it without a probe: a finite domain, by its values (the grammar
     spells each one way, so the text so far continues into exactly the values its content
     begins); strings of [lo, hi] code points, by a count (at least 93 plain printable ASCII
-    characters at each place left, an open `\\` 8 values and an open `\\u` 63,488, against the
-    used items sharing the content). None: probe."""
+    characters at each place left, an open escape the one it ends in, against the used items
+    sharing the content). None: probe."""
     _, frames, item = state
     if item is None or item[0] != "s":
         return None
@@ -153,10 +153,11 @@ def counted(state: tuple) -> bool | None:
     return True if left > 3 or ways * 93 ** (left - 1) > sharing else None
 
 
-# The distinct characters an open escape of a string can still become (none open: one place of
-# 93 plain characters, counted by the caller's power; `\\`: the 8 one-letter escapes; `\\u`: the
-# code points of four hex digits that are no surrogate); another partial escape probes.
-_ESCAPES = {b"": 93, b"\\": 8, b"\\u": 0x10000 - 0x800}
+# Distinct characters an open escape of a string can still become, at least: none open, the 93
+# plain printable ASCII ones (every JSON string grammar writes them raw); `\\` or `\\u`, the one
+# it ends in (which escapes a grammar spells is its own: llguidance takes `\\u00` and a control
+# character only); another partial escape probes.
+_ESCAPES = {b"": 93, b"\\": 1, b"\\u": 1}
 
 
 __all__ = ["ItemProbe", "counted"]

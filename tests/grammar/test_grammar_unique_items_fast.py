@@ -22,6 +22,11 @@ from tests.support.common import byte_domain
 
 SCHEMAS = [c[1] for c in CASES] + EXACT_SCHEMAS + [
     {"type": "array", "uniqueItems": True, "items": {"type": ["string", "integer", "null"]}},
+    # bounded strings counted, an open escape included; values with escapes and raw UTF-8
+    {"type": "array", "uniqueItems": True, "items": {"type": "string", "minLength": 1,
+                                                     "maxLength": 2}},
+    {"type": "array", "uniqueItems": True, "items": {"enum": ['"', "\\", "a\"", "é", "\u00e9x",
+                                                              "\n", None, True, "b", 3]}},
 ]
 
 
@@ -87,6 +92,7 @@ def test_fast_masks_equal_reference_along_bench_outputs(case):
 
     name, schema, outputs = case
     domain = get_domain("smollm2")
+    probes = 0
     constraint = OutputConstraint.json_schema(schema, whitespace="any")
     grammar = ModelCompiler(domain).compile(constraint).grammar
     cleared = 0
@@ -104,4 +110,51 @@ def test_fast_masks_equal_reference_along_bench_outputs(case):
             assert matcher.accept_token(t)
             fast.accept(t)
             slow.accept(t)
+        probes += fast.probes
     assert cleared > 0 or name in ("any-strings", "nested-tags")
+    if name in ("enum-12", "short-strings"):
+        assert probes == 0  # the domain's values or a count decide, no walk through the matcher
+
+
+ALONG = [
+    # at maxLength the content of a used item can only close (False); an open `\` and `\u`
+    # sharing content with used items are counted
+    (SCHEMAS[-2], ['["ab","a', '["ab","\\n","\\', '["\\n","\\u', '["\\"","\\']),
+    # a finite domain: the values its content begins, escapes spelled as the grammar does
+    (SCHEMAS[-1], ['["\\"","a\\"","\\\\","éx","\\n","b","', '["a\\"","a', '[3,null,true,"']),
+]
+
+
+@pytest.mark.parametrize("schema,texts", ALONG, ids=range(len(ALONG)))
+def test_fast_masks_equal_reference_along_chosen_texts(schema, texts):
+    """Byte by byte along texts that reach the counted and the finite-domain answers (a random
+    walk seldom does), each mask as the reference writes it; the fast path probes less (an open
+    escape at the last place, or in a finite domain, still probes)."""
+    domain = byte_domain()
+    constraint = OutputConstraint.json_schema(schema, whitespace="any")
+    grammar = ModelCompiler(domain).compile(constraint).grammar
+    cleared = probes = reference = 0
+    for text in texts:
+        fast = unique_items_for(constraint, domain)
+        slow = unique_items_for(constraint, domain, fast=False)
+        matcher = grammar.matcher()
+        for t in text.encode():
+            mask = np.zeros((1, domain.mask_words), dtype=np.int32)
+            matcher.fill_mask(mask, 0)
+            want, got = mask.copy(), mask.copy()
+            cleared += slow.apply(want[0], matcher)
+            fast.apply(got[0], matcher)
+            assert np.array_equal(got, want), text
+            assert matcher.accept_token(t), text  # byte_domain: token id b is byte b
+            fast.accept(t)
+            slow.accept(t)
+        mask = np.zeros((1, domain.mask_words), dtype=np.int32)
+        matcher.fill_mask(mask, 0)
+        want, got = mask.copy(), mask.copy()
+        cleared += slow.apply(want[0], matcher)
+        fast.apply(got[0], matcher)
+        assert np.array_equal(got, want), text
+        probes += fast.probes
+        reference += slow.probes
+    assert cleared > 0
+    assert probes < reference / 2, (probes, reference)
