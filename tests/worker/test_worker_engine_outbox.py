@@ -59,3 +59,26 @@ def test_closed_loop_is_reported():
     assert outbox.add(stream, TextDelta("x"), "owner") == []
     assert outbox.flush() == ["owner"]
     assert outbox.flush() == []  # flushed once
+
+
+def test_add_all_holds_each_event_in_order_and_reports_a_gone_consumer_once():
+    """`add_all` is `add` of each event: a stream's events keep their order with those added one
+    by one; a function sink is called with every event and its owner is reported as gone."""
+    loop = asyncio.new_event_loop()
+    stream = RequestStream(loop, "a")
+    outbox = Outbox()
+    outbox.add(stream, TextDelta("a0"))
+    assert outbox.add_all(stream, [TextDelta("a1"), TextDelta("a2")], "a") == []
+    outbox.add(stream, TextDelta("a3"))
+    seen = []
+
+    def failing(event):
+        seen.append(event)
+        raise RuntimeError("consumer gone")
+
+    assert outbox.add_all(failing, [TextDelta("x"), TextDelta("y")], "gone") == ["gone"]
+    assert seen == [TextDelta("x"), TextDelta("y")]
+    assert outbox.flush() == []
+    got = [loop.run_until_complete(stream._queue.get()).text for _ in range(4)]
+    assert got == ["a0", "a1", "a2", "a3"]
+    loop.close()

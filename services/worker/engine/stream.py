@@ -59,17 +59,25 @@ class Outbox:
         self._held: dict[int, tuple[asyncio.AbstractEventLoop, list, list]] = {}
 
     def add(self, sink, event: GenerationEvent, owner=None) -> list:
+        return self.add_all(sink, (event,), owner)
+
+    def add_all(self, sink, events, owner=None) -> list:
+        """`add` of each of `events` in order (one look-up of the sink's loop for all)."""
         if not isinstance(sink, RequestStream):
-            try:
-                sink(event)
-            except Exception:  # the consumer is gone
-                return [owner]
-            return []
-        entry = self._held.get(id(sink.loop))
+            gone = False
+            for event in events:
+                try:
+                    sink(event)
+                except Exception:  # the consumer is gone
+                    gone = True
+            return [owner] if gone else []
+        loop = sink._loop
+        entry = self._held.get(id(loop))
         if entry is None:
-            entry = self._held[id(sink.loop)] = (sink.loop, [], [])
-        entry[1].append((sink, event))
-        entry[2].append(owner)
+            entry = self._held[id(loop)] = (loop, [], [])
+        for event in events:
+            entry[1].append((sink, event))
+            entry[2].append(owner)
         return []
 
     def flush(self) -> list:
