@@ -203,8 +203,9 @@ async def _round(client, runtime, b: int, tokens: int, schema, tag: str, stop: t
                        constraint=OutputConstraint.json_schema(schema) if schema else None,
                        stop=stop),
         model=runtime.name) for i, p in enumerate(prompt_texts(runtime, b, 16))]
+    cpu = time.thread_time()  # the event loop's thread: the consumers' side of every event
     done = await asyncio.gather(*(consume(r) for r in requests))
-    return sum(e for e, _ in done), sum(n for _, n in done)
+    return sum(e for e, _ in done), sum(n for _, n in done), time.thread_time() - cpu
 
 
 async def _case(b: int, mode: str, tokens: int, real: bool, profile: bool) -> dict[str, Any]:
@@ -230,11 +231,13 @@ async def _case(b: int, mode: str, tokens: int, real: bool, profile: bool) -> di
             timer = _Timer(prof)
             restore = timer.install()
             try:
-                events, produced = await _round(client, runtime, b, tokens, schema, label, stop)
+                events, produced, loop_cpu = await _round(client, runtime, b, tokens, schema,
+                                                          label, stop)
             finally:
                 restore()
             if label == "timed":
-                out.update(timer.summary(), output_tokens=produced, events=events)
+                out.update(timer.summary(), output_tokens=produced, events=events,
+                           loop_cpu_us_per_event=round(1e6 * loop_cpu / events, 2))
             else:
                 out["profiled_us_per_row"] = round(
                     1e6 * sum(st[1] for st in timer.steps) / timer.rows, 2)
