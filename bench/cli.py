@@ -154,6 +154,9 @@ def add_prefix_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true",
                    help="the document as the system message and each question as the user's "
                    "(through the chat template) instead of one raw text")
+    p.add_argument("--switch", choices=("prefill_graphs", "fla", "gemv"),
+                   help="run the rounds twice in this process, with this operator switch off "
+                   "(0) then on (1): the JSON's `runs`")
     p.add_argument("--log-level", default="WARNING", help="engine log level (default: WARNING)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")
     p.set_defaults(func=_run_prefix)

@@ -10,12 +10,18 @@ TTFT (submission to first token, the engine's own timing) of cold and hit reques
 decode TPOT of both (paged KV must leave TPOT unchanged within noise; `infernix bench decode`
 compares it across builds). A last round repeats one cold and one hit prompt with the cache off,
 so cold and off are also seen side by side. The built-in SmolLM2 runs on the CPU by default.
+
+On CUDA every Triton kernel that compiles (or loads from disk) after the warm-up request, and
+every autotuner run for a new key (fla-core's kernels benchmark their configs per key), is listed
+in `compiles_after_warmup` with the request it delayed: the warm-up should leave none.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import sys
 import time
 from typing import Any
@@ -88,6 +94,52 @@ def _row(fin) -> dict[str, Any]:
             "tpot_ms": ms(fin.timings["decode"] / (n - 1)) if n >= 2 else None, "text": fin.content}
 
 
+@contextlib.contextmanager
+def compile_log(active: bool):
+    """Yields (list of {"request", "kernel"}, a setter of the current request's tag); while
+    active, Triton's jit_cache_hook (called on every in-memory kernel cache miss, before a compile
+    or a disk load) appends each miss, and the kernel is compiled as usual; its autotuning
+    listener appends each benchmarked new key ("autotune ..." with the seconds it took)."""
+    seen: list[dict[str, str]] = []
+    current = {"tag": ""}
+
+    def tag(name: str) -> None:
+        current["tag"] = name
+
+    if not active:
+        yield seen, tag
+        return
+    import triton
+
+    knobs = triton.knobs.runtime
+    previous = knobs.jit_cache_hook
+
+    def hook(*args, **kwargs):
+        info = kwargs.get("fn")
+        seen.append({"request": current["tag"],
+                     "kernel": f"{getattr(info, 'name', '?')} {kwargs.get('repr', '')}"[:600]})
+        return None  # compile it: the log only counts
+
+    from triton.runtime.autotuner import Autotuner
+
+    tune = Autotuner.run
+
+    def tuned(self, *args, **kwargs):  # a key new to the autotuner's cache was benchmarked
+        keys, started = len(self.cache), time.perf_counter()
+        out = tune(self, *args, **kwargs)
+        if len(self.cache) > keys:
+            name = getattr(getattr(self, "base_fn", None), "__name__", "?")
+            seen.append({"request": current["tag"], "kernel": f"autotune {name} "
+                         f"{time.perf_counter() - started:.2f}s"})
+        return out
+
+    knobs.jit_cache_hook, Autotuner.run = hook, tuned
+    try:
+        yield seen, tag
+    finally:
+        knobs.jit_cache_hook, Autotuner.run = previous, tune
+
+
 async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
     docs = documents(runtime, args.repeats + 1, args.prefix_tokens)
     chat = getattr(args, "chat", False)
@@ -101,10 +153,14 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
     )
     cold, hits = [], []
     client = open_in_process(runtime, EngineConfig(**config, prefix_cache=True))
+    compiles = contextlib.ExitStack()
+    seen, tag = compiles.enter_context(compile_log(runtime.device.type == "cuda"))
     try:
         await collect(client, _request(runtime, "warmup", "Warm up.", 4))
+        seen.clear()  # the warm-up's own compiles
         for r, doc in enumerate(docs[:-1]):
             first = _request(runtime, f"cold-{r}", doc, args.max_tokens, _QUESTIONS[0], chat)
+            tag(first.request_id)
             fin = await collect(client, first)
             cold.append(_row(fin))
             log(
@@ -114,6 +170,7 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
             for h in range(args.hits):
                 q = _QUESTIONS[1 + h % (len(_QUESTIONS) - 1)]
                 again = _request(runtime, f"hit-{r}-{h}", doc, args.max_tokens, q, chat)
+                tag(again.request_id)
                 fin = await collect(client, again)
                 hits.append(_row(fin))
                 shared = _shared(runtime, first, again)
@@ -127,7 +184,13 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
         cache = {"hit_rate": round(stats.hit_rate, 4), "hit_tokens": stats.hit_tokens,
                  "lookup_tokens": stats.lookup_tokens, "evictions": stats.evictions,
                  "block_size": client.engine.program.blocks.block_size}
+        warmup = client.engine.warmup
+        graphs = client.engine.program.forward.prefill_graphs
+        prefill_graphs = None if graphs is None else {
+            "captured": [list(s) for s in graphs.captured], "replays": graphs.replays,
+            "split_at_snapshot_cuts": graphs.split_steps}
     finally:
+        compiles.close()
         await client.aclose()
     off = []
     client = open_in_process(runtime, EngineConfig(**config, prefix_cache=False))
@@ -144,7 +207,9 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
     tpot = {"cold_p50_ms": p50([c["tpot_ms"] for c in cold if c["tpot_ms"] is not None]),
             "hit_p50_ms": p50([h["tpot_ms"] for h in hits if h["tpot_ms"] is not None]),
             "cache_off_p50_ms": p50([o["tpot_ms"] for o in off if o["tpot_ms"] is not None])}
-    return {"engine": config, "cold": cold, "hits": hits, "cache_off": off, "prefix_cache": cache,
+    return {"engine": config, "warmup": warmup.to_dict() if warmup is not None else None,
+            "compiles_after_warmup": seen, "prefill_graphs": prefill_graphs, "cold": cold,
+            "hits": hits, "cache_off": off, "prefix_cache": cache,
             "ttft_cold_p50_ms": cold_ttft, "ttft_hit_p50_ms": hit_ttft,
             "ttft_cache_off_p50_ms": p50([o["ttft_ms"] for o in off]),
             "hit_over_cold": ratio(hit_ttft, cold_ttft), "tpot": tpot,
@@ -180,7 +245,24 @@ def run(args: argparse.Namespace) -> int:
             "chat": getattr(args, "chat", False),
         },
     }
-    report.update(asyncio.run(_rounds(runtime, args, log)))
+    switch = getattr(args, "switch", None)
+    if switch is None:
+        report.update(asyncio.run(_rounds(runtime, args, log)))
+    else:  # the same rounds with the operator switch off, then on, on the same runtime
+        from services.settings import SETTINGS
+
+        env = SETTINGS[switch].env
+        report["switch"], report["runs"], before = env, {}, os.environ.get(env)
+        try:
+            for value in ("0", "1"):
+                os.environ[env] = value
+                log(f"{env}={value}")
+                report["runs"][value] = asyncio.run(_rounds(runtime, args, log))
+        finally:
+            if before is None:
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = before
     report["total_s"] = round(time.perf_counter() - started, 1)
     write_report(report, args.out)
     return 0

@@ -1,7 +1,8 @@
 """Random-weight models for tests and benchmarks (structure only: timings and exactness, never a
 quality claim): a small Llama-shaped model over any token domain with its `ByteTokenizer`, the
 Qwen3.5-9B text shape (`QWEN35_9B`, `random_qwen35`), and runtimes of real shapes over the Qwen3.5
-vocabulary (`random_qwen3_runtime`, `random_qwen35_runtime`)."""
+vocabulary (`random_qwen3_runtime`, `random_qwen35_runtime`), and a random DFlash / DFlash2 draft
+checkpoint directory for any of these targets (`write_random_dflash`)."""
 
 from __future__ import annotations
 
@@ -157,3 +158,57 @@ def random_qwen35_runtime(*, name: str = "qwen35-9b-random", dtype: torch.dtype 
     return ModelRuntime(name, model, model.config,
                         Frontend(name, get_domain("qwen3.5"),
                                  TiktokenTokenizer(qwen35_tokenizer())))
+
+
+@torch.no_grad()
+def write_random_dflash(path: str, target, *, mask_token_id: int, dflash2: bool = False,
+                        layers: int = 2, block: int = 5,
+                        target_layer_ids: tuple[int, ...] | None = None, seed: int = 0,
+                        std: float | None = None, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu", config: dict | None = None,
+                        dflash_config: dict | None = None) -> dict:
+    """Write a random-weight DFlash (or DFlash2) draft checkpoint for a target of config
+    `target` (a dense ModelConfig or a Qwen35Config: its width, heads, vocabulary) into directory
+    `path`: config.json (`dflash_config` with target_layer_ids, mask_token_id, block_size) and
+    model.safetensors under the tensor names `load_dflash` reads. `target_layer_ids` index the
+    target's layers, any kind (default: up to five spread over the middle layers); `config` and
+    `dflash_config` override keys of config.json and of its `dflash_config`. Weights ~ N(0,
+    std^2) (default std 1/sqrt(fan_in)) drawn from `seed`, norms at one. Returns the config."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    from services.worker.models.dflash import DFlashConfig, DFlashDraft
+
+    t = target
+    if target_layer_ids is None:
+        n = max(1, min(5, t.num_layers - 2))
+        ids = sorted({1 + round(i * (t.num_layers - 4) / max(1, n - 1)) for i in range(n)})
+        target_layer_ids = tuple(min(max(i, 0), t.num_layers - 1) for i in ids)
+    raw = {"architectures": ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"],
+           "hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size,
+           "num_hidden_layers": layers, "num_attention_heads": t.num_heads,
+           "num_key_value_heads": t.num_kv_heads, "head_dim": t.head_dim,
+           "rms_norm_eps": t.rms_norm_eps, "vocab_size": t.vocab_size,
+           "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"},
+           "dflash_config": {"block_size": block, "mask_token_id": mask_token_id,
+                             "target_layer_ids": list(target_layer_ids)}}
+    if dflash2:
+        raw["dflash_config"].update(conv_kernel_size=2, conv_group_size=16, selector_rank=256,
+                                    selector_top_k=16)
+    raw.update(config or {})
+    raw["dflash_config"].update(dflash_config or {})
+    model = DFlashDraft(DFlashConfig.from_dict(raw), dtype=dtype, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    tensors = {}
+    for name, p in model.state_dict().items():
+        if name.endswith("norm.weight"):
+            tensors[name] = torch.ones_like(p).cpu()
+        else:
+            s = p.shape[-1] ** -0.5 if std is None else std
+            tensors[name] = torch.empty_like(p).normal_(0.0, s, generator=gen).cpu()
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(raw, f)
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+    return raw

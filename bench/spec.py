@@ -159,42 +159,13 @@ async def _finished(client, request: GenerateRequest) -> Finished:
 
 def random_draft(runtime: ModelRuntime, path: str, *, dflash2: bool, layers: int, block: int,
                  seed: int = 0) -> None:
-    """Write a random-weight DFlash (or DFlash2) checkpoint for `runtime`'s dense target into
-    directory `path` (config.json + model.safetensors)."""
-    import os
+    """Write a random-weight DFlash (or DFlash2) checkpoint for `runtime`'s target (dense or
+    Qwen3.5) into directory `path` (bench/random_weights.py `write_random_dflash`)."""
+    from bench.random_weights import write_random_dflash
 
-    import torch
-    from safetensors.torch import save_file
-
-    from services.worker.models.dflash import DFlashConfig, DFlashDraft
-
-    t = runtime.config
-    n = max(1, min(5, t.num_layers - 2))
-    ids = sorted({1 + round(i * (t.num_layers - 4) / max(1, n - 1)) for i in range(n)})
-    raw = {"architectures": ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"],
-           "hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size,
-           "num_hidden_layers": layers, "num_attention_heads": t.num_heads,
-           "num_key_value_heads": t.num_kv_heads, "head_dim": t.head_dim,
-           "rms_norm_eps": t.rms_norm_eps, "vocab_size": t.vocab_size,
-           "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"},
-           "dflash_config": {"block_size": block, "mask_token_id": runtime.domain.size - 1,
-                             "target_layer_ids": [min(i, t.num_layers - 1) for i in ids]}}
-    if dflash2:
-        raw["dflash_config"].update(conv_kernel_size=2, conv_group_size=16, selector_rank=256,
-                                    selector_top_k=16)
-    device = runtime.device
-    model = DFlashDraft(DFlashConfig.from_dict(raw), dtype=runtime.dtype, device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    tensors = {}
-    for name, p in model.state_dict().items():
-        if name.endswith("norm.weight"):
-            tensors[name] = torch.ones_like(p).cpu()
-        else:
-            std = p.shape[-1] ** -0.5
-            tensors[name] = torch.empty_like(p).normal_(0.0, std, generator=gen).cpu()
-    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(raw, f)
-    save_file(tensors, os.path.join(path, "model.safetensors"))
+    write_random_dflash(path, runtime.config, mask_token_id=runtime.domain.size - 1,
+                        dflash2=dflash2, layers=layers, block=block, seed=seed,
+                        dtype=runtime.dtype, device=runtime.device)
 
 
 async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: str | None,

@@ -26,7 +26,9 @@ Configs come from `pick_config(M, N, K)` (kernels/gemv_configs.py: a fixed heuri
 of measured configs per shape, `TUNED`; not triton.autotune, which must not run inside the decode
 forward's CUDA graphs). `gemv_ref` is the torch
 reference (float32 F.linear rounded once to x's dtype). `linear(x, weight, bias)` dispatches to the
-kernel on CUDA for bf16/fp16 with <= 16 rows and a contiguous weight, else to F.linear.
+kernel on CUDA for bf16/fp16 with <= 16 rows and a contiguous weight, else to F.linear; with
+`invariant=True` (the width-invariant route, models/layers.py) every GEMM of up to
+INVARIANT_MAX_ROWS rows takes the "dot" kernel with one config per weight shape, rows tiled in 16s.
 """
 
 from __future__ import annotations
@@ -36,13 +38,23 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.gemv_configs import MODES, TUNED, GemvConfig, pick_config, sm_count
+from kernels.gemv_configs import (
+    MODES,
+    TUNED,
+    GemvConfig,
+    invariant_config,
+    pick_config,
+    sm_count,
+)
 from kernels.triton_util import INTERPRETED, to_dtype
 
 MAX_ROWS = 16
+# The width-invariant route tiles rows in 16s up to this many (a verify forward's B x (K+1) rows);
+# beyond, F.linear
+INVARIANT_MAX_ROWS = 1024
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "M_TILES"])
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -56,6 +68,7 @@ def _gemv_kernel(
     stride_wn,
     stride_ym,
     k_per_split,
+    M_TILES,
     HAS_BIAS: tl.constexpr,
     PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -67,10 +80,12 @@ def _gemv_kernel(
     F32_DOT: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
+    # the M tiles of one N slab are adjacent programs, so its W tile is read from DRAM once
+    pid_n = tl.program_id(0) // M_TILES
+    pid_m = tl.program_id(0) % M_TILES
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
     m_mask = offs_m < M
     k_lo = pid_k * k_per_split
@@ -174,6 +189,7 @@ def _launch_args(x2, weight, bias, y, config: GemvConfig):
     k_per_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
     split = triton.cdiv(K, k_per_split)  # drop empty trailing splits
     partial = split > 1
+    m_tiles = triton.cdiv(M, config.block_m(M))
     p = torch.empty((split, M, N), dtype=torch.float32, device=x2.device) if partial else y
     args = (
         x2,
@@ -188,6 +204,7 @@ def _launch_args(x2, weight, bias, y, config: GemvConfig):
         weight.stride(0),
         y.stride(0),
         k_per_split,
+        m_tiles,
     )
     kw = dict(
         HAS_BIAS=bias is not None,
@@ -203,7 +220,7 @@ def _launch_args(x2, weight, bias, y, config: GemvConfig):
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    grid = (triton.cdiv(N, config.block_n), split)
+    grid = (triton.cdiv(N, config.block_n) * m_tiles, split)
     return args, kw, grid, split, p
 
 
@@ -224,20 +241,22 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          config: GemvConfig | None = None) -> torch.Tensor:
     """y = x @ weight^T (+ bias) through the Triton kernel: x [..., K] with <= MAX_ROWS rows (the
-    product of the leading dims), weight [N, K] with contiguous rows, same dtype (bf16, fp16 or
-    float32); float32 accumulation, y in x's dtype. `config` overrides `pick_config`."""
+    product of the leading dims; up to INVARIANT_MAX_ROWS with a "dot" `config`, tiled in 16s),
+    weight [N, K] with contiguous rows, same dtype (bf16, fp16 or float32); float32 accumulation,
+    y in x's dtype. `config` overrides `pick_config`."""
     _check(x, weight, bias)
     lead, K, N = x.shape[:-1], x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
-    if not 1 <= M <= MAX_ROWS:
-        raise ValueError(f"gemv takes 1..{MAX_ROWS} rows, got {M}")
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    top = INVARIANT_MAX_ROWS if config is not None and config.mode == "dot" else MAX_ROWS
+    if not 1 <= M <= top:
+        raise ValueError(f"gemv takes 1..{top} rows here, got {M}")
     config = config or pick_config(M, N, K, sm_count(x.device))
     if config.mode not in MODES:
         raise ValueError(f"unknown mode {config.mode!r}")
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     args, kw, grid, split, p = _launch_args(x2, weight, bias, y, config)
     _gemv_kernel[grid](*args, **kw)
     if split > 1:
@@ -287,9 +306,11 @@ def gemv_ref(
     return F.linear(x.float(), weight.float(), b).to(x.dtype)
 
 
-def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+             invariant: bool = False) -> bool:
     """Whether `linear` takes the Triton GEMV for these operands: CUDA, bf16/fp16, <= 16 rows, a
-    contiguous weight, and a TUNED entry for the weight's shape and the rows' bucket."""
+    contiguous weight, and a TUNED entry for the weight's shape and the rows' bucket; with
+    `invariant` any shape up to INVARIANT_MAX_ROWS rows."""
     if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype):
         return False
     if (
@@ -302,16 +323,23 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     if bias is not None and (bias.dtype != x.dtype or bias.dim() != 1 or not bias.is_contiguous()):
         return False
     rows = x.numel() // max(1, x.shape[-1])
+    if invariant:
+        return 1 <= rows <= INVARIANT_MAX_ROWS
     if not 1 <= rows <= MAX_ROWS:
         return False
     # only where a measured config beat F.linear (the heuristic alone lost to cuBLAS on the H200)
     return max(1, triton.next_power_of_2(rows)) in TUNED.get(tuple(weight.shape), {})
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           invariant: bool = False) -> torch.Tensor:
     """F.linear(x, weight, bias), through the Triton GEMV when `use_gemv` (CUDA, bf16/fp16, <= 16
     rows of x, contiguous weight) and TUNED holds a measured config that beat F.linear for the
-    shape and row bucket (the heuristic alone lost to cuBLAS on the H200), else F.linear itself."""
-    if use_gemv(x, weight, bias):
-        return gemv(x, weight, bias)
+    shape and row bucket (the heuristic alone lost to cuBLAS on the H200), else F.linear itself.
+    `invariant`: every GEMM of up to INVARIANT_MAX_ROWS rows takes the kernel with the one config
+    of its shape (`invariant_config`), so each row's result is the same bits at any row count."""
+    if use_gemv(x, weight, bias, invariant=invariant):
+        config = invariant_config(weight.shape[0], weight.shape[1], sm_count(x.device)) \
+            if invariant else None
+        return gemv(x, weight, bias, config)
     return F.linear(x, weight, bias)

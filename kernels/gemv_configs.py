@@ -107,3 +107,26 @@ def pick_config(M: int, N: int, K: int, sms: int = 132) -> GemvConfig:
     else:
         bn, bk, warps, stages, mode = 64, 128, 4, 4, "dot"
     return GemvConfig(bn, bk, choose_split(M, N, K, bn, bk, sms), warps, stages, mode)
+
+
+# The width-invariant route (kernels/gemv.py `linear(..., invariant=True)`): one config per (N, K)
+# for every row count, so a row's product does not depend on how many rows share the GEMM (a
+# decode step's B rows, a verify forward's B x (K+1)). Tensor-core tiles of 16 rows ("dot"): a
+# row's float32 accumulation runs over the same K tiles in the same order whichever tile of 16 it
+# lands in and whatever the other rows hold; SPLIT fixed, so the split-K partials are summed in
+# the same order. Measured per shape on the H200 (bench/width_invariance.py --sweep) where listed,
+# else `invariant_config`'s rule.
+INVARIANT: dict[tuple[int, int], GemvConfig] = {}
+
+
+def invariant_config(N: int, K: int, sms: int = 132) -> GemvConfig:
+    """The one config of the width-invariant route for [*, K] x [N, K]^T: INVARIANT's entry, else
+    TUNED's dot config of the smallest row bucket (decode at batch 1 matters most), else the
+    heuristic dot tile with the split `choose_split` gives one row."""
+    if (N, K) in INVARIANT:
+        return INVARIANT[(N, K)]
+    for bucket in sorted(TUNED.get((N, K), {})):
+        config = TUNED[(N, K)][bucket]
+        if config.mode == "dot":
+            return config
+    return GemvConfig(64, 128, choose_split(1, N, K, 64, 128, sms), 4, 4, "dot")

@@ -62,7 +62,7 @@ def _as_rows(t: torch.Tensor, name: str) -> torch.Tensor:
                          f"one stride: {e}") from e
 
 
-def _launch(x, weight, eps, zero_centered, residual, out, residual_out):
+def _launch(x, weight, eps, zero_centered, residual, out, residual_out, invariant=False):
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"x: expected float32 / float16 / bfloat16, got {x.dtype}")
     d = x.shape[-1]
@@ -85,7 +85,9 @@ def _launch(x, weight, eps, zero_centered, residual, out, residual_out):
     if rows == 0:
         return out, residual_out
     block_d = triton.next_power_of_2(d)
-    block_r = max(1, min(16, 2048 // block_d, triton.next_power_of_2(rows)))
+    # `invariant`: the row block from D alone, so a row's reduction over D is laid out alike in a
+    # decode step's few rows and a verify forward's many
+    block_r = max(1, min(16, 2048 // block_d, 16 if invariant else triton.next_power_of_2(rows)))
     _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
         xr, xr.stride(0), xr.stride(1), rr, rr.stride(0), rr.stride(1), hr, hr.stride(0),
         hr.stride(1), weight, yr, yr.stride(0), yr.stride(1), rows, inner, d, float(eps),
@@ -95,7 +97,7 @@ def _launch(x, weight, eps, zero_centered, residual, out, residual_out):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centered: bool = False,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+             out: torch.Tensor | None = None, invariant: bool = False) -> torch.Tensor:
     """RMSNorm over the last dimension, as `kernels.norms_ref.rms_norm_ref`.
 
     x: [..., D] float32 / float16 / bfloat16, unit last stride, leading dims mergeable into one
@@ -103,15 +105,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centered
     weight: [D] (any float dtype; cast as the reference does); eps: added to mean(x^2);
     zero_centered: the Qwen3.5 convention (x / rms * (1 + w)), default False (w * x / rms);
     out: where to write (x's shape and dtype; may be x itself), default a new tensor.
+    invariant: the launch does not depend on the number of rows (models/layers.py WIDTH_INVARIANT).
     Returns out. Raises ValueError for a dtype, shape, device or stride it cannot take."""
-    return _launch(x, weight, eps, zero_centered, None, out, None)[0]
+    return _launch(x, weight, eps, zero_centered, None, out, None, invariant)[0]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
                  zero_centered: bool = False, out: torch.Tensor | None = None,
-                 residual_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 residual_out: torch.Tensor | None = None,
+                 invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x + residual (rounded to x's dtype) and rms_norm(h) in one pass: returns (y, h).
 
     residual: x's shape and dtype. residual_out: where h goes (may be residual or x itself: each
     element is read before it is written), default a new tensor. Other arguments as `rms_norm`."""
-    return _launch(x, weight, eps, zero_centered, residual, out, residual_out)
+    return _launch(x, weight, eps, zero_centered, residual, out, residual_out, invariant)

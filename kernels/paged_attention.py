@@ -234,3 +234,26 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             m_tiles, BLOCK_M=block_m, BLOCK_D=block_d,
             BLOCK_S=triton.next_power_of_2(splits), num_warps=4)
     return out
+
+
+def paged_attention_per_query(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              block_table: torch.Tensor, positions: torch.Tensor, *,
+                              lane_len: int, scale: float | None = None) -> torch.Tensor:
+    """`paged_attention` with each query computed as a decode step (T = 1) at its position would
+    compute it, whatever the forward's width and batch: the B x T queries run as B x T rows of one
+    token (the rows' tables repeated per token), so a row's M tile holds one query's G heads and
+    its context, read from 0 to its own position, is split by its own length; the split count S
+    comes from the lane length `lane_len` and the KV heads alone (`choose_splits` of one row), not
+    from the forward's rows or its context bound. Arguments as `paged_attention`; returns a new
+    [B, T, H, D] tensor."""
+    rows, tokens, heads, d = q.shape
+    hkv = k_cache.shape[2]
+    pairs = heads // hkv
+    block_m = max(16, triton.next_power_of_2(pairs)) if pairs <= 64 else 64
+    block_n = 64 if max(16, triton.next_power_of_2(d)) <= 128 else 32
+    splits = choose_splits(1, triton.cdiv(pairs, block_m), hkv, lane_len, q.device, block_n)
+    tables = block_table if tokens == 1 else block_table.repeat_interleave(tokens, dim=0)
+    out = paged_attention(q.reshape(rows * tokens, 1, heads, d), k_cache, v_cache, tables,
+                          positions.reshape(rows * tokens, 1), scale=scale, max_seq_len=lane_len,
+                          num_splits=splits, block_n=block_n)
+    return out.view(rows, tokens, heads, d)

@@ -276,7 +276,8 @@ def reduce(args: argparse.Namespace) -> int:
             row: dict[str, Any] = {"id": c["id"]}
             signal.alarm(args.timeout)
             try:
-                text = schema_to_ebnf(c["json_schema"])
+                # as content compiles (compiler.py): the JSON companions run beside the matcher
+                text = schema_to_ebnf(c["json_schema"], unique_names=True, unique_items=True)
                 row.update(ok=True, grammar_sha=hashlib.sha256(text.encode()).hexdigest())
             except InfernixError as exc:
                 row.update(ok=False, type=type(exc).__name__, pointer=getattr(exc, "pointer", None),

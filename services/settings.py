@@ -129,7 +129,8 @@ _TABLE = (
     Setting("speculative", _speculative, None, "speculative decoding backend: grammar (the text "
             "a constraint forces), ngram (n-gram copy from the request's own context), mtp (a "
             "Qwen3.5 model's MTP module; ngram and mtp add grammar drafts on constrained rows), "
-            "dflash or dflash2 (a draft model, --draft-model, on a dense target); omitted: off",
+            "dflash or dflash2 (a draft model, --draft-model, on a dense Llama/Qwen3 or a Qwen3.5 "
+            "target; its context cache is paid from the KV budget); omitted: off",
             "BACKEND"),
     Setting("draft_model", str, None, "checkpoint directory of the draft model (dflash, dflash2)",
             "DIR"),
@@ -174,11 +175,21 @@ _TABLE = (
     # Operator switches without a flag (read where the code runs, also in compile children).
     Setting("gemv", _on_unless_zero, True, "0: the fused path's decode-row weight GEMMs take "
             "F.linear (cuBLAS) instead of kernels/gemv.py's Triton GEMV", has_flag=False),
+    Setting("width_invariant", _on_unless_zero, False, "1: every CUDA forward of up to 32 "
+            "tokens a row computes each row as a decode step would (one GEMV config per weight "
+            "shape, attention per query with context splits fixed by the lane length), so "
+            "speculative greedy decoding is token-identical to plain greedy in bf16 / fp16",
+            has_flag=False),
     Setting("cpu_gemv", _on_unless_zero, True, "0: CPU decode rows take F.linear on the float32 "
             "weights instead of kernels/cpu_gemv.py on the GGUF's Q4_1 / Q8_0 blocks",
             has_flag=False),
     Setting("fla", _on_unless_zero, True, "0: Qwen3.5 prefill takes the torch chunked gated delta "
             "rule even when fla-core is installed", has_flag=False),
+    # Off by default: with the graphs on, 2 of 165 gpu tests hit an illegal memory access under
+    # pytest-xdist on the H200 (not reproduced with blocking launches); on until that is found.
+    Setting("prefill_graphs", _on_unless_zero, False, "1: short prefill forwards (a prefix-cache "
+            "hit's, a short prompt's) replay CUDA graphs captured at warm-up instead of running "
+            "eagerly", has_flag=False),
     Setting("json_engine", str, "llguidance", "the engine of JSON content; xgrammar, the engine "
             "of record, runs everything else", choices=("llguidance", "xgrammar"),
             has_flag=False),

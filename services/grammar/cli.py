@@ -103,7 +103,8 @@ def _schema_report(schema: Any, values: list[Any], grammar: Any, accepts: Any) -
     line's "values": accepted in the generation layout, and accepted as plain json.dumps text."""
     from services.grammar.schema import check_schema, layout_values
 
-    reduced = check_schema(schema, unique_names=True)  # content: names kept unique
+    reduced = check_schema(schema, unique_names=True,
+                           unique_items=True)  # content: names and items kept unique
     report: dict[str, Any] = {"annotations": list(reduced.annotations)}
     if values:
         report["values_accepted"] = [accepts(grammar, t) for t in layout_values(schema, values)]
@@ -117,9 +118,15 @@ def _checker(constraint: OutputConstraint, domain: Any) -> Any:
     output gets one (a text repeating a member name is then no output)."""
     from services.grammar.engines.matching import accepts
     from services.grammar.json_names import json_names_for
+    from services.grammar.unique_items import repeats_an_item
 
     unique = json_names_for(constraint, domain) is not None
-    return lambda grammar, text: accepts(grammar, text, unique_names=unique)
+
+    def check(grammar: Any, text: str) -> bool:
+        return accepts(grammar, text, unique_names=unique) and \
+            not repeats_an_item(constraint, text.encode("utf-8"))
+
+    return check
 
 
 def run_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -203,11 +210,13 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> int:
         _emit(out, _error_json(exc))
         return EXIT_REJECTED
     from services.grammar.json_names import json_names_for
+    from services.grammar.unique_items import unique_items_for
 
     rng = random.Random(args.seed)
     for _ in range(args.n):
         walk = random_walk(outcome.grammar, domain, rng, max_tokens=args.max_tokens,
-                           end_bias=args.end_bias, names=json_names_for(constraint, domain))
+                           end_bias=args.end_bias, names=json_names_for(constraint, domain),
+                           items=unique_items_for(constraint, domain))
         _emit(out, {"text": walk.text, "completed": walk.completed, "tokens": walk.tokens})
     return EXIT_OK
 

@@ -286,6 +286,7 @@ from services.grammar.engines.engine import (  # noqa: E402,F401 - re-exported: 
 from services.grammar.json_names import (  # noqa: E402,F401 - re-exported: the JSON companion
     JsonNameConstraint,
     json_names_for,
+    tool_json_names_for,
 )
 from services.grammar.tools.hermes import (  # noqa: E402,F401 - re-exported
     ToolSpec,
@@ -302,6 +303,10 @@ from services.grammar.tools.raw_lengths import (  # noqa: E402,F401 - re-exporte
 from services.grammar.tools.xml_tools import (  # noqa: E402,F401 - the decoder's contract
     argument_codings,
     counted_lengths,
+)
+from services.grammar.unique_items import (  # noqa: E402,F401 - re-exported: the JSON companion
+    UniqueItemsConstraint,
+    unique_items_for,
 )
 
 

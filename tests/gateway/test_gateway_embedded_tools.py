@@ -175,3 +175,38 @@ async def test_disable_parallel_tool_use_allows_one_call(claude):
         tool_choice={"type": "any", "disable_parallel_tool_use": True})
     assert message.stop_reason == "tool_use"
     assert [b.input for b in message.content if b.type == "tool_use"] == [{}]
+
+
+def _pairs_repeat(text: str) -> bool:
+    """Whether some object of the JSON `text` repeats a name (Python's json parser reports its
+    pairs before keeping one of them)."""
+    found = []
+
+    def pairs(items):
+        names = [k for k, _ in items]
+        found.append(len(names) != len(set(names)))
+        return dict(items)
+
+    json.loads(text, object_pairs_hook=pairs)
+    return any(found)
+
+
+async def test_a_count_of_free_names_in_arguments_is_filled_by_distinct_names(chat):
+    """"No generated object may repeat a name": a strict tool whose argument holds an open
+    object with `minProperties` compiles (the JSON name companion reads the call's arguments;
+    without it the count was refused) and the generated arguments repeat no name and satisfy
+    the schema."""
+    labels = {"type": "object", "properties": {"labels": {
+        "type": "object", "minProperties": 2, "maxProperties": 3,
+        "additionalProperties": {"type": "integer"}}}, "required": ["labels"],
+        "additionalProperties": False}
+    reply = await chat.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Label the photo."}],
+        tools=[{"type": "function", "function": {"name": "tag", "parameters": labels,
+                                                 "strict": True}}],
+        tool_choice="required", parallel_tool_calls=False, max_tokens=80, temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    [call] = choice.message.tool_calls
+    assert not _pairs_repeat(call.function.arguments), call.function.arguments
+    jsonschema.validate(json.loads(call.function.arguments), labels)

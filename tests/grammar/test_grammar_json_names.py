@@ -117,9 +117,11 @@ def test_issue_cases_through_grammar_check(tmp_path):
     assert answers[-1]["accepted"] == [False, True]
 
 
-def test_tool_arguments_keep_the_interim_count_refusal():
-    """Where no companion runs (tool-call arguments), a count undeclared names could fill only
-    by repeating stays refused at its pointer."""
+def test_finite_name_sets_keep_the_count_refusal():
+    """A count that undeclared names restricted to a finite set would have to fill stays refused
+    at its pointer (a dead end deeper than the next name); without a companion (`unique_names`
+    off) so does any count of undeclared names. Tool arguments run with the companion:
+    tests/grammar/test_grammar_tool_json_names.py."""
     from services.grammar.schema import schema_to_ebnf
     from shared.errors import SchemaSource
 

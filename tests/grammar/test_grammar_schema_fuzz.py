@@ -11,7 +11,9 @@ is a few seconds every run; INFERNIX_FUZZ_BUDGET (seconds) makes the slow test a
 Schemas compile as content does (`unique_names`: counts of undeclared names compile), and every
 walk and acceptance runs with the JSON name companion, as the worker decodes: a text repeating a
 member name (after unescaping) is never a valid output, and no walk may reach a dead end (the
-companion's masks are exact).
+companion's masks are exact). Arrays whose uniqueItems the grammar leaves to the unique-items
+companion (scalar items it cannot enumerate) run with that companion the same way: a text
+repeating an item (JSON equality: 1 and 1.0, strings after unescaping) is never an output.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import xgrammar as xgr
 from services.grammar.engines.matching import accepts, random_walk
 from services.grammar.json_names import JsonNameConstraint, JsonNameIndex
 from services.grammar.schema import schema_to_grammar
+from services.grammar.unique_items import repeats_an_item, unique_items_for
+from shared.contract import OutputConstraint
 from shared.errors import ConstraintTooComplex, InvalidSchema, UnsupportedSchema
 from tests.support.common import byte_domain
 
@@ -112,8 +116,10 @@ def random_schema(rng: random.Random, depth: int = 0):
             s["contains"] = random_schema(rng, depth + 1)
         if rng.random() < 0.4:
             s["maxItems"] = rng.randint(0, 3)
-        if rng.random() < 0.2:
+        if rng.random() < 0.35:
             s["uniqueItems"] = True
+            if rng.random() < 0.3:
+                s["minItems"] = rng.randint(1, 3)
         return s
     s = {"type": "object"} if rng.random() < 0.8 else {}
     names = rng.sample(NAMES, rng.randint(0, 2))
@@ -144,6 +150,11 @@ def candidates(rng: random.Random) -> list[str]:
     out = [json.dumps(v, ensure_ascii=False) for v in STRINGS]
     out += ["0", "1", "-1", "2", "1.5", "0.5", "3", "true", "null", "[]", "{}", "[1,1]",
             '["a"]', '[""]']
+    # items equal as JSON values, spelled apart (uniqueItems), and items that only look alike
+    out += ["[1,1.0]", "[1,1e0]", "[0,-0]", '["a","\\u0061"]', '["a","a"]', '["a","b","a"]',
+            '[true,1]', "[null,null]", '[{"a":1,"b":2},{"b":2,"a":1}]', "[[1],[1]]",
+            '["\\ud83d\\ude00","😀"]', '["é","\\u00e9"]', "[2,3,2]", '["",""]',
+            '{"a":["x","x"]}', '[["a","a"]]']
     for _ in range(24):
         names = [rng.choice(NAMES) for _ in range(rng.randint(1, 3))]
         values = [json.dumps(rng.choice(STRINGS + [0, 1, None]), ensure_ascii=False)
@@ -203,7 +214,8 @@ def fuzz(seed: int, budget_s: float) -> dict:
         schema = random_schema(rng)
         stats["schemas"] += 1
         try:
-            grammar = _compiler().compile_grammar(schema_to_grammar(schema, unique_names=True))
+            grammar = _compiler().compile_grammar(schema_to_grammar(schema, unique_names=True,
+                                                                     unique_items=True))
         except (UnsupportedSchema, InvalidSchema) as exc:
             assert exc.pointer is not None, (schema, exc)
             stats["refused"] += 1
@@ -214,15 +226,18 @@ def fuzz(seed: int, budget_s: float) -> dict:
         stats["compiled"] += 1
         check = _oracle(schema)
         texts = candidates(rng)
+        constraint = OutputConstraint.json_schema(schema)
         for _ in range(6):
             walk = random_walk(grammar, byte_domain(), rng, max_tokens=48, end_bias=0.5,
-                               names=JsonNameConstraint(JsonNameIndex.of(byte_domain())))
+                               names=JsonNameConstraint(JsonNameIndex.of(byte_domain())),
+                               items=unique_items_for(constraint, byte_domain()))
             assert not walk.dead_end, (schema, walk.data)
             if walk.completed:
                 texts.append(walk.data.decode("utf-8"))
         for t in texts:
             stats["texts"] += 1
-            if accepts(grammar, t, byte_domain(), unique_names=True):
+            if accepts(grammar, t, byte_domain(), unique_names=True) and \
+                    not repeats_an_item(constraint, t.encode("utf-8")):
                 stats["accepted"] += 1
                 if not _valid(check, t):
                     stats["bad"].append((schema, t))

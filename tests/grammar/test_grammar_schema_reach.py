@@ -78,6 +78,10 @@ def assert_both_readings(schema, defining, values=VALUES):
      jsonschema.Draft202012Validator),
     ({"properties": {"p": {"dependencies": {"a": ["b"]}}},
       "oneOf": [{"required": ["p"]}, {"type": "array"}]}, jsonschema.Draft7Validator),
+    # a foreign keyword inside a foreign applicator's complemented condition: draft-04 ignores
+    # the `if` whole, so enforcing it exactly is the intersection of the readings
+    ({"$schema": D4, "type": "object", "if": {"properties": {"t": {"const": "a"}}},
+      "then": {"required": ["x"]}}, jsonschema.Draft7Validator),
 ])
 def test_foreign_assertions_hold_in_both_readings(schema, defining):
     """An assertion keyword of another dialect that only narrows the values is enforced as that
@@ -87,6 +91,28 @@ def test_foreign_assertions_hold_in_both_readings(schema, defining):
     key = next(k for k in ("dependencies", "if", "propertyNames", "const", "contains",
                            "dependentRequired", "dependentSchemas") if k in json.dumps(schema))
     assert f"foreign:{key}" in check_schema(schema).annotations
+
+
+@pytest.mark.parametrize("schema,pointer", [
+    ({"not": {"type": "object", "dependencies": {"b": ["a"]}}}, "/not/dependencies"),
+    ({"$schema": "http://json-schema.org/draft-04/schema#",
+      "not": {"type": "string", "const": "x"}}, "/not/const"),
+    ({"oneOf": [{"type": "object", "dependencies": {"b": ["a"]}}, {"required": ["a"]}]},
+     "/oneOf/0/dependencies"),
+    ({"$defs": {"d": {"type": "object", "dependencies": {"b": ["a"]}}},
+      "not": {"$ref": "#/$defs/d"}}, "/$defs/d/dependencies"),
+])
+def test_foreign_assertions_under_a_complement_are_refused(schema, pointer):
+    """Under a complement the narrowing reading of a foreign keyword widens the values: the
+    declared dialect ignores the keyword, so `{"not": {"type": "object", "dependencies": ...}}` in
+    2020-12 rejects every object, while enforcing it would accept `{"b": "_"}`. Refused at the
+    keyword; what each reading says of that instance is checked too, so the case is a real one."""
+    with pytest.raises(UnsupportedSchema) as info:
+        check_schema(schema)
+    assert info.value.pointer == pointer and "under a complement" in info.value.message
+    first = {"not": {"type": "object", "dependencies": {"b": ["a"]}}}
+    assert not jsonschema.Draft202012Validator(first).is_valid({"b": "_"})
+    assert jsonschema.Draft7Validator(first).is_valid({"b": "_"})
 
 
 def test_additional_items_without_an_items_array_asserts_nothing_in_any_reading():

@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from services.grammar.compiler import Framed, ModelCompiler, framed_engine
+from services.grammar.compiler import Framed, ModelCompiler, build_llguidance_lark, framed_engine
 from services.grammar.engines.engine import LLGUIDANCE, XGRAMMAR
 from services.grammar.engines.matching import legal_ids
 from shared.contract import OutputConstraint
@@ -106,3 +106,21 @@ def test_thinking_json_masks_are_identical_on_both_engines(index):
                 a.rollback(k)
                 b.rollback(k)
                 pos -= k
+
+
+@pytest.mark.parametrize("index", range(len(SCHEMAS)))
+def test_the_thinking_framing_leaves_the_content_rules_as_they_are(index):
+    """framing.py: the Lark of the thinking framing is "the language of `thinking_prefix_ebnf`
+    followed by the content": its own two rules (the entry and the reasoning) beside the content's
+    rules and lexemes, every one of them as the bare content writes it (so a mask inside the
+    content, a bounded string's included, costs what it costs without the framing)."""
+    domain = think_domain()
+    constraint = OutputConstraint.json_schema(SCHEMAS[index])
+    bare = build_llguidance_lark(constraint, None, domain).splitlines()
+    framed = build_llguidance_lark(constraint, FRAMING, domain).splitlines()
+    [entry] = [line for line in bare if line.startswith("start: ")]
+    [framed_entry] = [line for line in framed if line.startswith("start: ")]
+    assert framed_entry.endswith(" " + entry.removeprefix("start: ")), framed_entry
+    assert sorted(set(framed) - set(bare)) == sorted([framed_entry, next(
+        line for line in framed if line.startswith("thinking_reasoning: "))])
+    assert set(bare) - set(framed) == {entry}

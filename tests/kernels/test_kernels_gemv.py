@@ -88,6 +88,19 @@ def test_gemv_interpreter():
     )
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child process")
+def test_invariant_route_tiles_rows_interpreter():
+    """The width-invariant route's "dot" tiles of 16 rows beyond 16 rows (a verify forward's
+    B x (K+1)): 40 rows in three tiles with split-K and bias against gemv_ref, and each row the same
+    bits as that row alone."""
+    x, w, b = _case(40, 40, 96, torch.bfloat16, bias=True, seed=7)
+    config = C.GemvConfig(16, 32, 2, 4, 2, "dot")
+    y = G.gemv(x, w, b, config)
+    _assert_close(y, G.gemv_ref(x, w, b), torch.bfloat16)
+    for m in (0, 15, 16, 39):
+        assert torch.equal(G.gemv(x[m:m + 1], w, b, config)[0], y[m]), m
+
+
 @pytest.mark.skipif(INTERPRETED, reason="this process is the interpreter run itself")
 def test_gemv_under_interpreter():
     """Triton's interpreter runs the GEMV on small shapes against gemv_ref (a child pytest with
@@ -126,6 +139,31 @@ def test_heuristic_configs():
     for (N, K), buckets in C.TUNED.items():  # measured entries are what pick_config returns
         for bucket, config in buckets.items():
             assert C.pick_config(bucket, N, K) == config
+
+
+@pytest.mark.skipif(INTERPRETED, reason="checks run in the parent process")
+def test_invariant_configs():
+    """One config per weight shape for every row count: INVARIANT's entry, else TUNED's dot config
+    of the smallest bucket, else a dot tile with one row's split; elementwise modes ("acc", whose
+    reduction layout follows BLOCK_M = the rows) never. Only "dot" takes more than 16 rows."""
+    for N, K in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (248320, 4096)):
+        c = C.invariant_config(N, K)
+        assert c.mode == "dot" and c.block_m(1) == c.block_m(64) == 16
+        if (N, K) not in C.INVARIANT and not any(
+                t.mode == "dot" for t in C.TUNED.get((N, K), {}).values()):
+            assert c.split == C.choose_split(1, N, K, c.block_n, c.block_k)
+    assert C.invariant_config(4096, 4096) in C.TUNED[(4096, 4096)].values() or \
+        (4096, 4096) in C.INVARIANT
+    with pytest.raises(ValueError):
+        G.gemv(torch.empty(17, 16, dtype=torch.bfloat16), torch.empty(20, 16, dtype=torch.bfloat16),
+               config=C.GemvConfig(16, 16, 1, 4, 2, "acc"))
+    with pytest.raises(ValueError):
+        G.gemv(torch.empty(G.INVARIANT_MAX_ROWS + 1, 16, dtype=torch.bfloat16),
+               torch.empty(20, 16, dtype=torch.bfloat16),
+               config=C.GemvConfig(16, 16, 1, 4, 2, "dot"))
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    assert not G.use_gemv(torch.empty(64, 16, **meta), torch.empty(20, 16, **meta),
+                          invariant=True)  # not CUDA
 
 
 @pytest.mark.skipif(INTERPRETED, reason="checks run in the parent process")
@@ -178,6 +216,32 @@ def test_gemv_cuda_real_shapes(name, N, K):
         bucket = 1 << (M - 1).bit_length()  # linear() takes the kernel where a config was measured
         assert G.use_gemv(x, w) == (bucket in C.TUNED.get((N, K), {}))
         assert torch.equal(G.linear(x, w), y if G.use_gemv(x, w) else F.linear(x, w))
+    del w
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name,N,K", REAL_SHAPES, ids=[s[0] for s in REAL_SHAPES])
+def test_invariant_route_rows_do_not_depend_on_the_row_count_cuda(name, N, K):
+    """linear(..., invariant=True) at the real shapes: each row of an M-row product (the decode
+    batches 1..16 and verify forwards up to 4 x 16 rows) is bit for bit that row's product alone,
+    within bf16 of F.linear, inside a CUDA graph too."""
+    torch.manual_seed(1)
+    w = (torch.randn(N, K, device="cuda") * K ** -0.5).to(torch.bfloat16)
+    x = torch.randn(64, K, device="cuda").to(torch.bfloat16)
+    alone = torch.cat([G.linear(x[m:m + 1], w, invariant=True) for m in range(64)])
+    ref = F.linear(x, w)
+    assert (alone.float() - ref.float()).abs().max().item() <= \
+        2 * ULP[torch.bfloat16] * ref.float().abs().max().item()
+    for M in (2, 3, 8, 16, 20, 32, 64):
+        assert torch.equal(G.linear(x[:M], w, invariant=True), alone[:M]), M
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = G.linear(x[:12], w, invariant=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, alone[:12])
     del w
     torch.cuda.empty_cache()
 

@@ -159,6 +159,52 @@ def test_norms_in_place_on_head_views(backend):
     close(x, want_y.double().numpy(), torch.float16, 1.01)
 
 
+def test_invariant_norm_rows_do_not_depend_on_the_row_count(backend):
+    """The width-invariant launch (models/layers.py WIDTH_INVARIANT): a head norm's row is the
+    same bits whether the forward holds 1 token's heads or 4 tokens' (a verify forward), and
+    within one rounding step of the reference."""
+    if backend[0] == "reference":
+        pytest.skip("a property of the kernel launch")
+    from kernels.norms import add_rms_norm, rms_norm
+    gen = np.random.default_rng(5)
+    x = rand(gen, (1, 4, 8, 128), torch.bfloat16, backend[1])
+    r = rand(gen, (1, 4, 8, 128), torch.bfloat16, backend[1])
+    w = rand(gen, (128,), torch.bfloat16, backend[1])
+    many = rms_norm(x, w, 1e-6, invariant=True)
+    close(many, rms_norm_ref(x.cpu(), w.cpu(), 1e-6).double().numpy(), torch.bfloat16, 1.01)
+    y_many, h_many = add_rms_norm(x, r, w, 1e-6, invariant=True)
+    for t in range(4):
+        assert torch.equal(rms_norm(x[:, t:t + 1], w, 1e-6, invariant=True), many[:, t:t + 1])
+        y, h = add_rms_norm(x[:, t:t + 1], r[:, t:t + 1], w, 1e-6, invariant=True)
+        assert torch.equal(y, y_many[:, t:t + 1]) and torch.equal(h, h_many[:, t:t + 1])
+    one = rms_norm(x[0, 0, :1], w, 1e-6, invariant=True)  # a single row
+    assert torch.equal(one, many[0, 0, :1])
+
+
+def test_width_invariant_route_is_chosen_by_the_forward_width(monkeypatch):
+    """Forwards of up to INVARIANT_MAX_WIDTH tokens a row (decode steps, verify forwards) take the
+    width-invariant route when the switch is on; wider prefill chunks, and every forward with
+    it off (its default), keep the fast one. The KV cache's attention follows the same rule and
+    the row cap of the GEMV route."""
+    from kernels.gemv import INVARIANT_MAX_ROWS
+    from services.settings import default
+    from services.worker.models import kv_cache, layers
+
+    assert default("width_invariant") is False
+    for on in (False, True):
+        monkeypatch.setattr(layers, "WIDTH_INVARIANT", on)
+        assert layers.width_invariant(1) == layers.width_invariant(
+            layers.INVARIANT_MAX_WIDTH) == on
+        assert not layers.width_invariant(layers.INVARIANT_MAX_WIDTH + 1)
+        q = torch.empty(4, 5, 8, 16, device="meta")
+        assert kv_cache._width_invariant(q) == on
+        assert not kv_cache._width_invariant(torch.empty(INVARIANT_MAX_ROWS, 2, 8, 16,
+                                                         device="meta"))
+        assert not kv_cache._width_invariant(torch.empty(1, 64, 8, 16, device="meta"))
+    x, w = torch.randn(2, 3, 16), torch.randn(8, 16)  # off CUDA: F.linear whatever the switch
+    assert torch.equal(layers.linear(x, w), torch.nn.functional.linear(x, w))
+
+
 def test_norms_reject_bad_inputs():
     """STYLE: errors name the argument and give expected and actual values."""
     from kernels.norms import add_rms_norm, rms_norm

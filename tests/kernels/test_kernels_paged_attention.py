@@ -157,6 +157,36 @@ def test_verification_window_is_causal_with_padding(backend, dtype):
     assert torch.equal(got[2].cpu(), torch.zeros_like(got[2].cpu()))
 
 
+def test_per_query_route_gives_each_query_its_decode_step_bits(backend):
+    """The width-invariant route (kernels/paged_attention.py `paged_attention_per_query`): "the
+    verify's logits at position j are bit-identical to what a plain decode step would compute at
+    that position, whatever the batch size". Each query of a 4-token window equals, bit for bit,
+    the same query run alone as one decode step of one row, and the oracle; padding stays
+    zeros."""
+    if backend[0] == "reference":
+        pytest.skip("a Triton route")
+    from kernels.paged_attention import paged_attention_per_query
+
+    gen = np.random.default_rng(4)
+    lengths = [300, 90]
+    paged = build(backend, gen, lengths, 2, 32, torch.bfloat16, 16)
+    dev = backend[1]
+    q = torch.from_numpy(gen.normal(0, 1, (2, 4, 8, 32))).to(torch.bfloat16).to(dev)
+    positions = torch.tensor([[296, 297, 298, 299], [87, 88, 89, -1]], device=dev)
+    got = paged_attention_per_query(q, paged.k_cache, paged.v_cache, paged.table, positions,
+                                    lane_len=1024)
+    want = oracle(q.cpu().double().numpy(), positions.cpu().numpy(), paged, 32 ** -0.5)
+    vmax = max(np.abs(v).max() for v in paged.values)
+    assert np.abs(got.cpu().double().numpy() - want).max() <= 4 * UNIT[torch.bfloat16] * vmax
+    assert torch.equal(got[1, 3].cpu(), torch.zeros_like(got[1, 3].cpu()))
+    for b in range(2):
+        for t in range(4 if b == 0 else 3):
+            alone = paged_attention_per_query(q[b:b + 1, t:t + 1], paged.k_cache, paged.v_cache,
+                                              paged.table[b:b + 1], positions[b:b + 1, t:t + 1],
+                                              lane_len=1024)
+            assert torch.equal(alone[0, 0], got[b, t]), (b, t)
+
+
 def test_shared_prefix_blocks_and_query_tiles(backend):
     """Issue 13: prefix caching shares full blocks between lanes: rows whose tables name row 0's
     first blocks read them in place. A 20-token chunk with 4 heads per KV head (80 (token, head)

@@ -123,6 +123,29 @@ def test_bench_decode_compares_the_unfused_path():
         assert step["host_ms"] == round(step["tpot_ms"] - step["forward_ms"] - step["sample_ms"], 4)
 
 
+def test_bench_prefix_switch_runs_the_rounds_off_then_on(monkeypatch, tmp_path):
+    """`--switch NAME`: the same rounds on one runtime with the operator switch at 0, then 1
+    (the JSON's `runs`), the environment left as it was."""
+    import json
+    import os
+
+    import bench.prefix as prefix
+    from tests.support.worker_support import tiny_runtime
+
+    monkeypatch.setattr(prefix, "build_runtime", lambda model, device: tiny_runtime())
+    monkeypatch.delenv("INFERNIX_PREFILL_GRAPHS", raising=False)
+    out = tmp_path / "ab.json"
+    args = build_parser().parse_args(["bench", "prefix", "--prefix-tokens", "40", "--repeats", "1",
+                                      "--hits", "1", "--max-tokens", "2", "--prefill-chunk", "32",
+                                      "--switch", "prefill_graphs", "--out", str(out)])
+    assert prefix.run(args) == 0
+    report = json.loads(out.read_text())
+    assert report["switch"] == "INFERNIX_PREFILL_GRAPHS" and set(report["runs"]) == {"0", "1"}
+    assert all(len(run["hits"]) == 1 and run["hits"][0]["cached_tokens"] >= 32
+               for run in report["runs"].values())
+    assert "INFERNIX_PREFILL_GRAPHS" not in os.environ
+
+
 def test_bench_prefix_reports_cold_hit_and_cache_off():
     """`infernix bench prefix` on a tiny model: hits report the shared document's full blocks as
     cached tokens, cold and cache-off requests none, hits and cold answer alike when they ask the
@@ -148,6 +171,9 @@ def test_bench_prefix_reports_cold_hit_and_cache_off():
     assert report["hit_over_cold"] is not None and report["ttft_cold_p50_ms"] > 0
     parsed = build_parser().parse_args(["bench", "prefix", "--prefix-tokens", "100", "--hits", "3"])
     assert (parsed.prefix_tokens, parsed.hits, parsed.repeats) == (100, 3, 2)
+    assert parsed.switch is None and report["compiles_after_warmup"] == []  # the CPU compiles none
+    parsed = build_parser().parse_args(["bench", "prefix", "--switch", "prefill_graphs"])
+    assert parsed.switch == "prefill_graphs"
 
 
 def test_bench_decode_runs_the_qwen35_model_with_its_state_in_the_floor(monkeypatch):

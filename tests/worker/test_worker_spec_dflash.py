@@ -11,15 +11,13 @@ sequence, the context written at once, one block) for the drafts the engine prop
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from services.worker.models import KVCache
-from services.worker.models.dflash import DFlashConfig, DFlashDraft, load_dflash
+from bench.random_weights import write_random_dflash
+from services.worker.models.dflash import load_dflash
 from shared.contract import OutputConstraint
 from shared.errors import InvalidRequest, Unsupported
 from shared.generation import RequestOptions, SamplingParams
@@ -31,33 +29,19 @@ CASES = [("a", "hello hello", greedy(18)),
              {"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]})))]
 
 
-def _config(domain_size: int, dflash2: bool) -> dict:
-    cfg = {"architectures": ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"],
-           "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-           "rms_norm_eps": 1e-5, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-           "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6,
-           "vocab_size": domain_size, "is_causal": False,
-           "dflash_config": {"block_size": 5, "mask_token_id": domain_size - 1,
-                             "target_layer_ids": [0, 1], "output_multiplier": 0.9}}
-    if dflash2:
-        cfg["dflash_config"].update(conv_kernel_size=2, conv_group_size=16, selector_rank=8,
-                                    selector_top_k=6, final_logit_softcapping=30.0)
-    return cfg
-
-
-def write_checkpoint(path, domain_size: int, *, dflash2: bool, seed: int = 5) -> None:
-    cfg = _config(domain_size, dflash2)
-    (path / "config.json").write_text(json.dumps(cfg))
-    model = DFlashDraft(DFlashConfig.from_dict(cfg), dtype=torch.float32)
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, p in model.state_dict().items():
-        if name.endswith("norm.weight"):
-            tensors[name] = torch.ones_like(p)
-        else:
-            tensors[name] = torch.randn(p.shape, generator=gen) * 0.4
-    save_file(tensors, str(path / "model.safetensors"))
+def write_checkpoint(path, runtime, *, dflash2: bool, seed: int = 5,
+                     target_layer_ids: tuple[int, ...] = (0, 1)) -> dict:
+    """A small random draft for `runtime`'s target (a sliding-window layer and a full one)."""
+    extra = {"selector_rank": 8, "selector_top_k": 6, "final_logit_softcapping": 30.0} \
+        if dflash2 else {}
+    return write_random_dflash(
+        str(path), runtime.config, mask_token_id=runtime.domain.size - 1, dflash2=dflash2,
+        block=5, target_layer_ids=target_layer_ids, seed=seed, std=0.4,
+        config={"intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 16, "rms_norm_eps": 1e-5, "is_causal": False,
+                "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+                "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6},
+        dflash_config={"output_multiplier": 0.9, **extra})
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +54,12 @@ def checkpoints(tmp_path_factory, runtime):
     out = {}
     for kind in ("dflash", "dflash2"):
         path = tmp_path_factory.mktemp(kind)
-        write_checkpoint(path, runtime.domain.size, dflash2=kind == "dflash2")
+        write_checkpoint(path, runtime, dflash2=kind == "dflash2")
         out[kind] = str(path)
     return out
 
 
-def _recording(program, seen: list) -> None:
+def record_drafts(program, seen: list) -> None:
     """Record (committed context, drafts, draft q) of every row the Program drafted."""
     inner = program.rounds.device
 
@@ -95,7 +79,7 @@ async def _run(runtime, cases, *, speculative=None, draft=None, seen=None, k=4):
     client = open_client(runtime, max_batch=3, max_len=128, prefill_chunk=6,
                          speculative=speculative, draft_model=draft, num_draft_tokens=k)
     if seen is not None:
-        _recording(client.engine.program, seen)
+        record_drafts(client.engine.program, seen)
     try:
         results = await asyncio.gather(*(collect(client, text_request(r, p, o, runtime.name))
                                          for r, p, o in cases))
@@ -111,12 +95,13 @@ def baseline(runtime):
 
 
 @torch.inference_mode()
-def _from_scratch(runtime, draft, sequence, k):
-    """Greedy DFlash drafts after `sequence` (its last token is the anchor)."""
+def drafts_from_scratch(runtime, draft, sequence, k):
+    """Greedy DFlash drafts after `sequence` (its last token is the anchor): a fresh target
+    state (dense KV, or a hybrid model's KV and recurrent state) over the whole sequence."""
     model, n = runtime.model, len(sequence)
-    cache = KVCache.allocate(runtime.config, 1, n, runtime.dtype)
+    state = model.new_state(1, n, dtype=runtime.dtype, device="cpu")
     lane = torch.tensor([0])
-    _, feats = model.hidden_states(torch.tensor([sequence]), torch.arange(n)[None], cache, lane,
+    _, feats = model.hidden_states(torch.tensor([sequence]), torch.arange(n)[None], state, lane,
                                    tap=tuple(draft.config.target_layer_ids))
     ctx = draft.new_cache(1, n + k + 1, dtype=runtime.dtype, device="cpu")
     draft.write_context(feats[:, :n - 1], torch.arange(n - 1)[None], ctx, lane)
@@ -145,7 +130,7 @@ def test_greedy_with_the_draft_model_equals_greedy_without(runtime, checkpoints,
     draft = engine.proposer.draft
     assert engine.program.draft_wait_seconds > 0
     for context, drafts, _ in seen[:: max(1, len(seen) // 8)]:  # the context is the prefix's
-        assert drafts == _from_scratch(runtime, draft, list(context), 4)[:len(drafts)]
+        assert drafts == drafts_from_scratch(runtime, draft, list(context), 4)[:len(drafts)]
 
 
 def test_dflash2_sampled_rounds_use_the_sparse_q(runtime, checkpoints):

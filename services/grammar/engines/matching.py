@@ -22,6 +22,7 @@ from shared.frontends.token_domain import TokenDomain
 # annotation only: the companion reads schemas, whose emitters import engines/
 if TYPE_CHECKING:
     from services.grammar.json_names import JsonNameConstraint
+    from services.grammar.unique_items import UniqueItemsConstraint
 
 
 def _matcher(compiled: CompiledConstraint | xgr.CompiledGrammar, domain: TokenDomain | None,
@@ -76,13 +77,15 @@ def random_walk(
     max_tokens: int = 256,
     end_bias: float = 0.5,
     names: JsonNameConstraint | None = None,
+    items: UniqueItemsConstraint | None = None,
 ) -> Walk:
     """Pick uniformly random legal tokens until EOS or `max_tokens`.
 
     End bias: when EOS is legal, it is taken with probability `end_bias` before a uniform draw over
     the other legal tokens (a uniform draw alone almost never ends a JSON walk, and always ending at
     the first chance would only ever produce the shortest outputs). `names`: the JSON name
-    companion of the output (json_names.json_names_for), applied to every mask and token.
+    companion of the output (json_names.json_names_for), applied to every mask and token; `items`
+    the unique-items companion (unique_items.unique_items_for), the same way.
     """
     matcher = _matcher(compiled, domain)
     mask = np.zeros((1, domain.mask_words), dtype=np.int32)
@@ -92,6 +95,8 @@ def random_walk(
         matcher.fill_mask(mask, 0)
         if names is not None:
             names.apply(mask[0], matcher)
+        if items is not None:
+            items.apply(mask[0], matcher)
         ids = legal_ids(mask[0], domain.size)
         if not ids:
             return Walk(data.decode("utf-8", "replace"), bytes(data), False, step, dead_end=True)
@@ -106,5 +111,7 @@ def random_walk(
         assert ok, f"legal token {token} was refused"
         if names is not None:
             names.accept(token)
+        if items is not None:
+            items.accept(token)
         data += domain.token_bytes[token]
     return Walk(data.decode("utf-8", "replace"), bytes(data), False, max_tokens)

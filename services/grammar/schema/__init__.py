@@ -43,8 +43,9 @@ from shared.errors import (
 
 
 def _context(source: SchemaSource, tool_index: int | None, tool_name: str | None,
-             unique_names: bool = False) -> Context:
-    return Context(SchemaSource(source), tool_index, tool_name, unique_names=unique_names)
+             unique_names: bool = False, unique_items: bool = False) -> Context:
+    return Context(SchemaSource(source), tool_index, tool_name, unique_names=unique_names,
+                   unique_items=unique_items)
 
 
 def _reduce(schema: Any, ctx: Context, patterns: PatternSupport) -> ReducedSchema:
@@ -58,8 +59,13 @@ def _reduce_graph(
     reader = Reader(schema, ctx, graph)
     root = reader.read(schema)
     graph.finish()
+    reader.check_foreign_complements()
     reduced = ReducedSchema(root, graph.defs, tuple(sorted(reader.annotations)))
     _finalize(reduced, ctx, patterns)
+    if ctx.unique_items_at is not None:
+        from services.grammar.schema.unique_items import check_positions
+
+        check_positions(graph, root, ctx, ctx.unique_items_at)
     if isinstance(graph.resolve(root, ""), NoValue):
         why = "" if graph.first_empty is None else \
             f"; the first string found to match nothing: {graph.first_empty!r}"
@@ -124,12 +130,13 @@ def make_emitter(reduced: ReducedSchema, graph: Graph, patterns: PatternSupport,
 
 
 def _emit(schema: Any, source: SchemaSource, tool_index: int | None, tool_name: str | None,
-          syntax: str, whitespace: str, explicit_layout: bool, unique_names: bool = False) -> str:
+          syntax: str, whitespace: str, explicit_layout: bool, unique_names: bool = False,
+          unique_items: bool = False) -> str:
     """The grammar text in `syntax` ("xgrammar" EBNF or "llguidance" Lark). Raises the schema's
     typed errors, ConstraintTooComplex past `max_grammar_bytes()`, and emit.NeedsXgrammar for a
     Lark emission of an xgrammar-only form. `unique_names`: the consumer runs the JSON name
     companion (services/grammar/json_names.py), so counts of undeclared names compile."""
-    ctx = _context(source, tool_index, tool_name, unique_names)
+    ctx = _context(source, tool_index, tool_name, unique_names, unique_items)
     patterns = PatternSupport(ctx)
     reduced, graph = _reduce_graph(schema, ctx, patterns)
     text = make_emitter(reduced, graph, patterns, ctx, syntax=syntax, whitespace=whitespace,
@@ -144,12 +151,12 @@ def _emit(schema: Any, source: SchemaSource, tool_index: int | None, tool_name: 
 
 def check_schema(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
                  tool_index: int | None = None, tool_name: str | None = None,
-                 unique_names: bool = False) -> ReducedSchema:
+                 unique_names: bool = False, unique_items: bool = False) -> ReducedSchema:
     """Validate and reduce `schema` (a parsed JSON object or boolean); no xgrammar involved.
-    `unique_names`: as for `schema_to_grammar`.
+    `unique_names`, `unique_items`: as for `schema_to_grammar`.
 
     Raises InvalidSchema / UnsupportedSchema with the pointer into `schema`."""
-    ctx = _context(source, tool_index, tool_name, unique_names)
+    ctx = _context(source, tool_index, tool_name, unique_names, unique_items)
     return _reduce(schema, ctx, PatternSupport(ctx))
 
 
@@ -163,9 +170,11 @@ def reduce_tool_arguments(schema: Any, *, tool_index: int, tool_name: str) -> Re
 
 def tool_argument_parts(schema: Any, *, tool_index: int, tool_name: str
                         ) -> tuple[ReducedSchema, Graph, PatternSupport, Context]:
-    """`reduce_tool_arguments` with what `make_emitter` needs to write its values' grammar."""
+    """`reduce_tool_arguments` with what `make_emitter` needs to write its values' grammar.
+    Tool grammars run with the JSON name companion (json_names.tool_json_names_for), so counts
+    of undeclared names compile (`unique_names`)."""
     src = SchemaSource.TOOL_ARGUMENTS
-    ctx = _context(src, tool_index, tool_name)
+    ctx = _context(src, tool_index, tool_name, unique_names=True)
     patterns = PatternSupport(ctx)
     reduced, graph = _reduce_graph(schema, ctx, patterns)
     root = reduced.root
@@ -190,16 +199,18 @@ def tool_argument_parts(schema: Any, *, tool_index: int, tool_name: str
 def schema_to_grammar(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
                       tool_index: int | None = None, tool_name: str | None = None,
                       whitespace: str = "any", explicit_layout: bool = False,
-                      unique_names: bool = False) -> xgr.Grammar:
+                      unique_names: bool = False, unique_items: bool = False) -> xgr.Grammar:
     """A Grammar whose language is exactly the schema's instances in the generation layout
     (declared property order, whitespace as the profile says: `emit.WHITESPACE_PROFILES`;
     `explicit_layout`: the profile was requested, so a form that cannot keep it is refused;
-    `unique_names`: every consumer runs the JSON name companion, see `_emit`).
+    `unique_names`: every consumer runs the JSON name companion, see `_emit`; `unique_items`:
+    every consumer runs the unique-items companion, services/grammar/unique_items.py, so
+    uniqueItems over scalar items compiles: content only, never a tool grammar).
 
     Raises InvalidSchema / UnsupportedSchema (pointer into `schema`, source, tool info)."""
     text = schema_to_ebnf(schema, source=source, tool_index=tool_index, tool_name=tool_name,
                           whitespace=whitespace, explicit_layout=explicit_layout,
-                          unique_names=unique_names)
+                          unique_names=unique_names, unique_items=unique_items)
     try:
         return xgr.Grammar.from_ebnf(text)
     except RuntimeError as exc:  # our emitter produced text xgrammar refuses: our bug
@@ -209,27 +220,27 @@ def schema_to_grammar(schema: Any, *, source: SchemaSource = SchemaSource.CONTEN
 def schema_to_ebnf(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
                    tool_index: int | None = None, tool_name: str | None = None,
                    whitespace: str = "any", explicit_layout: bool = False,
-                   unique_names: bool = False) -> str:
+                   unique_names: bool = False, unique_items: bool = False) -> str:
     """The xgrammar EBNF text `schema_to_grammar` compiles (entry rule `root`)."""
     return _emit(schema, source, tool_index, tool_name, "xgrammar", whitespace, explicit_layout,
-                 unique_names)
+                 unique_names, unique_items)
 
 
 def schema_to_lark(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
                    tool_index: int | None = None, tool_name: str | None = None,
                    whitespace: str = "any", explicit_layout: bool = False,
-                   unique_names: bool = False) -> str:
+                   unique_names: bool = False, unique_items: bool = False) -> str:
     """The same language as llguidance Lark text (entry rule `start`). Raises emit.NeedsXgrammar
     for a schema form only the xgrammar emission writes."""
     return _emit(schema, source, tool_index, tool_name, "llguidance", whitespace, explicit_layout,
-                 unique_names)
+                 unique_names, unique_items)
 
 
 def layout_values(schema: Any, values: list[Any]) -> list[str]:
     """Each value as JSON text in the generation layout of `schema` (see `layout.layout_text`);
     for checking instances against the compiled grammar (content, which runs with the JSON name
     companion). Raises what `check_schema` raises."""
-    ctx = _context(SchemaSource.CONTENT, None, None, unique_names=True)
+    ctx = _context(SchemaSource.CONTENT, None, None, unique_names=True, unique_items=True)
     reduced, graph = _reduce_graph(schema, ctx, PatternSupport(ctx))
 
     def member(node: Any, value: Any) -> bool:
@@ -247,6 +258,16 @@ def layout_values(schema: Any, values: list[Any]) -> list[str]:
     return [layout_text(reduced.root, v, reduced.defs, member, 0, value_of) for v in values]
 
 
+def companion_positions(schema: Any) -> Any:
+    """The value positions (schema/unique_items.py `Positions`) of a content schema with arrays
+    left to the unique-items companion, else None. Raises what `check_schema` raises."""
+    from services.grammar.schema.unique_items import Positions
+
+    ctx = _context(SchemaSource.CONTENT, None, None, unique_names=True, unique_items=True)
+    reduced, graph = _reduce_graph(schema, ctx, PatternSupport(ctx))
+    return None if ctx.unique_items_at is None else Positions(graph, reduced.root)
+
+
 def json_object_grammar(whitespace: str = "any") -> xgr.Grammar:
     """Any JSON object at the root (json_object mode), same layout as schema grammars."""
     return schema_to_grammar({"type": "object"}, whitespace=whitespace)
@@ -255,6 +276,7 @@ def json_object_grammar(whitespace: str = "any") -> xgr.Grammar:
 __all__ = [
     "ReducedSchema",
     "check_schema",
+    "companion_positions",
     "json_object_grammar",
     "layout_values",
     "make_emitter",

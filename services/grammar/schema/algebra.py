@@ -389,6 +389,15 @@ def string_type(min_length: int, max_length: int | None, patterns: tuple = ()) -
     return StringType(min_length, max_length, patterns)
 
 
+def too_few_distinct(graph: "Graph", items: Node, min_items: int) -> bool:
+    """Whether a unique array's finite item domain has fewer values than `min_items` (no such
+    array exists; its grammar would have a state with no way on)."""
+    from services.grammar.schema.arrays import finite_domain
+
+    values = finite_domain(graph, items, "")
+    return values is not None and len(values) < min_items
+
+
 def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int | None,
                unique: bool = False, contains: Node | None = None, graph: "Graph | None" = None,
                pointer: str = "") -> Node:
@@ -409,6 +418,8 @@ def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int |
         prefix = prefix[:-1]
     if limit is not None and limit <= 1:
         unique = False  # at most one item: always unique
+    if unique and graph is not None and too_few_distinct(graph, items, min_items):
+        return NEVER
     if contains is not None:
         assert graph is not None
         hit = graph.meet(contains, items, pointer)  # the witness must be an item too

@@ -16,7 +16,9 @@ exactly to the graph, otherwise UnsupportedSchema at its pointer.
   ranges); a fractional k is refused: jsonschema divides binary64 values (0.07 / 0.01 fails), so no
   exact language agrees with both the decimal reading and the validators.
 - `uniqueItems` over a finite item domain (literals, booleans, null, small integer ranges) of at
-  most `arrays.MAX_UNIQUE` values; over anything else it is not context-free: refused.
+  most `arrays.MAX_UNIQUE` values in the grammar; over other scalar items it is not context-free
+  and is kept by the content companion (schema/unique_items.py) where one runs
+  (`ctx.unique_items`); otherwise refused.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import json
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from services.grammar.schema.algebra import free_count_check, number_range
+from services.grammar.schema.algebra import free_count_check, number_range, too_few_distinct
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
     ANY,
@@ -66,6 +68,7 @@ def _others(*kinds: str) -> list[Node]:
 
 def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | None:
     """Every JSON value not in `node`, or None where that is not exactly representable."""
+    r.complemented.add(pointer)  # Reader.check_foreign_complements
     g = r.graph
     if depth > 64:
         return None
@@ -265,6 +268,7 @@ def _multiple(r: "Reader", k: Any, at: str) -> Node:
 def _unique(r: "Reader", node: Node, at: str) -> Node:
     """Array branches of `node` with uniqueItems (other branches are unaffected)."""
     from services.grammar.schema.arrays import finite_domain
+    from services.grammar.schema.unique_items import item_domain
 
     def one(n: Node) -> Node:
         if isinstance(n, Union):
@@ -277,9 +281,20 @@ def _unique(r: "Reader", node: Node, at: str) -> Node:
             return one(n)
         if not isinstance(n, ArrayType) or (n.max_items is not None and n.max_items <= 1):
             return n
-        if n.prefix or n.contains is not None or finite_domain(r.graph, n.items, at) is None:
-            raise r.ctx.unsupported(at, "uniqueItems is supported only over a finite item domain "
-                                        "(enum/const, booleans, null, small integer ranges)")
+        if not n.prefix and n.contains is None and too_few_distinct(r.graph, n.items, n.min_items):
+            return NEVER  # fewer distinct items than minItems: no array of this branch is valid
+        if finite_domain(r.graph, n.items, at) is None or n.prefix or n.contains is not None:
+            domain = item_domain(r.graph, n.items) if r.ctx.unique_items else None
+            if domain is None or n.prefix or n.contains is not None or \
+                    domain.at_least < n.min_items:
+                raise r.ctx.unsupported(at, "uniqueItems is supported over a finite item domain "
+                                            "(enum/const, booleans, null, small integer ranges) "
+                                            "and, for JSON content, over scalar items (strings, "
+                                            "integers, scalar enum/const) without prefixItems or "
+                                            "contains and with minItems within the distinct "
+                                            "values provable")
+            if r.ctx.unique_items_at is None:
+                r.ctx.unique_items_at = at
         return ArrayType(n.prefix, n.items, n.min_items, n.max_items, True, n.contains)
 
     return one(node)

@@ -149,8 +149,9 @@ def extended(em: Any, node: Node, graph: Any, regions: Any) -> str | None:
     from services.grammar.schema.nodes import ObjectType
     from services.grammar.schema.objects import emit_object
 
-    if isinstance(node, ArrayType) and node.unique:
-        return unique_array(em, node, graph)
+    if isinstance(node, ArrayType) and node.unique and \
+            finite_domain(graph, node.items, "") is not None:
+        return unique_array(em, node, graph)  # else a plain array: the companion keeps it unique
     if isinstance(node, ArrayType) and node.contains is not None:
         return contains_array(em, node)
     if isinstance(node, IntegerType) and node.multiple > 1:

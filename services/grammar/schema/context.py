@@ -29,6 +29,11 @@ class Context:
     # The consumer keeps member names unique (json_names.JsonNameConstraint runs beside the
     # matcher): a count of undeclared names is then a count of distinct members.
     unique_names: bool = False
+    # The consumer keeps items of unique arrays unique (unique_items.UniqueItemsConstraint: JSON
+    # content only), so uniqueItems over scalar items compiles; the first such uniqueItems
+    # pointer, whose positions are checked after the reduction.
+    unique_items: bool = False
+    unique_items_at: str | None = None
 
     def _where(self, pointer: str) -> str:
         where = f"at {pointer!r}" if pointer else "at the schema root"

@@ -102,7 +102,7 @@ class ArrayType:
     items: "Node" = ANY
     min_items: int = 0
     max_items: int | None = None
-    unique: bool = False  # uniqueItems (only over finite item domains; see schema/arrays.py)
+    unique: bool = False  # uniqueItems (finite domains: arrays.py; other scalars: unique_items.py)
     contains: "Node | None" = None  # contains: at least one item also satisfies this (no prefix)
 
 

@@ -89,6 +89,8 @@ class Reader:
             self.dialect = dialect
         self.doc = Document(root, self.dialect, ctx)
         self._def_dialects: dict[str, Dialect] = {}  # definition pointer -> dialect it was read in
+        self.foreign: list[str] = []  # pointers of the enforced keywords of other dialects
+        self.complemented: set[str] = set()  # pointers of the schemas taken a complement of
 
     # -- entry -------------------------------------------------------------------------------
     def read(self, schema: Any, pointer: str = "", depth: int = 0) -> Node:
@@ -208,6 +210,7 @@ class Reader:
                     # enforced, so every generated value is valid in both readings. Listed, since
                     # the declared dialect's validators accept more.
                     self.annotations.add(f"foreign:{key}")
+                    self.foreign.append(at)
                     continue
                 if key == "additionalItems" and not isinstance(schema.get("items"), list):
                     # Without an items array it asserts nothing in the dialects that define it
@@ -223,6 +226,27 @@ class Reader:
                 raise self.ctx.unsupported(at, f"unknown keyword {key!r} looks like the assertion "
                                                f"{meant!r} (it would be ignored as an annotation)")
             self.annotations.add(key)
+
+    def check_foreign_complements(self) -> None:
+        """After the whole schema is read: refuse an enforced keyword of another dialect inside
+        a complemented schema (not, a oneOf's branches, an if condition). Enforcing it narrows
+        the values, so both readings accept what is generated only where it is not
+        complemented: under a complement their intersection needs the keyword ignored instead
+        (`{"not": {"type": "object", "dependencies": ...}}` in 2020-12 rejects every object,
+        while the draft-07 reading accepts some). A complemented schema holding a `$ref` may
+        reach a keyword anywhere, so there every foreign keyword counts. A complement taken
+        inside a foreign applicator (draft-04's `if`) is exempt: the declared reading ignores the
+        applicator whole, so its exact enforcement is the intersection."""
+        for at in self.complemented:
+            if any(at == f or at.startswith(f + "/") for f in self.foreign):
+                continue  # inside a foreign applicator, which the declared reading ignores whole
+            reaches_all = "$ref" in json.dumps(_at_pointer(self.root, at))
+            for key_at in self.foreign:
+                if reaches_all or key_at.startswith(at + "/"):
+                    raise self.ctx.unsupported(
+                        key_at, f"a keyword of another dialect than {self.doc.dialect.name} "
+                        f"under a complement (at {at or '/'}): the two readings differ there; "
+                        "declare the dialect with $schema")
 
     def _one_of(self, node: Node, raw: list[Node], at: str) -> Node:
         """Exactly one of `raw` (each met with `node`): a union when the met branches are provably
@@ -342,3 +366,17 @@ class Reader:
         if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
             raise self.ctx.unsupported(at, "a string with a lone surrogate is not a Unicode scalar "
                                            "sequence")
+
+
+def _at_pointer(root: Any, pointer: str) -> Any:
+    """The raw schema at a JSON pointer of the document (None where it names nothing)."""
+    node = root
+    for part in pointer.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node

@@ -234,7 +234,7 @@ def _schema_text(tool: ToolDefinition, *, index: int, forced: bool, lark: bool) 
     def build(schema: object) -> str:
         reduce_tool_arguments(schema, tool_index=index, tool_name=tool.name)
         return emit(schema, source=SchemaSource.TOOL_ARGUMENTS, tool_index=index,
-                    tool_name=tool.name)
+                    tool_name=tool.name, unique_names=True)
 
     if not (tool.strict or forced):
         return emit({"type": "object"})
@@ -270,7 +270,8 @@ def tool_grammar_ebnf(spec: ToolSpec, *, whitespace: str = "any") -> str:
     if spec.content is not None:
         from services.grammar.schema import schema_to_ebnf
 
-        body, root = embed(schema_to_ebnf(_content_schema(spec), whitespace=whitespace), "c_")
+        body, root = embed(schema_to_ebnf(_content_schema(spec), whitespace=whitespace,
+                                          unique_names=True), "c_")
         lines.append(body)
         top = f"{root} | calls" if mode is ToolMode.AUTO else "calls"
     elif mode is ToolMode.AUTO:
@@ -309,7 +310,8 @@ def tool_grammar_lark(spec: ToolSpec, *, whitespace: str = "any") -> str:
     if spec.content is not None:
         from services.grammar.schema import schema_to_lark
 
-        body, root = embed_lark(schema_to_lark(_content_schema(spec), whitespace=whitespace),
+        body, root = embed_lark(schema_to_lark(_content_schema(spec), whitespace=whitespace,
+                                               unique_names=True),
                                 "c_")
         lines.append(body)
         top = f"{root} | {calls}" if mode is ToolMode.AUTO else calls

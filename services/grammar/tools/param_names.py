@@ -60,6 +60,15 @@ def kmp_failure(word: str | bytes) -> tuple[int, ...]:
 _END_FAIL = kmp_failure(_END)
 
 
+def kmp_next(word: bytes, k: int, byte: int) -> int:
+    """The KMP step of searching for `word`: `k` (< len(word)) bytes of it matched, then
+    `byte`; the bytes of it matched after."""
+    fail = kmp_failure(word)
+    while k and word[k] != byte:
+        k = fail[k]
+    return k + 1 if word[k] == byte else 0
+
+
 def value_end_next(k: int, byte: int) -> int:
     """The `VALUE_END` delimiter's KMP step: `k` bytes of it matched, then `byte`."""
     while k and _END[k] != byte:

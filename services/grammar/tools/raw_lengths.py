@@ -256,10 +256,9 @@ class RawLengthConstraint:
                 _clear_bits(words, np.array([t], dtype=np.int64))
 
     def _advance(self, state: State, token_id: int) -> State:
-        if token_id == self.open_id:
-            return State("head") if state.mode in ("out", "next") else State("lost")
-        if token_id == self.close_id:
-            return State("after") if state.mode == "closer" else State("lost")
+        framed = framing_token(state, token_id, self.open_id, self.close_id)
+        if framed is not None:
+            return framed
         domain = self.index.domain
         if not domain.is_ordinary(token_id):
             return state
@@ -269,44 +268,64 @@ class RawLengthConstraint:
 
     def _step(self, s: State, byte: int) -> State:
         """One byte of text. Raises _Violation when it leaves a bounded value's live states."""
-        mode = s.mode
-        if mode == "value":
-            k = value_end_next(s.k, byte)
-            count = s.count + (byte & 0xC0 != 0x80)
-            bounds = self.bounds.get(s.function, {}).get(s.parameter)
-            if k == len(_END):
-                length = count - k
-                if bounds is not None and (length < bounds[0] or
-                                           bounds[1] is not None and length > bounds[1]):
-                    raise _Violation
-                return s._replace(mode="sep", count=0, k=0)
-            if bounds is not None and not live(count, k, bounds):
+        nxt = framing_step(s, byte)
+        if s.mode != "value":
+            return nxt
+        bounds = self.bounds.get(s.function, {}).get(s.parameter)
+        if bounds is None:
+            return nxt
+        if nxt.mode == "sep":  # the delimiter completed: the value's length is fixed
+            length = s.count + (byte & 0xC0 != 0x80) - len(_END)
+            if length < bounds[0] or bounds[1] is not None and length > bounds[1]:
                 raise _Violation
-            return s._replace(count=count, k=k)
-        if mode == "head":
-            aux = s.aux + bytes([byte])
-            if not _HEAD.startswith(aux):
-                return State("lost")
-            return State("fname") if aux == _HEAD else s._replace(aux=aux)
-        if mode in ("fname", "name"):
-            if byte != _GT:
-                return s._replace(aux=s.aux + bytes([byte]))
-            if mode == "fname":
-                return State("fname_nl", function=s.aux)
-            return s._replace(mode="name_nl", aux=b"", parameter=s.aux)
-        if mode in ("fname_nl", "name_nl", "sep"):
-            if byte != _NL:
-                return State("lost")
-            return s._replace(mode="value" if mode == "name_nl" else "between", count=0, k=0)
-        if mode == "between":
-            aux = s.aux + bytes([byte])
-            if aux == _OPEN:
-                return s._replace(mode="name", aux=b"")
-            if aux == _TAIL:
-                return State("closer")
-            if _OPEN.startswith(aux) or _TAIL.startswith(aux):
-                return s._replace(aux=aux)
+        elif not live(nxt.count, nxt.k, bounds):
+            raise _Violation
+        return nxt
+
+
+def framing_token(s: State, token_id: int, open_id: int, close_id: int) -> State | None:
+    """The state after the call opener or closer token (None for any other token): the XML
+    framing's control-token step, shared by every companion that follows the framing."""
+    if token_id == open_id:
+        return State("head") if s.mode in ("out", "next") else State("lost")
+    if token_id == close_id:
+        return State("after") if s.mode == "closer" else State("lost")
+    return None
+
+
+def framing_step(s: State, byte: int) -> State:
+    """One byte of the XML framing's text: where the call is, the function and parameter being
+    written and, inside a value, its characters and the delimiter's KMP state."""
+    mode = s.mode
+    if mode == "value":
+        k = value_end_next(s.k, byte)
+        if k == len(_END):
+            return s._replace(mode="sep", count=0, k=0)
+        return s._replace(count=s.count + (byte & 0xC0 != 0x80), k=k)
+    if mode == "head":
+        aux = s.aux + bytes([byte])
+        if not _HEAD.startswith(aux):
             return State("lost")
-        if mode == "after":
-            return State("next") if byte == _NL else State("lost")
-        return s  # out, closer, next, lost: text changes nothing
+        return State("fname") if aux == _HEAD else s._replace(aux=aux)
+    if mode in ("fname", "name"):
+        if byte != _GT:
+            return s._replace(aux=s.aux + bytes([byte]))
+        if mode == "fname":
+            return State("fname_nl", function=s.aux)
+        return s._replace(mode="name_nl", aux=b"", parameter=s.aux)
+    if mode in ("fname_nl", "name_nl", "sep"):
+        if byte != _NL:
+            return State("lost")
+        return s._replace(mode="value" if mode == "name_nl" else "between", count=0, k=0)
+    if mode == "between":
+        aux = s.aux + bytes([byte])
+        if aux == _OPEN:
+            return s._replace(mode="name", aux=b"")
+        if aux == _TAIL:
+            return State("closer")
+        if _OPEN.startswith(aux) or _TAIL.startswith(aux):
+            return s._replace(aux=aux)
+        return State("lost")
+    if mode == "after":
+        return State("next") if byte == _NL else State("lost")
+    return s  # out, closer, next, lost: text changes nothing

@@ -191,7 +191,7 @@ def xml_tool_grammar_ebnf(spec: ToolSpec, domain: TokenDomain) -> str:
         if spec.content is not None:
             schema = {"type": "object"} if spec.content.kind is ConstraintKind.JSON_OBJECT \
                 else spec.content.schema
-            body, root = embed(schema_to_ebnf(schema), "c_")
+            body, root = embed(schema_to_ebnf(schema, unique_names=True), "c_")
             lines.append(body)
             top = f"{root} | calls" if mode is ToolMode.AUTO else "calls"
         elif mode is ToolMode.AUTO:

@@ -52,6 +52,8 @@ from services.worker.spec import (
     captures_graphs,
     check_backend,
     check_model,
+    context_bytes_per_position,
+    load_draft,
     make_proposer,
 )
 from shared.errors import DeadlineExceeded
@@ -151,6 +153,8 @@ class Engine:
     def build(self) -> None:
         """The Program and what holds it (at start, and to recover from an integrity failure)."""
         config, runtime = self.config, self.runtime
+        # A DFlash draft loads first: its per-lane context cache is paid from the KV budget.
+        draft = load_draft(config.speculative, config.draft_model, runtime)
         self.program = Program(runtime, max_batch=config.max_batch, max_len=config.max_len,
                                kv_budget_bytes=config.kv_budget_bytes,
                                max_drafts=config.num_draft_tokens if config.speculative else 0,
@@ -158,10 +162,12 @@ class Engine:
                                and captures_graphs(config.speculative),
                                prefix_cache=config.prefix_cache,
                                kv_cache_tokens=config.kv_cache_tokens,
-                               logprobs_mode=config.logprobs_mode)
+                               logprobs_mode=config.logprobs_mode,
+                               context_bytes_per_position=context_bytes_per_position(
+                                   draft, runtime.dtype))
         # The speculative proposer (None: ordinary decoding), built once over the Program's state;
         # setting Engine.proposer to None later stops drafting (the Program's copy still aligns).
-        self.proposer = make_proposer(config, runtime, self.program.state)
+        self.proposer = make_proposer(config, runtime, self.program.state, draft)
         if self.proposer is not None:
             self.program.use(self.proposer)
         self.scheduler = Scheduler(config.prefill_chunk, config.preempt_after_s,

@@ -24,6 +24,8 @@ from services.grammar.client import (
     counted_lengths,
     json_names_for,
     needs_tool_grammar,
+    tool_json_names_for,
+    unique_items_for,
 )
 from services.worker.output.publication import Publication
 from services.worker.output.session import OutputSession
@@ -214,9 +216,13 @@ async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
                                 built=stats.built, waited=stats.waited,
                                 compile_ms=stats.compile_ms,
                                 branch="undecided" if tool_spec is not None else "content",
-                                names=_name_constraint(tool_spec, frontend) if tool_spec
-                                is not None else json_names_for(constraint, domain, framing),
-                                lengths=_length_constraint(tool_spec, frontend))
+                                names=(_name_constraint(tool_spec, frontend),
+                                       tool_json_names_for(tool_spec, domain, framing))
+                                if tool_spec is not None
+                                else json_names_for(constraint, domain, framing),
+                                lengths=_length_constraint(tool_spec, frontend),
+                                items=None if tool_spec is not None else
+                                unique_items_for(constraint, domain, framing))
         if not (session.may_end or session.can_continue):
             raise ConstraintDeadEnd("the constraint allows no token at output position 0",
                                     position=0)

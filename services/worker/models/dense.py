@@ -218,9 +218,11 @@ class DenseDecoder(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fused = layer.mlp.fused = self._fused
 
-    def max_len_for_budget(self, lanes: int, budget_bytes: int, dtype: torch.dtype) -> int:
+    def max_len_for_budget(self, lanes: int, budget_bytes: int, dtype: torch.dtype, *,
+                           verify_width: int = 0) -> int:
         """The longest lanes whose KV fits `budget_bytes`, capped at the model's context. Raises
-        ValueError when not even one position per lane fits."""
+        ValueError when not even one position per lane fits. `verify_width` costs nothing here
+        (as in `new_state`)."""
         per_lane = KVCache.positions_for_budget(self.config, max(lanes, 1), budget_bytes, dtype)
         if per_lane <= 0:
             raise ValueError(
@@ -244,6 +246,7 @@ class DenseDecoder(nn.Module):
 
     def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                       lanes: torch.Tensor, *, kv_len: int | None = None,
+                      num_tokens: torch.Tensor | None = None,
                       tap: tuple[int, ...] = ()) -> torch.Tensor:
         """Final normed hidden states [B, T, hidden] after writing this chunk into `cache`.
 
@@ -251,7 +254,9 @@ class DenseDecoder(nn.Module):
         every position < kv_len <= cache.max_len (default cache.max_len); attention reads each row
         through its block table up to the row's own position. tap: layer ids whose outputs (the
         residual stream after the layer) are also returned, concatenated in that order: (final,
-        [B, T, len(tap) * hidden]) (a draft model's conditioning, models/dflash.py).
+        [B, T, len(tap) * hidden]) (a draft model's conditioning, models/dflash.py). num_tokens:
+        real tokens per row, taken for the hybrid model's signature: a dense model needs no bound
+        (padding writes only uncommitted slots).
         """
         B, T = tokens.shape
         L = cache.max_len if kv_len is None else kv_len

@@ -247,6 +247,11 @@ class DFlashDraft(nn.Module):
         return torch.zeros(c.num_layers, 2, lanes, max_len, c.num_kv_heads, c.head_dim,
                            dtype=dtype, device=device)
 
+    def cache_bytes_per_position(self, dtype: torch.dtype) -> int:
+        """Bytes of `new_cache` per lane position (what the KV budget pays for it)."""
+        c = self.config
+        return c.num_layers * 2 * c.num_kv_heads * c.head_dim * dtype.itemsize
+
     def write_context(self, feats: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor,
                       lanes: torch.Tensor) -> None:
         """feats: [B, T, n*H] target features at `positions` [B, T] of `lanes` [B]: their K/V

@@ -36,6 +36,14 @@ TRASH_BLOCK = 0
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the Triton kernels take
 
 
+def _width_invariant(q: torch.Tensor) -> bool:
+    # The width-invariant route (models/layers.py `width_invariant`) for q [B, T, H, D]
+    from kernels.gemv import INVARIANT_MAX_ROWS
+    from services.worker.models import layers
+
+    return layers.width_invariant(q.shape[1]) and q.shape[0] * q.shape[1] <= INVARIANT_MAX_ROWS
+
+
 def element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -156,7 +164,14 @@ class KVCache:
             from kernels.paged_kv import write_kv
 
             write_kv(kc, vc, k, v, rows.tables, rows.positions)
-            out = paged_attention(q, kc, vc, rows.tables, rows.positions, max_seq_len=rows.kv_len)
+            if _width_invariant(q):
+                from kernels.paged_attention import paged_attention_per_query
+
+                out = paged_attention_per_query(q, kc, vc, rows.tables, rows.positions,
+                                                lane_len=self.max_len)
+            else:
+                out = paged_attention(q, kc, vc, rows.tables, rows.positions,
+                                      max_seq_len=rows.kv_len)
             return out.to(dtype)
         nb, bs, hkv, d = kc.shape
         B, T, H, _ = q.shape

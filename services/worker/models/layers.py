@@ -38,6 +38,23 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # F.linear (cuBLAS) otherwise, and everywhere with INFERNIX_GEMV=0.
 GEMV = switch("gemv")
 
+# Width invariance (INFERNIX_WIDTH_INVARIANT=1): on CUDA every forward of up to
+# INVARIANT_MAX_WIDTH tokens a row computes each row with the same bits as a decode step of that
+# row would, whatever the forward's width (a verify forward's K+1 tokens) and batch: every weight
+# GEMM of up to gemv.INVARIANT_MAX_ROWS rows through the GEMV with one config per weight shape
+# (gemv_configs.invariant_config), the norms with a row block chosen by the row length only,
+# attention per query with context splits fixed by the lane length (models/kv_cache.py). What
+# makes greedy speculative decoding in bf16 token-identical to plain greedy decoding.
+WIDTH_INVARIANT = switch("width_invariant")
+# Wider forwards (prefill chunks, whose rows no decode step recomputes) keep the faster route:
+# the tokens up to which a hybrid model takes the per-token recurrence (program/buckets.py).
+INVARIANT_MAX_WIDTH = 32
+
+
+def width_invariant(tokens: int) -> bool:
+    """Whether a forward of `tokens` tokens a row takes the width-invariant route."""
+    return WIDTH_INVARIANT and tokens <= INVARIANT_MAX_WIDTH
+
 
 # On the CPU, decode rows (<= cpu_gemv.MAX_ROWS) of a GEMM whose weight the GGUF stores in a block
 # format read those blocks (kernels/cpu_gemv.py: the same float32 weights, a fifth of the bytes);
@@ -49,10 +66,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            quantized: QuantizedMatrix | None = None) -> torch.Tensor:
     """x @ weight^T (+ bias) of the fused path's weight GEMMs (see GEMV, CPU_GEMV); `quantized`:
     `weight` as the checkpoint stores it, when in a block format."""
-    if GEMV and x.is_cuda:
-        from kernels.gemv import linear as gemv_linear
+    if x.is_cuda:
+        invariant = width_invariant(x.shape[-2] if x.dim() >= 3 else 1)  # x: [B, T, K]
+        if GEMV or invariant:
+            from kernels.gemv import linear as gemv_linear
 
-        return gemv_linear(x, weight, bias)
+            return gemv_linear(x, weight, bias, invariant=invariant)
+        return F.linear(x, weight, bias)
     if (quantized is not None and CPU_GEMV and x.dtype == torch.float32 and x.device.type == "cpu"
             and x.numel() <= cpu_gemv.MAX_ROWS * x.shape[-1] and cpu_gemv.available()):
         return quantized.linear(x, bias)
@@ -72,7 +92,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
     if uses_kernels(x):
         from kernels.norms import rms_norm as kernel
 
-        return kernel(x, weight, eps, zero_centered=zero_centered)
+        return kernel(x, weight, eps, zero_centered=zero_centered, invariant=WIDTH_INVARIANT)
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         # one fused torch op; in float32 both conventions are the same product
         w = weight + 1.0 if zero_centered else weight
@@ -86,7 +106,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     if uses_kernels(x):
         from kernels.norms import add_rms_norm as kernel
 
-        return kernel(x, residual, weight, eps, zero_centered=zero_centered)
+        return kernel(x, residual, weight, eps, zero_centered=zero_centered,
+                      invariant=WIDTH_INVARIANT)
     h = x + residual
     return rms_norm(h, weight, eps, zero_centered=zero_centered), h
 

@@ -177,12 +177,15 @@ class Qwen35Model(nn.Module):
 
     def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor, state: Qwen35State,
                       lanes: torch.Tensor, *, kv_len: int | None = None,
-                      num_tokens: torch.Tensor | None = None) -> torch.Tensor:
+                      num_tokens: torch.Tensor | None = None,
+                      tap: tuple[int, ...] = ()) -> torch.Tensor:
         """Final normed hidden states [B, T, hidden] after advancing the rows' lanes by this chunk.
 
         tokens, positions: [B, T] int64; lanes: [B] int64, distinct; kv_len: a host-side bound with
         every position < kv_len <= state.max_len (default state.max_len); num_tokens: [B] int64 real
-        tokens per row, 1..T (default T)."""
+        tokens per row, 1..T (default T). tap: layer ids, GDN or attention alike, whose outputs
+        (the residual stream after the layer) are also returned, concatenated in that order:
+        (final, [B, T, len(tap) * hidden]) (a draft model's conditioning, models/dflash.py)."""
         B, T = tokens.shape
         L = state.max_len if kv_len is None else kv_len
         assert positions.shape == (B, T) and lanes.shape == (B,), (positions.shape, lanes.shape)
@@ -190,9 +193,14 @@ class Qwen35Model(nn.Module):
         rope, rows = self._attention_inputs(positions, state, lanes, L)
         step = state.begin(lanes, positions, num_tokens)
         x = self.model.embed_tokens(tokens)  # [B, T, hidden]
-        for layer, index in zip(self.model.layers, self._index):
+        taps = {}
+        for i, (layer, index) in enumerate(zip(self.model.layers, self._index)):
             x = layer(x, state, index, lanes, step=step, rope=rope, rows=rows)
+            if i in tap:
+                taps[i] = x
         state.end(step)
+        if tap:
+            return self.model.norm(x), torch.cat([taps[i] for i in tap], dim=-1)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,13 @@ class Snapshots:
         cuts, self._cuts = self._cuts, []
         return Cuts.index(cuts, device) if cuts else None
 
+    def save(self, ssm: torch.Tensor, conv: torch.Tensor, rows: torch.Tensor,
+             slots: torch.Tensor) -> None:
+        """Copy rows `rows` ([n] int64) of the state's `ssm` and `conv` into slots `slots` ([n]
+        int64, distinct)."""
+        self.ssm.index_copy_(1, slots, ssm.index_select(1, rows))
+        self.conv.index_copy_(1, slots, conv.index_select(1, rows))
+
     def restore(self, ssm: torch.Tensor, conv: torch.Tensor, row: torch.Tensor,
                 slot: int) -> None:
         """Copy slot `slot` into row `row` ([1] int64) of the state's `ssm` and `conv`."""

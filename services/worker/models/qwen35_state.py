@@ -266,6 +266,18 @@ class Qwen35State:
         """Where the next forward snapshots its rows' recurrent state (`Snapshots.cut_next`)."""
         self.snapshots.cut_next(cuts)
 
+    def save_pending(self, lanes: torch.Tensor, slots: torch.Tensor) -> None:
+        """Snapshot the state the last forward of `lanes` ([n] int64) left uncommitted into
+        snapshot slots `slots` ([n] int64): a prefill forward split at its cuts
+        (program/prefill_graphs.py `run_segments`) takes its snapshots between segments."""
+        self.snapshots.save(self.ssm, self.conv, 2 * lanes + 1 - self.slot[lanes], slots)
+
+    def count_whole(self, lanes: torch.Tensor, counts: torch.Tensor) -> None:
+        """The pending forward of `lanes` counts as one of `counts` tokens (the last segment of a
+        forward split at its cuts, whose earlier segments are committed): committing that many
+        keeps it whole."""
+        self.last_len[lanes] = counts
+
     def load_snapshot(self, lane: int, slot: int) -> None:
         """Make snapshot `slot` `lane`'s committed recurrent state (a lane about to resume at the
         snapshot's boundary: its next forward starts there, not at position 0)."""

@@ -1,7 +1,9 @@
 """NamedMatcher: one session's grammar matcher together with its companions, which share every
-matcher transaction: a name companion (the XML tool grammar's ParameterNameConstraint for the
-argument names of a call, or the JsonNameConstraint of JSON content for the member names of each
-object) and the XML tool grammar's raw string length companion (RawLengthConstraint).
+matcher transaction: the name companions (the XML tool grammar's ParameterNameConstraint for the
+argument names of a call; the JsonNameConstraint for the member names of each object of JSON
+content, of Hermes call arguments and of JSON-valued XML parameters), the XML tool grammar's
+raw string length companion (RawLengthConstraint) and the UniqueItemsConstraint of JSON content
+for arrays whose uniqueItems the grammar leaves to it.
 
 Each companion clears, in each mask the matcher fills, the tokens the grammar alone cannot refuse
 (a repeated name, and for JSON those after which only used names could follow: it probes the
@@ -23,6 +25,7 @@ from services.grammar.client import (
     Matcher,
     ParameterNameConstraint,
     RawLengthConstraint,
+    UniqueItemsConstraint,
 )
 from services.worker.output.positions import PositionState
 from services.worker.output.report import ConstraintCounters
@@ -47,13 +50,19 @@ NameCompanion = Union[ParameterNameConstraint, JsonNameConstraint]
 
 
 class NamedMatcher:
-    """`matcher`, `names` and `lengths` (None: no such companion), moving together."""
+    """`matcher`, `names` (a name companion, several in the order they clear masks, or None),
+    `lengths` and `items` (None: no such companion), moving together."""
 
-    def __init__(self, matcher: Matcher, names: NameCompanion | None = None,
-                 lengths: RawLengthConstraint | None = None) -> None:
+    def __init__(self, matcher: Matcher,
+                 names: NameCompanion | Sequence[NameCompanion] | None = None,
+                 lengths: RawLengthConstraint | None = None,
+                 items: UniqueItemsConstraint | None = None) -> None:
         self.matcher = matcher
-        self.names = names
+        self.names: tuple[NameCompanion, ...] = () if names is None else \
+            tuple(n for n in names if n is not None) if isinstance(names, (tuple, list)) \
+            else (names,)
         self.lengths = lengths
+        self.items = items
 
     def accept_token(self, token: int) -> bool:
         """Accept `token`; False (nothing changes) when the grammar or the length companion
@@ -63,8 +72,10 @@ class NamedMatcher:
         if self.lengths is not None and not self.lengths.accept(token):
             self.matcher.rollback(1)
             return False
-        if self.names is not None:
-            self.names.accept(token)
+        for names in self.names:
+            names.accept(token)
+        if self.items is not None:
+            self.items.accept(token)
         return True
 
     def accept_bytes(self, data: bytes) -> bool:
@@ -72,16 +83,20 @@ class NamedMatcher:
         follows them."""
         if not self.matcher.accept_bytes(data):
             return False
-        if self.names is not None:
-            self.names.accept_bytes(data)
+        for names in self.names:
+            names.accept_bytes(data)
+        if self.items is not None:
+            self.items.accept_bytes(data)
         return True
 
     def rollback(self, n: int) -> None:
         self.matcher.rollback(n)
-        if self.names is not None:
-            self.names.rollback(n)
+        for names in self.names:
+            names.rollback(n)
         if self.lengths is not None:
             self.lengths.rollback(n)
+        if self.items is not None:
+            self.items.rollback(n)
 
     def apply_names(self, row: torch.Tensor) -> None:
         """Clear in `row` ([ceil(V/32)] int32, the matcher's mask at its current state) the tokens
@@ -89,8 +104,10 @@ class NamedMatcher:
         bounds."""
         if self.lengths is not None:
             self.lengths.apply(row)
-        if self.names is not None:
-            self.names.apply(row, self.matcher)
+        for names in self.names:
+            names.apply(row, self.matcher)
+        if self.items is not None:
+            self.items.apply(row, self.matcher)
 
     def fill_mask(self, out: torch.Tensor, i: int) -> None:
         """Fill `out[i]` with the legal set, the companion's repeats cleared."""

@@ -37,7 +37,12 @@ from typing import Sequence
 
 import torch
 
-from services.grammar.client import CompiledConstraint, Matcher, RawLengthConstraint
+from services.grammar.client import (
+    CompiledConstraint,
+    Matcher,
+    RawLengthConstraint,
+    UniqueItemsConstraint,
+)
 from services.worker.integrity import IntegrityError
 from services.worker.output.named_matcher import NameCompanion, NamedMatcher
 from services.worker.output.positions import LookaheadResult, PositionState, int32
@@ -61,12 +66,14 @@ class OutputSession:
     content a ContinueFinalAssistant request continues (UTF-8 bytes; accepted by the matcher at
     creation, never published, part of completeness; default b""). `branch`: the report's branch
     (default "content"). `cache` ("l1" | "redis" | None), `built`, `waited`, `compile_ms`: the
-    compile-cache outcome for the report. `names`: the name companion, which shares every matcher
-    transaction (named_matcher.py): the XML tool grammar's ParameterNameConstraint (non-strict
-    tools) or the JsonNameConstraint of JSON content with undeclared names; it clears the masks'
-    tokens that would repeat a name and follows every accept, prefix and rollback; `lengths`: the
+    compile-cache outcome for the report. `names`: the name companions (one, a sequence or None),
+    which share every matcher transaction (named_matcher.py): the XML tool grammar's
+    ParameterNameConstraint (non-strict tools) and the JsonNameConstraint of JSON with undeclared
+    names (content, tool-call arguments); they clear the masks' tokens that would repeat a name
+    and follow every accept, prefix and rollback; `lengths`: the
     XML tool grammar's RawLengthConstraint companion (raw string length bounds the grammar leaves
-    to it), the same way.
+    to it), the same way; `items`: the UniqueItemsConstraint of JSON content (uniqueItems the
+    grammar leaves to it), the same way.
     `prefix_tokens`: the continued content as tokens, for a tool grammar (the Frontend's
     `continuation_tokens`), accepted instead of `prefix` bytes.
 
@@ -86,9 +93,10 @@ class OutputSession:
         built: bool = False,
         waited: bool = False,
         compile_ms: float = 0.0,
-        names: NameCompanion | None = None,
+        names: NameCompanion | Sequence[NameCompanion] | None = None,
         lengths: RawLengthConstraint | None = None,
         prefix_tokens: Sequence[int] = (),
+        items: UniqueItemsConstraint | None = None,
     ) -> None:
         start = time.perf_counter()
         if branch not in BRANCHES or cache not in CACHE_HITS:
@@ -117,7 +125,7 @@ class OutputSession:
         vocab = compiled.domain.size
         if vocab != domain.size:
             raise InternalError(f"grammar compiled for {vocab} token ids, domain has {domain.size}")
-        self._matcher = NamedMatcher(compiled.matcher(), names, lengths)
+        self._matcher = NamedMatcher(compiled.matcher(), names, lengths, items)
         if prefix_tokens:
             for t in prefix_tokens:
                 if not self._matcher.accept_token(int(t)):

@@ -1,5 +1,6 @@
 """How the Program runs the target model for a step's rows: a decode step through its captured
-graph (graphs.py) or eagerly, prompt chunks and verify rows padded on the right, and what the
+graph (graphs.py) or eagerly, a short prompt chunk through its prefill graph (prefill_graphs.py)
+or eagerly, prompt chunks and verify rows padded on the right, and what the
 proposer reads of each forward (spec/proposer.py `reads`: the final hidden states or the outputs
 of a few target layers) kept for its `after_step`.
 """
@@ -13,6 +14,13 @@ import torch
 from services.worker.program.batch import BatchRow, StepBatch
 from services.worker.program.buckets import prefill_width
 from services.worker.program.graphs import DecodeGraphs
+from services.worker.program.prefill_graphs import (
+    PrefillGraphs,
+    padded_inputs,
+    run_segments,
+    segments,
+    static_prefill,
+)
 from shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -23,7 +31,8 @@ FINAL = "final"  # `reads`: the final hidden states (the proposer interface's sp
 class Forward:
     """The model forwards of one Program. `graphs`: its decode graphs (None: eager);
     `verify_graphs`: the host-launched verify route's graphs of K+1 tokens a row (None:
-    eager); `reads`: what the proposer reads (None: nothing is kept)."""
+    eager); `prefill_graphs`: the short prefill forwards' graphs (None: eager); `reads`: what the
+    proposer reads (None: nothing is kept)."""
 
     def __init__(self, model, state, max_len: int, max_batch: int, device: torch.device) -> None:
         self.model = model
@@ -33,6 +42,7 @@ class Forward:
         self.reads: str | tuple[int, ...] | None = None
         self.graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         # Pad prefill forwards to the finite widths of buckets.py (exact; on CUDA, where each new
         # width could compile kernels on the request path; the CPU compiles nothing)
         self.bucketed = device.type == "cuda"
@@ -89,10 +99,65 @@ class Forward:
             return self.logits(tokens.to(dev), positions.to(dev), lanes.to(dev),
                                kv_len=kv_len)[:, -1]
         width = max(len(r.tokens) for r in rows)
+        cuts = None
+        shape = self._graph_shape(rows, width)
+        if shape is not None:
+            cuts = self._cuts(rows)
+            if not cuts:
+                return self._graph_forward([r.tokens for r in rows], [r.start for r in rows],
+                                           [r.request.lane for r in rows])
+            if self._segments_fit(rows, cuts):
+                self.prefill_graphs.split_steps += 1
+                return run_segments(self.state, [(r.tokens, r.start, r.request.lane)
+                                                 for r in rows], cuts, self._graph_forward)
         if any(r.start + width > self.max_len for r in rows):  # padding would leave the lane
             return torch.cat([self.prefill((r,), self._padded(len(r.tokens), r.start))
                               for r in rows])
-        return self.prefill(rows, self._padded(width, max(r.start for r in rows)))
+        return self.prefill(rows, self._padded(width, max(r.start for r in rows)), cuts=cuts)
+
+    def _graph_shape(self, rows: Sequence[BatchRow], width: int) -> tuple[int, int] | None:
+        # The prefill graph's (rows, width) for these rows, or None where the step runs eagerly:
+        # no graphs, a proposer reading hidden states, or a row whose padding would leave its lane
+        if self.prefill_graphs is None or self.reads is not None:
+            return None
+        shape = self.prefill_graphs.shape(len(rows), width)
+        if shape is None or any(r.start + shape[1] > self.max_len for r in rows):
+            return None
+        return shape
+
+    def _segments_fit(self, rows: Sequence[BatchRow], cuts) -> bool:
+        # Whether every segment forward of a step split at its cuts (prefill_graphs.py
+        # `run_segments`) has a graph shape whose padding stays inside each row's lane.
+        for p, t, sub in segments([len(r.tokens) for r in rows], [c[1] for c in cuts]):
+            shape = self.prefill_graphs.shape(len(sub), t - p)
+            if shape is None or any(rows[i].start + p + shape[1] > self.max_len for i in sub):
+                return False
+        return True
+
+    def _graph_forward(self, tokens, starts, lanes) -> torch.Tensor:
+        # Logits [k, V] of rows (tokens, start position, lane each) through their prefill graph,
+        # also a segment of `run_segments` (eager where that shape's capture failed: the same
+        # padded inputs through the function it captures).
+        shape = self.prefill_graphs.shape(len(tokens), max(len(t) for t in tokens))
+        graph, captured = self.prefill_graphs.get(*shape)
+        if captured:
+            log.info("prefill_graph_captured", batch_size=shape[0], width=shape[1],
+                     ok=graph is not None)
+        inputs = padded_inputs(tokens, starts, lanes, *shape, self.prefill_graphs.scratch_lane)
+        if graph is None:
+            inputs = (t.to(self.device) for t in inputs)
+            return static_prefill(self.model, self.state, *inputs)[:len(tokens)]
+        self.prefill_graphs.replays += 1
+        return graph.run(*(t.pin_memory() for t in inputs))[:len(tokens)]
+
+    def _cuts(self, rows: Sequence[BatchRow]) -> list[tuple[int, int, int]]:
+        # The prefix-cache snapshots a hybrid model's forward of these rows takes inside itself:
+        # (batch row, offset into the forward, snapshot slot); [] for none (blocks.py).
+        if self.snapshots is None:
+            return []
+        return [(i, t, slot) for i, r in enumerate(rows)
+                for t, slot in self.snapshots.plan_snapshots(
+                    r.request.lane, r.request.prompt_ids, r.start, r.end)]
 
     def _padded(self, width: int, start: int) -> int:
         # The width a prefill forward runs at (buckets.py), its latest row starting at `start`.
@@ -135,7 +200,8 @@ class Forward:
                               logit_index=logit_index, num_tokens=num_tokens)
         if self.reads != FINAL:
             hidden, kept = self.model.hidden_states(tokens, positions, self.state, lanes,
-                                                    kv_len=kv_len, tap=self.reads)
+                                                    kv_len=kv_len, num_tokens=num_tokens,
+                                                    tap=self.reads)
         else:
             hidden = kept = self.model.hidden_states(tokens, positions, self.state, lanes,
                                                      kv_len=kv_len, num_tokens=num_tokens)
@@ -144,9 +210,11 @@ class Forward:
             hidden = hidden.gather(1, logit_index[:, :, None].expand(-1, -1, hidden.shape[-1]))
         return self.model.logits(hidden)
 
-    def prefill(self, rows: Sequence[BatchRow], width: int, *, every: bool = False) -> torch.Tensor:
+    def prefill(self, rows: Sequence[BatchRow], width: int, *, every: bool = False,
+                cuts: list[tuple[int, int, int]] | None = None) -> torch.Tensor:
         """Rows padded on the right to `width` at the following positions (all < max_len).
-        Logits [n, V] after each row's last real token, or with `every` [n, width, V]."""
+        Logits [n, V] after each row's last real token, or with `every` [n, width, V]. `cuts`:
+        the snapshot cuts `_cuts` already planned for these rows (None: planned here)."""
         dev = self.device
         tokens = torch.zeros(len(rows), width, dtype=torch.int64)  # [n, T]
         positions = torch.zeros(len(rows), width, dtype=torch.int64)  # [n, T]
@@ -157,9 +225,7 @@ class Forward:
         lanes = torch.tensor([r.request.lane for r in rows], dtype=torch.int64)  # [n]
         kv_len = max(r.start for r in rows) + width
         if not every and self.snapshots is not None:
-            self.state.cut_next([(i, t, slot) for i, r in enumerate(rows)
-                                 for t, slot in self.snapshots.plan_snapshots(
-                                     r.request.lane, r.request.prompt_ids, r.start, r.end)])
+            self.state.cut_next(self._cuts(rows) if cuts is None else cuts)
         index = None if every else (fed - 1)[:, None].to(dev)
         out = self.logits(tokens.to(dev), positions.to(dev), lanes.to(dev), kv_len=kv_len,
                           logit_index=index, num_tokens=fed.to(dev))  # [n, 1|T, V]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from services.grammar.client import MaskFiller, fill_masks
-from services.worker.output.positions import LookaheadResult
-from services.worker.output.session import OutputSession, PositionState
+from services.worker.output.positions import LookaheadResult, PositionState
+from services.worker.output.session import OutputSession
 from shared.errors import InfernixError
 from shared.frontends.token_domain import TokenDomain
 

@@ -6,7 +6,8 @@ names only the trash block, for the padding rows of decode graphs), the block ma
 cache over its KV pool (blocks.py: `step` backs each row's new positions with blocks, `commit`
 adds full committed blocks to the cache, `attach_prefix` starts an admitted lane from it), the
 mask buffers (masks.py), the sampler (sampling.py), the model's forwards (forward.py), and on CUDA
-the decode graphs (graphs.py) and the ready event (events.py). A speculative proposer
+the decode graphs (graphs.py), the short prefill forwards' graphs (prefill_graphs.py) and the
+ready event (events.py). A speculative proposer
 (services/worker/spec) is handed over once (`use`); the Program calls only its interface.
 
 `step(batch)` runs one forward for the batch's rows (a verification round when rows carry drafts
@@ -27,14 +28,17 @@ from dataclasses import dataclass, replace
 import torch
 
 from kernels.sampling_contract import SampleStatus
+from services.settings import switch
 from services.worker.models.kv_cache import BLOCK_SIZE, KVCache, blocks_per_lane
 from services.worker.program.batch import BatchRow, PendingBatch, RowOutcome, RowResult, StepBatch
 from services.worker.program.blocks import BlockManager
+from services.worker.program.budget import lane_length
 from services.worker.program.events import ReadyEvent
 from services.worker.program.forward import Forward
 from services.worker.program.graphs import DecodeGraphs
 from services.worker.program.logprobs import LogprobReader, LogprobSite
 from services.worker.program.masks import MaskBuffers
+from services.worker.program.prefill_graphs import PrefillGraphs
 from services.worker.program.rounds import Rounds
 from services.worker.program.sampling import Sampler
 from services.worker.program.verify import Verifier
@@ -64,14 +68,16 @@ class Program:
     fit. `prefix_cache`: the automatic prefix cache (blocks.py; default on).
     `kv_cache_tokens`: KV pool positions, at least (and by default) every lane's full length.
     `state_snapshots`: a hybrid model's recurrent-state snapshot slots (default 2 x max_batch, at
-    least 8), paid from `kv_budget_bytes` when max_len comes from it. A speculative proposer is
-    handed over once by `use`."""
+    least 8), paid from `kv_budget_bytes` when max_len comes from it, and so is
+    `context_bytes_per_position`: a draft model's context cache beside the state, bytes per lane
+    position (budget.py; the proposer allocates it over this state's lanes). A speculative
+    proposer is handed over once by `use`."""
 
     def __init__(self, runtime: ModelRuntime, *, max_batch: int, max_len: int | None = None,
                  kv_budget_bytes: int = 256 << 20, max_drafts: int = 0,
                  cuda_graphs: bool = True, prefix_cache: bool = True,
                  kv_cache_tokens: int | None = None, state_snapshots: int | None = None,
-                 logprobs_mode: str = "processed") -> None:
+                 logprobs_mode: str = "processed", context_bytes_per_position: int = 0) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.runtime = runtime
@@ -87,17 +93,17 @@ class Program:
         # A hybrid model's prefix-cache snapshots are paid from the same budget as the lanes.
         snapshot_bytes = getattr(self.model, "snapshot_bytes", None)
         snapshots = max(8, 2 * max_batch) if state_snapshots is None else state_snapshots
+        extra = {"verify_width": max_drafts + 1} if max_drafts else {}
         if max_len is None:
             paid = snapshots * snapshot_bytes(runtime.dtype) \
                 if snapshot_bytes is not None and prefix_cache else 0
-            max_len = self.model.max_len_for_budget(lanes, max(kv_budget_bytes - paid, 0),
-                                                    runtime.dtype)
+            max_len = lane_length(self.model, lanes, kv_budget_bytes, runtime.dtype, paid=paid,
+                                  per_position=context_bytes_per_position, **extra)
         max_len = min(max_len, cap)
         num_blocks = None
         if kv_cache_tokens is not None:  # room beyond the lanes for the prefix cache
             num_blocks = 1 + max(lanes * blocks_per_lane(max_len, BLOCK_SIZE),
                                  blocks_per_lane(kv_cache_tokens, BLOCK_SIZE))
-        extra = {"verify_width": max_drafts + 1} if max_drafts else {}
         self.state = self.model.new_state(lanes, max_len, dtype=runtime.dtype,
                                           device=self.device, num_blocks=num_blocks, **extra)
         self.max_len = self.state.max_len
@@ -114,6 +120,7 @@ class Program:
                                    snapshots=snapshots, special_ids=self.domain.special_ids)
         log.info("kv_pool", blocks=kv.num_blocks, block_size=kv.block_size, max_len=self.max_len,
                  bytes=kv.nbytes, prefix_cache=self.prefix_cache, state_snapshots=snapshots,
+                 draft_context_bytes=lanes * self.max_len * context_bytes_per_position,
                  snapshot_bytes=snapshots * snapshot_bytes(runtime.dtype)
                  if snapshots and snapshot_bytes is not None else 0)
         self.masks = MaskBuffers(self.domain, max_batch, max_drafts, self.device)
@@ -136,6 +143,9 @@ class Program:
                              ready=self._ready)
         self._proposer = None  # aligned with and drafting after every step (`use`)
         self._graph_forwards(keep_hidden=False)
+        if self._use_graphs and switch("prefill_graphs"):
+            self.forward.prefill_graphs = PrefillGraphs(self.model, self.state, max_batch,
+                                                        scratch_lane=max_batch)
 
     def use(self, proposer) -> None:
         """Serve with a speculative proposer (services/worker/spec/proposer.py: `route`, `k`,
@@ -352,7 +362,8 @@ class Program:
 
     def close(self) -> None:
         """Destroy graphs before the event and buffers they reference."""
-        for graphs in (self.forward.graphs, self.forward.verify_graphs):
+        for graphs in (self.forward.graphs, self.forward.verify_graphs,
+                       self.forward.prefill_graphs):
             if graphs is not None:
                 graphs.clear()
         self.rounds.close()

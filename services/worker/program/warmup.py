@@ -8,6 +8,9 @@ What it visits (buckets.py bounds the set):
   step's `prefill_chunk`), from the start of the lanes; the small ones (few rows x few tokens,
   where the attention kernel splits the context; one width per kernel variant below 32 tokens)
   also at each context bound of `context_bounds`, which chooses those splits;
+- every prefill graph (prefill_graphs.py `graph_shapes`: each width bucket of a short prefill
+  forward per batch-size class; capturing it runs its forward twice first, which compiles its
+  kernels), timed and its memory measured apart (`prefill_graph_seconds`, `prefill_graph_bytes`);
 - every decode graph size (capturing it: its forward, greedy and masked greedy sample stages)
   and every verify graph size when drafts are verified in graphs; where a step runs eagerly (no
   graphs) a decode forward per batch-size class and context bound instead;
@@ -37,6 +40,7 @@ from services.worker.program.buckets import (
     prefill_widths,
 )
 from services.worker.program.graphs import graph_sizes
+from services.worker.program.prefill_graphs import graph_shapes
 from shared.generation import SamplingParams
 from shared.logging import get_logger
 
@@ -57,6 +61,9 @@ class WarmupReport:
     verify_graphs: int = 0  # verify graph sizes captured (host-launched speculation)
     draft_graphs: int = 0  # DFlash Forward graph sizes captured (device-route speculation)
     sampling: int = 0  # eager sampler variants (rows x greedy/tempered x masked/not)
+    prefill_graphs: int = 0  # prefill graph shapes captured (rows x width)
+    prefill_graph_seconds: float = 0.0  # of `seconds`: capturing them
+    prefill_graph_bytes: int = 0  # device memory the captures reserved
     seconds: float = 0.0
     shapes: list[tuple] = field(default_factory=list, repr=False)  # (kind, rows, width, kv_len)
 
@@ -64,6 +71,9 @@ class WarmupReport:
         return {"prefill": self.prefill, "decode": self.decode,
                 "decode_graphs": self.decode_graphs, "verify_graphs": self.verify_graphs,
                 "draft_graphs": self.draft_graphs, "sampling": self.sampling,
+                "prefill_graphs": self.prefill_graphs,
+                "prefill_graph_seconds": round(self.prefill_graph_seconds, 3),
+                "prefill_graph_bytes": self.prefill_graph_bytes,
                 "seconds": round(self.seconds, 3)}
 
 
@@ -116,6 +126,8 @@ def warm_up(program, prefill_chunk: int, *, forward=None) -> WarmupReport:
         report.prefill += 1
         report.shapes.append(("prefill", rows, width, kv_len))
     fwd = program.forward
+    if fwd.prefill_graphs is not None:
+        _capture_prefill_graphs(program, prefill_chunk, report)
     if fwd.graphs is not None:
         for size in graph_sizes(max_batch):
             fwd.graphs.get(size)
@@ -144,6 +156,22 @@ def warm_up(program, prefill_chunk: int, *, forward=None) -> WarmupReport:
         torch.cuda.synchronize(dev)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _capture_prefill_graphs(program, prefill_chunk: int, report: WarmupReport) -> None:
+    graphs, dev = program.forward.prefill_graphs, program.device
+    torch.cuda.synchronize(dev)
+    start, reserved = time.perf_counter(), torch.cuda.memory_reserved(dev)
+    for rows, width in graph_shapes(program.max_batch, prefill_chunk, program.max_len):
+        graph, _ = graphs.get(rows, width)
+        if graph is None:
+            log.warning("prefill_graph_failed", batch_size=rows, width=width)
+            continue
+        report.prefill_graphs += 1
+        report.shapes.append(("prefill_graph", rows, width, program.max_len))
+    torch.cuda.synchronize(dev)
+    report.prefill_graph_seconds = time.perf_counter() - start
+    report.prefill_graph_bytes = torch.cuda.memory_reserved(dev) - reserved
 
 
 def _inputs(rows: int, width: int, start: int, dev):
@@ -212,6 +240,6 @@ def warm_up_logged(program, prefill_chunk: int, metrics) -> WarmupReport | None:
     log.info("warmup_finished", **counts)
     metrics.warmup_seconds.set(report.seconds)
     for kind, value in counts.items():
-        if kind != "seconds":
+        if kind != "seconds" and not kind.startswith("prefill_graph_"):
             metrics.warmup_shapes.labels(kind=kind).set(value)
     return report

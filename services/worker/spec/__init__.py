@@ -14,6 +14,7 @@ configuration) and hands it to the Program, which names no backend.
                  copy modulo JSON layout
     mtp.py       the Qwen3.5 MTP module, k steps, aligned after every step
     dflash.py    DFlash / DFlash2 draft models (models/dflash.py) conditioned on target layers
+                 (dense or hybrid Qwen3.5 targets); their context cache is paid from the KV budget
     counters.py  the engine's speculation counters
 """
 
@@ -29,6 +30,10 @@ from services.worker.spec.proposer import ContextProposer, HostProposer, Proposa
 from shared.errors import InvalidRequest, Unsupported
 
 BACKENDS = ("grammar", "ngram", "mtp", "dflash", "dflash2")  # what --speculative names
+# The targets whose layers a DFlash draft taps (`hidden_states(..., tap=ids)`): dense, and the
+# hybrid Qwen3.5, whose GDN and attention layers alike (its recurrent state and conv windows are
+# kept at each round's accepted prefix by the state's commit, as for every verification)
+DRAFT_TARGETS = ("DenseDecoder", "Qwen35Model")
 
 
 def check_backend(backend: str | None, draft_model: str | None) -> None:
@@ -54,9 +59,9 @@ def check_model(backend: str | None, model) -> None:
     if backend == "mtp" and getattr(model, "mtp", None) is None:
         raise Unsupported("--speculative mtp needs a model with an MTP module (a Qwen3.5 "
                           "checkpoint with mtp.* weights)", field="speculative")
-    if backend in ("dflash", "dflash2") and type(model).__name__ != "DenseDecoder":
-        raise Unsupported(f"--speculative {backend} runs on dense Llama/Qwen3 targets; "
-                          f"{type(model).__name__} targets are not implemented",
+    if backend in ("dflash", "dflash2") and type(model).__name__ not in DRAFT_TARGETS:
+        raise Unsupported(f"--speculative {backend} runs on dense Llama/Qwen3 and hybrid "
+                          f"Qwen3.5 targets; {type(model).__name__} targets are not implemented",
                           field="speculative")
 
 
@@ -103,11 +108,18 @@ def captures_graphs(backend: str | None) -> bool:
     return backend != "dflash2"
 
 
-def make_proposer(config, runtime, state) -> HostProposer | DFlashProposer | None:
+def context_bytes_per_position(draft, dtype) -> int:
+    """What a loaded draft's context cache costs per lane position (0 without a draft): the
+    Program pays it from the KV budget (program/budget.py)."""
+    return 0 if draft is None else draft.cache_bytes_per_position(dtype)
+
+
+def make_proposer(config, runtime, state, draft=None) -> HostProposer | DFlashProposer | None:
     """The proposer of a checked backend (None: no speculation). `config`: the EngineConfig
     (speculative, num_draft_tokens, draft_model); `state`: the Program's model state (MTP writes
-    its own KV there; a DFlash draft's context cache matches its lanes). Raises what
-    `load_draft` raises, Unsupported(field="speculative") for a backend not implemented.
+    its own KV there; a DFlash draft's context cache matches its lanes); `draft`: the DFlash /
+    DFlash2 draft `load_draft` returned (None: loaded here). Raises what `load_draft` raises,
+    Unsupported(field="speculative") for a backend not implemented.
 
     A constrained row's forced text is drafted by the grammar (spec/grammar.py): alone with
     `grammar`, composed with the n-gram and MTP drafts of the same round with those."""
@@ -123,12 +135,14 @@ def make_proposer(config, runtime, state) -> HostProposer | DFlashProposer | Non
     if backend == "mtp":
         return GrammarProposer(encode, k, MtpProposer(runtime.model, state, k, runtime.domain.size))
     if backend in ("dflash", "dflash2"):  # drafted on the device in the round's Forward
-        draft = load_draft(backend, config.draft_model, runtime)
+        if draft is None:
+            draft = load_draft(backend, config.draft_model, runtime)
         return DFlashProposer(runtime.model, draft, state.lanes, state.max_len, k,
                               runtime.domain.size, dtype=runtime.dtype, device=runtime.device)
     raise Unsupported(f"speculative backend {backend!r} is not implemented", field="speculative")
 
 
-__all__ = ["BACKENDS", "ContextProposer", "DFlashProposer", "GrammarProposer", "HostProposer",
-           "MtpProposer", "NgramProposer", "Proposal", "SpecCounters", "captures_graphs",
-           "check_backend", "check_model", "draft_limit", "load_draft", "make_proposer"]
+__all__ = ["BACKENDS", "DRAFT_TARGETS", "ContextProposer", "DFlashProposer", "GrammarProposer",
+           "HostProposer", "MtpProposer", "NgramProposer", "Proposal", "SpecCounters",
+           "captures_graphs", "check_backend", "check_model", "context_bytes_per_position",
+           "draft_limit", "load_draft", "make_proposer"]

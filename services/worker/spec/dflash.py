@@ -35,8 +35,9 @@ class DFlashProposer:
     """The device route (spec/proposer.py): `attach` sets each row's draft limit, the Program's
     round drafts through `block_drafts` (captured) or `eager_drafts`, and `after_step` writes
     the tapped target features into the draft's context cache (see the module docstring).
-    `target`: the dense target (its embedding and head are the draft's); `draft`: the draft
-    model; `lanes`, `max_len`: the target state's."""
+    `target`: the dense or hybrid Qwen3.5 target (its embedding and head are the draft's; its
+    layers `config.target_layer_ids`, of any kind, are tapped); `draft`: the draft model;
+    `lanes`, `max_len`: the target state's."""
 
     route = "device"
 

@@ -70,7 +70,8 @@ class ToolFormat:
     coded_arguments: bool = False
     # The (open, close) control tokens of a call inside which a non-strict tool's argument names
     # must not repeat (the grammar service's ParameterNameConstraint); None: the format needs no
-    # name constraint (Hermes' arguments are one JSON object, which its grammar builds).
+    # name constraint (Hermes' arguments are one JSON object, whose member names the grammar
+    # service's JSON name companion keeps unique, as it does for JSON-valued XML parameters).
     name_guard: tuple[str, str] | None = None
 
 
