@@ -283,6 +283,10 @@ from services.grammar.engines.engine import (  # noqa: E402,F401 - re-exported: 
     CompiledConstraint,
     Matcher,
 )
+from services.grammar.json_lengths import (  # noqa: E402,F401 - re-exported: the JSON companion
+    JsonLengthConstraint,
+    json_lengths_for,
+)
 from services.grammar.json_names import (  # noqa: E402,F401 - re-exported: the JSON companion
     JsonNameConstraint,
     json_names_for,
