@@ -316,7 +316,7 @@ class OutputSession:
             self._rollback_preview(a.matcher_tokens)
             return PreviewResult(0, failure=a.illegal)
         self._pending = a
-        return PreviewResult(a.accepted, a.terminated, a.length_cut)
+        return PreviewResult.of(a.accepted, a.terminated, a.length_cut)
 
     def _rollback_preview(self, matcher_tokens: int) -> None:
         if matcher_tokens and self._matcher is not None:
