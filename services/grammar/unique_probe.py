@@ -127,9 +127,11 @@ def counted(state: tuple) -> bool | None:
     characters at each place left, an open escape the one it ends in, against the used items
     sharing the content). None: probe."""
     _, frames, item = state
-    if item is None or item[0] != "s":
+    if item is None:
         return None
     dom, used = frames[-1][3], frames[-1][4]
+    if item[0] != "s":
+        return _counted_integers(dom, used, item[1]) if dom.integers is not None else None
     _, done, pend, _ = item[1]
     ways = _ESCAPES.get(pend)
     if ways is None:
@@ -151,6 +153,33 @@ def counted(state: tuple) -> bool | None:
         return None
     sharing = sum(1 for k in used if k[0] == "s" and k[1].startswith(done))
     return True if left > 3 or ways * 93 ** (left - 1) > sharing else None
+
+
+def _counted_integers(dom, used: frozenset, text: bytes) -> bool | None:
+    """True where more integers of the domain are spelled (canonically, the grammar's one
+    spelling) from the open number's `text` on than used items are; None: probe."""
+    lo, hi, m = dom.integers
+    digits = text[1:] if text.startswith(b"-") else text
+    if not digits.isdigit() and digits:
+        return None
+    total = 0
+    for k in range(0, 21 - len(digits)):  # every length up to 64-bit integers' 20 digits
+        if not digits:  # only the sign: every negative value
+            a, b = lo, -1
+        elif digits.startswith(b"0"):
+            if k or len(digits) > 1 or text.startswith(b"-"):
+                break  # a leading zero ends the number (and "-0" is no canonical spelling)
+            a = b = 0
+        else:
+            d = int(digits) * 10 ** k
+            a, b = (d, d + 10 ** k - 1) if not text.startswith(b"-") else (-(d + 10 ** k - 1), -d)
+        a, b = max(a, lo), min(b, hi)
+        if a <= b:
+            total += b // m - -(-a // m) + 1
+        if not digits:
+            break
+    sharing = sum(1 for k in used if k[0] == "n" and str(int(k[1])).encode().startswith(text))
+    return True if total > sharing else None
 
 
 # Distinct characters an open escape of a string can still become, at least: none open, the 93
