@@ -19,7 +19,7 @@ clears
    single-byte tokens through the matcher (accepted, then rolled back) looks for a settled
    state, exhaustively over the used items' spellings (finite), `PROBE_BUDGET` bytes at most
    (unique_probe.py). Where the domain's facts decide it, no probe runs: a finite domain's
-   values, or a count of the strings of bounded length sharing the open content
+   values, or a count of the bounded-length strings or range integers sharing the open text
    (`unique_probe.counted`).
 
 Cost: only the tokens that can complete an item or leave an unsettled state are read

@@ -18,7 +18,7 @@ False is the ancestors' to give.
 
 `counted(state)` answers without a probe where the item domain's facts decide (schema/
 unique_items.py hands them over): a finite domain by its values, a plain length-bounded string
-domain by a count.
+domain and an integer range by a count.
 """
 
 from __future__ import annotations
