@@ -116,10 +116,10 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
     log.info("model_loading", model=settings.model, device=settings.device)
     runtime = load_runtime(settings.model, device=settings.device, dtype=dtype)
     if settings.warmup:  # before health says ok, as the kernels' warm-up
-        from services.grammar.client import build_companion_indices
+        from services.grammar import client as grammar_client
 
-        log.info("companion_indices_built",
-                 seconds=round(build_companion_indices(runtime.frontend.domain), 3))
+        log.info("companion_indices_built", seconds=round(
+            grammar_client.build_companion_indices(runtime.frontend.domain), 3))
     config = EngineConfig(max_batch=settings.lanes, max_len=settings.max_len,
                           prefill_chunk=settings.prefill_chunk,
                           preempt_after_s=settings.preempt_after_s,

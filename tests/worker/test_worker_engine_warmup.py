@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
@@ -148,7 +149,9 @@ def test_a_served_worker_warms_up_on_cuda_only(monkeypatch):
     seen = {}
     monkeypatch.setattr(client_module, "open_in_process",
                         lambda runtime, config, **kw: seen.setdefault("config", config))
-    monkeypatch.setattr("services.worker.runtime.load_runtime", lambda *a, **kw: None)
+    stub = SimpleNamespace(frontend=SimpleNamespace(domain=None))
+    monkeypatch.setattr("services.worker.runtime.load_runtime", lambda *a, **kw: stub)
+    monkeypatch.setattr("services.grammar.client.build_companion_indices", lambda domain: 0.0)
     monkeypatch.setattr(embedded, "use_kernel_cache", lambda path: seen.setdefault("cache", path))
     embedded.open_worker(embedded.WorkerSettings(device="cpu"))
     assert seen.pop("config").warmup is False and "cache" not in seen
