@@ -57,8 +57,23 @@ NAMES = ["a", "b", "é", "a\n", "x"]
 def random_schema(rng: random.Random, depth: int = 0):
     kinds = ["string", "pattern", "format", "integer", "number", "const", "enum", "type", "bool"]
     if depth < 2:
-        kinds += ["not", "not", "anyOf", "oneOf", "allOf", "if", "object", "object", "array"]
+        kinds += ["not", "not", "anyOf", "oneOf", "allOf", "if", "object", "object", "array",
+                  "not_array", "not_names"]
     kind = rng.choice(kinds)
+    if kind == "not_array":  # complements by items / contains (some item outside, none inside)
+        inner: dict = {"type": "array"} if rng.random() < 0.5 else {}
+        for key in rng.sample(["items", "contains"], rng.randint(1, 2)):
+            inner[key] = random_schema(rng, depth + 1)
+        if rng.random() < 0.3:
+            inner["minItems"] = rng.randint(0, 2)
+        return {"not": inner}
+    if kind == "not_names":  # complements of propertyNames that exclude finitely many names
+        excluded = rng.sample(NAMES, rng.randint(1, 2))
+        inner = {"propertyNames": {"not": {"enum": excluded} if len(excluded) > 1 else
+                                   {"const": excluded[0]}}}
+        if rng.random() < 0.4:
+            inner["properties"] = {rng.choice(NAMES): random_schema(rng, depth + 1)}
+        return {"not": inner, **({"type": "object"} if rng.random() < 0.5 else {})}
     if kind == "bool":
         return rng.random() < 0.7
     if kind == "type":

@@ -5,9 +5,12 @@ exactly to the graph, otherwise UnsupportedSchema at its pointer.
   finite sets of null/boolean/number/string values (numbers by the open intervals between them,
   strings by negated literal patterns), of number
   bounds, of string lengths and patterns (negated patterns go through the string automaton), of
-  array lengths, of objects by their required names, property counts and declared property
-  schemas (an object violates S when a required name is missing, or a declared property is
-  present with a value in the complement of its schema); of unions by De Morgan.
+  arrays by their lengths, `items` (some item outside: `contains` of its complement) and
+  `contains` (every item outside: `items` of its complement), of objects by their required names,
+  property counts, declared property schemas (an object violates S when a required name is
+  missing, or a declared property is present with a value in the complement of its schema) and a
+  propertyNames that excludes finitely many names (one of them is present); of unions by De
+  Morgan.
 - `if I then T else E` = (I and T) or (not I and E); `if` alone asserts nothing.
 - `oneOf` that cannot be proved disjoint (reader.py): node and (X_i and not X_j, j != i) per i.
 - `dependentRequired {a: [b]}` = objects without a, or with a and b; `dependentSchemas {a: S}` =
@@ -27,7 +30,12 @@ import json
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from services.grammar.schema.algebra import free_count_check, number_range, too_few_distinct
+from services.grammar.schema.algebra import (
+    array_type,
+    free_count_check,
+    number_range,
+    too_few_distinct,
+)
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
     ANY,
@@ -52,6 +60,7 @@ from services.grammar.schema.nodes import (
 )
 
 if TYPE_CHECKING:
+    from services.grammar.schema.algebra import Graph
     from services.grammar.schema.reader import Reader
 
 KEYWORDS = frozenset({"not", "if", "then", "else", "dependencies", "dependentRequired",
@@ -112,15 +121,7 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | 
                 Pattern(p.source, p.pointer, p.whole, not p.negated, p.literal, p.fmt),))))
         return make_union(parts)
     if isinstance(node, ArrayType):
-        if node.prefix or not isinstance(node.items, AnyValue) or node.unique or \
-                node.contains is not None:
-            return None
-        parts = _others("array")
-        if node.min_items > 0:
-            parts.append(ArrayType(max_items=node.min_items - 1))
-        if node.max_items is not None:
-            parts.append(ArrayType(min_items=node.max_items + 1))
-        return make_union(parts)
+        return _array_complement(r, node, pointer, depth)
     if isinstance(node, ObjectType):
         return _object_complement(r, node, pointer, depth)
     return None  # IntegerType: the numbers that are not integers have no grammar here
@@ -151,15 +152,56 @@ def _literals_complement(node: Literals) -> Node | None:
     return make_union(parts)
 
 
+def _array_complement(r: "Reader", node: ArrayType, pointer: str, depth: int) -> Node | None:
+    """Arrays outside an ArrayType without prefix or uniqueItems, as the union of the ways an array
+    can violate it: too short, too long, an item outside `items` (= `contains` of the complement
+    of `items`: some item is not in it), or, with `contains C`, every item outside C (= `items` of
+    the complement of C; the empty array included). An array is in `node` exactly when it violates
+    none of them, so the union is the exact complement among arrays; other types are all in it."""
+    if node.prefix or node.unique:
+        return None
+    g = r.graph
+    parts = _others("array")
+    if node.min_items > 0:
+        parts.append(ArrayType(max_items=node.min_items - 1))
+    if node.max_items is not None:
+        parts.append(ArrayType(min_items=node.max_items + 1))
+    if not isinstance(node.items, AnyValue):
+        c = complement(r, node.items, pointer, depth + 1)
+        if c is None:
+            return None
+        parts.append(array_type([], ANY, 0, None, contains=c, graph=g, pointer=pointer))
+    if node.contains is not None:
+        c = complement(r, node.contains, pointer, depth + 1)
+        if c is None:
+            return None
+        parts.append(array_type([], c, 0, None, graph=g, pointer=pointer))
+    return make_union(parts)
+
+
+def _names_complement(g: "Graph", names: Node, pointer: str) -> list[Node] | None:
+    """Objects with a name outside `propertyNames` N, where the strings outside N are a finite set
+    L (N is "no name in L": negated literals, no length): exactly the objects having some name of
+    L, the union of `required: [l]` over l in L. None where that set is not finite here."""
+    if isinstance(names, AnyValue):
+        return []
+    if not isinstance(names, StringType) or names.min_length or names.max_length is not None \
+            or not names.patterns:
+        return None
+    if not all(p.negated and p.literal and p.whole for p in names.patterns):
+        return None
+    return [g.object_type((), (Required(p.source, pointer),), ANY, pointer=pointer)
+            for p in names.patterns]
+
+
 def _object_complement(r: "Reader", node: ObjectType, pointer: str, depth: int) -> Node | None:
     g = r.graph
-    if (
-        node.patterns
-        or not isinstance(node.names, AnyValue)
-        or not isinstance(node.additional, AnyValue)
-    ):
+    if node.patterns or not isinstance(node.additional, AnyValue):
         return None
-    parts = _others("object")
+    named = _names_complement(g, node.names, pointer)
+    if named is None:
+        return None
+    parts = _others("object") + named
     for req in node.required:
         parts.append(g.object_type(((req.name, NEVER),), (), ANY, pointer=pointer))
     for key, value in node.properties:
@@ -189,7 +231,8 @@ def apply(r: "Reader", s: dict, node: Node, pointer: str, depth: int) -> Node:
         if c is None:
             raise r.ctx.unsupported(at, "not: the complement of this schema has no exact reduction "
                                         "(supported: types, null/boolean/string values, bounds, "
-                                        "lengths, patterns, required names, property schemas)")
+                                        "lengths, patterns, required names, property schemas, "
+                                        "array items/contains, finitely many excluded names)")
         node = g.meet(node, c, at)
     if "if" in s:
         node = g.meet(node, _conditional(r, s, pointer, depth), pointer)
