@@ -4,7 +4,10 @@
 - an array violates `items: X` exactly when some item is outside X (`contains: not X`), and
   `contains: C` exactly when every item is outside C (`items: not C`);
 - an object violates `propertyNames: N` where the strings outside N are a finite set L exactly
-  when it has some name of L (`required: [l]` for one l in L).
+  when it has some name of L (`required: [l]` for one l in L);
+- oneOf branch i minus branch j where i's objects have finitely many names W (closed, or a
+  finite propertyNames): j's undeclared names are then one of W, so "an undeclared name with a
+  value outside additionalProperties" is a finite union of required names.
 
 Design document: "oneOf must prove its branches exclusive ... A composition that cannot be proved
 is unsupported"; a complement without an exact reduction keeps its typed error at its pointer.
@@ -97,7 +100,34 @@ def test_property_name_complements_match_jsonschema(schema):
     assert_same_language(schema)
 
 
+def _closed(**props) -> dict:
+    return {"type": "object", "additionalProperties": False, "properties": props}
+
+
+STR = {"type": "string"}
+
+
+@pytest.mark.parametrize("schema", [
+    # closed objects that share only {} (jsonschema: {} is in both, so in neither)
+    {"oneOf": [_closed(a=STR), _closed(b=STR)]},
+    {"oneOf": [STR, _closed(a=STR), _closed(b=STR)]},
+    {"oneOf": [_closed(a={"type": "string", "maxLength": 1}), _closed(a=STR, b={"const": True})]},
+    {"oneOf": [_closed(a=STR, b=STR), {"type": "object", "required": ["a"],
+                                       "additionalProperties": False,
+                                       "properties": {"a": STR, "c": {"enum": [0, 1]}}}]},
+    # a finite propertyNames and an additionalProperties schema on the other side
+    {"oneOf": [_closed(a=STR, c={}),
+               {"type": "object", "propertyNames": {"enum": ["a", "b"]},
+                "additionalProperties": {"type": "boolean"}}]},
+])
+def test_closed_one_of_matches_jsonschema(schema):
+    assert_same_language(schema)
+
+
 @pytest.mark.parametrize("schema,pointer", [
+    # an open branch minus a closed one needs "some name outside a finite set": infinitely many
+    ({"oneOf": [_closed(a=STR, b=STR), {"type": "object", "required": ["a"]}]}, "/oneOf"),
+    ({"oneOf": [_closed(a=STR), {"type": "object", "additionalProperties": STR}]}, "/oneOf"),
     # the names outside propertyNames are infinite (every string containing "a"): no union of
     # required names covers them
     ({"not": {"propertyNames": {"not": {"pattern": "a"}}}}, "/not"),

@@ -58,8 +58,23 @@ def random_schema(rng: random.Random, depth: int = 0):
     kinds = ["string", "pattern", "format", "integer", "number", "const", "enum", "type", "bool"]
     if depth < 2:
         kinds += ["not", "not", "anyOf", "oneOf", "allOf", "if", "object", "object", "array",
-                  "not_array", "not_names"]
+                  "not_array", "not_names", "closed_one_of"]
     kind = rng.choice(kinds)
+    if kind == "closed_one_of":  # objects with finitely many names, overlapping (e.g. on {})
+        branches = []
+        for _ in range(rng.randint(2, 3)):
+            names = rng.sample(NAMES, rng.randint(1, 2))
+            b: dict = {"type": "object",
+                       "properties": {n: random_schema(rng, depth + 1) for n in names}}
+            if rng.random() < 0.7:
+                b["additionalProperties"] = False
+            else:
+                b["propertyNames"] = {"enum": names + rng.sample(NAMES, 1)}
+                b["additionalProperties"] = random_schema(rng, depth + 1)
+            if rng.random() < 0.4:
+                b["required"] = names[:1]
+            branches.append(b)
+        return {"oneOf": branches}
     if kind == "not_array":  # complements by items / contains (some item outside, none inside)
         inner: dict = {"type": "array"} if rng.random() < 0.5 else {}
         for key in rng.sample(["items", "contains"], rng.randint(1, 2)):

@@ -75,8 +75,14 @@ def _others(*kinds: str) -> list[Node]:
     return [n for k, n in _FULL.items() if k not in kinds]
 
 
-def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | None:
-    """Every JSON value not in `node`, or None where that is not exactly representable."""
+def complement(r: "Reader", node: Node, pointer: str, depth: int = 0,
+               within: frozenset[str] | None = None) -> Node | None:
+    """Every JSON value not in `node`, or None where that is not exactly representable.
+
+    `within`: the result is only ever met with values whose objects have no names outside this
+    finite set (a closed object without patterns: `closed_names`), so among objects it need only
+    be exact there; an undeclared name of `node` is then one of finitely many
+    (`_object_complement`). It applies to the top-level objects only, never to member values."""
     r.complemented.add(pointer)  # Reader.check_foreign_complements
     g = r.graph
     if depth > 64:
@@ -90,7 +96,7 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | 
     if isinstance(node, Union):
         out: Node = ANY
         for b in node.branches:
-            c = complement(r, b, pointer, depth + 1)
+            c = complement(r, b, pointer, depth + 1, within)
             if c is None:
                 return None
             out = g.meet(out, c, pointer)
@@ -123,7 +129,7 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | 
     if isinstance(node, ArrayType):
         return _array_complement(r, node, pointer, depth)
     if isinstance(node, ObjectType):
-        return _object_complement(r, node, pointer, depth)
+        return _object_complement(r, node, pointer, depth, within)
     return None  # IntegerType: the numbers that are not integers have no grammar here
 
 
@@ -179,12 +185,18 @@ def _array_complement(r: "Reader", node: ArrayType, pointer: str, depth: int) ->
     return make_union(parts)
 
 
-def _names_complement(g: "Graph", names: Node, pointer: str) -> list[Node] | None:
+def _names_complement(g: "Graph", names: Node, pointer: str,
+                      within: frozenset[str] | None = None) -> list[Node] | None:
     """Objects with a name outside `propertyNames` N, where the strings outside N are a finite set
-    L (N is "no name in L": negated literals, no length): exactly the objects having some name of
+    L (N is "no name in L": negated literals, no length; or, among objects whose names are
+    `within` W, N a finite name set and L = W minus N): exactly the objects having some name of
     L, the union of `required: [l]` over l in L. None where that set is not finite here."""
     if isinstance(names, AnyValue):
         return []
+    if isinstance(names, Literals) and within is not None:
+        allowed = {json.loads(t) for t in names.texts}
+        return [g.object_type((), (Required(n, pointer),), ANY, pointer=pointer)
+                for n in sorted(within - allowed)]
     if not isinstance(names, StringType) or names.min_length or names.max_length is not None \
             or not names.patterns:
         return None
@@ -194,14 +206,53 @@ def _names_complement(g: "Graph", names: Node, pointer: str) -> list[Node] | Non
             for p in names.patterns]
 
 
-def _object_complement(r: "Reader", node: ObjectType, pointer: str, depth: int) -> Node | None:
+def closed_names(graph: "Graph", node: Node, pointer: str) -> frozenset[str] | None:
+    """The names an object of `node` can have when that is a finite set: every object part of
+    `node` is a closed object (additionalProperties false, no patternProperties: its declared
+    names) or has a propertyNames of finitely many names (those); the union of these sets (empty
+    where `node` has no objects); None otherwise."""
+    from services.grammar.schema.values import type_domain
+
+    node = graph.resolve(node, pointer)
+    names: set[str] = set()
+    for part in node.branches if isinstance(node, Union) else (node,):
+        part = graph.resolve(part, pointer)
+        if "object" not in type_domain(part, graph):
+            continue
+        if not isinstance(part, ObjectType):
+            return None
+        if isinstance(part.names, Literals):  # propertyNames of finitely many names
+            names |= {json.loads(t) for t in part.names.texts}
+        elif isinstance(part.additional, NoValue) and not part.patterns:
+            names |= {k for k, _ in part.properties}
+        else:
+            return None
+    return frozenset(names)
+
+
+def _object_complement(r: "Reader", node: ObjectType, pointer: str, depth: int,
+                       within: frozenset[str] | None = None) -> Node | None:
+    """Objects outside `node`: the union of its violations. With `additionalProperties` A other
+    than true, a violation is an undeclared name whose value is outside A; where the names are
+    `within` a finite set W (see `complement`), that is some n in W minus the declared names,
+    present with a value in the complement of A: one `properties: {n: not A}, required: [n]`
+    object per n, exact for every object whose names lie in W."""
     g = r.graph
-    if node.patterns or not isinstance(node.additional, AnyValue):
+    if node.patterns:
         return None
-    named = _names_complement(g, node.names, pointer)
+    named = _names_complement(g, node.names, pointer, within)
     if named is None:
         return None
     parts = _others("object") + named
+    if not isinstance(node.additional, AnyValue):
+        if within is None:
+            return None
+        outside = complement(r, node.additional, pointer, depth + 1)
+        if outside is None:
+            return None
+        declared = {k for k, _ in node.properties}
+        parts += [g.object_type(((n, outside),), (Required(n, pointer),), ANY, pointer=pointer)
+                  for n in sorted(within - declared)]
     for req in node.required:
         parts.append(g.object_type(((req.name, NEVER),), (), ANY, pointer=pointer))
     for key, value in node.properties:

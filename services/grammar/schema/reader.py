@@ -251,7 +251,8 @@ class Reader:
     def _one_of(self, node: Node, raw: list[Node], at: str) -> Node:
         """Exactly one of `raw` (each met with `node`): a union when the met branches are provably
         disjoint; else node and (X_i and not X_j for every j != i), for each i, where every
-        X_j has an exact complement (`applicators.complement`)."""
+        X_j has an exact complement (`applicators.complement`) among the values of the met
+        branch i (all values, or objects with the names of a closed branch i)."""
         branches = [self.graph.meet(node, x, at) for x in raw]
         try:
             prove_exclusive(self.graph, branches, at)
@@ -262,13 +263,16 @@ class Reader:
                 return sliced
             if len(branches) > MAX_ONE_OF_COMPLEMENTS:
                 raise unproved
-            others = [applicators.complement(self, x, at) for x in raw]
-            if any(c is None for c in others):
-                raise unproved
             out = []
             for i, b in enumerate(branches):
-                for j, c in enumerate(others):
+                # a closed branch has finitely many names: the others' closed objects have an
+                # exact complement among its values (applicators.complement's `within`)
+                within = applicators.closed_names(self.graph, b, at)
+                for j, x in enumerate(raw):
                     if j != i:
+                        c = applicators.complement(self, x, at, within=within)
+                        if c is None:
+                            raise unproved
                         b = self.graph.meet(b, c, at)
                 out.append(b)
             result = make_union(out)
