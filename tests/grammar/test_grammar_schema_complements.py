@@ -79,6 +79,7 @@ def assert_same_language(schema) -> None:
                {"type": "array", "items": {"type": "string", "enum": ["a", "c"]}}]},
     {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "number"}},
                {"type": "array", "items": {"type": "string"}}]},
+    {"oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "array", "maxItems": 2}]},
     # every value but arrays of strings (they are non-objects, so in both branches)
     {"oneOf": [{"required": ["a"]}, {"type": "array", "items": {"type": "string"}}]},
 ])
