@@ -36,7 +36,7 @@ def _values(rng: random.Random) -> list:
     out += [[], [[]], [{}], [[1], "a"]]
     for _ in range(120):
         out.append([rng.choice(SCALARS) for _ in range(rng.randint(1, 4))])
-    names = ["a", "b", "c", "0", "1", "a4", "x", "ab"]
+    names = ["a", "b", "c", "0", "1", "a4", "x", "ab", "kind", "kind"]
     out += [{}]
     for _ in range(80):
         out.append({n: rng.choice(SCALARS) for n in rng.sample(names, rng.randint(1, 3))})
@@ -141,3 +141,33 @@ def test_closed_one_of_matches_jsonschema(schema):
 ])
 def test_inexact_complements_stay_refused(schema, pointer):
     assert_refused(schema, pointer)
+
+
+# ---- a oneOf alone in an allOf item, read with the assertions beside the allOf ------------------
+
+# integer members: no exact complement, so only the required discriminator tells them apart
+KIND = {"oneOf": [{"properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}},
+                  {"description": "the b form", "properties": {"kind": {"const": "b"}}}]}
+
+
+@pytest.mark.parametrize("schema", [
+    # the discriminator is required by the parent, not by the branches ({} is in both alone)
+    {"type": "object", "required": ["kind"], "allOf": [KIND]},
+    {"type": "object", "required": ["kind"], "allOf": [{"properties": {"x": {"maximum": 1}}},
+                                                       {"description": "by kind", **KIND}]},
+    # an anyOf of the parent comes after the allOf and still intersects
+    {"required": ["kind"], "allOf": [KIND], "anyOf": [{"required": ["x"]}, {"maxProperties": 1}]},
+])
+def test_one_of_in_all_of_sees_the_parent(schema):
+    """Design document: "allOf intersects ..."; "oneOf proves exclusivity by ... the finite
+    values of a common required discriminator". node and oneOf(X) is exactly one of (node and
+    X_i) for each value of node."""
+    assert_same_language(schema)
+
+
+def test_one_of_in_all_of_without_the_parent_stays_refused():
+    # nothing beside the allOf requires the discriminator: {} satisfies both branches' open
+    # objects, and the complement of an open object's undeclared names is not finite
+    assert_refused({"allOf": [{"oneOf": [{"type": "object", "properties": {"k": {"const": 1}}},
+                                         {"type": "object", "additionalProperties": STR}]}]},
+                   "/allOf/0/oneOf")

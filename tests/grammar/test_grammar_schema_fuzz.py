@@ -58,8 +58,19 @@ def random_schema(rng: random.Random, depth: int = 0):
     kinds = ["string", "pattern", "format", "integer", "number", "const", "enum", "type", "bool"]
     if depth < 2:
         kinds += ["not", "not", "anyOf", "oneOf", "allOf", "if", "object", "object", "array",
-                  "not_array", "not_names", "closed_one_of"]
+                  "not_array", "not_names", "closed_one_of", "all_of_one_of"]
     kind = rng.choice(kinds)
+    if kind == "all_of_one_of":  # a oneOf alone in allOf, its discriminator required beside it
+        tag = rng.choice(NAMES)
+        one = {"oneOf": [{"properties": {tag: {"const": rng.choice(STRINGS + [0, None])},
+                                         rng.choice(NAMES): random_schema(rng, depth + 1)}}
+                         for _ in range(rng.randint(2, 3))]}
+        outer: dict = {"allOf": [one]}
+        if rng.random() < 0.8:
+            outer["required"] = [tag]
+        if rng.random() < 0.5:
+            outer["type"] = "object"
+        return outer
     if kind == "closed_one_of":  # objects with finitely many names, overlapping (e.g. on {})
         branches = []
         for _ in range(rng.randint(2, 3)):

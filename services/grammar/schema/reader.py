@@ -141,6 +141,15 @@ class Reader:
             if "allOf" in schema:
                 for i, sub in enumerate(self._subschemas(schema, "allOf", pointer)):
                     at = child(child(pointer, "allOf"), i)
+                    if self._only_one_of(sub):
+                        # node and oneOf(X): exactly one X_i holds, which for a value of node is
+                        # exactly one of (node and X_i): the oneOf read met with node, so that
+                        # its proofs see node's assertions (a discriminator required beside it)
+                        one = child(at, "oneOf")
+                        subs = self._subschemas(sub, "oneOf", at)
+                        raw = [self.read(x, child(one, j), d) for j, x in enumerate(subs)]
+                        node = self._one_of(node, raw, one)
+                        continue
                     node = self.graph.meet(node, self.read(sub, at, d), at)
             if "anyOf" in schema:
                 subs = self._subschemas(schema, "anyOf", pointer)
@@ -160,6 +169,12 @@ class Reader:
             return applicators.apply(self, schema, node, pointer, d)
         finally:
             self.dialect = outer
+
+    def _only_one_of(self, sub: Any) -> bool:
+        """An allOf item that asserts nothing but its oneOf (other keys are annotations of the
+        dialect)."""
+        return isinstance(sub, dict) and "oneOf" in sub and all(
+            k == "oneOf" or k in self.dialect.annotations for k in sub)
 
     def _nested_id(self, schema: dict, pointer: str) -> None:
         """A root `$id` is only the document's identity; one inside a subschema would open a new
