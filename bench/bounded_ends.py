@@ -7,9 +7,11 @@ maxLength N>}` is put (by single-character tokens) where `k` characters are left
 
 - "framed": the product's grammar, the thinking framing (`qwen-think-v1+raw`) around the schema;
 - "bare": the same schema as plain JSON content (no framing): the same lexeme, so the same cost;
-- "unbounded": the schema without `maxLength` (what a count of the string's characters kept
-  beside the matcher, as `services/grammar/tools/raw_lengths.py` does for XML values, would
-  leave to llguidance), plus the numpy AND of one packed row that such a count would apply;
+- "unbounded": the schema without `maxLength`, plus the numpy AND of one packed row (the bare
+  cost of counting the string's characters beside the matcher);
+- "counted": the product's grammar now (the string written unbounded, its length counted beside
+  the matcher by `services/grammar/json_lengths.py`), framed: the fill plus the companion's
+  `apply`, timed together; its mask is checked equal to the exact framed one at every k;
 - with `--slice-study`: "bare" with no slices at all; with one slice `_CHAR{1,k}` made for
   that k alone (the best any ladder of length slices can do at k: the tokens of at most k
   characters added whole, every longer one walked in one trie); and with `DENSE`, the product's
@@ -39,6 +41,7 @@ import numpy as np
 from bench.report import host, write_report
 from services.grammar.compiler import build_llguidance_lark
 from services.grammar.engines import engine_llguidance
+from services.grammar.json_lengths import json_lengths_for
 from shared.contract import OutputConstraint
 from shared.frontends import get_domain
 from shared.frontends.qwen35 import qwen35_tokenizer
@@ -50,6 +53,37 @@ DENSE = (engine_llguidance.SLICES[:5]
          + [engine_llguidance._CHAR + "{1,%d}" % n for n in (*range(1, 14), 20, 30, 60, 120)]
          + [engine_llguidance._CHAR + "+"])
 FRAMING = "qwen-think-v1+raw"
+
+
+def _exact_lark(schema: dict, framed: bool, domain) -> str:
+    """The Lark of `schema` with its string bounded in the grammar (no length companion)."""
+    from services.grammar.framing import thinking_prefix_lark
+    from services.grammar.schema import schema_to_lark
+    from shared.frontends.thinking import SPECS
+
+    text = schema_to_lark(schema, unique_names=True)
+    return thinking_prefix_lark(SPECS["qwen-think-v1"], domain, text) if framed else text
+
+
+def _counted_us(tokenizer, lark: str, lengths, prefix: list[int], mask: np.ndarray,
+                repeats: int) -> list[float]:
+    """CPU microseconds of `repeats` fills plus the length companion's clearing, positioned
+    after `prefix`."""
+    template = llg.LLMatcher(tokenizer, llg.LLMatcher.grammar_from_lark(lark), log_level=0)
+    if template.is_error() or template.try_consume_tokens(prefix) != len(prefix):
+        raise RuntimeError(f"the walk is refused: {template.get_error()[:300]}")
+    for t in prefix:
+        if not lengths.accept(t):
+            raise RuntimeError("the length companion refused the walk")
+    out = []
+    for _ in range(repeats):
+        m = template.deep_copy()
+        t0 = time.process_time()
+        m.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        lengths.apply(mask)
+        out.append((time.process_time() - t0) * 1e6)
+    lengths.rollback(len(prefix))
+    return out
 
 
 def _schema(n: int | None) -> dict:
@@ -109,15 +143,24 @@ def run(args: argparse.Namespace) -> int:
         if args.slice_study else {}
     results = []
     for n in args.max_lengths:
-        framed = build_llguidance_lark(OutputConstraint.json_schema(_schema(n)), FRAMING, domain)
-        plain = build_llguidance_lark(OutputConstraint.json_schema(_schema(n)), None, domain)
+        constraint = OutputConstraint.json_schema(_schema(n))
+        framed = _exact_lark(_schema(n), True, domain)
+        plain = _exact_lark(_schema(n), False, domain)
         open_ = build_llguidance_lark(OutputConstraint.json_schema(_schema(None)), None, domain)
+        counted = build_llguidance_lark(constraint, FRAMING, domain)
+        lengths = json_lengths_for(constraint, domain, FRAMING)
         for k in (k for k in LEFT if k <= n):
             body = head + [char] * (n - k)
             case = {"max_length": n, "left": k,
                     "framed_us": _summary(_fill_us(product, framed, reasoning + body, mask,
-                                                   args.repeats)),
-                    "bare_us": _summary(_fill_us(product, plain, body, mask, args.repeats))}
+                                                   args.repeats))}
+            expected = mask.copy()
+            case["counted_us"] = _summary(_counted_us(product, counted, lengths, reasoning + body,
+                                                      mask, args.repeats))
+            if not np.array_equal(mask, expected):
+                raise RuntimeError(f"the counted mask differs from the exact one at {k} left")
+            case.update({
+                    "bare_us": _summary(_fill_us(product, plain, body, mask, args.repeats))})
             fills = _fill_us(product, open_, body, mask, args.repeats)
             case["unbounded_us"] = _summary(fills)
             case["row_and_us"] = _summary(_and_us(mask, row, args.repeats))

@@ -12,10 +12,14 @@ text before the call, on the first walk after the cold compile and on the next w
 same compiled grammar (llguidance builds lexer states on first use). "before" is the first lowering:
 xgrammar with the counted repetition `char{0,N}` (the chain limit set below every bound);
 "xgrammar" the xgrammar grammar of record as it is now (the rule chain of
-`services/grammar/schema/strings.py` up to its limit); "after" the product's rule
-(`services.grammar.compiler.choose_engine` / `framed_engine`: JSON content, Hermes tool grammars
-and both after the thinking framing on llguidance), side by side in one process. A walk whose
-fills pass `--case-budget-s` of CPU is cut.
+`services/grammar/schema/strings.py` up to its limit); "exact" the product's engine with the
+string still bounded in the grammar (llguidance, the product before JSON content lengths were
+counted beside the matcher); "after" the product's rule (`services.grammar.compiler.choose_engine`
+/ `framed_engine`: JSON content, Hermes tool grammars and both after the thinking framing on
+llguidance), with, for JSON content, the string written unbounded and its length companion
+(`services/grammar/json_lengths.py`) clearing each mask, its time included in each fill; side by
+side in one process. "before", "xgrammar" and "exact" keep the string bounded in the grammar. A
+walk whose fills pass `--case-budget-s` of CPU is cut.
 
     infernix bench bounded-strings --out bench-out/bounded-strings.json
 """
@@ -38,6 +42,7 @@ from services.grammar.cache import records
 from services.grammar.compiler import Framed, ModelCompiler
 from services.grammar.engines.engine import XGRAMMAR
 from services.grammar.engines.engine_llguidance import lltokenizer
+from services.grammar.json_lengths import json_lengths_for
 from services.grammar.schema import strings
 from services.grammar.tools.hermes import ToolSpec
 from shared.contract import OutputConstraint, ToolChoice, ToolDefinition, ToolMode
@@ -63,7 +68,7 @@ def _schema(n: int) -> dict:
 
 
 CASES = {"smollm2": ("hermes-args", "hermes-auto"), "qwen3.5": ("thinking-json",)}
-FORMS = ("before", "xgrammar", "after")
+FORMS = ("before", "xgrammar", "exact", "after")
 
 
 def _case(model: str, case: str, n: int) -> tuple[object, list[tuple[str, int]]]:
@@ -102,17 +107,26 @@ def run_case(compiler: ModelCompiler, model: str, case: str, n: int, form: str,
              budget_s: float) -> dict:
     constraint, tokens = _case(model, case, n)
     before = form == "before"
-    with mock.patch.object(strings, "CHAIN_MAX_LENGTH", -1) if before else nullcontext():
+    # every form but "after" writes the string bounded, as the grammar did before its length
+    # was counted beside the matcher
+    exact = mock.patch("services.grammar.schema.counted_strings", lambda root: None) \
+        if form != "after" else nullcontext()
+    with mock.patch.object(strings, "CHAIN_MAX_LENGTH", -1) if before else nullcontext(), exact:
         start = time.process_time()
-        engine = None if form == "after" else XGRAMMAR
+        engine = None if form in ("exact", "after") else XGRAMMAR
         compiled = compiler.compile(constraint, engine=engine).grammar
         compile_ms = (time.process_time() - start) * 1000
+    lengths = None
+    if form == "after" and isinstance(constraint, Framed):  # JSON content: its length companion
+        lengths = lambda: json_lengths_for(constraint.source, compiler.domain,  # noqa: E731
+                                           constraint.framing)
     blob_kb = len(records.serialize(compiled)) / 1024
     out = {"model": model, "case": case, "max_length": n, "form": form,
            "engine": compiled.engine, "cold_compile_ms": round(compile_ms),
            "blob_kb": round(blob_kb)}
     for walk in ("first", "next"):  # the next walk finds what the first one built lazily
-        fills, cut = _walk(compiled, tokens, budget_s, f"{model} {case} {n} ({form})")
+        fills, cut = _walk(compiled, tokens, budget_s, f"{model} {case} {n} ({form})",
+                           lengths() if lengths else None)
         out[walk] = {"cut": cut, "mask_fill_us": _stats([v for vs in fills.values() for v in vs]),
                      "in_string_us": _stats(fills.get("string", []))}
         if "free text" in fills:
@@ -123,9 +137,10 @@ def run_case(compiler: ModelCompiler, model: str, case: str, n: int, form: str,
 
 
 def _walk(compiled, tokens: list[tuple[str, int]], budget_s: float, what: str,
-          ) -> tuple[dict[str, list[float]], bool]:
-    """CPU microseconds of each fill_mask by region while one matcher accepts `tokens`, and
-    whether the budget cut the walk."""
+          lengths=None) -> tuple[dict[str, list[float]], bool]:
+    """CPU microseconds of each fill_mask (and the length companion's clearing, `lengths`: a
+    JsonLengthConstraint) by region while one matcher accepts `tokens`, and whether the budget
+    cut the walk."""
     matcher = compiled.matcher()
     mask = np.zeros((1, compiled.domain.mask_words), dtype=np.int32)
     fills: dict[str, list[float]] = {}
@@ -135,8 +150,10 @@ def _walk(compiled, tokens: list[tuple[str, int]], budget_s: float, what: str,
             return fills, True
         t0 = time.process_time()
         matcher.fill_mask(mask, 0)
+        if lengths is not None:
+            lengths.apply(mask[0])
         fills.setdefault(region, []).append((time.process_time() - t0) * 1e6)
-        if not matcher.accept_token(t):
+        if not matcher.accept_token(t) or lengths is not None and not lengths.accept(t):
             raise RuntimeError(f"{what}: token {t} ({region}) refused")
     if not matcher.is_completed():
         raise RuntimeError(f"{what}: the output is not complete")

@@ -213,8 +213,8 @@ def add_bounded_strings_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cases", nargs="+", choices=("hermes-args", "hermes-auto", "thinking-json"),
                    help="default: all (hermes-args and hermes-auto on smollm2, thinking-json on "
                    "qwen3.5)")
-    p.add_argument("--forms", nargs="+", choices=("before", "xgrammar", "after"),
-                   help="default: all three (see bench/bounded_strings.py)")
+    p.add_argument("--forms", nargs="+", choices=("before", "xgrammar", "exact", "after"),
+                   help="default: all four (see bench/bounded_strings.py)")
     p.add_argument("--case-budget-s", type=float, default=20.0,
                    help="CPU seconds of mask fills per case before it is cut (default: 20)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here")

@@ -2,6 +2,9 @@
 microseconds of `fill_mask` alone and of `fill_mask` + `UniqueItemsConstraint.apply`, measured as
 bench/json_names.py measures the name companion (its `bench_case`, the same walk over valid
 outputs tokenised by the model's own tokenizer); plus the probes run and the tokens cleared.
+Each case runs twice in one process, the reference path (`fast=False`: every legal token decided
+afresh, every probe searched again) and the kept answers and shortcuts (the default), side by
+side.
 
     python -m bench.unique_items --models smollm2 --passes 5 --out bench-out/unique-items.json
 """
@@ -35,10 +38,19 @@ CASES = [
 ]
 
 
+def _reference(constraint, domain):
+    return unique_items_for(constraint, domain, fast=False)
+
+
 def bench_model(model: str, passes: int) -> dict:
     compiler = ModelCompiler(get_domain(model))
-    return {"model": model, "cases": [bench_case(model, compiler, *c, passes=passes,
-                                                 companion=unique_items_for) for c in CASES]}
+    cases = []
+    for c in CASES:
+        cases.append({"path": "reference", **bench_case(model, compiler, *c, passes=passes,
+                                                        companion=_reference)})
+        cases.append({"path": "fast", **bench_case(model, compiler, *c, passes=passes,
+                                                   companion=unique_items_for)})
+    return {"model": model, "cases": cases}
 
 
 def main(argv: list[str] | None = None) -> int:

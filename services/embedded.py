@@ -115,6 +115,11 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
     dtype = torch.bfloat16 if cuda else torch.float32
     log.info("model_loading", model=settings.model, device=settings.device)
     runtime = load_runtime(settings.model, device=settings.device, dtype=dtype)
+    if settings.warmup:  # before health says ok, as the kernels' warm-up
+        from services.grammar.client import build_companion_indices
+
+        log.info("companion_indices_built",
+                 seconds=round(build_companion_indices(runtime.frontend.domain), 3))
     config = EngineConfig(max_batch=settings.lanes, max_len=settings.max_len,
                           prefill_chunk=settings.prefill_chunk,
                           preempt_after_s=settings.preempt_after_s,

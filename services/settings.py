@@ -185,11 +185,9 @@ _TABLE = (
             has_flag=False),
     Setting("fla", _on_unless_zero, True, "0: Qwen3.5 prefill takes the torch chunked gated delta "
             "rule even when fla-core is installed", has_flag=False),
-    # Off by default: with the graphs on, 2 of 165 gpu tests hit an illegal memory access under
-    # pytest-xdist on the H200 (not reproduced with blocking launches); on until that is found.
-    Setting("prefill_graphs", _on_unless_zero, False, "1: short prefill forwards (a prefix-cache "
-            "hit's, a short prompt's) replay CUDA graphs captured at warm-up instead of running "
-            "eagerly", has_flag=False),
+    Setting("prefill_graphs", _on_unless_zero, True, "0: short prefill forwards (a prefix-cache "
+            "hit's, a short prompt's) run eagerly instead of replaying CUDA graphs captured at "
+            "warm-up", has_flag=False),
     Setting("json_engine", str, "llguidance", "the engine of JSON content; xgrammar, the engine "
             "of record, runs everything else", choices=("llguidance", "xgrammar"),
             has_flag=False),

@@ -115,15 +115,18 @@ def _schema_report(schema: Any, values: list[Any], grammar: Any, accepts: Any) -
 
 def _checker(constraint: OutputConstraint, domain: Any) -> Any:
     """`accepts` as the worker decodes `constraint`: with the JSON name companion where the
-    output gets one (a text repeating a member name is then no output)."""
+    output gets one (a text repeating a member name is then no output), and its JSON length
+    companion (a fresh one per text)."""
     from services.grammar.engines.matching import accepts
+    from services.grammar.json_lengths import json_lengths_for
     from services.grammar.json_names import json_names_for
     from services.grammar.unique_items import repeats_an_item
 
     unique = json_names_for(constraint, domain) is not None
 
     def check(grammar: Any, text: str) -> bool:
-        return accepts(grammar, text, unique_names=unique) and \
+        return accepts(grammar, text, unique_names=unique,
+                       lengths=json_lengths_for(constraint, domain)) and \
             not repeats_an_item(constraint, text.encode("utf-8"))
 
     return check
@@ -209,6 +212,7 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except InfernixError as exc:
         _emit(out, _error_json(exc))
         return EXIT_REJECTED
+    from services.grammar.json_lengths import json_lengths_for
     from services.grammar.json_names import json_names_for
     from services.grammar.unique_items import unique_items_for
 
@@ -216,7 +220,8 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> int:
     for _ in range(args.n):
         walk = random_walk(outcome.grammar, domain, rng, max_tokens=args.max_tokens,
                            end_bias=args.end_bias, names=json_names_for(constraint, domain),
-                           items=unique_items_for(constraint, domain))
+                           items=unique_items_for(constraint, domain),
+                           lengths=json_lengths_for(constraint, domain))
         _emit(out, {"text": walk.text, "completed": walk.completed, "tokens": walk.tokens})
     return EXIT_OK
 

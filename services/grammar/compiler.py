@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 Compilable = Union[OutputConstraint, "ToolSpec"]
 
 # Bumped whenever a conversion changes the language a source compiles to: old cache entries die.
-CONVERTER_VERSION = "7"
+CONVERTER_VERSION = "8"
 # The framing of a bare content constraint: the constrained bytes are the whole output.
 RAW_FRAMING = "raw"
 
@@ -103,7 +103,8 @@ def build_grammar(constraint: "Compilable", domain: TokenDomain,
 
         return schema_to_grammar(constraint.schema, whitespace=whitespace_of(constraint, domain),
                                  explicit_layout=constraint.whitespace is not None,
-                                 unique_names=True, unique_items=True)
+                                 unique_names=True, unique_items=True,
+                                 counted_lengths=True)
     else:  # pragma: no cover - the enum is closed
         raise InternalError(f"unknown constraint kind {kind!r}")
     return _from_ebnf(text, kind.value)
@@ -270,7 +271,7 @@ def build_lark(constraint: OutputConstraint, domain: TokenDomain) -> str:
         else constraint.schema
     return schema_to_lark(schema, whitespace=whitespace_of(constraint, domain),
                           explicit_layout=constraint.whitespace is not None, unique_names=True,
-                          unique_items=True)
+                          unique_items=True, counted_lengths=True)
 
 
 @dataclass(frozen=True)

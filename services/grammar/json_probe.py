@@ -94,8 +94,7 @@ class NameProbe:
         self.probes = 0  # searches run (the report's and the tests' view of the cost)
         self.hits = 0  # probes answered from `answers`
         self.gave_up = 0  # probes that ran out of PROBE_BUDGET (the token was kept)
-        self._scratch: np.ndarray | None = None  # [1, ceil(V/32)] int32 for a probe's fills
-        self._bytes = self._byte_ids = np.zeros(0, dtype=np.int64)  # bytes with a token, ids
+        self._steps: ByteSteps | None = None  # made at the first probe
 
     def probe(self, matcher, token: int, after: tuple, key: Key) -> bool:
         """Whether, once `token` is accepted (the companion then in `after`, the output read so
@@ -181,18 +180,27 @@ class NameProbe:
             matcher.rollback(1)
 
     def _legal_bytes(self, matcher, budget: list[int]) -> list[int]:
-        # The bytes whose single-byte token the grammar takes next (one mask fill).
-        if self._scratch is None:
-            self._scratch = np.zeros((1, self.domain.mask_words), dtype=np.int32)
-            ids = np.array(self.domain.byte_token_ids, dtype=np.int64)
-            self._bytes = np.flatnonzero(ids >= 0)
-            self._byte_ids = ids[self._bytes]
-        matcher.fill_mask(self._scratch, 0)
+        if self._steps is None:
+            self._steps = ByteSteps(self.domain)
         budget[0] -= 16
-        words = self._scratch[0].view(np.uint32)
-        ids = self._byte_ids
-        legal = (words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1
-        return self._bytes[legal.astype(bool)].tolist()
+        return self._steps.legal(matcher)
 
 
-__all__ = ["CACHE_LIMIT", "PROBE_BUDGET", "Key", "NameProbe", "control", "significant"]
+class ByteSteps:
+    """The step of a probe: the bytes whose single-byte token the grammar takes next, read from
+    one mask fill into a scratch row of its own (one per probing companion)."""
+
+    def __init__(self, domain: TokenDomain) -> None:
+        self.scratch = np.zeros((1, domain.mask_words), dtype=np.int32)
+        ids = np.array(domain.byte_token_ids, dtype=np.int64)
+        self.bytes = np.flatnonzero(ids >= 0)
+        self.ids = ids[self.bytes]
+
+    def legal(self, matcher) -> list[int]:
+        matcher.fill_mask(self.scratch, 0)
+        words = self.scratch[0].view(np.uint32)
+        legal = (words[self.ids >> 5] >> (self.ids & 31).astype(np.uint32)) & 1
+        return self.bytes[legal.astype(bool)].tolist()
+
+
+__all__ = ["CACHE_LIMIT", "ByteSteps", "PROBE_BUDGET", "Key", "NameProbe", "control", "significant"]

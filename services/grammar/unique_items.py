@@ -17,21 +17,28 @@ clears
    string part that is any string never dead-ends; an item still to come has fresh values while
    fewer are used than the domain's proved count); otherwise the grammar is probed: a walk over
    single-byte tokens through the matcher (accepted, then rolled back) looks for a settled
-   state, exhaustively over the used items' spellings (finite), `PROBE_BUDGET` bytes at most.
+   state, exhaustively over the used items' spellings (finite), `PROBE_BUDGET` bytes at most
+   (unique_probe.py). Where the domain's facts decide it, no probe runs: a finite domain's
+   values, or a count of the bounded-length strings or range integers sharing the open text
+   (`unique_probe.counted`).
+
+Cost: only the tokens that can complete an item or leave an unsettled state are read
+(unique_scan.py); probe answers are kept by a digest of the output read so far, and each state's
+decisions by the same digest, so a mask filled again at a state reads them. `fast=False` decides
+every candidate afresh without these (the reference the tests compare masks with, bit for bit).
 
 Whether the rest of the output can complete once the item is fresh: its items are scalars, so no
 unique array nests in another, and every companion array has at least minItems distinct values
 (refused otherwise), so the items still required can always be fresh.
 
-API (as JsonNameConstraint): `unique_items_for(constraint, domain, framing)` gives None or the
-companion; `apply(row, matcher)` after every fill, `accept(t)`, `accept_bytes(data)`,
+API (as JsonNameConstraint): `unique_items_for(constraint, domain, framing, fast=True)` gives
+None or the companion; `apply(row, matcher)` after every fill, `accept(t)`, `accept_bytes(data)`,
 `rollback(n)`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -39,13 +46,16 @@ import numpy as np
 import torch
 
 from services.grammar import json_text as jt
-from services.grammar.json_names import JsonNameIndex
+from services.grammar.json_probe import PROBE_BUDGET, Key, control
+from services.grammar.unique_probe import ItemProbe, counted
+from services.grammar.unique_scan import ItemScan
 from shared.frontends.token_domain import TokenDomain
 
-PROBE_BUDGET = 4096  # bytes one probe may try before it gives up and keeps the token
 _WS = b" \t\n\r"
-
-
+# States whose decisions are kept before the store starts over: the masks filled again at one
+# state come close together (the lookahead's K+1 masks, a proposer's probe then the sampling),
+# and a state holds up to a vocabulary's worth of decisions.
+DECIDED_LIMIT = 64
 class RepeatedItem(Exception):
     """The byte completed an item JSON-equal to an earlier item of its unique array."""
 
@@ -72,6 +82,8 @@ class ItemReader:
     ItemDomain or None, frozenset of used item keys)`; `item` None, `("s", name-reader state)`
     for an open string item of a companion array (json_text's name reader unescapes it), or
     `("n", text)` for an open scalar one."""
+
+    refused = (RepeatedItem, jt.Duplicate)  # what `step` raises for a byte the text refuses
 
     def __init__(self, positions: Any) -> None:
         self.positions = positions
@@ -179,49 +191,33 @@ def _spellings(dom: Any, used: frozenset) -> list[bytes]:
     return out
 
 
-@dataclass(frozen=True, eq=False)
-class _Tokens:
-    """Per vocabulary: quotes per token, whitespace-only tokens, tokens that only open a string
-    (whitespace and commas, then their one quote), tokens holding `[`."""
-
-    quotes: np.ndarray  # [V] int16
-    space: np.ndarray  # [V] bool
-    opens: np.ndarray  # [V] bool
-    brackets: np.ndarray  # int64 ids
-
-
-@lru_cache(maxsize=8)
-def _tokens(domain: TokenDomain) -> _Tokens:
-    quotes = np.zeros(domain.size, dtype=np.int16)
-    space = np.zeros(domain.size, dtype=bool)
-    opens = np.zeros(domain.size, dtype=bool)
-    brackets = []
-    for t, data in enumerate(domain.token_bytes):
-        if not data or not domain.is_ordinary(t):
-            continue
-        quotes[t] = data.count(b'"')
-        space[t] = not data.strip(_WS)
-        opens[t] = quotes[t] == 1 and not data.split(b'"')[0].strip(_WS + b",")
-        if b"[" in data:
-            brackets.append(t)
-    return _Tokens(quotes, space, opens, np.array(brackets, dtype=np.int64))
-
-
 class UniqueItemsConstraint:
     """The unique-items companion of one request's matcher (see the module docstring).
     `start`: None when the output is the JSON text itself, else the control token id after which
-    it starts (a thinking framing's close token)."""
+    it starts (a thinking framing's close token). `fast`: False decides every legal token
+    afresh, each probe searched again and every whitespace token read (the reference the tests
+    compare the masks with; the same mask, bit for bit)."""
 
-    def __init__(self, positions: Any, domain: TokenDomain, start: int | None = None) -> None:
+    def __init__(self, positions: Any, domain: TokenDomain, start: int | None = None,
+                 fast: bool = True) -> None:
         self.reader = ItemReader(positions)
         self.domain = domain
         self.start = start
-        self._tokens = _tokens(domain)
-        self._exact = JsonNameIndex.of(domain).exact
+        self.fast = fast
+        self._scan = ItemScan(domain, fast)
         self._states = [self.reader.start(waiting=start is not None)]
-        self.probes = 0
-        self.gave_up = 0
-        self._scratch: np.ndarray | None = None
+        self._keys = [Key()]  # the digest of the output read up to each state
+        self._probe = ItemProbe(self.reader, domain, cache=fast)
+        # per state digest: the decision (keep) of each token decided there
+        self._decided: dict[bytes, dict[int, bool]] = {}
+
+    @property
+    def probes(self) -> int:
+        return self._probe.probes
+
+    @property
+    def gave_up(self) -> int:
+        return self._probe.gave_up
 
     @property
     def accepted(self) -> int:
@@ -238,6 +234,11 @@ class UniqueItemsConstraint:
             return state
         return self.reader.feed(state, self.domain.token_bytes[token])
 
+    def _key(self, key: Key, token: int) -> Key:
+        if self.domain.is_ordinary(token):
+            return key.extended(self.domain.token_bytes[token].replace(b"\xff", b"\xff\x00"))
+        return key.extended(control(token))
+
     def accept(self, token: int) -> None:
         """Follow one token the matcher accepted (a repeat read anyway keeps the state)."""
         try:
@@ -245,6 +246,7 @@ class UniqueItemsConstraint:
         except (RepeatedItem, jt.Duplicate):
             state = self._states[-1]
         self._states.append(state)
+        self._keys.append(self._key(self._keys[-1], token))
 
     def accept_bytes(self, data: bytes) -> None:
         """Follow bytes accepted outside any token (a continuation prefix; not undoable)."""
@@ -252,12 +254,14 @@ class UniqueItemsConstraint:
             self._states[-1] = self.reader.feed(self._states[-1], data)
         except (RepeatedItem, jt.Duplicate):
             pass
+        self._keys[-1] = self._keys[-1].extended(data.replace(b"\xff", b"\xff\x00"))
 
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self.accepted:
             raise ValueError(f"cannot roll back {n} of {self.accepted} tokens")
         if n:
             del self._states[-n:]
+            del self._keys[-n:]
 
     def apply(self, row: torch.Tensor | np.ndarray, matcher) -> int:
         """Clear in `row` ([ceil(V/32)] int32, `matcher`'s mask at this state) every token that
@@ -267,119 +271,50 @@ class UniqueItemsConstraint:
         if state[0][0] in (jt.WAIT, jt.DONE, jt.LOST):
             return 0
         words = (row.numpy() if isinstance(row, torch.Tensor) else row).view(np.uint32)
+        key = self._keys[-1]
+        decided: dict[int, bool] = {}
+        if self.fast:  # the state's digest names the matcher's state: its decisions hold again
+            if len(self._decided) >= DECIDED_LIMIT:
+                self._decided.clear()
+            decided = self._decided.setdefault(key.digest(), {})
+        spaces = self.fast and state[2] is not None and state[2][0] == "n"
+        space_keep = None
         cleared = 0
-        memo: dict[tuple, bool] = {}
-        for t in self._candidates(state, words):
-            try:
-                after = self._advance(state, t)
-            except RepeatedItem:
-                keep = False
-            except jt.Duplicate:
-                keep = True  # a repeated name: the name companion clears it
-            else:
-                keep = self.reader.settled(after) or self._probe(matcher, t, after, memo)
+        for t in self._scan.candidates(state, words):
+            keep = decided.get(t)
+            if keep is None:
+                if spaces and self._scan.tokens.space[t] and space_keep is not None:
+                    # whitespace ends the open number or literal, and what follows is layout:
+                    # every whitespace token decides as the first one did
+                    keep = space_keep
+                else:
+                    keep = self._decide(matcher, state, key, t)
+                    if spaces and self._scan.tokens.space[t]:
+                        space_keep = keep
+                decided[t] = keep
             if not keep:
                 cleared += 1
                 words[t >> 5] = int(words[t >> 5]) & ~(1 << (t & 31))
         return cleared
 
-    def _candidates(self, state: tuple, words: np.ndarray) -> list[int]:
-        # The legal tokens that can complete an item or leave an unsettled state: outside a
-        # companion array only a token holding `[` can enter one; inside, in an open string
-        # item, a quote ends it (or, for a closed string part, the content can near a used
-        # one); in an open scalar item every legal token; between items every legal token but
-        # whitespace (layout leaves the state as it is) and, where strings are open, one that
-        # only opens a string item.
-        tok = self._tokens
-        text, frames, item = state
-        if not frames or frames[-1][0] != "a" or frames[-1][3] is None:
-            ids = tok.brackets
-            ids = ids[ids < 32 * len(words)]
-            legal = (words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1
-            return ids[legal.astype(bool)].tolist()
-        dom, used = frames[-1][3], frames[-1][4]
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:self.domain.size]
-        ids = np.flatnonzero(bits)
-        if item is not None and item[0] == "s":
-            keep = tok.quotes[ids] > 0
-            if not dom.open_strings:
-                extend = set()
-                done = item[1][1]
-                for k in used:
-                    if k[0] == "s" and k[1].startswith(done):
-                        rest = k[1][len(done):]
-                        for n in range(1, len(rest) + 1):
-                            extend.update(self._exact.get(rest[:n], ()))
-                keep |= np.isin(ids, np.fromiter(extend, dtype=np.int64)) | \
-                    np.isin(ids, self._escapes())
-            return ids[keep].tolist()
-        if item is not None:  # an open scalar: whitespace ends it too
-            return ids.tolist()
-        keep = ~tok.space[ids]
-        if dom.open_strings:
-            keep &= ~tok.opens[ids]
-        return ids[keep].tolist()
-
-    def _escapes(self) -> np.ndarray:
-        return JsonNameIndex.of(self.domain).escapes
-
-    def _probe(self, matcher, token: int, after: tuple, memo: dict) -> bool:
-        if after in memo:
-            return memo[after]
-        self.probes += 1
-        if not matcher.accept_token(token):
-            return False
-        budget = [PROBE_BUDGET]
+    def _decide(self, matcher, state: tuple, key: Key, t: int) -> bool:
         try:
-            found = self._search(matcher, after, budget, set())
-        finally:
-            matcher.rollback(1)
-        if budget[0] <= 0:
-            self.gave_up += 1
-            found = True
-        memo[after] = found
-        return found
-
-    def _search(self, matcher, state: tuple, budget: list[int], seen: set) -> bool:
-        # Depth-first over the single bytes the grammar takes, until a settled state (True) or
-        # every way is used up (False). `seen`: states already searched (whitespace between
-        # items returns to the same state; layout never changes which items may follow).
-        if self.reader.settled(state) or budget[0] <= 0:
-            return True
-        if state in seen:
+            after = self._advance(state, t)
+        except RepeatedItem:
             return False
-        seen.add(state)
-        for byte in self._legal_bytes(matcher, budget):
-            t = self.domain.byte_token_ids[byte]
-            budget[0] -= 1
-            if not matcher.accept_token(t):
-                continue
-            try:
-                if self._search(matcher, self.reader.step(state, byte), budget, seen):
-                    return True
-            except (RepeatedItem, jt.Duplicate):
-                pass
-            finally:
-                matcher.rollback(1)
-            if budget[0] <= 0:
-                return True
-        return False
-
-    def _legal_bytes(self, matcher, budget: list[int]) -> list[int]:
-        domain = self.domain
-        if self._scratch is None:
-            self._scratch = np.zeros((1, domain.mask_words), dtype=np.int32)
-        matcher.fill_mask(self._scratch, 0)
-        budget[0] -= 16
-        words = self._scratch[0].view(np.uint32)
-        return [b for b, t in enumerate(domain.byte_token_ids)
-                if t >= 0 and (int(words[t >> 5]) >> (t & 31)) & 1]
-
+        except jt.Duplicate:
+            return True  # a repeated name: the name companion clears it
+        if self.reader.settled(after):
+            return True
+        known = counted(after) if self.fast else None
+        if known is not None:
+            return known
+        return self._probe.probe(matcher, t, after, self._key(key, t))
 
 # ---------------------------------------------------------------- which outputs get one
 
-def unique_items_for(constraint, domain: TokenDomain,
-                     framing: str | None = None) -> UniqueItemsConstraint | None:
+def unique_items_for(constraint, domain: TokenDomain, framing: str | None = None,
+                     fast: bool = True) -> UniqueItemsConstraint | None:
     """The companion of a json_schema content constraint with some array left to it
     (schema/unique_items.py); None for every other source (no cost for them)."""
     from shared.contract import ConstraintKind, OutputConstraint
@@ -392,7 +327,7 @@ def unique_items_for(constraint, domain: TokenDomain,
         return None
     from services.grammar.json_names import _start_id
 
-    return UniqueItemsConstraint(positions, domain, _start_id(framing, domain))
+    return UniqueItemsConstraint(positions, domain, _start_id(framing, domain), fast)
 
 
 @lru_cache(maxsize=256)

@@ -150,14 +150,23 @@ class PhaseDecoder:
 
     def feed(self, token_ids: Sequence[int]) -> list:
         out: list = []
-        for t in map(int, token_ids):
-            if t in self.domain.eos_ids:
-                continue
-            if self.phase == REASONING:
-                self._feed_reasoning(t, out)
-            else:
-                self._feed_content(t, out)
+        for t in token_ids:
+            self._feed_token(int(t), out)
         return out
+
+    def feed_token(self, t: int) -> list:
+        """`feed((t,))`: the pieces of one token (the commit path reads one token at a time)."""
+        out: list = []
+        self._feed_token(int(t), out)
+        return out
+
+    def _feed_token(self, t: int, out: list) -> None:
+        if t in self.domain.eos_ids:
+            return
+        if self.phase == REASONING:
+            self._feed_reasoning(t, out)
+        else:
+            self._feed_content(t, out)
 
     def finish(self) -> list:
         """Flush held text at the end of the output."""
@@ -221,7 +230,11 @@ class PhaseDecoder:
             data, self._separator = data[1:], self._separator[1:]
         if data:
             self._separator = b""  # free output may skip the separator; the grammar never does
-        text = self._content.decode(data)
+        decoder = self._content
+        if not decoder.buffer and data.isascii():  # the decoder would return it whole
+            text = data.decode("ascii")
+        else:
+            text = decoder.decode(data)
         if text:
             out.append(text)
 

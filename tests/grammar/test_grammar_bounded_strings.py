@@ -33,8 +33,11 @@ _PIECES = ["a", "é", "日", "😀", " ", "\\n", "\\\"", "\\\\", "\\u0001", "\\u
 
 
 def _compile(schema: dict, engine: str, *, chain: bool = True):
+    """The grammar with the string bounded in it (where the product counts a string's length
+    beside the matcher instead, test_grammar_json_lengths.py checks the pair against this)."""
     limit = strings.CHAIN_MAX_LENGTH if chain else -1
-    with mock.patch.object(strings, "CHAIN_MAX_LENGTH", limit):
+    with mock.patch.object(strings, "CHAIN_MAX_LENGTH", limit), \
+            mock.patch("services.grammar.schema.counted_strings", lambda root: None):
         return ModelCompiler(byte_domain()).compile(OutputConstraint.json_schema(schema),
                                                     engine=engine).grammar
 

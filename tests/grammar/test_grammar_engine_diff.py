@@ -5,7 +5,9 @@ equivalent by differential tests ... Neither engine may make a language looser."
 generated schemas (and every fixture schema of the schema tests) the xgrammar EBNF and the
 llguidance Lark lowering must give identical masks at every position of the same random walks,
 agree on may-end, termination and the forced bytes, accept and reject the same instances, and every
-completed walk must be valid for the `jsonschema` library (the independent base).
+completed walk must be valid for the `jsonschema` library (the independent base). Both run as the
+product decodes them: with the JSON length companion of the strings the grammar leaves unbounded
+(services/grammar/json_lengths.py), which clears the same bits of both masks.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 
 from services.grammar.compiler import ModelCompiler
 from services.grammar.engines.matching import legal_ids
+from services.grammar.json_lengths import json_lengths_for
 from services.grammar.schema.emit import WHITESPACE_PROFILES
 from shared.contract import OutputConstraint
 from tests.grammar.test_grammar_schema_walks import CASES, validator
@@ -112,21 +115,27 @@ def both(constraint: OutputConstraint, comp: ModelCompiler):
             comp.compile(constraint, engine="llguidance").grammar)
 
 
-def compare_walks(gx, gl, rng: random.Random, walks: int, steps: int) -> list[bytes]:
+def compare_walks(gx, gl, rng: random.Random, walks: int, steps: int,
+                  constraint: OutputConstraint | None = None) -> list[bytes]:
     """Walk both engines' matchers with the same random legal tokens; assert identical masks,
     may-end, termination and forced bytes at every position; roll back now and then and compare
-    again. Returns the outputs of the walks that ended with EOS."""
+    again. Returns the outputs of the walks that ended with EOS. `constraint`: its length
+    companion clears both masks and follows the walk."""
     domain = gx.domain
     done = []
     bx = np.zeros((1, domain.mask_words), dtype=np.int32)
     bl = bx.copy()
     for _ in range(walks):
         mx, ml = gx.matcher(), gl.matcher()
+        lengths = None if constraint is None else json_lengths_for(constraint, domain)
         data = bytearray()
         history: list[int] = []
         for _ in range(steps):
             mx.fill_mask(bx)
             ml.fill_mask(bl)
+            if lengths is not None:
+                lengths.apply(bx[0])
+                lengths.apply(bl[0])
             if not np.array_equal(bx, bl):
                 a, b = set(legal_ids(bx[0], domain.size)), set(legal_ids(bl[0], domain.size))
                 raise AssertionError(f"masks differ after {bytes(data)!r}: only xgrammar "
@@ -141,12 +150,15 @@ def compare_walks(gx, gl, rng: random.Random, walks: int, steps: int) -> list[by
                 n = rng.randint(1, min(3, len(history)))
                 mx.rollback(n)
                 ml.rollback(n)
+                if lengths is not None:
+                    lengths.rollback(n)
                 for t in history[-n:]:
                     data = data[:len(data) - len(domain.token_bytes[t])]
                 del history[-n:]
                 continue
             token = eos[0] if eos and (not other or rng.random() < 0.4) else rng.choice(other)
             assert mx.accept_token(token) and ml.accept_token(token), token
+            assert lengths is None or lengths.accept(token), token
             assert mx.is_terminated() == ml.is_terminated()
             if token in domain.eos_ids:
                 done.append(bytes(data))
@@ -162,7 +174,7 @@ def check_schema_both(schema, seed: int, comp: ModelCompiler, walks: int = 6, st
     gx, gl = both(constraint, comp)
     rng = random.Random(seed)
     v = validator(schema)
-    outputs = compare_walks(gx, gl, rng, walks, steps)
+    outputs = compare_walks(gx, gl, rng, walks, steps, constraint)
     for out in outputs:
         instance = json.loads(out)
         assert v.is_valid(instance), (out, schema)
@@ -196,11 +208,14 @@ def test_fixture_schemas_identical(name, schema, valid, invalid):
     the valid instances of the fixture (jsonschema decided them there)."""
     comp = compiler()
     check_schema_both(schema, seed=zlib.crc32(name.encode()), comp=comp)
-    gx, gl = both(OutputConstraint.json_schema(schema), comp)
+    constraint = OutputConstraint.json_schema(schema)
+    gx, gl = both(constraint, comp)
     for text, expected in [(t, True) for t in valid] + [(t, False) for t in invalid]:
         for g in (gx, gl):
             m = g.matcher()
-            assert (m.accept_bytes(text.encode()) and m.is_completed()) == expected, (
+            lengths = json_lengths_for(constraint, comp.domain)
+            counted = lengths is None or lengths.after_bytes(text.encode()) is not None
+            assert (m.accept_bytes(text.encode()) and m.is_completed() and counted) == expected, (
                 g.engine,
                 text,
             )

@@ -46,7 +46,7 @@ def test_one_wakeup_per_loop_and_order_kept():
 
     got_a = loop.run_until_complete(drain(a))
     assert [getattr(e, "text", None) for e in got_a] == ["a0", "a1", "a2", None]
-    got_b = [loop.run_until_complete(b._queue.get()).text for _ in range(3)]
+    got_b = [loop.run_until_complete(anext(b)).text for _ in range(3)]
     assert got_b == ["b0", "b1", "b2"]
     loop.close()
 
@@ -59,3 +59,47 @@ def test_closed_loop_is_reported():
     assert outbox.add(stream, TextDelta("x"), "owner") == []
     assert outbox.flush() == ["owner"]
     assert outbox.flush() == []  # flushed once
+
+
+def test_add_all_holds_each_event_in_order_and_reports_a_gone_consumer_once():
+    """`add_all` is `add` of each event: a stream's events keep their order with those added one
+    by one; a function sink is called with every event and its owner is reported as gone."""
+    loop = asyncio.new_event_loop()
+    stream = RequestStream(loop, "a")
+    outbox = Outbox()
+    outbox.add(stream, TextDelta("a0"))
+    assert outbox.add_all(stream, [TextDelta("a1"), TextDelta("a2")], "a") == []
+    outbox.add(stream, TextDelta("a3"))
+    seen = []
+
+    def failing(event):
+        seen.append(event)
+        raise RuntimeError("consumer gone")
+
+    assert outbox.add_all(failing, [TextDelta("x"), TextDelta("y")], "gone") == ["gone"]
+    assert seen == [TextDelta("x"), TextDelta("y")]
+    assert outbox.flush() == []
+    got = [loop.run_until_complete(anext(stream)).text for _ in range(4)]
+    assert got == ["a0", "a1", "a2", "a3"]
+    loop.close()
+
+
+def test_a_cancelled_wait_loses_no_event():
+    """A consumer cancelled while it waits (a client that went away) leaves the stream intact:
+    an event delivered afterwards is the next one read, and iteration still ends after
+    Finished."""
+    loop = asyncio.new_event_loop()
+    stream = RequestStream(loop, "a")
+
+    async def scenario():
+        waiting = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.sleep(0)
+        stream.deliver(TextDelta("kept"))
+        stream.deliver(Finished(FinishReason.STOP, Usage(1, 1)))
+        return [e async for e in stream]
+
+    got = loop.run_until_complete(scenario())
+    assert [type(e) for e in got] == [TextDelta, Finished] and got[0].text == "kept"
+    loop.close()

@@ -68,3 +68,12 @@ def test_utf8_held_back_across_tokens():
     assert cut.content() == ""
     cut.finish(complete=False)
     assert cut.content() == "\ufffd"
+
+
+def test_an_unfinished_character_before_ascii_text_is_replaced_in_order():
+    """A character cut by plain text (free output may produce it) displays as U+FFFD before
+    that text, never after it nor dropped: the held bytes go first even when the new token is
+    ASCII."""
+    out = publication(CONTENT)
+    events = out.feed(ENCODE("\u65e5")[:1]) + out.feed(ENCODE("ab"))
+    assert [e.text for e in events] == ["\ufffda", "b"] and out.content() == "\ufffdab"

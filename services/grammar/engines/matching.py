@@ -21,6 +21,7 @@ from shared.frontends.token_domain import TokenDomain
 
 # annotation only: the companion reads schemas, whose emitters import engines/
 if TYPE_CHECKING:
+    from services.grammar.json_lengths import JsonLengthConstraint
     from services.grammar.json_names import JsonNameConstraint
     from services.grammar.unique_items import UniqueItemsConstraint
 
@@ -37,12 +38,17 @@ def _matcher(compiled: CompiledConstraint | xgr.CompiledGrammar, domain: TokenDo
 
 
 def accepts(compiled: CompiledConstraint | xgr.CompiledGrammar, output: str | bytes,
-            domain: TokenDomain | None = None, *, unique_names: bool = False) -> bool:
+            domain: TokenDomain | None = None, *, unique_names: bool = False,
+            lengths: JsonLengthConstraint | None = None) -> bool:
     """True when `output` is a complete output of the language (EOS would be legal after it).
     `unique_names`: the output runs with the JSON name companion (json_names.json_names_for),
-    so a JSON text that repeats a member name in one object is not an output."""
+    so a JSON text that repeats a member name in one object is not an output. `lengths`: a fresh
+    JSON length companion of the output (json_lengths.json_lengths_for): a string that leaves
+    its counted bounds makes the text no output."""
     data = output.encode("utf-8") if isinstance(output, str) else output
     if unique_names and repeats_a_name(data):
+        return False
+    if lengths is not None and lengths.after_bytes(data) is None:
         return False
     if not isinstance(compiled, CompiledConstraint):  # a bare xgrammar grammar (tests)
         matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=False)
@@ -78,6 +84,7 @@ def random_walk(
     end_bias: float = 0.5,
     names: JsonNameConstraint | None = None,
     items: UniqueItemsConstraint | None = None,
+    lengths: JsonLengthConstraint | None = None,
 ) -> Walk:
     """Pick uniformly random legal tokens until EOS or `max_tokens`.
 
@@ -85,7 +92,8 @@ def random_walk(
     the other legal tokens (a uniform draw alone almost never ends a JSON walk, and always ending at
     the first chance would only ever produce the shortest outputs). `names`: the JSON name
     companion of the output (json_names.json_names_for), applied to every mask and token; `items`
-    the unique-items companion (unique_items.unique_items_for), the same way.
+    the unique-items companion (unique_items.unique_items_for) and `lengths` the JSON length
+    companion (json_lengths.json_lengths_for), the same way.
     """
     matcher = _matcher(compiled, domain)
     mask = np.zeros((1, domain.mask_words), dtype=np.int32)
@@ -93,6 +101,8 @@ def random_walk(
     data = bytearray()
     for step in range(max_tokens):
         matcher.fill_mask(mask, 0)
+        if lengths is not None:
+            lengths.apply(mask[0])
         if names is not None:
             names.apply(mask[0], matcher)
         if items is not None:
@@ -109,6 +119,9 @@ def random_walk(
         token = rng.choice(other)
         ok = matcher.accept_token(token)
         assert ok, f"legal token {token} was refused"
+        if lengths is not None:
+            ok = lengths.accept(token)
+            assert ok, f"legal token {token} was refused by its lengths"
         if names is not None:
             names.accept(token)
         if items is not None:

@@ -19,6 +19,7 @@ from services.grammar.schema.arrays import extended
 from services.grammar.schema.context import Context
 from services.grammar.schema.emit import Emitter
 from services.grammar.schema.layout import layout_text
+from services.grammar.schema.lengths import counted_strings, unbounded
 from services.grammar.schema.nodes import (
     ArrayType,
     Literals,
@@ -131,14 +132,19 @@ def make_emitter(reduced: ReducedSchema, graph: Graph, patterns: PatternSupport,
 
 def _emit(schema: Any, source: SchemaSource, tool_index: int | None, tool_name: str | None,
           syntax: str, whitespace: str, explicit_layout: bool, unique_names: bool = False,
-          unique_items: bool = False) -> str:
+          unique_items: bool = False, counted_lengths: bool = False) -> str:
     """The grammar text in `syntax` ("xgrammar" EBNF or "llguidance" Lark). Raises the schema's
     typed errors, ConstraintTooComplex past `max_grammar_bytes()`, and emit.NeedsXgrammar for a
     Lark emission of an xgrammar-only form. `unique_names`: the consumer runs the JSON name
-    companion (services/grammar/json_names.py), so counts of undeclared names compile."""
+    companion (services/grammar/json_names.py), so counts of undeclared names compile.
+    `counted_lengths`: the consumer runs the JSON length companion (services/grammar/
+    json_lengths.py), so the strings of `lengths.counted_strings` are written unbounded."""
     ctx = _context(source, tool_index, tool_name, unique_names, unique_items)
     patterns = PatternSupport(ctx)
     reduced, graph = _reduce_graph(schema, ctx, patterns)
+    if counted_lengths:
+        root = unbounded(reduced.root, counted_strings(reduced.root))
+        reduced = ReducedSchema(root, reduced.defs, reduced.annotations)
     text = make_emitter(reduced, graph, patterns, ctx, syntax=syntax, whitespace=whitespace,
                         explicit_layout=explicit_layout).grammar()
     limit = max_grammar_bytes()
@@ -199,18 +205,21 @@ def tool_argument_parts(schema: Any, *, tool_index: int, tool_name: str
 def schema_to_grammar(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
                       tool_index: int | None = None, tool_name: str | None = None,
                       whitespace: str = "any", explicit_layout: bool = False,
-                      unique_names: bool = False, unique_items: bool = False) -> xgr.Grammar:
+                      unique_names: bool = False, unique_items: bool = False,
+                      counted_lengths: bool = False) -> xgr.Grammar:
     """A Grammar whose language is exactly the schema's instances in the generation layout
     (declared property order, whitespace as the profile says: `emit.WHITESPACE_PROFILES`;
     `explicit_layout`: the profile was requested, so a form that cannot keep it is refused;
     `unique_names`: every consumer runs the JSON name companion, see `_emit`; `unique_items`:
     every consumer runs the unique-items companion, services/grammar/unique_items.py, so
-    uniqueItems over scalar items compiles: content only, never a tool grammar).
+    uniqueItems over scalar items compiles: content only, never a tool grammar;
+    `counted_lengths`: every consumer runs the JSON length companion, see `_emit`).
 
     Raises InvalidSchema / UnsupportedSchema (pointer into `schema`, source, tool info)."""
     text = schema_to_ebnf(schema, source=source, tool_index=tool_index, tool_name=tool_name,
                           whitespace=whitespace, explicit_layout=explicit_layout,
-                          unique_names=unique_names, unique_items=unique_items)
+                          unique_names=unique_names, unique_items=unique_items,
+                          counted_lengths=counted_lengths)
     try:
         return xgr.Grammar.from_ebnf(text)
     except RuntimeError as exc:  # our emitter produced text xgrammar refuses: our bug
@@ -220,20 +229,22 @@ def schema_to_grammar(schema: Any, *, source: SchemaSource = SchemaSource.CONTEN
 def schema_to_ebnf(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
                    tool_index: int | None = None, tool_name: str | None = None,
                    whitespace: str = "any", explicit_layout: bool = False,
-                   unique_names: bool = False, unique_items: bool = False) -> str:
+                   unique_names: bool = False, unique_items: bool = False,
+                   counted_lengths: bool = False) -> str:
     """The xgrammar EBNF text `schema_to_grammar` compiles (entry rule `root`)."""
     return _emit(schema, source, tool_index, tool_name, "xgrammar", whitespace, explicit_layout,
-                 unique_names, unique_items)
+                 unique_names, unique_items, counted_lengths)
 
 
 def schema_to_lark(schema: Any, *, source: SchemaSource = SchemaSource.CONTENT,
                    tool_index: int | None = None, tool_name: str | None = None,
                    whitespace: str = "any", explicit_layout: bool = False,
-                   unique_names: bool = False, unique_items: bool = False) -> str:
+                   unique_names: bool = False, unique_items: bool = False,
+                   counted_lengths: bool = False) -> str:
     """The same language as llguidance Lark text (entry rule `start`). Raises emit.NeedsXgrammar
     for a schema form only the xgrammar emission writes."""
     return _emit(schema, source, tool_index, tool_name, "llguidance", whitespace, explicit_layout,
-                 unique_names, unique_items)
+                 unique_names, unique_items, counted_lengths)
 
 
 def layout_values(schema: Any, values: list[Any]) -> list[str]:

@@ -57,13 +57,22 @@ class ItemDomain:
     at_least: int
     literals: tuple[tuple[str, Any], ...] = ()  # (grammar spelling, value) of non-string literals
     strings: bool = True  # some part holds strings
+    # A finite domain's values (the companion's keys, strings as UTF-8), else None; the lengths
+    # of a domain that is exactly the strings of [min, max] code points (no pattern), else None;
+    # (lo, hi, multiple) of one that is exactly the integers of [lo, hi] of a multiple, else None.
+    values: frozenset | None = None
+    lengths: tuple[int, int] | None = None
+    integers: tuple[int, int, int] | None = None
 
     def meet(self, other: "ItemDomain") -> "ItemDomain":
         """What holds whichever of two companion arrays the generation is in."""
         return ItemDomain(self.open_strings and other.open_strings,
                           min(self.at_least, other.at_least),
                           tuple(dict.fromkeys(self.literals + other.literals)),
-                          self.strings or other.strings)
+                          self.strings or other.strings,
+                          self.values if self.values == other.values else None,
+                          self.lengths if self.lengths == other.lengths else None,
+                          self.integers if self.integers == other.integers else None)
 
 
 def _parts(graph: Any, node: Node, depth: int = 0) -> list[Node] | None:
@@ -126,8 +135,16 @@ def item_domain(graph: Any, items: Node) -> ItemDomain | None:
         else:
             return None
     distinct = {_key(v) for v in finite}
+    real = [p for p in parts if not isinstance(p, NoValue)]
+    bounded = len(real) == 1 and isinstance(real[0], StringType) and not real[0].patterns and \
+        real[0].max_length is not None
+    values = None if any(isinstance(p, (StringType, IntegerType)) for p in real) else frozenset(
+        ("s", k[1].encode("utf-8", "surrogatepass")) if k[0] == "s" else k for k in distinct)
+    one = real[0] if len(real) == 1 else None
     return ItemDomain(open_strings, max(at_least, len(distinct)), tuple(dict.fromkeys(literals)),
-                      strings)
+                      strings, values,
+                      (one.min_length, one.max_length) if bounded else None,
+                      (one.lo, one.hi, one.multiple) if isinstance(one, IntegerType) else None)
 
 
 def _key(v: Any) -> tuple:

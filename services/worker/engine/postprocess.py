@@ -49,11 +49,15 @@ from shared.metrics import WorkerMetrics
 log = get_logger(__name__)
 
 
-@dataclass(frozen=True)
 class _Preview:
-    result: PreviewResult
-    tokens: list[int]  # the accepted output tokens (a matched stop id included)
-    stop_id: bool  # the output ended at one of the request's stop token ids
+    """One row's preview. A slotted class, not a dataclass: one is made per row and step."""
+
+    __slots__ = ("result", "tokens", "stop_id")
+
+    def __init__(self, result: PreviewResult, tokens: list[int], stop_id: bool) -> None:
+        self.result = result
+        self.tokens = tokens  # the accepted output tokens (a matched stop id included)
+        self.stop_id = stop_id  # the output ended at one of the request's stop token ids
 
 
 @dataclass
@@ -90,8 +94,10 @@ class Postprocessor:
             i = round_.aborted_by
             self.finish(rows[i].request, FinishReason.ERROR, round_.failures[i])
             return
-        kept = {i: _kept(row, round_.previews.get(i)) for i, row in enumerate(rows)
-                if not row.request.cancel_requested and i not in round_.failures}
+        failures, previews = round_.failures, round_.previews
+        kept = {i: _kept(row, previews.get(i)) if row.num_drafts else len(row.tokens)
+                for i, row in enumerate(rows)
+                if not row.request.cancel_requested and i not in failures}
         try:
             self.program.commit(pending, kept)
         except Exception as exc:  # nothing confirmed, nothing published; the device state of
@@ -101,14 +107,33 @@ class Postprocessor:
             raise IntegrityError(f"the Program commit failed: {type(exc).__name__}: {exc}") \
                 from exc
         closes: dict[int, tuple[int, ...]] = {}
+        verified = [0, 0, 0]  # this step's verification rows: rounds, drafts, accepted drafts
         for i, n in kept.items():
-            job = rows[i].request
-            close = job.take_appended(rows[i].start + n)
-            if close:  # the lane holds the forced close now: confirmed before this step's tokens
-                job.session.confirm_held()
-                self.metrics.forced_closes.inc()
-                closes[i] = close
-            self._confirm(pending, i, round_.previews.get(i), n)
+            row = rows[i]
+            job = row.request
+            if job.held_close is not None:
+                close = job.take_appended(row.start + n)
+                if close:  # the lane holds the forced close now: confirmed before this step's
+                    job.session.confirm_held()  # tokens
+                    self.metrics.forced_closes.inc()
+                    closes[i] = close
+            preview = previews.get(i)
+            if preview is None:
+                job.commit(row.start + n, [])
+                continue
+            job.session.confirm()
+            result = pending.results[i]
+            if result.mask_bytes:
+                job.session.counters.add_upload_bytes(result.mask_bytes)
+            if row.num_drafts:
+                self._count_verify(job, row, result, preview, verified)
+            job.commit(row.start + n, preview.tokens)
+        if verified[0]:  # the metrics once per step
+            rounds, drafts, accepted = verified
+            self.metrics.spec_rounds.inc(rounds)
+            self.metrics.spec_drafts.labels(result="proposed").inc(drafts)
+            self.metrics.spec_drafts.labels(result="accepted").inc(accepted)
+            self.metrics.spec_drafts.labels(result="rolled_back").inc(drafts - accepted)
         self._publish(pending, round_, closes)
 
     def flush(self) -> None:
@@ -130,12 +155,15 @@ class Postprocessor:
                 round_.failures[i] = res.error or InternalError("row failed")
                 continue
             tokens = list(res.tokens)
-            cut = next((k for k, t in enumerate(tokens) if t in job.stop_token_ids), None)
-            result = job.session.preview(tokens if cut is None else tokens[:cut],
-                                         limit=job.remaining, position=job.num_output_tokens)
-            if result.failure is None and row.num_drafts and job.output.stop is not None \
+            stop_ids = job.stop_token_ids
+            cut = next((k for k, t in enumerate(tokens) if t in stop_ids), None) \
+                if stop_ids else None
+            fed = tokens if cut is None else tokens[:cut]
+            result = job.session.preview(fed, limit=job.remaining,
+                                         position=job.num_output_tokens)
+            if row.num_drafts and result.failure is None and job.output.stop is not None \
                     and result.accepted > 1 and job.output.would_stop(tokens[:result.accepted]):
-                result = self._shortest_stop(job, tokens if cut is None else tokens[:cut])
+                result = self._shortest_stop(job, fed)
             if result.failure is not None:
                 round_.failures[i] = result.failure
                 if result.row_only:  # the matcher itself failed: its row alone, zero tokens
@@ -143,8 +171,9 @@ class Postprocessor:
                 round_.aborted_by = i
                 return round_
             stop_id = cut is not None and result.accepted == cut
-            round_.previews[i] = _Preview(result, tokens[:result.accepted + (1 if stop_id else 0)],
-                                          stop_id)
+            accepted = result.accepted + (1 if stop_id else 0)
+            round_.previews[i] = _Preview(result, tokens if accepted == len(tokens) else
+                                          tokens[:accepted], stop_id)
         return round_
 
     @staticmethod
@@ -160,28 +189,21 @@ class Postprocessor:
             job.session.discard()
         raise AssertionError("unreachable: the last prefix returns")
 
-    def _confirm(self, pending: PendingBatch, i: int, preview: _Preview | None, kept: int) -> None:
-        row = pending.batch.rows[i]
-        job = row.request
-        if preview is not None:
-            job.session.confirm()
-            nbytes = pending.results[i].mask_bytes
-            if nbytes:
-                job.session.counters.add_upload_bytes(nbytes)
-            if row.num_drafts:
-                accepted = min(pending.results[i].accepted_drafts, len(preview.tokens))
-                job.session.counters.add_verify_round(row.num_drafts, accepted)
-                spec = self.speculation
-                spec.rounds, spec.drafts = spec.rounds + 1, spec.drafts + row.num_drafts
-                spec.accepted, spec.tokens = (
-                    spec.accepted + accepted,
-                    spec.tokens + len(preview.tokens),
-                )
-                self.metrics.spec_rounds.inc()
-                self.metrics.spec_drafts.labels(result="proposed").inc(row.num_drafts)
-                self.metrics.spec_drafts.labels(result="accepted").inc(accepted)
-                self.metrics.spec_drafts.labels(result="rolled_back").inc(row.num_drafts - accepted)
-        job.commit(row.start + kept, preview.tokens if preview is not None else [])
+    def _count_verify(self, job: Request, row, result, preview: _Preview,
+                      verified: list[int]) -> None:
+        """A confirmed verification row's counts: the request's report, the engine's totals, and
+        the step's tally for the metrics (`verified`: rounds, drafts, accepted drafts)."""
+        accepted = min(result.accepted_drafts, len(preview.tokens))
+        job.session.counters.add_verify_round(row.num_drafts, accepted)
+        spec = self.speculation
+        spec.rounds, spec.drafts = spec.rounds + 1, spec.drafts + row.num_drafts
+        spec.accepted, spec.tokens = (
+            spec.accepted + accepted,
+            spec.tokens + len(preview.tokens),
+        )
+        verified[0] += 1
+        verified[1] += row.num_drafts
+        verified[2] += accepted
 
     def _publish(self, pending: PendingBatch, round_: _Round,
                  closes: dict[int, tuple[int, ...]]) -> None:
@@ -263,12 +285,15 @@ class Postprocessor:
             self.finish(job, FinishReason.ERROR, exc if isinstance(exc, InternalError) else
                         InternalError(f"publishing the output failed: {type(exc).__name__}: {exc}"))
             return False
-        for event in events:
-            self._send(job, event)
+        if events:
+            self._send_all(job, events)
         return True
 
     def _send(self, job: Request, event: GenerationEvent) -> None:
-        for gone in self._outbox.add(job.sink, event, job):  # held until flush()
+        self._send_all(job, (event,))
+
+    def _send_all(self, job: Request, events) -> None:
+        for gone in self._outbox.add_all(job.sink, events, job):  # held until flush()
             gone.cancel_requested = True  # the consumer is gone: stop generating for it
 
     # ---------------------------------------------------------------- finishing
@@ -286,8 +311,7 @@ class Postprocessor:
             session.finish_incomplete()  # the publication decoder flushes the held text
         output = job.output
         try:
-            for event in output.finish(complete=session.ended_normally):
-                self._send(job, event)
+            self._send_all(job, output.finish(complete=session.ended_normally))
         except InternalError as exc:  # the grammar confirmed a call the decoder cannot read
             reason, error = FinishReason.ERROR, error or exc
         except Exception as exc:  # a decoder bug fails this request, never the engine thread

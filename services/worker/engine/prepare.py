@@ -22,6 +22,7 @@ from services.grammar.client import (
     ToolSpec,
     argument_codings,
     counted_lengths,
+    json_lengths_for,
     json_names_for,
     needs_tool_grammar,
     tool_json_names_for,
@@ -220,7 +221,8 @@ async def _output_session(request: GenerateRequest, prompt: PreparedPrompt,
                                        tool_json_names_for(tool_spec, domain, framing))
                                 if tool_spec is not None
                                 else json_names_for(constraint, domain, framing),
-                                lengths=_length_constraint(tool_spec, frontend),
+                                lengths=_length_constraint(tool_spec, frontend) if tool_spec
+                                is not None else json_lengths_for(constraint, domain, framing),
                                 items=None if tool_spec is not None else
                                 unique_items_for(constraint, domain, framing))
         if not (session.may_end or session.can_continue):

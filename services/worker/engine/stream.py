@@ -4,19 +4,23 @@ that hands one step's events of every request to their event loops in one wake-u
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 from shared.generation import Finished, GenerationEvent
 
 
 class RequestStream:
     """Events pushed with `push` (any thread, through `loop.call_soon_threadsafe`); iteration ends
-    after the `Finished` event."""
+    after the `Finished` event. One consumer: the events wait in a deque and the consumer, when it
+    finds none, on one future that the next delivery completes (an asyncio.Queue would wake its
+    getter through more objects per event, on the loop that also runs the consumers)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, request_id: str) -> None:
         self.request_id = request_id
         self.finished = False
         self._loop = loop
-        self._queue: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+        self._events: deque[GenerationEvent] = deque()
+        self._waiter: asyncio.Future | None = None  # the consumer waiting for an event
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -25,11 +29,14 @@ class RequestStream:
 
     def push(self, event: GenerationEvent) -> None:
         """Thread-safe; raises RuntimeError when the consumer's loop is closed."""
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        self._loop.call_soon_threadsafe(self.deliver, event)
 
     def deliver(self, event: GenerationEvent) -> None:
         """On the consumer's loop: queue `event` (the Outbox's batched hand-over)."""
-        self._queue.put_nowait(event)
+        self._events.append(event)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():  # done: its consumer was cancelled
+            waiter.set_result(None)
 
     def __aiter__(self) -> "RequestStream":
         return self
@@ -37,7 +44,10 @@ class RequestStream:
     async def __anext__(self) -> GenerationEvent:
         if self.finished:
             raise StopAsyncIteration
-        event = await self._queue.get()
+        while not self._events:
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        event = self._events.popleft()
         if isinstance(event, Finished):
             self.finished = True
         return event
@@ -59,17 +69,25 @@ class Outbox:
         self._held: dict[int, tuple[asyncio.AbstractEventLoop, list, list]] = {}
 
     def add(self, sink, event: GenerationEvent, owner=None) -> list:
+        return self.add_all(sink, (event,), owner)
+
+    def add_all(self, sink, events, owner=None) -> list:
+        """`add` of each of `events` in order (one look-up of the sink's loop for all)."""
         if not isinstance(sink, RequestStream):
-            try:
-                sink(event)
-            except Exception:  # the consumer is gone
-                return [owner]
-            return []
-        entry = self._held.get(id(sink.loop))
+            gone = False
+            for event in events:
+                try:
+                    sink(event)
+                except Exception:  # the consumer is gone
+                    gone = True
+            return [owner] if gone else []
+        loop = sink._loop
+        entry = self._held.get(id(loop))
         if entry is None:
-            entry = self._held[id(sink.loop)] = (sink.loop, [], [])
-        entry[1].append((sink, event))
-        entry[2].append(owner)
+            entry = self._held[id(loop)] = (loop, [], [])
+        for event in events:
+            entry[1].append((sink, event))
+            entry[2].append(owner)
         return []
 
     def flush(self) -> list:

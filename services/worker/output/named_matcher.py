@@ -1,13 +1,14 @@
 """NamedMatcher: one session's grammar matcher together with its companions, which share every
 matcher transaction: the name companions (the XML tool grammar's ParameterNameConstraint for the
 argument names of a call; the JsonNameConstraint for the member names of each object of JSON
-content, of Hermes call arguments and of JSON-valued XML parameters), the XML tool grammar's
-raw string length companion (RawLengthConstraint) and the UniqueItemsConstraint of JSON content
-for arrays whose uniqueItems the grammar leaves to it.
+content, of Hermes call arguments and of JSON-valued XML parameters), a length companion (the
+XML tool grammar's RawLengthConstraint for raw string values, or the JsonLengthConstraint of
+JSON content for the strings its grammar writes unbounded) and the UniqueItemsConstraint of JSON
+content for arrays whose uniqueItems the grammar leaves to it.
 
 Each companion clears, in each mask the matcher fills, the tokens the grammar alone cannot refuse
 (a repeated name, and for JSON those after which only used names could follow: it probes the
-matcher, leaving it as it was; a raw value that can no longer keep its length bounds), and
+matcher, leaving it as it was; a string that can no longer keep its length bounds), and
 follows every token and byte the matcher accepts and every rollback. Keeping them in one object
 is what makes that hold everywhere: the session's lookahead and previews (session.py) and a
 proposer's probe (probe.py) call only this object. Without companions it is the matcher alone.
@@ -21,6 +22,7 @@ from typing import Sequence, Union
 import torch
 
 from services.grammar.client import (
+    JsonLengthConstraint,
     JsonNameConstraint,
     Matcher,
     ParameterNameConstraint,
@@ -47,6 +49,8 @@ class Walk:
 
 # A name companion: accept(token), accept_bytes(data), rollback(n), apply(row, matcher).
 NameCompanion = Union[ParameterNameConstraint, JsonNameConstraint]
+# A length companion: accept(token) -> bool, rollback(n), apply(row).
+LengthCompanion = Union[RawLengthConstraint, JsonLengthConstraint]
 
 
 class NamedMatcher:
@@ -55,7 +59,7 @@ class NamedMatcher:
 
     def __init__(self, matcher: Matcher,
                  names: NameCompanion | Sequence[NameCompanion] | None = None,
-                 lengths: RawLengthConstraint | None = None,
+                 lengths: LengthCompanion | None = None,
                  items: UniqueItemsConstraint | None = None) -> None:
         self.matcher = matcher
         self.names: tuple[NameCompanion, ...] = () if names is None else \
@@ -79,10 +83,16 @@ class NamedMatcher:
         return True
 
     def accept_bytes(self, data: bytes) -> bool:
-        """Accept raw bytes (a continuation prefix; not undoable by rollback); the companion
-        follows them."""
+        """Accept raw bytes (a continuation prefix; not undoable by rollback); the companions
+        follow them. False (nothing changes) when the grammar or the JSON length companion
+        refuses them."""
+        counted = self.lengths if isinstance(self.lengths, JsonLengthConstraint) else None
+        if counted is not None and counted.after_bytes(data) is None:
+            return False
         if not self.matcher.accept_bytes(data):
             return False
+        if counted is not None:
+            counted.accept_bytes(data)
         for names in self.names:
             names.accept_bytes(data)
         if self.items is not None:
@@ -100,7 +110,7 @@ class NamedMatcher:
 
     def apply_names(self, row: torch.Tensor) -> None:
         """Clear in `row` ([ceil(V/32)] int32, the matcher's mask at its current state) the tokens
-        the companions refuse: those that would repeat a name or overrun a raw value's length
+        the companions refuse: those that would repeat a name or leave a string's length
         bounds."""
         if self.lengths is not None:
             self.lengths.apply(row)

@@ -28,8 +28,21 @@ class PreviewResult:
     failure: InternalError | None = None  # an illegal token; the session is back at its mark
     row_only: bool = False  # the matcher itself failed: this row fails, the others commit
 
+    @staticmethod
+    def of(accepted: int, terminated: bool, length_cut: bool) -> "PreviewResult":
+        """The result of a preview without failure: one shared instance per outcome (a preview
+        runs per row and step, and the results are immutable)."""
+        key = (accepted, terminated, length_cut)
+        result = _OUTCOMES.get(key)
+        if result is None:
+            result = _OUTCOMES[key] = PreviewResult(accepted, terminated, length_cut)
+        return result
 
-@dataclass
+
+_OUTCOMES: dict[tuple[int, bool, bool], PreviewResult] = {}
+
+
+@dataclass(slots=True)
 class Accepted:
     """What `accept_produced` did, which a session keeps pending until its confirm: the tokens it
     accepted (`matcher_tokens` of them through the matcher, to roll back), whether the last was

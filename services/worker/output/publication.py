@@ -118,11 +118,19 @@ class Publication:
     def feed(self, tokens: Sequence[int]) -> list[GenerationEvent]:
         """Events of newly committed output tokens (EOS ids publish nothing)."""
         events, self._pending = self._pending, []
+        phases = self.phases
+        plain = self.stop is None and self.tools is None  # content text publishes as it comes
         for t in tokens:
-            if self.phases.in_reasoning:
+            if phases.in_reasoning:
                 self.reasoning_tokens += 1
-            for piece in self.phases.feed((t,)):
-                self._piece(piece, events)
+            for piece in phases.feed_token(t):
+                if plain and piece.__class__ is str:  # `_piece` of plain text, one call less
+                    if not piece:
+                        continue
+                    self._content.append(piece)
+                    events.append(TextDelta(piece))
+                else:
+                    self._piece(piece, events)
         return events
 
     def finish(self, *, complete: bool) -> list[GenerationEvent]:

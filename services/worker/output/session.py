@@ -40,11 +40,10 @@ import torch
 from services.grammar.client import (
     CompiledConstraint,
     Matcher,
-    RawLengthConstraint,
     UniqueItemsConstraint,
 )
 from services.worker.integrity import IntegrityError
-from services.worker.output.named_matcher import NameCompanion, NamedMatcher
+from services.worker.output.named_matcher import LengthCompanion, NameCompanion, NamedMatcher
 from services.worker.output.positions import LookaheadResult, PositionState, int32
 from services.worker.output.positions import filler as _filler
 from services.worker.output.preview import Accepted, PreviewResult, accept_produced
@@ -72,7 +71,8 @@ class OutputSession:
     names (content, tool-call arguments); they clear the masks' tokens that would repeat a name
     and follow every accept, prefix and rollback; `lengths`: the
     XML tool grammar's RawLengthConstraint companion (raw string length bounds the grammar leaves
-    to it), the same way; `items`: the UniqueItemsConstraint of JSON content (uniqueItems the
+    to it) or the JsonLengthConstraint of JSON content (the string lengths it leaves to it), the
+    same way; `items`: the UniqueItemsConstraint of JSON content (uniqueItems the
     grammar leaves to it), the same way.
     `prefix_tokens`: the continued content as tokens, for a tool grammar (the Frontend's
     `continuation_tokens`), accepted instead of `prefix` bytes.
@@ -94,7 +94,7 @@ class OutputSession:
         waited: bool = False,
         compile_ms: float = 0.0,
         names: NameCompanion | Sequence[NameCompanion] | None = None,
-        lengths: RawLengthConstraint | None = None,
+        lengths: LengthCompanion | None = None,
         prefix_tokens: Sequence[int] = (),
         items: UniqueItemsConstraint | None = None,
     ) -> None:
@@ -316,7 +316,7 @@ class OutputSession:
             self._rollback_preview(a.matcher_tokens)
             return PreviewResult(0, failure=a.illegal)
         self._pending = a
-        return PreviewResult(a.accepted, a.terminated, a.length_cut)
+        return PreviewResult.of(a.accepted, a.terminated, a.length_cut)
 
     def _rollback_preview(self, matcher_tokens: int) -> None:
         if matcher_tokens and self._matcher is not None:
