@@ -57,8 +57,49 @@ NAMES = ["a", "b", "é", "a\n", "x"]
 def random_schema(rng: random.Random, depth: int = 0):
     kinds = ["string", "pattern", "format", "integer", "number", "const", "enum", "type", "bool"]
     if depth < 2:
-        kinds += ["not", "not", "anyOf", "oneOf", "allOf", "if", "object", "object", "array"]
+        kinds += ["not", "not", "anyOf", "oneOf", "allOf", "if", "object", "object", "array",
+                  "not_array", "not_names", "closed_one_of", "all_of_one_of"]
     kind = rng.choice(kinds)
+    if kind == "all_of_one_of":  # a oneOf alone in allOf, its discriminator required beside it
+        tag = rng.choice(NAMES)
+        one = {"oneOf": [{"properties": {tag: {"const": rng.choice(STRINGS + [0, None])},
+                                         rng.choice(NAMES): random_schema(rng, depth + 1)}}
+                         for _ in range(rng.randint(2, 3))]}
+        outer: dict = {"allOf": [one]}
+        if rng.random() < 0.8:
+            outer["required"] = [tag]
+        if rng.random() < 0.5:
+            outer["type"] = "object"
+        return outer
+    if kind == "closed_one_of":  # objects with finitely many names, overlapping (e.g. on {})
+        branches = []
+        for _ in range(rng.randint(2, 3)):
+            names = rng.sample(NAMES, rng.randint(1, 2))
+            b: dict = {"type": "object",
+                       "properties": {n: random_schema(rng, depth + 1) for n in names}}
+            if rng.random() < 0.7:
+                b["additionalProperties"] = False
+            else:
+                b["propertyNames"] = {"enum": names + rng.sample(NAMES, 1)}
+                b["additionalProperties"] = random_schema(rng, depth + 1)
+            if rng.random() < 0.4:
+                b["required"] = names[:1]
+            branches.append(b)
+        return {"oneOf": branches}
+    if kind == "not_array":  # complements by items / contains (some item outside, none inside)
+        inner: dict = {"type": "array"} if rng.random() < 0.5 else {}
+        for key in rng.sample(["items", "contains"], rng.randint(1, 2)):
+            inner[key] = random_schema(rng, depth + 1)
+        if rng.random() < 0.3:
+            inner["minItems"] = rng.randint(0, 2)
+        return {"not": inner}
+    if kind == "not_names":  # complements of propertyNames that exclude finitely many names
+        excluded = rng.sample(NAMES, rng.randint(1, 2))
+        inner = {"propertyNames": {"not": {"enum": excluded} if len(excluded) > 1 else
+                                   {"const": excluded[0]}}}
+        if rng.random() < 0.4:
+            inner["properties"] = {rng.choice(NAMES): random_schema(rng, depth + 1)}
+        return {"not": inner, **({"type": "object"} if rng.random() < 0.5 else {})}
     if kind == "bool":
         return rng.random() < 0.7
     if kind == "type":

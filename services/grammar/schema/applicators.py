@@ -5,9 +5,12 @@ exactly to the graph, otherwise UnsupportedSchema at its pointer.
   finite sets of null/boolean/number/string values (numbers by the open intervals between them,
   strings by negated literal patterns), of number
   bounds, of string lengths and patterns (negated patterns go through the string automaton), of
-  array lengths, of objects by their required names, property counts and declared property
-  schemas (an object violates S when a required name is missing, or a declared property is
-  present with a value in the complement of its schema); of unions by De Morgan.
+  arrays by their lengths, `items` (some item outside: `contains` of its complement) and
+  `contains` (every item outside: `items` of its complement), of objects by their required names,
+  property counts, declared property schemas (an object violates S when a required name is
+  missing, or a declared property is present with a value in the complement of its schema) and a
+  propertyNames that excludes finitely many names (one of them is present); of unions by De
+  Morgan.
 - `if I then T else E` = (I and T) or (not I and E); `if` alone asserts nothing.
 - `oneOf` that cannot be proved disjoint (reader.py): node and (X_i and not X_j, j != i) per i.
 - `dependentRequired {a: [b]}` = objects without a, or with a and b; `dependentSchemas {a: S}` =
@@ -27,7 +30,12 @@ import json
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from services.grammar.schema.algebra import free_count_check, number_range, too_few_distinct
+from services.grammar.schema.algebra import (
+    array_type,
+    free_count_check,
+    number_range,
+    too_few_distinct,
+)
 from services.grammar.schema.context import child
 from services.grammar.schema.nodes import (
     ANY,
@@ -52,6 +60,7 @@ from services.grammar.schema.nodes import (
 )
 
 if TYPE_CHECKING:
+    from services.grammar.schema.algebra import Graph
     from services.grammar.schema.reader import Reader
 
 KEYWORDS = frozenset({"not", "if", "then", "else", "dependencies", "dependentRequired",
@@ -66,8 +75,14 @@ def _others(*kinds: str) -> list[Node]:
     return [n for k, n in _FULL.items() if k not in kinds]
 
 
-def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | None:
-    """Every JSON value not in `node`, or None where that is not exactly representable."""
+def complement(r: "Reader", node: Node, pointer: str, depth: int = 0,
+               within: frozenset[str] | None = None) -> Node | None:
+    """Every JSON value not in `node`, or None where that is not exactly representable.
+
+    `within`: the result is only ever met with values whose objects have no names outside this
+    finite set (a closed object without patterns: `closed_names`), so among objects it need only
+    be exact there; an undeclared name of `node` is then one of finitely many
+    (`_object_complement`). It applies to the top-level objects only, never to member values."""
     r.complemented.add(pointer)  # Reader.check_foreign_complements
     g = r.graph
     if depth > 64:
@@ -81,7 +96,7 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | 
     if isinstance(node, Union):
         out: Node = ANY
         for b in node.branches:
-            c = complement(r, b, pointer, depth + 1)
+            c = complement(r, b, pointer, depth + 1, within)
             if c is None:
                 return None
             out = g.meet(out, c, pointer)
@@ -112,17 +127,9 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0) -> Node | 
                 Pattern(p.source, p.pointer, p.whole, not p.negated, p.literal, p.fmt),))))
         return make_union(parts)
     if isinstance(node, ArrayType):
-        if node.prefix or not isinstance(node.items, AnyValue) or node.unique or \
-                node.contains is not None:
-            return None
-        parts = _others("array")
-        if node.min_items > 0:
-            parts.append(ArrayType(max_items=node.min_items - 1))
-        if node.max_items is not None:
-            parts.append(ArrayType(min_items=node.max_items + 1))
-        return make_union(parts)
+        return _array_complement(r, node, pointer, depth)
     if isinstance(node, ObjectType):
-        return _object_complement(r, node, pointer, depth)
+        return _object_complement(r, node, pointer, depth, within)
     return None  # IntegerType: the numbers that are not integers have no grammar here
 
 
@@ -151,15 +158,101 @@ def _literals_complement(node: Literals) -> Node | None:
     return make_union(parts)
 
 
-def _object_complement(r: "Reader", node: ObjectType, pointer: str, depth: int) -> Node | None:
-    g = r.graph
-    if (
-        node.patterns
-        or not isinstance(node.names, AnyValue)
-        or not isinstance(node.additional, AnyValue)
-    ):
+def _array_complement(r: "Reader", node: ArrayType, pointer: str, depth: int) -> Node | None:
+    """Arrays outside an ArrayType without prefix or uniqueItems, as the union of the ways an array
+    can violate it: too short, too long, an item outside `items` (= `contains` of the complement
+    of `items`: some item is not in it), or, with `contains C`, every item outside C (= `items` of
+    the complement of C; the empty array included). An array is in `node` exactly when it violates
+    none of them, so the union is the exact complement among arrays; other types are all in it."""
+    if node.prefix or node.unique:
         return None
-    parts = _others("object")
+    g = r.graph
+    parts = _others("array")
+    if node.min_items > 0:
+        parts.append(ArrayType(max_items=node.min_items - 1))
+    if node.max_items is not None:
+        parts.append(ArrayType(min_items=node.max_items + 1))
+    if not isinstance(node.items, AnyValue):
+        c = complement(r, node.items, pointer, depth + 1)
+        if c is None:
+            return None
+        parts.append(array_type([], ANY, 0, None, contains=c, graph=g, pointer=pointer))
+    if node.contains is not None:
+        c = complement(r, node.contains, pointer, depth + 1)
+        if c is None:
+            return None
+        parts.append(array_type([], c, 0, None, graph=g, pointer=pointer))
+    return make_union(parts)
+
+
+def _names_complement(g: "Graph", names: Node, pointer: str,
+                      within: frozenset[str] | None = None) -> list[Node] | None:
+    """Objects with a name outside `propertyNames` N, where the strings outside N are a finite set
+    L (N is "no name in L": negated literals, no length; or, among objects whose names are
+    `within` W, N a finite name set and L = W minus N): exactly the objects having some name of
+    L, the union of `required: [l]` over l in L. None where that set is not finite here."""
+    if isinstance(names, AnyValue):
+        return []
+    if isinstance(names, Literals) and within is not None:
+        allowed = {json.loads(t) for t in names.texts}
+        return [g.object_type((), (Required(n, pointer),), ANY, pointer=pointer)
+                for n in sorted(within - allowed)]
+    if not isinstance(names, StringType) or names.min_length or names.max_length is not None \
+            or not names.patterns:
+        return None
+    if not all(p.negated and p.literal and p.whole for p in names.patterns):
+        return None
+    return [g.object_type((), (Required(p.source, pointer),), ANY, pointer=pointer)
+            for p in names.patterns]
+
+
+def closed_names(graph: "Graph", node: Node, pointer: str) -> frozenset[str] | None:
+    """The names an object of `node` can have when that is a finite set: every object part of
+    `node` is a closed object (additionalProperties false, no patternProperties: its declared
+    names) or has a propertyNames of finitely many names (those); the union of these sets (empty
+    where `node` has no objects); None otherwise."""
+    from services.grammar.schema.values import type_domain
+
+    node = graph.resolve(node, pointer)
+    names: set[str] = set()
+    for part in node.branches if isinstance(node, Union) else (node,):
+        part = graph.resolve(part, pointer)
+        if "object" not in type_domain(part, graph):
+            continue
+        if not isinstance(part, ObjectType):
+            return None
+        if isinstance(part.names, Literals):  # propertyNames of finitely many names
+            names |= {json.loads(t) for t in part.names.texts}
+        elif isinstance(part.additional, NoValue) and not part.patterns:
+            names |= {k for k, _ in part.properties}
+        else:
+            return None
+    return frozenset(names)
+
+
+def _object_complement(r: "Reader", node: ObjectType, pointer: str, depth: int,
+                       within: frozenset[str] | None = None) -> Node | None:
+    """Objects outside `node`: the union of its violations. With `additionalProperties` A other
+    than true, a violation is an undeclared name whose value is outside A; where the names are
+    `within` a finite set W (see `complement`), that is some n in W minus the declared names,
+    present with a value in the complement of A: one `properties: {n: not A}, required: [n]`
+    object per n, exact for every object whose names lie in W."""
+    g = r.graph
+    if node.patterns:
+        return None
+    named = _names_complement(g, node.names, pointer, within)
+    if named is None:
+        return None
+    parts = _others("object") + named
+    if not isinstance(node.additional, AnyValue):
+        if within is None:
+            return None
+        outside = complement(r, node.additional, pointer, depth + 1)
+        if outside is None:
+            return None
+        declared = {k for k, _ in node.properties}
+        parts += [g.object_type(((n, outside),), (Required(n, pointer),), ANY, pointer=pointer)
+                  for n in sorted(within - declared)]
     for req in node.required:
         parts.append(g.object_type(((req.name, NEVER),), (), ANY, pointer=pointer))
     for key, value in node.properties:
@@ -189,7 +282,8 @@ def apply(r: "Reader", s: dict, node: Node, pointer: str, depth: int) -> Node:
         if c is None:
             raise r.ctx.unsupported(at, "not: the complement of this schema has no exact reduction "
                                         "(supported: types, null/boolean/string values, bounds, "
-                                        "lengths, patterns, required names, property schemas)")
+                                        "lengths, patterns, required names, property schemas, "
+                                        "array items/contains, finitely many excluded names)")
         node = g.meet(node, c, at)
     if "if" in s:
         node = g.meet(node, _conditional(r, s, pointer, depth), pointer)

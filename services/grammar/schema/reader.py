@@ -141,6 +141,15 @@ class Reader:
             if "allOf" in schema:
                 for i, sub in enumerate(self._subschemas(schema, "allOf", pointer)):
                     at = child(child(pointer, "allOf"), i)
+                    if self._only_one_of(sub):
+                        # node and oneOf(X): exactly one X_i holds, which for a value of node is
+                        # exactly one of (node and X_i): the oneOf read met with node, so that
+                        # its proofs see node's assertions (a discriminator required beside it)
+                        one = child(at, "oneOf")
+                        subs = self._subschemas(sub, "oneOf", at)
+                        raw = [self.read(x, child(one, j), d) for j, x in enumerate(subs)]
+                        node = self._one_of(node, raw, one)
+                        continue
                     node = self.graph.meet(node, self.read(sub, at, d), at)
             if "anyOf" in schema:
                 subs = self._subschemas(schema, "anyOf", pointer)
@@ -160,6 +169,12 @@ class Reader:
             return applicators.apply(self, schema, node, pointer, d)
         finally:
             self.dialect = outer
+
+    def _only_one_of(self, sub: Any) -> bool:
+        """An allOf item that asserts nothing but its oneOf (other keys are annotations of the
+        dialect)."""
+        return isinstance(sub, dict) and "oneOf" in sub and all(
+            k == "oneOf" or k in self.dialect.annotations for k in sub)
 
     def _nested_id(self, schema: dict, pointer: str) -> None:
         """A root `$id` is only the document's identity; one inside a subschema would open a new
@@ -251,7 +266,8 @@ class Reader:
     def _one_of(self, node: Node, raw: list[Node], at: str) -> Node:
         """Exactly one of `raw` (each met with `node`): a union when the met branches are provably
         disjoint; else node and (X_i and not X_j for every j != i), for each i, where every
-        X_j has an exact complement (`applicators.complement`)."""
+        X_j has an exact complement (`applicators.complement`) among the values of the met
+        branch i (all values, or objects with the names of a closed branch i)."""
         branches = [self.graph.meet(node, x, at) for x in raw]
         try:
             prove_exclusive(self.graph, branches, at)
@@ -262,13 +278,16 @@ class Reader:
                 return sliced
             if len(branches) > MAX_ONE_OF_COMPLEMENTS:
                 raise unproved
-            others = [applicators.complement(self, x, at) for x in raw]
-            if any(c is None for c in others):
-                raise unproved
             out = []
             for i, b in enumerate(branches):
-                for j, c in enumerate(others):
+                # a closed branch has finitely many names: the others' closed objects have an
+                # exact complement among its values (applicators.complement's `within`)
+                within = applicators.closed_names(self.graph, b, at)
+                for j, x in enumerate(raw):
                     if j != i:
+                        c = applicators.complement(self, x, at, within=within)
+                        if c is None:
+                            raise unproved
                         b = self.graph.meet(b, c, at)
                 out.append(b)
             result = make_union(out)
