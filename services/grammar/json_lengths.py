@@ -63,6 +63,7 @@ from services.grammar.json_paths import (
     esc_next,
     step,
 )
+from services.grammar.packed_masks import clear_bits, set_bits
 from services.grammar.schema.lengths import Counted, least_bounds
 from shared.frontends.token_domain import TokenDomain
 
@@ -185,15 +186,6 @@ def _before(data: bytes) -> int:
     return _BEFORE.index(head) if head in _BEFORE else -1
 
 
-def _set_bits(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    return ((words[ids >> 5].view(np.uint32) >> (ids & 31).astype(np.uint32)) & 1).astype(bool)
-
-
-def _clear_bits(words: np.ndarray, ids: np.ndarray) -> None:
-    if len(ids):
-        np.bitwise_and.at(words, ids >> 5,
-                          (~(np.uint32(1) << (ids & 31).astype(np.uint32))).view(np.int32))
-
 
 class JsonLengthConstraint:
     """The length companion of one request's matcher. `counted`: `counted_strings` of the
@@ -292,13 +284,13 @@ class JsonLengthConstraint:
             lo, hi = place
             ends = count + index.first[v]
             fits = (ends <= (_BIG if hi is None else hi)) & (~index.closes[v] | (ends >= lo))
-            _clear_bits(words, index.special[known & ~fits & ~read])
+            clear_bits(words, index.special[known & ~fits & ~read])
         ids = index.special[read]
-        for t in ids[_set_bits(words, ids)].tolist():
+        for t in ids[set_bits(words, ids)].tolist():
             try:
                 self._advance(s, t)
             except Violation:
-                _clear_bits(words, np.array([t], dtype=np.int64))
+                clear_bits(words, np.array([t], dtype=np.int64))
 
 
 def _first_string(s: State) -> tuple[int | None, Counted | None]:

@@ -50,6 +50,7 @@ from typing import Mapping, NamedTuple
 import numpy as np
 import torch
 
+from services.grammar.packed_masks import clear_bits, set_bits
 from services.grammar.tools.param_names import value_end_next
 from shared.frontends.formats.qwen_xml import CALL_HEAD, CALL_TAIL, PARAM_OPEN, VALUE_END
 from shared.frontends.token_domain import TokenDomain
@@ -164,16 +165,6 @@ def _index(domain: TokenDomain) -> LengthIndex:
                        int(chars[special].max()) if len(special) else 0)
 
 
-def _set_bits(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Which of `ids` are set in the packed row `words`."""
-    return ((words[ids >> 5].view(np.uint32) >> (ids & 31).astype(np.uint32)) & 1).astype(bool)
-
-
-def _clear_bits(words: np.ndarray, ids: np.ndarray) -> None:
-    if len(ids):
-        np.bitwise_and.at(words, ids >> 5,
-                          (~(np.uint32(1) << (ids & 31).astype(np.uint32))).view(np.int32))
-
 
 class RawLengthConstraint:
     """The length companion of one request's matcher (see the module docstring). `bounds`:
@@ -241,7 +232,7 @@ class RawLengthConstraint:
                     ends = state.count + index.special_chars
                     kept = ends - index.tail
                     fits = (ends <= hi) | ((index.tail > 0) & (kept >= lo) & (kept <= hi))
-                    _clear_bits(words, index.special[~exact & ~fits])
+                    clear_bits(words, index.special[~exact & ~fits])
         else:  # a token entering a value adds at most its own characters to it
             least = self._least[state.function]
             exact = index.holds_end if least is None else \
@@ -249,11 +240,11 @@ class RawLengthConstraint:
         # the rest, byte by byte: those that complete the delimiter, continue its match, or enter
         # a value from the framing
         ids = index.special[exact]
-        for t in ids[_set_bits(words, ids)].tolist():
+        for t in ids[set_bits(words, ids)].tolist():
             try:
                 self._advance(state, t)
             except _Violation:
-                _clear_bits(words, np.array([t], dtype=np.int64))
+                clear_bits(words, np.array([t], dtype=np.int64))
 
     def _advance(self, state: State, token_id: int) -> State:
         framed = framing_token(state, token_id, self.open_id, self.close_id)
