@@ -71,8 +71,21 @@ def server():
         assert proc.wait(timeout=60) == 0
 
 
+_OPEN: list[openai.OpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients():
+    """Each test's SDK clients are closed after it: an unclosed client's socket would be
+    collected, and warned about, in whatever test runs later."""
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def _openai(base: str, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=300)
+    _OPEN.append(openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=300))
+    return _OPEN[-1]
 
 
 def test_plain_chat_and_models(server: str) -> None:
@@ -121,6 +134,7 @@ def test_strict_tool_call_streams_argument_deltas(server: str) -> None:
 
 def test_anthropic_messages_with_tool_and_schema_error(server: str) -> None:
     client = anthropic.Anthropic(base_url=server, api_key=KEY, max_retries=0, timeout=300)
+    _OPEN.append(client)
     message = client.messages.create(
         model="smollm2", max_tokens=120, extra_body={"temperature": 0},
         tools=[{"name": "get_weather", "description": "Weather for a city", "input_schema": WEATHER,

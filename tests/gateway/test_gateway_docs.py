@@ -12,6 +12,8 @@ import json
 import re
 from pathlib import Path
 
+import anthropic
+import openai
 import pytest
 
 from services.gateway import known
@@ -51,6 +53,16 @@ def test_the_examples_run(gateway, page):
     found = blocks(page)
     assert len(found) >= 5, page
     namespace: dict = {}
+    try:
+        _run_blocks(gateway, page, found, namespace)
+    finally:  # the page's clients, as a reader would close them; else their sockets are
+        # collected, and warned about, in some later test
+        for value in namespace.values():
+            if isinstance(value, (openai.OpenAI, anthropic.Anthropic)):
+                value.close()
+
+
+def _run_blocks(gateway, page: str, found: list[tuple[dict, str]], namespace: dict) -> None:
     for n, (spec, code) in enumerate(found):
         gateway.worker.reset(script(spec))
         source = code.replace(DEFAULT_URL, gateway.url)

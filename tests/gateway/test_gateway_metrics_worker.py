@@ -36,9 +36,11 @@ def gateway():
 def scrape(gateway) -> dict[str, float]:
     host, port = gateway.url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
     return {m["name"]: float(m["value"]) for m in re.finditer(
         r"^(?P<name>infernix_worker_\w+(?:\{[^}]*\})?) (?P<value>\S+)$", text, re.MULTILINE)}
 
@@ -47,15 +49,15 @@ def test_mask_draft_and_preparation_counters_match_the_reports(gateway):
     """Seed: Prometheus counts mask positions, mask upload bytes and accepted / rolled-back
     drafts, and input preparation is timed apart from constraint preparation; labels are fixed
     enums (stage: input | constraint; result: proposed | accepted | rolled_back)."""
-    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="k", max_retries=0)
     prompt = "a b c a b c a b c a b c a b c"
     reports = []
-    for regex in ("(a b c ){3}", "[0-9]{4}"):
-        reply = client.completions.create(model="smollm2", prompt=prompt, max_tokens=12,
-                                          temperature=0,
-                                          extra_body={"structured_outputs": {"regex": regex}})
-        reports.append(reply.choices[0].model_extra["infernix"]["constraint"])
-    client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=0)
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="k", max_retries=0) as client:
+        for regex in ("(a b c ){3}", "[0-9]{4}"):
+            reply = client.completions.create(
+                model="smollm2", prompt=prompt, max_tokens=12, temperature=0,
+                extra_body={"structured_outputs": {"regex": regex}})
+            reports.append(reply.choices[0].model_extra["infernix"]["constraint"])
+        client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=0)
     m = scrape(gateway)
     assert m["infernix_worker_mask_positions_total"] == sum(r["mask_positions"] for r in reports)
     assert m["infernix_worker_mask_positions_total"] > 0

@@ -21,12 +21,21 @@ def gateway():
         yield gw
 
 
-def test_a_dead_end_while_generating_keeps_the_committed_output(gateway):
+@pytest.fixture
+def sdks(gateway):
+    """Both SDKs' clients on the scripted gateway, closed after the test (an unclosed client's
+    socket would be collected, and warned about, in some later test)."""
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="k", max_retries=0) as client, \
+            anthropic.Anthropic(base_url=gateway.url, api_key="k", max_retries=0) as messages:
+        yield client, messages
+
+
+def test_a_dead_end_while_generating_keeps_the_committed_output(gateway, sdks):
     """Seed: when a row reaches a dead end "none of that uncommitted result is published;
     earlier committed output is kept" -- a stream has published it before its error event, so
     the non-streamed 422 carries the same committed content (chat, completions, Messages)."""
     gateway.worker.reset(Script(text=("The ", "answer"), reasoning=("hm",), error=DEAD_END))
-    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="k", max_retries=0)
+    client, messages = sdks
     user = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.UnprocessableEntityError) as info:
         client.chat.completions.create(model="smollm2", messages=user)
@@ -43,16 +52,15 @@ def test_a_dead_end_while_generating_keeps_the_committed_output(gateway):
         client.completions.create(model="smollm2", prompt="x", n=2)
     assert info.value.body["committed"]["content"] == streamed
     assert info.value.body["committed"]["index"] == 0
-    messages = anthropic.Anthropic(base_url=gateway.url, api_key="k", max_retries=0)
     with pytest.raises(anthropic.UnprocessableEntityError) as info:
         messages.messages.create(model="smollm2", max_tokens=10, messages=user)
     assert info.value.body["error"]["committed"]["content"] == streamed
 
 
-def test_an_error_before_generation_carries_no_committed_output(gateway):
+def test_an_error_before_generation_carries_no_committed_output(gateway, sdks):
     """Only a failure found while generating has committed output; a 400 has none."""
     gateway.worker.reset(Script(text=("x",)))
-    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="k", max_retries=0)
+    client, _ = sdks
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="smollm2", messages=[], max_tokens=1)
     assert "committed" not in info.value.body
@@ -69,8 +77,9 @@ def _open_tiny():
 @pytest.fixture(scope="module")
 def tiny():
     """A real engine (random 2-layer weights over the SmolLM2 vocabulary and tokenizer)."""
-    with InProcessGateway(_open_tiny) as gw:
-        yield openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+    with InProcessGateway(_open_tiny) as gw, \
+            openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
+        yield client
 
 
 def test_token_id_prompts_continue_as_their_text_does(tiny):
