@@ -154,6 +154,16 @@ class PhaseDecoder:
             self._feed_token(int(t), out)
         return out
 
+    def content_text(self, t: int) -> str | None:
+        """The text `feed_token(t)` would return as its one piece, for an ordinary ASCII token
+        in content with no unfinished character and no separator pending (the commit path's
+        common token, read here without the general decoding); None for any other token or
+        state, which `feed_token` reads. Returning text means it was read."""
+        if self._separator or self.phase != CONTENT or self._content.buffer:
+            return None
+        table = self.domain.ascii_text
+        return table[t] if 0 <= t < len(table) else None
+
     def feed_token(self, t: int) -> list:
         """`feed((t,))`: the pieces of one token (the commit path reads one token at a time)."""
         out: list = []

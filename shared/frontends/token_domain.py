@@ -89,6 +89,14 @@ class TokenDomain:
                 out[b[0]] = i
         return tuple(out)
 
+    @cached_property
+    def ascii_text(self) -> tuple[str | None, ...]:
+        """For each id below `len(token_bytes)`: the text of an ordinary token whose bytes are
+        ASCII (they decode alone, whatever came before them), else None."""
+        special = self.special_ids
+        return tuple(b.decode("ascii") if b.isascii() and i not in special else None
+                     for i, b in enumerate(self.token_bytes))
+
     def is_ordinary(self, token_id: int) -> bool:
         """True for ids that may appear as content (matched by their bytes)."""
         return 0 <= token_id < len(self.token_bytes) and token_id not in self.special_ids

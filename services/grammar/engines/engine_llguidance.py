@@ -113,6 +113,7 @@ class LlguidanceMatcher(Matcher):
 
     def __init__(self, constraint: "LlguidanceConstraint") -> None:
         self.domain = constraint.domain
+        self._size = constraint.domain.size
         self._m = constraint._template.deep_copy()
         self._single = constraint._single
         self._accepted = 0  # tokens rollback may undo
@@ -123,7 +124,7 @@ class LlguidanceMatcher(Matcher):
             raise InternalError(f"llguidance matcher failed: {self._m.get_error()[:300]}")
 
     def accept_token(self, token: int) -> bool:
-        if self._virtual_eos or not 0 <= token < self.domain.size:
+        if self._virtual_eos or not 0 <= token < self._size:
             return False
         if self._m.try_consume_tokens([token]) == 1:
             self._accepted += 1

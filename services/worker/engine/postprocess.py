@@ -1,9 +1,9 @@
 """The one commit path of a step, and how requests finish.
 
-`commit(pending)` walks the PendingBatch's rows once, in the design document's order:
+`commit(pending)` walks the PendingBatch's rows in the design document's order:
 
-    preview every row  ->  Program commit (device state)  ->  confirm (matcher, decoder, ledgers)
-    ->  publish  ->  finish the rows that ended
+    preview every row  ->  Program commit (device state)  ->  per row: confirm (matcher,
+    decoder, ledgers)  ->  publish  ->  finish it if it ended
 
 Published events are held in an Outbox (stream.py) and delivered by `flush()`, one event-loop
 wake-up for all of them: on CUDA the Engine flushes right after the next step's forward is
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.worker.engine.scheduler import Scheduler
@@ -54,9 +54,9 @@ class _Preview:
 
     __slots__ = ("result", "tokens", "stop_id")
 
-    def __init__(self, result: PreviewResult, tokens: list[int], stop_id: bool) -> None:
+    def __init__(self, result: PreviewResult, tokens: Sequence[int], stop_id: bool) -> None:
         self.result = result
-        self.tokens = tokens  # the accepted output tokens (a matched stop id included)
+        self.tokens = tokens  # the accepted output tokens (a matched stop id included, last)
         self.stop_id = stop_id  # the output ended at one of the request's stop token ids
 
 
@@ -66,6 +66,7 @@ class _Round:
 
     previews: dict[int, _Preview]
     failures: dict[int, InfernixError]
+    kept: dict[int, int]  # the rows the Program commits: fed tokens whose model state it keeps
     aborted_by: int | None = None  # the row whose preview failed
 
 
@@ -94,10 +95,7 @@ class Postprocessor:
             i = round_.aborted_by
             self.finish(rows[i].request, FinishReason.ERROR, round_.failures[i])
             return
-        failures, previews = round_.failures, round_.previews
-        kept = {i: _kept(row, previews.get(i)) if row.num_drafts else len(row.tokens)
-                for i, row in enumerate(rows)
-                if not row.request.cancel_requested and i not in failures}
+        failures, previews, kept = round_.failures, round_.previews, round_.kept
         try:
             self.program.commit(pending, kept)
         except Exception as exc:  # nothing confirmed, nothing published; the device state of
@@ -106,35 +104,57 @@ class Postprocessor:
                 rows[i].request.session.discard()
             raise IntegrityError(f"the Program commit failed: {type(exc).__name__}: {exc}") \
                 from exc
-        closes: dict[int, tuple[int, ...]] = {}
+        # One pass confirms each row and publishes it: a row's publication reads only its own
+        # confirmed state, so this is the order "confirm -> publish" per request
+        results = pending.results
         verified = [0, 0, 0]  # this step's verification rows: rounds, drafts, accepted drafts
-        for i, n in kept.items():
-            row = rows[i]
+        now = time.monotonic()
+        for i, row in enumerate(rows):
             job = row.request
-            if job.held_close is not None:
-                close = job.take_appended(row.start + n)
-                if close:  # the lane holds the forced close now: confirmed before this step's
-                    job.session.confirm_held()  # tokens
-                    self.metrics.forced_closes.inc()
-                    closes[i] = close
-            preview = previews.get(i)
-            if preview is None:
-                job.commit(row.start + n, [])
-                continue
-            job.session.confirm()
-            result = pending.results[i]
-            if result.mask_bytes:
-                job.session.counters.add_upload_bytes(result.mask_bytes)
-            if row.num_drafts:
-                self._count_verify(job, row, result, preview, verified)
-            job.commit(row.start + n, preview.tokens)
+            n = kept.get(i)
+            close = preview = None
+            if n is not None:
+                if job.held_close is not None:
+                    close = job.take_appended(row.start + n)
+                    if close:  # the lane holds the forced close now: confirmed before this
+                        job.session.confirm_held()  # step's tokens
+                        self.metrics.forced_closes.inc()
+                preview = previews.get(i)
+                if preview is None:
+                    job.commit(row.start + n, [])
+                else:
+                    job.session.confirm()
+                    result = results[i]
+                    if result.mask_bytes:
+                        job.session.counters.add_upload_bytes(result.mask_bytes)
+                    if row.num_drafts:
+                        self._count_verify(job, row, result, preview, verified)
+                    job.commit(row.start + n, preview.tokens)
+            if job.cancel_requested:
+                self.finish(job, FinishReason.CANCELLED)
+            elif i in failures:
+                self.finish(job, FinishReason.ERROR, failures[i])
+            elif close and not self._emit(job, list(close)):
+                continue  # the forced close this step appended goes out before its tokens
+            elif preview is not None:
+                if job.first_token_at is None:
+                    job.first_token_at = now
+                if not self._emit(job, preview.tokens[:-1] if preview.stop_id else preview.tokens,
+                                  results[i].logprobs):
+                    continue  # its publication failed: that request alone ended with the error
+                result = preview.result
+                if result.terminated or preview.stop_id or job.output.stopped:
+                    self.finish(job, FinishReason.STOP)
+                elif result.length_cut:
+                    self.finish(job, FinishReason.LENGTH)
+                elif job.thinking_due:
+                    self.force_close(job)
         if verified[0]:  # the metrics once per step
             rounds, drafts, accepted = verified
             self.metrics.spec_rounds.inc(rounds)
             self.metrics.spec_drafts.labels(result="proposed").inc(drafts)
             self.metrics.spec_drafts.labels(result="accepted").inc(accepted)
             self.metrics.spec_drafts.labels(result="rolled_back").inc(drafts - accepted)
-        self._publish(pending, round_, closes)
 
     def flush(self) -> None:
         """Deliver every held event; a request whose consumer is gone stops generating."""
@@ -146,16 +166,33 @@ class Postprocessor:
             self.finish(row.request, FinishReason.ERROR, error)
 
     def _preview(self, pending: PendingBatch) -> _Round:
-        round_ = _Round({}, {})
+        round_ = _Round({}, {}, {})
+        previews, failures, kept = round_.previews, round_.failures, round_.kept
         for i, (row, res) in enumerate(zip(pending.batch.rows, pending.results)):
             job = row.request
-            if job.cancel_requested or res.outcome is RowOutcome.NO_OUTPUT:
+            if job.cancel_requested:
                 continue
-            if res.outcome is not RowOutcome.TOKENS:
-                round_.failures[i] = res.error or InternalError("row failed")
+            outcome = res.outcome
+            if outcome is RowOutcome.NO_OUTPUT:
+                kept[i] = _kept(row, None)
                 continue
-            tokens = list(res.tokens)
+            if outcome is not RowOutcome.TOKENS:
+                failures[i] = res.error or InternalError("row failed")
+                continue
+            tokens = res.tokens
             stop_ids = job.stop_token_ids
+            if len(tokens) == 1 and not stop_ids and not row.num_drafts:  # a decode row
+                result = job.session.preview(tokens, limit=job.remaining,
+                                             position=len(job.output_ids))
+                if result.failure is None:  # its one token accepted
+                    previews[i] = _Preview(result, tokens, False)
+                    kept[i] = len(row.tokens)
+                    continue
+                failures[i] = result.failure
+                if result.row_only:
+                    continue
+                round_.aborted_by = i
+                return round_
             cut = next((k for k, t in enumerate(tokens) if t in stop_ids), None) \
                 if stop_ids else None
             fed = tokens if cut is None else tokens[:cut]
@@ -165,15 +202,16 @@ class Postprocessor:
                     and result.accepted > 1 and job.output.would_stop(tokens[:result.accepted]):
                 result = self._shortest_stop(job, fed)
             if result.failure is not None:
-                round_.failures[i] = result.failure
+                failures[i] = result.failure
                 if result.row_only:  # the matcher itself failed: its row alone, zero tokens
                     continue
                 round_.aborted_by = i
                 return round_
             stop_id = cut is not None and result.accepted == cut
             accepted = result.accepted + (1 if stop_id else 0)
-            round_.previews[i] = _Preview(result, tokens if accepted == len(tokens) else
-                                          tokens[:accepted], stop_id)
+            preview = previews[i] = _Preview(result, tokens if accepted == len(tokens) else
+                                             tokens[:accepted], stop_id)
+            kept[i] = _kept(row, preview) if row.num_drafts else len(row.tokens)
         return round_
 
     @staticmethod
@@ -204,31 +242,6 @@ class Postprocessor:
         verified[0] += 1
         verified[1] += row.num_drafts
         verified[2] += accepted
-
-    def _publish(self, pending: PendingBatch, round_: _Round,
-                 closes: dict[int, tuple[int, ...]]) -> None:
-        now = time.monotonic()
-        for i, row in enumerate(pending.batch.rows):
-            job = row.request
-            if job.cancel_requested:
-                self.finish(job, FinishReason.CANCELLED)
-            elif i in round_.failures:
-                self.finish(job, FinishReason.ERROR, round_.failures[i])
-            elif i in closes and not self._emit(job, list(closes[i])):
-                continue  # the forced close this step appended goes out before its tokens
-            elif i in round_.previews:
-                preview = round_.previews[i]
-                if job.first_token_at is None:
-                    job.first_token_at = now
-                if not self._emit(job, preview.tokens[:preview.result.accepted],
-                                  pending.results[i].logprobs):
-                    continue  # its publication failed: that request alone ended with the error
-                if preview.result.terminated or preview.stop_id or job.output.stopped:
-                    self.finish(job, FinishReason.STOP)
-                elif preview.result.length_cut:
-                    self.finish(job, FinishReason.LENGTH)
-                elif job.thinking_due:
-                    self.force_close(job)
 
     def force_close(self, job: Request) -> None:
         """The thinking budget ran out: force the close sequence (design document: "the control
@@ -286,7 +299,8 @@ class Postprocessor:
                         InternalError(f"publishing the output failed: {type(exc).__name__}: {exc}"))
             return False
         if events:
-            self._send_all(job, events)
+            for gone in self._outbox.add_all(job.sink, events, job):  # held until flush()
+                gone.cancel_requested = True  # the consumer is gone: stop generating for it
         return True
 
     def _send(self, job: Request, event: GenerationEvent) -> None:

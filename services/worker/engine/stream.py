@@ -32,8 +32,13 @@ class RequestStream:
         self._loop.call_soon_threadsafe(self.deliver, event)
 
     def deliver(self, event: GenerationEvent) -> None:
-        """On the consumer's loop: queue `event` (the Outbox's batched hand-over)."""
-        self._events.append(event)
+        """On the consumer's loop: queue `event`."""
+        self.deliver_all((event,))
+
+    def deliver_all(self, events) -> None:
+        """On the consumer's loop: queue `events` in order, with one wake-up of the consumer for
+        all of them (the Outbox's batched hand-over: a step's events of this request)."""
+        self._events.extend(events)
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():  # done: its consumer was cancelled
             waiter.set_result(None)
@@ -53,26 +58,28 @@ class RequestStream:
         return event
 
 
-def _deliver(items: list[tuple[RequestStream, GenerationEvent]]) -> None:
-    for stream, event in items:
-        stream.deliver(event)
+def _deliver(items: list[tuple[RequestStream, list[GenerationEvent]]]) -> None:
+    for stream, events in items:
+        stream.deliver_all(events)
 
 
 class Outbox:
     """Held events: `add(sink, event, owner)` holds an event for a `RequestStream` sink,
     `flush()` hands everything held to each event loop with one `call_soon_threadsafe` (one
-    wake-up of the loop instead of one per event), in the order added. Any other sink (a
-    function of the event) is called at once. Both return the owners whose consumer is gone (a
-    closed loop, a failing sink)."""
+    wake-up of the loop instead of one per event), each stream's events in the order added, as
+    one delivery per stream. Any other sink (a function of the event) is called at once. Both
+    return the owners whose consumer is gone (a closed loop, a failing sink)."""
 
     def __init__(self) -> None:
-        self._held: dict[int, tuple[asyncio.AbstractEventLoop, list, list]] = {}
+        # per stream, in the order of its first held event: the stream, its events, its owner
+        self._held: dict[int, tuple[RequestStream, list, object]] = {}
 
     def add(self, sink, event: GenerationEvent, owner=None) -> list:
         return self.add_all(sink, (event,), owner)
 
     def add_all(self, sink, events, owner=None) -> list:
-        """`add` of each of `events` in order (one look-up of the sink's loop for all)."""
+        """`add` of each of `events` in order (one look-up of the sink's held events for all).
+        A list passed here is the Outbox's afterwards: the caller does not use it again."""
         if not isinstance(sink, RequestStream):
             gone = False
             for event in events:
@@ -81,19 +88,26 @@ class Outbox:
                 except Exception:  # the consumer is gone
                     gone = True
             return [owner] if gone else []
-        loop = sink._loop
-        entry = self._held.get(id(loop))
-        if entry is None:
-            entry = self._held[id(loop)] = (loop, [], [])
-        for event in events:
-            entry[1].append((sink, event))
-            entry[2].append(owner)
+        entry = self._held.get(id(sink))
+        if entry is None:  # a list of the caller's is kept as it is: it hands it over
+            self._held[id(sink)] = (sink, events if events.__class__ is list else list(events),
+                                    owner)
+        else:
+            entry[1].extend(events)
         return []
 
     def flush(self) -> list:
         held, self._held = self._held, {}
+        loops: dict[int, tuple[asyncio.AbstractEventLoop, list, list]] = {}
+        for stream, events, owner in held.values():
+            loop = stream._loop
+            entry = loops.get(id(loop))
+            if entry is None:
+                entry = loops[id(loop)] = (loop, [], [])
+            entry[1].append((stream, events))
+            entry[2].append(owner)
         failed = []
-        for loop, items, owners in held.values():
+        for loop, items, owners in loops.values():
             try:
                 loop.call_soon_threadsafe(_deliver, items)
             except RuntimeError:  # the loop is closed

@@ -67,6 +67,11 @@ class NamedMatcher:
             else (names,)
         self.lengths = lengths
         self.items = items
+        if not self.names and lengths is None and items is None:
+            # the matcher alone: its own methods, without a layer per token (the commit path
+            # accepts one token per row and step)
+            self.accept_token = matcher.accept_token  # type: ignore[method-assign]
+            self.is_terminated = matcher.is_terminated  # type: ignore[method-assign]
 
     def accept_token(self, token: int) -> bool:
         """Accept `token`; False (nothing changes) when the grammar or the length companion

@@ -58,6 +58,14 @@ class Accepted:
     error: Exception | None = None
 
 
+# A one-token preview that succeeded, by (tokens through the matcher, terminated, length cut):
+# its pending record and its result, one shared pair per outcome (a decode step previews one
+# token per row; neither is changed afterwards)
+ONE_TOKEN: dict[tuple[int, bool, bool], tuple[Accepted, PreviewResult]] = {
+    (m, t, c): (Accepted(1, m, t, c), PreviewResult.of(1, t, c))
+    for m in (0, 1) for t in (False, True) for c in (False, True)}
+
+
 def accept_produced(matcher: NamedMatcher | None, domain: TokenDomain, tokens: Sequence[int], *,
                     limit: int | None, position: int, forced: bool) -> Accepted:
     """Accept `tokens` into `matcher` (None: only check them against `domain`) up to an accepted

@@ -121,6 +121,13 @@ class Publication:
         phases = self.phases
         plain = self.stop is None and self.tools is None  # content text publishes as it comes
         for t in tokens:
+            if plain:  # an ordinary ASCII token of content text: published as it is
+                text = phases.content_text(t)
+                if text is not None:
+                    if text:
+                        self._content.append(text)
+                        events.append(TextDelta(text))
+                    continue
             if phases.in_reasoning:
                 self.reasoning_tokens += 1
             for piece in phases.feed_token(t):

@@ -12,7 +12,7 @@ shape goes into HTTP aggregate results, SSE terminal events, `request_done` logs
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 BRANCHES = ("undecided", "content", "tools")
@@ -55,8 +55,9 @@ class ConstraintReport:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dictionary with the field names above."""
-        return asdict(self)
+        """Plain JSON-ready dictionary with the field names above (every value is a scalar:
+        `asdict`'s deep copy would copy nothing)."""
+        return {name: getattr(self, name) for name in _REPORT_FIELDS}
 
 
 @dataclass
@@ -95,4 +96,8 @@ class ConstraintCounters:
 
     def snapshot(self, *, branch: str, complete: bool, terminated: bool) -> ConstraintReport:
         return ConstraintReport(branch=branch, complete=complete, terminated=terminated,
-                                **asdict(self))
+                                **{name: getattr(self, name) for name in _COUNTER_FIELDS})
+
+
+_REPORT_FIELDS = tuple(f.name for f in fields(ConstraintReport))
+_COUNTER_FIELDS = tuple(f.name for f in fields(ConstraintCounters))
