@@ -103,3 +103,31 @@ def test_a_cancelled_wait_loses_no_event():
     got = loop.run_until_complete(scenario())
     assert [type(e) for e in got] == [TextDelta, Finished] and got[0].text == "kept"
     loop.close()
+
+
+def test_a_streams_events_of_one_flush_are_one_delivery(monkeypatch):
+    """"one delivery per stream": the events a flush holds for a stream reach it together (one
+    wake-up of its consumer), in the order added, and the other stream's separately."""
+    loop = asyncio.new_event_loop()
+    a, b = RequestStream(loop, "a"), RequestStream(loop, "b")
+    deliveries = []
+    original = RequestStream.deliver_all
+
+    def recording(self, events):
+        deliveries.append((self.request_id, [e.text for e in events]))
+        original(self, events)
+
+    monkeypatch.setattr(RequestStream, "deliver_all", recording)
+    outbox = Outbox()
+    outbox.add(a, TextDelta("a0"))
+    outbox.add(b, TextDelta("b0"))
+    outbox.add_all(a, [TextDelta("a1"), TextDelta("a2")])
+    outbox.flush()
+
+    async def read(stream, n):
+        return [(await anext(stream)).text for _ in range(n)]
+
+    assert loop.run_until_complete(read(a, 3)) == ["a0", "a1", "a2"]
+    assert loop.run_until_complete(read(b, 1)) == ["b0"]
+    assert deliveries == [("a", ["a0", "a1", "a2"]), ("b", ["b0"])]
+    loop.close()
