@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from services.grammar.compiler import ModelCompiler
+from services.worker.output import session as session_module
+from services.worker.output.preview import accept_produced
 from services.worker.output.session import OutputSession
 from shared.contract import OutputConstraint
 from shared.errors import InternalError
@@ -22,7 +24,14 @@ COMPILED = ModelCompiler(DOMAIN).compile(OutputConstraint.choice(["ab", "a"])).g
 
 
 def _general(session: OutputSession, tokens, limit):
-    return session._preview(tokens, limit, 0, forced=False)
+    """The preview through the general walk: `accept_one` replaced by `accept_produced`."""
+    saved = session_module.accept_one
+    session_module.accept_one = lambda matcher, domain, token, *, limit, position: \
+        accept_produced(matcher, domain, [token], limit=limit, position=position, forced=False)
+    try:
+        return session.preview(tokens, limit=limit)
+    finally:
+        session_module.accept_one = saved
 
 
 def _state(session: OutputSession) -> tuple:

@@ -42,7 +42,7 @@ from services.worker.program import PendingBatch, Program, RowOutcome, StepBatch
 from services.worker.request import Request
 from services.worker.spec.counters import SpecCounters
 from shared.errors import InfernixError, InternalError
-from shared.generation import Finished, FinishReason, GenerationEvent, TokenLogprobs, Usage
+from shared.generation import Finished, FinishReason, TokenLogprobs, Usage
 from shared.logging import get_logger
 from shared.metrics import WorkerMetrics
 
@@ -142,12 +142,13 @@ class Postprocessor:
                 if not self._emit(job, preview.tokens[:-1] if preview.stop_id else preview.tokens,
                                   results[i].logprobs):
                     continue  # its publication failed: that request alone ended with the error
-                result = preview.result
-                if result.terminated or preview.stop_id or job.output.stopped:
+                result, output = preview.result, job.output
+                if result.terminated or preview.stop_id or \
+                        (output.stop is not None and output.stopped):
                     self.finish(job, FinishReason.STOP)
                 elif result.length_cut:
                     self.finish(job, FinishReason.LENGTH)
-                elif job.thinking_due:
+                elif job.thinking_budget is not None and job.thinking_due:
                     self.force_close(job)
         if verified[0]:  # the metrics once per step
             rounds, drafts, accepted = verified
@@ -303,9 +304,6 @@ class Postprocessor:
                 gone.cancel_requested = True  # the consumer is gone: stop generating for it
         return True
 
-    def _send(self, job: Request, event: GenerationEvent) -> None:
-        self._send_all(job, (event,))
-
     def _send_all(self, job: Request, events) -> None:
         for gone in self._outbox.add_all(job.sink, events, job):  # held until flush()
             gone.cancel_requested = True  # the consumer is gone: stop generating for it
@@ -348,11 +346,11 @@ class Postprocessor:
         stop_sequence = output.stop.matched if output.stop is not None else None
         usage = Usage(job.num_prompt_tokens, job.num_output_tokens,
                       cached_tokens=job.num_cached_prompt, reasoning_tokens=output.reasoning_tokens)
-        self._send(job, Finished(reason, usage,
-                                 content=output.content(), reasoning=output.reasoning(),
-                                 tool_calls=calls, constraint=constraint,
-                                 error=error.to_dict() if error is not None else None,
-                                 timings=timings, stop_sequence=stop_sequence))
+        self._send_all(job, [Finished(reason, usage,
+                                      content=output.content(), reasoning=output.reasoning(),
+                                      tool_calls=calls, constraint=constraint,
+                                      error=error.to_dict() if error is not None else None,
+                                      timings=timings, stop_sequence=stop_sequence)])
         decode_tokens = job.num_output_tokens - 1
         self.metrics.finished(
             job.constraint_kind,

@@ -56,14 +56,7 @@ class Accepted:
     length_cut: bool = False
     illegal: InternalError | None = None
     error: Exception | None = None
-
-
-# A one-token preview that succeeded, by (tokens through the matcher, terminated, length cut):
-# its pending record and its result, one shared pair per outcome (a decode step previews one
-# token per row; neither is changed afterwards)
-ONE_TOKEN: dict[tuple[int, bool, bool], tuple[Accepted, PreviewResult]] = {
-    (m, t, c): (Accepted(1, m, t, c), PreviewResult.of(1, t, c))
-    for m in (0, 1) for t in (False, True) for c in (False, True)}
+    result: PreviewResult | None = None  # the preview's result, when one is shared with it
 
 
 def accept_produced(matcher: NamedMatcher | None, domain: TokenDomain, tokens: Sequence[int], *,
@@ -98,3 +91,30 @@ def accept_produced(matcher: NamedMatcher | None, domain: TokenDomain, tokens: S
         return a
     a.length_cut = not a.terminated and limit is not None and a.accepted >= limit
     return a
+
+
+def accept_one(matcher: NamedMatcher | None, domain: TokenDomain, token: int, *,
+               limit: int | None, position: int) -> Accepted:
+    """`accept_produced` of one token within the budget (`limit` None or >= 1, not forced): a
+    decode row, the commit path's common case, without the general walk. A success is one shared
+    record per outcome, with its result (neither is changed afterwards)."""
+    if matcher is None:
+        terminated = token in domain.eos_ids
+        if not terminated and token not in domain.control_ids and not domain.is_ordinary(token):
+            return Accepted(illegal=InternalError(f"produced token {token} is never generable"))
+        return _ONE[0, terminated, not terminated and limit == 1]
+    try:
+        if not matcher.accept_token(token):
+            return Accepted(illegal=InternalError(f"the matcher refused produced token {token} at "
+                                                  f"output position {position}"))
+        # a matcher is terminated once it accepted EOS (the engines' contract), and this one had
+        # not before this token: only an EOS token can terminate it
+        terminated = token in domain.eos_ids and matcher.is_terminated()
+    except Exception as exc:  # the engine failed on this row's state: only its row fails
+        return Accepted(error=exc)
+    return _ONE[1, terminated, not terminated and limit == 1]
+
+
+# by (tokens through the matcher, terminated, length cut)
+_ONE = {(m, t, c): Accepted(1, m, t, c, result=PreviewResult.of(1, t, c))
+        for m in (0, 1) for t in (False, True) for c in (False, True)}

@@ -46,12 +46,7 @@ from services.worker.integrity import IntegrityError
 from services.worker.output.named_matcher import LengthCompanion, NameCompanion, NamedMatcher
 from services.worker.output.positions import LookaheadResult, PositionState, int32
 from services.worker.output.positions import filler as _filler
-from services.worker.output.preview import (
-    ONE_TOKEN,
-    Accepted,
-    PreviewResult,
-    accept_produced,
-)
+from services.worker.output.preview import Accepted, PreviewResult, accept_one, accept_produced
 from services.worker.output.probe import MatcherProbe
 from services.worker.output.report import (
     BRANCHES,
@@ -244,40 +239,8 @@ class OutputSession:
         without EOS is a length cut. An illegal token returns a
         result with `failure` set (an internal inconsistency: the mask said legal) and leaves the
         session at its mark with nothing pending. Raises InternalError while another preview is
-        pending or after the session finished.
-
-        One token within the budget (a decode row, the commit path's common case) takes the same
-        transaction without the general walk of `accept_produced`."""
-        if len(tokens) != 1 or self._pending is not None or self._probing or self._eos \
-                or self._cut or (limit is not None and limit < 1):
-            return self._preview(tokens, limit, position, forced=False)
-        token = int(tokens[0])
-        matcher = self._matcher
-        if matcher is None:  # an unconstrained session reports no times: none is taken
-            domain = self.domain
-            terminated = token in domain.eos_ids
-            if not terminated and token not in domain.control_ids \
-                    and not domain.is_ordinary(token):
-                return self._preview(tokens, limit, position, forced=False)  # its failure
-            pending, result = ONE_TOKEN[0, terminated, not terminated and limit == 1]
-        else:
-            start = time.perf_counter()
-            try:
-                if not matcher.accept_token(token):
-                    self.counters.accept_seconds += time.perf_counter() - start
-                    return PreviewResult(0, failure=InternalError(
-                        f"the matcher refused produced token {token} at output position "
-                        f"{position}"))
-                # a matcher is terminated once it accepted EOS (the engines' contract), and this
-                # session's had not: only an EOS token can terminate it
-                terminated = token in self.domain.eos_ids and matcher.is_terminated()
-            except Exception as exc:  # the engine failed on this row's state: only its row fails
-                self.counters.accept_seconds += time.perf_counter() - start
-                return PreviewResult(0, failure=self._fail(exc, position), row_only=True)
-            self.counters.accept_seconds += time.perf_counter() - start
-            pending, result = ONE_TOKEN[1, terminated, not terminated and limit == 1]
-        self._pending = pending
-        return result
+        pending or after the session finished."""
+        return self._preview(tokens, limit, position, forced=False)
 
     def preview_forced(self, tokens: Sequence[int], *, limit: int | None = None,
                        position: int = 0) -> PreviewResult:
@@ -343,8 +306,12 @@ class OutputSession:
                  forced: bool) -> PreviewResult:
         self._check_idle("preview")
         start = time.perf_counter()
-        a = accept_produced(self._matcher, self.domain, tokens, limit=limit, position=position,
-                            forced=forced)
+        if len(tokens) == 1 and not forced and (limit is None or limit > 0):  # a decode row
+            a = accept_one(self._matcher, self.domain, int(tokens[0]), limit=limit,
+                           position=position)
+        else:
+            a = accept_produced(self._matcher, self.domain, tokens, limit=limit,
+                                position=position, forced=forced)
         self.counters.accept_seconds += time.perf_counter() - start
         if a.error is not None:
             return PreviewResult(0, failure=self._fail(a.error, position + a.accepted),
@@ -353,7 +320,8 @@ class OutputSession:
             self._rollback_preview(a.matcher_tokens)
             return PreviewResult(0, failure=a.illegal)
         self._pending = a
-        return PreviewResult.of(a.accepted, a.terminated, a.length_cut)
+        return a.result if a.result is not None else \
+            PreviewResult.of(a.accepted, a.terminated, a.length_cut)
 
     def _rollback_preview(self, matcher_tokens: int) -> None:
         if matcher_tokens and self._matcher is not None:
