@@ -23,9 +23,9 @@ than either):
   uri-reference (RFC 3986, ASCII; an IPvFuture literal with a lowercase "v", as rfc3987-syntax
   reads it), json-pointer (RFC 6901), relative-json-pointer (its draft; jsonschema's checker
   refuses a digit after a "0", e.g. "100#", so those integers are not generated).
-- OpenAPI's registry, applied to the type it is defined for: int32/int64 (integer ranges on
-  numbers), float/double (numbers; no constraint beyond finite binary64), byte (RFC 4648 base64),
-  binary and password (any string).
+- OpenAPI's registry, applied to the type it is defined for: int8..int64 and uint8..uint64
+  (integer ranges on numbers), float/double (numbers; no constraint beyond finite binary64),
+  byte (RFC 4648 base64), binary and password (any string).
 
 - regex: a regular subset of the expressions both ECMAScript and Python's `re` compile (see
   REGEX); draft-03's color: hex triplets and the CSS 2.1 names; draft-03's utc-millisec: any
@@ -33,7 +33,7 @@ than either):
   them, so the generated values are valid in both readings).
 
 Formats a JSON Schema specification defines (draft-03 to 2020-12) that are not reduced here
-(idn-*, iri*, uri-template, draft-03's style, phone, ip-address, host-name) are
+(idn-*, iri*, uri-template, draft-03's style and phone) are
 UnsupportedSchema: validators check them, and we cannot execute the assertion.
 
 Any other name is an unknown format, which no specification makes an assertion: draft-04 7.2 and
@@ -43,9 +43,13 @@ defined formats are then asserted); the JSON-Schema-Test-Suite's optional/format
 every instance valid, and `jsonschema`'s format checker ignores such names. An unknown format is
 therefore read as an annotation, listed as `format:<name>` in the compile result's annotations
 (never silently), with one guard, the same as for keywords (dialects.near_miss): a name within one
-case change or one edit of a defined or supported format (`url` for `uri`, `datetime`, `host-name`,
-`Date-Time`, `guid` for `uuid`) is UnsupportedSchema naming the format it resembles, because its
-author meant that assertion.
+case change or one edit of a defined or supported format (`url` for `uri`, `datetime`,
+`Date-Time`, `guid` for `uuid`) was meant as that format by its author, and is enforced as the
+format it resembles where that is one reduced here (the declared reading accepts every string, so
+the generated values are valid in both; listed as `format:<name>=<format>`, and refused under a
+complement, as misspelt.py does for keywords); draft-03's `host-name` and `ip-address`, which
+later drafts' validators do not check, are read the same way as `hostname` and `ipv4`. A
+near-miss of a format that is not reduced stays UnsupportedSchema naming it.
 """
 
 from __future__ import annotations
@@ -179,15 +183,25 @@ VALIDATOR_FORMATS: dict[str, str] = {
 # draft-03's utc-millisec is any number (milliseconds since the epoch) and not a string format.
 STRING_NO_CONSTRAINT = frozenset({"binary", "password", "utc-millisec"})
 # OpenAPI integer formats: inclusive ranges.
-INTEGER_FORMATS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+# OpenAPI's format registry also names the other widths; uint64 is cut at the int64 maximum (the
+# generated integers are signed 64-bit: narrower, never looser). `jsonschema` checks none of them,
+# so enforcing them generates values valid in both readings.
+INTEGER_FORMATS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1),
+                   "int8": (-(2**7), 2**7 - 1), "int16": (-(2**15), 2**15 - 1),
+                   "uint8": (0, 2**8 - 1), "uint16": (0, 2**16 - 1), "uint32": (0, 2**32 - 1),
+                   "uint64": (0, 2**63 - 1)}
 NUMBER_NO_CONSTRAINT = frozenset({"float", "double", "utc-millisec"})
 KNOWN = frozenset(STRING_FORMATS) | STRING_NO_CONSTRAINT | frozenset(INTEGER_FORMATS) | \
     NUMBER_NO_CONSTRAINT
 
+# Draft-03 names of formats later drafts renamed: their validators check the new name only, so the
+# old one is read as the format it names (typed._format), as a near-miss is.
+READ_AS = {"host-name": "hostname", "ip-address": "ipv4"}
+
 # Formats the specifications define (draft-03 .. 2020-12) that are not reduced here.
 SPEC_UNREDUCED = frozenset({
     "idn-email", "idn-hostname", "iri", "iri-reference", "uri-template",
-    "style", "phone", "ip-address", "host-name",
+    "style", "phone",
 })
 _RESEMBLED = sorted(KNOWN | SPEC_UNREDUCED)
 
