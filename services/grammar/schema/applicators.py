@@ -37,6 +37,7 @@ from services.grammar.schema.algebra import (
     too_few_distinct,
 )
 from services.grammar.schema.context import child
+from services.grammar.schema.formats import VALIDATOR_TOO_LONG
 from services.grammar.schema.nodes import (
     ANY,
     FULL_TYPES,
@@ -125,6 +126,9 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0,
             # a pattern every string matches has an empty complement: no value, not an error
             parts.append(g.satisfiable(StringType(patterns=(
                 Pattern(p.source, p.pointer, p.whole, not p.negated, p.literal, p.fmt),))))
+            if not p.negated:  # a checker's length bound beside its language (hostname's)
+                for lo, hi, rx in VALIDATOR_TOO_LONG.get(p.fmt, ()) if p.whole else ():
+                    parts.append(StringType(lo, hi, (Pattern(rx, p.pointer),) if rx else ()))
         return make_union(parts)
     if isinstance(node, ArrayType):
         return _array_complement(r, node, pointer, depth)

@@ -54,6 +54,8 @@ near-miss of a format that is not reduced stays UnsupportedSchema naming it.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from services.grammar.schema.dialects import one_edit
 
 _DIGIT = "[0-9]"
@@ -175,10 +177,54 @@ STRING_FORMATS: dict[str, tuple[str, int | None]] = {
 # language where it is wider than ours (a `$` anchor in rfc3339-validator also admits a final
 # newline), else the same regex. Every other format is narrower than its checker (fqdn's hostnames,
 # "@" for email, uuid.UUID's braces, isoduration, rfc3987's URIs) or unchecked (`byte`).
+# rfc3986-validator (jsonschema's uri / uri-reference checker without the GPL rfc3987) is our
+# RFC 3986 grammar with IPv4 octets that may have leading zeros, anchored by `$` (a final newline):
+# the same automaton as its compiled regex (a differential test checks it on walks of both).
+_VALIDATOR_OCTET = "(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)"
 VALIDATOR_FORMATS: dict[str, str] = {
     "date": DATE, "ipv4": IPV4, "ipv6": IPV6, "json-pointer": JSON_POINTER,
     "date-time": f"{DATE_TIME}\n?", "time": f"{TIME}\n?",
+    "uri": URI.replace(_DEC_OCTET, _VALIDATOR_OCTET) + "\n?",
+    "uri-reference": URI_REFERENCE.replace(_DEC_OCTET, _VALIDATOR_OCTET) + "\n?",
 }
+# fqdn (jsonschema's hostname checker) lowercases the name, then matches labels of 1..63
+# characters of `[-A-Z\d]` (IGNORECASE, Python's Unicode \d) not starting or ending with "-",
+# joined by dots, an optional final dot, `$` (a final newline); and the name, less a final dot,
+# has at most 253 characters. The label part is `validator_language("hostname")`; the length part
+# is `VALIDATOR_TOO_LONG`: its complement, the strings too long for the checker, which a
+# complement of the format adds (applicators.complement): 255 characters and more, or 254 not
+# ending with a dot.
+VALIDATOR_TOO_LONG: dict[str, tuple[tuple[int, int | None, str | None], ...]] = {
+    "hostname": ((255, None, None), (254, 254, "[^.]$")),
+}
+
+
+def validator_language(fmt: str | None) -> str | None:
+    """The validators' language of format `fmt` as a whole-match regex where it is known
+    (VALIDATOR_FORMATS, and hostname's labels up to VALIDATOR_TOO_LONG), else None."""
+    if fmt == "hostname":
+        return _fqdn_labels()
+    return VALIDATOR_FORMATS.get(fmt) if fmt is not None else None
+
+
+@lru_cache(maxsize=1)
+def _fqdn_labels() -> str:
+    import re
+
+    from services.grammar.regex.charset import CharSet, regex_class
+
+    # the characters whose lowercase is one character the label class matches: the ASCII
+    # letters and digits, Python's Unicode \d, and the letters case-insensitive matching relates
+    # to ASCII ones (K KELVIN SIGN, dotless i, long s); read from sre itself over every scalar
+    label = re.compile(r"[-A-Z\d]", re.IGNORECASE)
+    text = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000)))
+    chars = {ord(c) for c in (m.group() for m in label.finditer(text))
+             if len(c.lower()) == 1 and label.fullmatch(c.lower())}
+    inner = CharSet.of([(c, c) for c in sorted(chars - {0x2D})])
+    any_ = CharSet.of([(c, c) for c in sorted(chars | {0x2D})])
+    d, a = regex_class(inner), regex_class(any_)
+    one = f"(?:{d}(?:{a}{{0,61}}{d})?)"
+    return f"(?:{one}\\.)*{one}\\.?\n?"
 # Formats that assert nothing for the type they apply to (OpenAPI: descriptive).
 # draft-03's utc-millisec is any number (milliseconds since the epoch) and not a string format.
 STRING_NO_CONSTRAINT = frozenset({"binary", "password", "utc-millisec"})

@@ -225,10 +225,11 @@ def _string(r: "Reader", s: dict, pointer: str, fmt: str | None) -> Node:
             raise r.ctx.invalid(at, "pattern must be a string")
         patterns = (Pattern(s["pattern"], at),)
     if fmt in formats.STRING_FORMATS:
-        regex, limit = formats.STRING_FORMATS[fmt]
+        # a format's own length bound (hostname's) is applied where its automaton is built
+        # (patterns.string_dfa), not folded into maxLength: a complement of maxLength is not one
+        # of the format (the checker's bound is formats.VALIDATOR_TOO_LONG)
+        regex = formats.STRING_FORMATS[fmt][0]
         patterns += (Pattern(regex, child(pointer, "format"), whole=True, fmt=fmt),)
-        if limit is not None:
-            hi = limit if hi is None else min(hi, limit)
     elif fmt is not None and fmt not in formats.STRING_NO_CONSTRAINT and "type" in s and \
             s["type"] == "string":
         raise r.ctx.unsupported(
