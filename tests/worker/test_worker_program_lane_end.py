@@ -181,6 +181,50 @@ async def test_lane_end_prefill_runs_warmed_widths_and_equals_the_plain_forwards
         assert a.content == b.content and a.usage.completion_tokens == 3
 
 
+@pytest.mark.asyncio
+async def test_mtp_reads_a_split_rows_hidden_states_as_one_forwards():
+    """With MTP drafting (the proposer reads the target's final hidden states), the last chunk
+    split at the lane's end hands the proposer the row's 35 hidden states as one forward's: the
+    drafts after it equal the MTP drafts computed from scratch over the whole sequence, and the
+    outputs equal plain greedy decoding (spec/mtp.py)."""
+    from tests.worker.test_worker_spec_mtp import SHAPE, _mtp_from_scratch
+
+    d = byte_domain()
+    model = random_qwen35(dtype=torch.float64, device="cpu", vocab_size=d.size, mtp=True, seed=3,
+                          **SHAPE)
+    runtime = ModelRuntime("q35-mtp", model, model.config, Frontend("q35-mtp", d, ByteTokenizer(d)))
+    prompt = _prompts(runtime)[0].prompt.text
+
+    async def run(speculative):
+        client = open_client(runtime, max_batch=1, max_len=MAX_LEN, prefill_chunk=CHUNK,
+                             speculative=speculative, num_draft_tokens=3)
+        engine = client.engine
+        engine.program.forward.bucketed = True
+        seen = []
+        if speculative:
+            inner = engine.proposer.propose
+
+            def propose(job, n):
+                drafts = inner(job, n)
+                if drafts:
+                    seen.append((job.prompt_ids + tuple(job.output_ids), drafts))
+                return drafts
+
+            engine.proposer.propose = propose
+        try:
+            _, fin = await collect(client, text_request("m", prompt, greedy(12), runtime.name))
+        finally:
+            await client.aclose()
+        return fin, seen, engine.program.forward.lane_end_rows
+
+    plain, _, _ = await run(None)
+    fin, seen, split = await run("mtp")
+    assert split > 0 and fin.error is None and fin.content == plain.content
+    context, drafts = seen[0]
+    assert len(context) == 116  # the first drafts: the prompt and the token its last chunk sampled
+    assert drafts == _mtp_from_scratch(model, context, 3, d.size)[:len(drafts)]
+
+
 # ---------------------------------------------------------------- CUDA
 
 
