@@ -255,3 +255,59 @@ async def test_no_kernel_compiles_at_the_lane_end(kind):
         assert client.engine.program.forward.lane_end_rows > 0
     finally:
         await client.aclose()
+
+
+async def _verify_to_the_lane_end(runtime, *, warmup: bool, bucketed: bool = False):
+    # A 117-token prompt decoded to the lane's last position: first plainly (its sequence
+    # recorded), then with the recorded continuation as drafts (K = 4: a round verifies 5
+    # positions; the one at 132 would leave the lane). Returns (Finished, speculation, compiles).
+    from bench.oracle import OracleProposer
+    from bench.prefix import compile_log
+    from tests.worker.test_worker_spec import with_proposer
+
+    text = "".join(chr(97 + (7 * i) % 26) for i in range(117))  # rounds at 117, 122, ... 132
+    n = MAX_LEN - 117
+    oracle = OracleProposer()
+    plain = open_client(runtime, max_batch=1, max_len=MAX_LEN, prefill_chunk=CHUNK)
+    plain.engine.finish_listeners.append(
+        lambda job: oracle.record(job.prompt_ids + tuple(job.output_ids)))
+    try:
+        _, want = await collect(plain, text_request("plain", text, greedy(n), runtime.name))
+    finally:
+        await plain.aclose()
+    client = open_client(runtime, max_batch=1, max_len=MAX_LEN, prefill_chunk=CHUNK,
+                         warmup=warmup, speculative="ngram", num_draft_tokens=4)
+    client.engine.program.forward.bucketed |= bucketed
+    with_proposer(client, oracle, 4)
+    try:
+        for _ in range(600):
+            if (await client.health())["status"] == "ok":
+                break
+            await asyncio.sleep(0.5)
+        with compile_log(client.engine.program.cuda) as (seen, tag):
+            tag("spec")
+            _, fin = await collect(client, text_request("spec", text, greedy(n), runtime.name))
+        assert fin.error is None and fin.content == want.content
+        return fin, client.engine.speculation, seen
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_verifying_up_to_the_lane_end_equals_plain_decoding():
+    """The CPU run of the gpu test below: drafts accepted up to the lane's last position, the
+    output equal to plain greedy decoding."""
+    fin, spec, _ = await _verify_to_the_lane_end(_dense(), warmup=False, bucketed=True)
+    assert spec.rounds > 0 and spec.accepted > 0 and fin.usage.completion_tokens == MAX_LEN - 117
+
+
+@pytest.mark.gpu
+@pytest.mark.asyncio
+async def test_no_kernel_compiles_when_verifying_at_the_lane_end():
+    """Speculative decoding (verify graphs of K+1 tokens) up to the lane's last position: a
+    round whose K+1 positions would leave the lane verifies eagerly, one row at a time, at its
+    own width (forward.py `verify`); after the warm-up that compiles nothing either (the
+    warm-up runs no eager every-position verify forward: this checks that none is needed)."""
+    runtime = _dense(dtype=torch.bfloat16, device="cuda")
+    _, spec, seen = await _verify_to_the_lane_end(runtime, warmup=True)
+    assert spec.rounds > 0 and seen == []

@@ -1,8 +1,10 @@
 """How the Program runs the target model for a step's rows: a decode step through its captured
 graph (graphs.py) or eagerly, a short prompt chunk through its prefill graph (prefill_graphs.py)
-or eagerly, prompt chunks and verify rows padded on the right, and what the
-proposer reads of each forward (spec/proposer.py `reads`: the final hidden states or the outputs
-of a few target layers) kept for its `after_step`.
+or eagerly, prompt chunks and verify rows padded on the right (a prompt chunk whose padding
+would leave its lane as consecutive forwards of warmed widths inside it: buckets.py
+`plan_widths`, prefill_graphs.py `lane_breaks`), and what the proposer reads of each forward
+(spec/proposer.py `reads`: the final hidden states or the outputs of a few target layers) kept
+for its `after_step`.
 """
 
 from __future__ import annotations
