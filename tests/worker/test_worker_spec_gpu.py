@@ -192,3 +192,6 @@ def test_mtp_on_cuda_equals_ordinary_greedy(graphs):
     _same(fins, base)
     assert engine.speculation.rounds > 0
     assert bool(engine.program.captured_sizes.get("verify")) == graphs
+    # With graphs the draft pass of decode and verify rows replays its own graph
+    # (spec/mtp_graphs.py); eager, the same function runs op by op.
+    assert (engine.proposer.inner.graph_replays > 0) == graphs
