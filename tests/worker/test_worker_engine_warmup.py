@@ -60,6 +60,11 @@ def test_the_warm_up_visits_every_width_and_batch_size_a_step_can_run(runtime):
         for widest in range(1, chunk - rows + 2):
             width = program.forward._padded(widest)
             assert (rows, width) in seen, (rows, widest, width)
+    # a row near the lane's end runs alone, as the pieces of `plan_widths`: each one visited
+    for start in range(max_len - chunk, max_len):
+        for length in range(1, min(chunk, max_len - start) + 1):
+            for _, width in plan_widths(start, length, max_len, program.forward.widths):
+                assert (1, width) in seen, (start, length, width)
     assert len(bounds[(1, 1)]) > 1  # small forwards also at each context bound (splits)
     assert {s for k, s, *_ in report.shapes if k == "decode"} == set(classes)
     samples = {(rows, t, masked) for k, rows, t, masked, *_ in report.shapes if k == "sample"}
