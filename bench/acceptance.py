@@ -178,6 +178,9 @@ class KnownAcceptance:
         if self.inner is not None and self.route == "host":
             self.inner.use_graphs(max_batch, scratch_lane)
 
+    def warm_graphs(self) -> int:
+        return self.inner.warm_graphs() if self.inner is not None and self.route == "host" else 0
+
     def close(self) -> None:
         if self.inner is not None and self.route == "host":
             self.inner.close()

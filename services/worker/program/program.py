@@ -183,6 +183,11 @@ class Program:
                 width=self.max_drafts + 1, keep_hidden=keep_hidden)
 
     @property
+    def proposer(self):
+        """The speculative proposer `use` installed (None: ordinary decoding)."""
+        return self._proposer
+
+    @property
     def draft_wait_seconds(self) -> float:
         """Host time waiting for a model proposer's drafts (MTP, DFlash) so far."""
         return self.rounds.draft_wait_seconds

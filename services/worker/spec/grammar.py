@@ -169,6 +169,9 @@ class GrammarProposer(HostProposer):
         if self.inner is not None:
             self.inner.use_graphs(max_batch, scratch_lane)
 
+    def warm_graphs(self) -> int:
+        return 0 if self.inner is None else self.inner.warm_graphs()
+
     def close(self) -> None:
         if self.inner is not None:
             self.inner.close()

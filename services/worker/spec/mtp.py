@@ -103,8 +103,15 @@ class MtpProposer(HostProposer):
     def use_graphs(self, max_batch: int, scratch_lane: int) -> None:
         """Replay the draft pass from CUDA graphs (spec/mtp_graphs.py) for groups of up to
         `max_batch` rows and widths up to K+1, padding rows writing `scratch_lane`."""
+        held = self._graphs
+        if held is not None and held.max_batch == max_batch:
+            return  # the same Program again (a wrapper installed over this proposer)
         self._graphs = MtpDraftGraphs(self.model, self.state, max_batch, self.k + 1, self.k,
                                       self.vocab_size, scratch_lane)
+
+    def warm_graphs(self) -> int:
+        """Capture every draft-pass graph now (the Program's warm-up); how many there are."""
+        return 0 if self._graphs is None else self._graphs.capture_all()
 
     @property
     def graph_replays(self) -> int:

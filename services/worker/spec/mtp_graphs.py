@@ -101,11 +101,12 @@ class MtpDraftGraphs:
                  scratch_lane: int) -> None:
         self._model, self._state = model, state
         self._k, self._vocab, self._scratch = k, vocab_size, scratch_lane
-        self.max_width = max_width
+        self.max_batch, self.max_width = max_batch, max_width
+        self._hidden = (model.config.hidden_size, next(model.parameters()).dtype)
         self._sizes = graph_sizes(max_batch)
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict[tuple[int, int], MtpDraftGraph] = {}
-        self.replays = 0
+        self.replays = self.captures = 0  # counted for tests and benches (none after warm-up)
 
     @property
     def captured(self) -> tuple[tuple[int, int], ...]:
@@ -119,14 +120,26 @@ class MtpDraftGraphs:
         return (n <= self._sizes[-1] and 1 <= width <= self.max_width
                 and last_start + width + self._k - 1 <= self._state.max_len)
 
-    def run(self, hidden, next_tokens, positions, lanes, last) -> torch.Tensor:
-        n, width = next_tokens.shape
-        size = next(s for s in self._sizes if s >= n)
+    def capture_all(self) -> int:
+        """Capture every (padded size, width) graph not captured yet (the start-up warm-up, so
+        no capture runs on the request path); returns how many the proposer holds."""
+        for size in self._sizes:
+            for width in range(1, self.max_width + 1):
+                self._get(size, width)
+        return len(self._graphs)
+
+    def _get(self, size: int, width: int) -> MtpDraftGraph:
         graph = self._graphs.get((size, width))
         if graph is None:
             graph = MtpDraftGraph(self._model, self._state, size, width, self._k, self._vocab,
-                                  hidden.shape[-1], hidden.dtype, self._scratch, self._pool)
+                                  *self._hidden, self._scratch, self._pool)
             self._graphs[(size, width)] = graph
+            self.captures += 1
+        return graph
+
+    def run(self, hidden, next_tokens, positions, lanes, last) -> torch.Tensor:
+        n, width = next_tokens.shape
+        graph = self._get(next(s for s in self._sizes if s >= n), width)
         self.replays += 1
         return graph.run(hidden, next_tokens, positions, lanes, last)
 
