@@ -182,6 +182,41 @@ async def test_lane_end_prefill_runs_warmed_widths_and_equals_the_plain_forwards
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("kind", ["dense", "qwen35"])
+async def test_rows_of_one_step_near_their_lanes_end_equal_the_plain_forwards(kind, graphs):
+    """Two prompts prefilled together (steps of several rows, one near its lane's end while the
+    other is not; graph steps split where one row's pieces end): warmed widths only, and the
+    outputs of plain forwards."""
+    runtime = _dense() if kind == "dense" else _qwen35()
+    texts = ["".join(chr(97 + (k * i) % 26) for i in range(n)) for k, n in ((7, 115), (5, 126))]
+
+    async def serve(fixed: bool, graphs: bool):
+        hooked_runtime, model = hooked(runtime)
+        widths: list[int] = []
+        model.before = lambda tokens, positions, lanes: widths.append(tokens.shape[1])
+        client = open_client(hooked_runtime, max_batch=3, max_len=MAX_LEN, prefill_chunk=48)
+        forward = client.engine.program.forward
+        forward.bucketed = fixed
+        if graphs:  # two lanes serve, the third is the padding rows' scratch lane
+            forward.prefill_graphs = _EagerGraphs(3, scratch_lane=2)
+        try:
+            out = await asyncio.gather(*(collect(client, text_request(
+                f"r{i}", t, greedy(MAX_LEN - len(t)), runtime.name)) for i, t in enumerate(texts)))
+        finally:
+            await client.aclose()
+        return [fin for _, fin in out], widths, forward
+
+    plain, _, _ = await serve(False, False)
+    got, widths, forward = await serve(True, graphs)
+    warmed = set(prefill_widths(48, MAX_LEN)) | {1} | (set(GRAPH_WIDTHS) if graphs else set())
+    assert set(widths) <= warmed, sorted(set(widths) - warmed)
+    assert forward.lane_end_rows > 0
+    for a, b in zip(got, plain):
+        assert a.error is None and b.error is None and a.content == b.content
+
+
+@pytest.mark.asyncio
 async def test_mtp_reads_a_split_rows_hidden_states_as_one_forwards():
     """With MTP drafting (the proposer reads the target's final hidden states), the last chunk
     split at the lane's end hands the proposer the row's 35 hidden states as one forward's: the
