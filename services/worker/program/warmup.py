@@ -14,6 +14,8 @@ What it visits (buckets.py bounds the set):
 - every decode graph size (capturing it: its forward, greedy and masked greedy sample stages)
   and every verify graph size when drafts are verified in graphs; where a step runs eagerly (no
   graphs) a decode forward per batch-size class and context bound instead;
+- a host proposer's own graphs (`warm_graphs`: MTP's draft pass per padded size and alignment
+  width, writing the scratch lane only);
 - fla-core's chunked kernels at every row count (they compile and autotune per batch size);
 - the eager sampler per batch-size class: greedy, top-p, top-k per power of two and penalized,
   each without and with a mask (what a tempered, penalized or constrained batch runs outside
@@ -60,6 +62,7 @@ class WarmupReport:
     decode_graphs: int = 0  # decode graph sizes captured
     verify_graphs: int = 0  # verify graph sizes captured (host-launched speculation)
     draft_graphs: int = 0  # DFlash Forward graph sizes captured (device-route speculation)
+    proposer_graphs: int = 0  # a host proposer's own graphs (MTP's draft pass: sizes x widths)
     sampling: int = 0  # eager sampler variants (rows x greedy/tempered x masked/not)
     prefill_graphs: int = 0  # prefill graph shapes captured (rows x width)
     prefill_graph_seconds: float = 0.0  # of `seconds`: capturing them
@@ -70,7 +73,8 @@ class WarmupReport:
     def to_dict(self) -> dict:
         return {"prefill": self.prefill, "decode": self.decode,
                 "decode_graphs": self.decode_graphs, "verify_graphs": self.verify_graphs,
-                "draft_graphs": self.draft_graphs, "sampling": self.sampling,
+                "draft_graphs": self.draft_graphs, "proposer_graphs": self.proposer_graphs,
+                "sampling": self.sampling,
                 "prefill_graphs": self.prefill_graphs,
                 "prefill_graph_seconds": round(self.prefill_graph_seconds, 3),
                 "prefill_graph_bytes": self.prefill_graph_bytes,
@@ -150,6 +154,9 @@ def warm_up(program, prefill_chunk: int, *, forward=None) -> WarmupReport:
             program.rounds.graphs.get(size)
             report.draft_graphs += 1
             report.shapes.append(("draft_graph", size, program.max_drafts + 1, max_len))
+    warm = getattr(program.proposer, "warm_graphs", None)  # optional (spec/proposer.py)
+    if warm is not None and program.proposer.route == "host":
+        report.proposer_graphs = warm()
     _warm_sampler(program, report)
     fwd.reset()
     if program.cuda:
