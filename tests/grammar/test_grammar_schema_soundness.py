@@ -319,3 +319,17 @@ def test_counts_that_one_free_member_meets_still_compile():
                  [{"a": 1}], [{"a": 1, "b": 1}])
     grammar = compiled({"type": "object", "minProperties": 1})
     assert accepts(grammar, '{"a": 1}') and not accepts(grammar, "{}")
+
+
+def test_hostnames_63_character_bound_proves_no_disjointness():
+    """fqdn accepts hostnames of up to 253 characters; our automaton's 63 is not a length the
+    validators read, so it no longer sits in maxLength where a length proof would see it: oneOf
+    [hostname, minLength 64] was 'disjoint by length' and accepted "a" * 63 + ".b", which both
+    branches take (invalid). Now the second branch excludes the checker's hostnames."""
+    schema = {"oneOf": [{"type": "string", "format": "hostname"},
+                        {"type": "string", "minLength": 64}]}
+    assert not oracle(schema).is_valid("a" * 63 + ".b")
+    from services.grammar.schema import check_schema
+
+    root = check_schema(schema).root
+    assert any(p.negated and p.fmt == "hostname" for b in root.branches for p in b.patterns)
