@@ -94,6 +94,7 @@ def test_the_warm_up_runs_acceptance_at_every_batch_size_class(runtime):
     report = warm_up(program, 16, forward=lambda *a: None)
     classes = graph_sizes(3)
     assert report.acceptance == len(classes) * 2 * 2
+    assert report.commits == len(classes)  # a partial commit per class (a hybrid's replay)
     assert seen == {((rows, 3), width, masked) for rows in classes for width in (1, None)
                     for masked in (False, True)}
 
