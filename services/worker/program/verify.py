@@ -177,8 +177,11 @@ class Verifier:
                               states.to(dev, non_blocking=self.cuda), vocab_size=self.domain.size,
                               mask=mask, q_ids=q_ids, q_probs=q_probs, penalties=penalties,
                               eos_ids=self._eos, candidate_width=cand_width)
-        tokens, count = result.tokens.cpu(), result.num_tokens.cpu()  # the host waits here
-        accepted, status, end = result.accepted.cpu(), result.status.cpu(), result.end.cpu()
+        # One copy to the host (it waits here) instead of one synchronising copy per field.
+        packed = torch.cat([result.tokens, torch.stack(
+            [result.num_tokens, result.accepted, result.status, result.end], 1).long()], 1).cpu()
+        tokens = packed[:, :k + 1]  # [m, K+1]
+        count, accepted, status, end = packed[:, k + 1:].unbind(1)  # [m] each
         row_bytes = 4 * self.domain.mask_words * (k + 1) if self.cuda else 0
         out = []
         for j, row in enumerate(rows):
