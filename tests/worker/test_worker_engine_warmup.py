@@ -78,6 +78,27 @@ def test_the_warm_up_visits_every_width_and_batch_size_a_step_can_run(runtime):
     assert report.to_dict()["seconds"] >= 0
 
 
+def test_the_warm_up_runs_acceptance_at_every_batch_size_class(runtime):
+    """A speculative Program's warm-up runs the acceptance kernels (verify.py `Verifier.warm`)
+    per batch-size class, greedy and sampled, without and with a mask, at K drafts a row, so a
+    request's first verify round compiles nothing on CUDA."""
+    program = Program(runtime, max_batch=3, max_len=64, max_drafts=3)
+    seen = set()
+    inner = program.rounds.verifier._accept
+
+    def accept(z, params, drafts, num, states, **kw):
+        seen.add((drafts.shape, kw["candidate_width"], kw["mask"] is not None))
+        return inner(z, params, drafts, num, states, **kw)
+
+    program.rounds.verifier._accept = accept
+    report = warm_up(program, 16, forward=lambda *a: None)
+    classes = graph_sizes(3)
+    assert report.acceptance == len(classes) * 2 * 2
+    assert report.commits == len(classes)  # a partial commit per class (a hybrid's replay)
+    assert seen == {((rows, 3), width, masked) for rows in classes for width in (1, None)
+                    for masked in (False, True)}
+
+
 @pytest.mark.asyncio
 async def test_health_is_not_ready_until_the_warm_up_ends(runtime, monkeypatch):
     """While the warm-up runs, the engine's health says "warming", the worker is not ready and

@@ -287,7 +287,11 @@ async def test_no_kernel_compiles_at_the_lane_end(kind):
                 _, fin = await collect(client, r)
                 assert fin.error is None
         assert seen == []
-        assert client.engine.program.forward.lane_end_rows > 0
+        # The lane end was met: split into warmed widths, or (Qwen3.5 with graphs) a hit's
+        # question already split at its snapshot cuts into segments that fit the lane.
+        forward = client.engine.program.forward
+        assert forward.lane_end_rows > 0 or (
+            kind == "qwen35" and forward.prefill_graphs.split_steps > 0)
     finally:
         await client.aclose()
 
