@@ -174,6 +174,17 @@ class KnownAcceptance:
         self.inner.eager_drafts(rows, anchors, starts, lanes)
         return self._table[lanes], None, None
 
+    def use_graphs(self, max_batch: int, scratch_lane: int) -> None:
+        if self.inner is not None and self.route == "host":
+            self.inner.use_graphs(max_batch, scratch_lane)
+
+    def warm_graphs(self) -> int:
+        return self.inner.warm_graphs() if self.inner is not None and self.route == "host" else 0
+
+    def close(self) -> None:
+        if self.inner is not None and self.route == "host":
+            self.inner.close()
+
     def after_step(self, pending: PendingBatch, hidden: torch.Tensor | None) -> float:
         for row, res in zip(pending.batch.rows, pending.results):
             n = row.num_drafts

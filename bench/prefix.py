@@ -14,6 +14,9 @@ so cold and off are also seen side by side. The built-in SmolLM2 runs on the CPU
 On CUDA every Triton kernel that compiles (or loads from disk) after the warm-up request, and
 every autotuner run for a new key (fla-core's kernels benchmark their configs per key), is listed
 in `compiles_after_warmup` with the request it delayed: the warm-up should leave none.
+`lane_end_rows` counts the prefill rows split into forwards of warmed widths at their lane's
+end (program/buckets.py `plan_widths`; the bench sizes the lane just above its prompts, so the
+last chunks and the second document's hits meet it).
 """
 
 from __future__ import annotations
@@ -186,6 +189,7 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
                  "block_size": client.engine.program.blocks.block_size}
         warmup = client.engine.warmup
         graphs = client.engine.program.forward.prefill_graphs
+        lane_end_rows = client.engine.program.forward.lane_end_rows
         prefill_graphs = None if graphs is None else {
             "captured": [list(s) for s in graphs.captured], "replays": graphs.replays,
             "split_at_snapshot_cuts": graphs.split_steps}
@@ -208,7 +212,8 @@ async def _rounds(runtime: ModelRuntime, args, log) -> dict[str, Any]:
             "hit_p50_ms": p50([h["tpot_ms"] for h in hits if h["tpot_ms"] is not None]),
             "cache_off_p50_ms": p50([o["tpot_ms"] for o in off if o["tpot_ms"] is not None])}
     return {"engine": config, "warmup": warmup.to_dict() if warmup is not None else None,
-            "compiles_after_warmup": seen, "prefill_graphs": prefill_graphs, "cold": cold,
+            "compiles_after_warmup": seen, "prefill_graphs": prefill_graphs,
+            "lane_end_rows": lane_end_rows, "cold": cold,
             "hits": hits, "cache_off": off, "prefix_cache": cache,
             "ttft_cold_p50_ms": cold_ttft, "ttft_hit_p50_ms": hit_ttft,
             "ttft_cache_off_p50_ms": p50([o["ttft_ms"] for o in off]),

@@ -185,6 +185,9 @@ _TABLE = (
             has_flag=False),
     Setting("fla", _on_unless_zero, True, "0: Qwen3.5 prefill takes the torch chunked gated delta "
             "rule even when fla-core is installed", has_flag=False),
+    Setting("mtp_graphs", _on_unless_zero, True, "0: the MTP proposer's draft pass (its "
+            "alignment and k steps) runs eagerly instead of replaying CUDA graphs",
+            has_flag=False),
     Setting("prefill_graphs", _on_unless_zero, True, "0: short prefill forwards (a prefix-cache "
             "hit's, a short prompt's) run eagerly instead of replaying CUDA graphs captured at "
             "warm-up", has_flag=False),

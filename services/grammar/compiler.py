@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 Compilable = Union[OutputConstraint, "ToolSpec"]
 
 # Bumped whenever a conversion changes the language a source compiles to: old cache entries die.
-CONVERTER_VERSION = "8"
+CONVERTER_VERSION = "9"
 # The framing of a bare content constraint: the constrained bytes are the whole output.
 RAW_FRAMING = "raw"
 

@@ -190,7 +190,8 @@ def test_applicator_walks_and_instances_agree_with_jsonschema(name, schema, vali
 @pytest.mark.parametrize("schema,pointer", [
     ({"not": {"type": "integer"}}, "/not"),
     ({"not": {"const": [1]}}, "/not"),
-    ({"type": "number", "multipleOf": 0.01}, "/multipleOf"),
+    ({"type": "number", "multipleOf": 0.123}, "/multipleOf"),
+    ({"not": {"multipleOf": 0.01}}, "/not"),
     ({"type": "integer", "multipleOf": 1000}, "/multipleOf"),
     ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems"),
     ({"if": {"type": "integer"}, "then": {"minimum": 1}}, "/if"),

@@ -140,10 +140,11 @@ def test_keywords_in_no_vocabulary_are_annotations():
                                                                   "additionalProperties"),
                                        ("Type", "type"), ("patern", "pattern"), ("ENUM", "enum")])
 def test_near_misses_of_assertions_are_refused(key, meant):
-    """'near-misses of assertion keywords (within one edit or one case change) are
-    UnsupportedSchema naming the keyword they resemble'."""
+    """'near-misses of assertion keywords (within one edit or one case change)' that cannot be
+    read as the keyword they resemble (here: a value it does not take) are 'UnsupportedSchema
+    naming the keyword they resemble' (misspelt.py reads the others as meant)."""
     with pytest.raises(UnsupportedSchema) as info:
-        check_schema({"properties": {"p": {key: 1}}})
+        check_schema({"properties": {"p": {key: "x" if key in ("maxlength", "minimun") else 1}}})
     assert info.value.pointer == f"/properties/p/{key}"
     assert repr(meant) in info.value.message
 

@@ -18,7 +18,7 @@ D7 = "http://json-schema.org/draft-07/schema#"
 UNSUPPORTED = [
     ({"type": "string", "format": "idn-email"}, "/format"),
     ({"type": "string", "format": "idn-hostname"}, "/format"),
-    ({"type": "number", "multipleOf": 0.5}, "/multipleOf"),
+    ({"type": "number", "multipleOf": 0.123}, "/multipleOf"),
     (
         {"type": "object", "patternProperties": {"^a": {}, "b": {"type": "null"}}},
         "/patternProperties/b",
@@ -36,11 +36,12 @@ UNSUPPORTED = [
     ({"type": "object", "properties": {"a": {}}, "required": ["a"], "maxProperties": 0}, ""),
     ({"unevaluatedProperties": False}, "/unevaluatedProperties"),
     ({"items": {"unevaluatedItems": False}}, "/items/unevaluatedItems"),
-    ({"type": "string", "maxlength": 1}, "/maxlength"),
-    ({"type": "integer", "minimun": 1}, "/minimun"),
-    ({"type": "object", "requried": ["a"]}, "/requried"),
-    ({"type": "object", "additionalproperties": False}, "/additionalproperties"),
-    ({"type": "object", "properties": {"a": {"Type": "string"}}}, "/properties/a/Type"),
+    # near-misses that cannot be read as the keyword they resemble (misspelt.py)
+    ({"type": "string", "maxlength": "1"}, "/maxlength"),
+    ({"type": "integer", "minimun": 1, "minimum": 2}, "/minimun"),
+    ({"type": "object", "requried": "a"}, "/requried"),
+    ({"not": {"type": "string", "minlength": 2}}, "/not/minlength"),
+    ({"type": "object", "properties": {"a": {"Type": "text"}}}, "/properties/a/Type"),
     # a nested resource is refused first ('nested $id is rejected')
     (
         {"$defs": {"a": {"$id": "http://x.org/a", "$ref": "b.json"}}, "$ref": "#/$defs/a"},

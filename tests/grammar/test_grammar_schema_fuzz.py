@@ -54,7 +54,30 @@ FORMATS = ["email", "hostname", "uuid", "duration", "ipv4", "ipv6", "date", "dat
 NAMES = ["a", "b", "é", "a\n", "x"]
 
 
+# Near-misses the reduction reads as what they resemble (misspelt.py): the oracle, which reads
+# them as annotations, checks that doing so only narrows, also under complements.
+MISSPELT = {"minLength": "minLenght", "maxLength": "maxlength", "required": "require",
+            "additionalProperties": "additonalProperties", "properties": "properites",
+            "type": "Type", "enum": "enume", "minimum": "minimun", "items": "itmes"}
+MISSPELT_FORMATS = {"date-time": "datetime", "uri": "url", "hostname": "host-name",
+                    "ipv4": "ip-address"}
+
+
 def random_schema(rng: random.Random, depth: int = 0):
+    schema = _random_schema(rng, depth)
+    if isinstance(schema, dict) and rng.random() < 0.15:
+        keys = [k for k in schema if k in MISSPELT or
+                (k == "format" and schema[k] in MISSPELT_FORMATS)]
+        if keys:
+            key = rng.choice(keys)
+            if key == "format":
+                schema = {**schema, "format": MISSPELT_FORMATS[schema["format"]]}
+            else:
+                schema = {MISSPELT[k] if k == key else k: v for k, v in schema.items()}
+    return schema
+
+
+def _random_schema(rng: random.Random, depth: int = 0):
     kinds = ["string", "pattern", "format", "integer", "number", "const", "enum", "type", "bool"]
     if depth < 2:
         kinds += ["not", "not", "anyOf", "oneOf", "allOf", "if", "object", "object", "array",
@@ -124,7 +147,7 @@ def random_schema(rng: random.Random, depth: int = 0):
         if rng.random() < 0.6:
             s["minimum"] = rng.randint(-5, 5)
         if rng.random() < 0.4:
-            s["multipleOf"] = rng.choice([2, 3])
+            s["multipleOf"] = rng.choice([2, 3, 0.5, 0.1])
         return s
     if kind == "number":
         s = {"type": "number"}

@@ -124,7 +124,7 @@ def test_types_two_branches_accept_fully_drop_out():
 
 @pytest.mark.parametrize("schema", [
     # open objects requiring different names ({"a": 1, "b": 1} satisfies two), more branches than
-    # the complement form takes (reader.MAX_ONE_OF_COMPLEMENTS)
+    # the complement form takes (one_of.MAX_ONE_OF_COMPLEMENTS)
     {"oneOf": [{"type": "object", "required": [n]} for n in "abcdefg"]},
     # a discriminator that is not required ({} satisfies every branch), likewise
     {"oneOf": [{"type": "object", "properties": {"k": {"const": i}}} for i in range(7)]},

@@ -172,6 +172,7 @@ def test_bench_prefix_reports_cold_hit_and_cache_off():
     parsed = build_parser().parse_args(["bench", "prefix", "--prefix-tokens", "100", "--hits", "3"])
     assert (parsed.prefix_tokens, parsed.hits, parsed.repeats) == (100, 3, 2)
     assert parsed.switch is None and report["compiles_after_warmup"] == []  # the CPU compiles none
+    assert report["lane_end_rows"] == 0  # nor pads: every CPU forward runs at its own width
     parsed = build_parser().parse_args(["bench", "prefix", "--switch", "prefill_graphs"])
     assert parsed.switch == "prefill_graphs"
 

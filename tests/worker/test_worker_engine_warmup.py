@@ -17,7 +17,7 @@ import pytest
 
 from services.worker.program import Program
 from services.worker.program import warmup as warmup_module
-from services.worker.program.buckets import prefill_width
+from services.worker.program.buckets import plan_widths, prefill_widths
 from services.worker.program.graphs import graph_sizes
 from services.worker.program.warmup import WarmupReport, warm_up
 from tests.support.fake_worker import running_gateway
@@ -58,8 +58,13 @@ def test_the_warm_up_visits_every_width_and_batch_size_a_step_can_run(runtime):
     for rows in classes:
         # a step holds the widest row plus at least one token of each other row
         for widest in range(1, chunk - rows + 2):
-            width = program.forward._padded(widest, 0)
+            width = program.forward._padded(widest)
             assert (rows, width) in seen, (rows, widest, width)
+    # a row near the lane's end runs alone, as the pieces of `plan_widths`: each one visited
+    for start in range(max_len - chunk, max_len):
+        for length in range(1, min(chunk, max_len - start) + 1):
+            for _, width in plan_widths(start, length, max_len, program.forward.widths):
+                assert (1, width) in seen, (start, length, width)
     assert len(bounds[(1, 1)]) > 1  # small forwards also at each context bound (splits)
     assert {s for k, s, *_ in report.shapes if k == "decode"} == set(classes)
     samples = {(rows, t, masked) for k, rows, t, masked, *_ in report.shapes if k == "sample"}
@@ -71,6 +76,27 @@ def test_the_warm_up_visits_every_width_and_batch_size_a_step_can_run(runtime):
     assert {rows for rows, width in seen if width > 32} == set(range(1, max_batch + 1))
     assert report.prefill == sum(len(b) for b in bounds.values())
     assert report.to_dict()["seconds"] >= 0
+
+
+def test_the_warm_up_runs_acceptance_at_every_batch_size_class(runtime):
+    """A speculative Program's warm-up runs the acceptance kernels (verify.py `Verifier.warm`)
+    per batch-size class, greedy and sampled, without and with a mask, at K drafts a row, so a
+    request's first verify round compiles nothing on CUDA."""
+    program = Program(runtime, max_batch=3, max_len=64, max_drafts=3)
+    seen = set()
+    inner = program.rounds.verifier._accept
+
+    def accept(z, params, drafts, num, states, **kw):
+        seen.add((drafts.shape, kw["candidate_width"], kw["mask"] is not None))
+        return inner(z, params, drafts, num, states, **kw)
+
+    program.rounds.verifier._accept = accept
+    report = warm_up(program, 16, forward=lambda *a: None)
+    classes = graph_sizes(3)
+    assert report.acceptance == len(classes) * 2 * 2
+    assert report.commits == len(classes)  # a partial commit per class (a hybrid's replay)
+    assert seen == {((rows, 3), width, masked) for rows in classes for width in (1, None)
+                    for masked in (False, True)}
 
 
 @pytest.mark.asyncio
@@ -136,8 +162,11 @@ async def test_the_cpu_engine_warms_up_only_when_asked(runtime):
 
 
 def test_prefill_widths_padding_stays_bounded_for_a_long_lane():
-    """A prompt chunk near the lane's end keeps its own width (never padded past max_len)."""
-    assert prefill_width(50, 200, 256) == 50 and prefill_width(50, 100, 256) == 64
+    """A prompt chunk near the lane's end is never padded past max_len: it splits into
+    forwards of warmed widths that stay inside the lane (buckets.py `plan_widths`)."""
+    widths = prefill_widths(256, 256)
+    assert plan_widths(100, 50, 256, widths) == [(50, 64)]
+    assert plan_widths(200, 50, 256, widths) == [(18, 18), (32, 32)]
 
 
 def test_a_served_worker_warms_up_on_cuda_only(monkeypatch):

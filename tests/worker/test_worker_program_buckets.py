@@ -27,18 +27,17 @@ from tests.support.worker_support import collect, greedy, hooked, open_client, t
 
 def test_widths_are_padded_into_the_finite_set_and_never_past_the_lane():
     """Up to EXACT_WIDTHS a width is its own bucket (the per-token recurrence route); above, the
-    next multiple of PREFILL_STEP, unless that would leave the lane; every padded width of a
-    chunk lies in `prefill_widths`, the set the warm-up visits."""
+    next multiple of PREFILL_STEP; every padded width of a chunk lies in `prefill_widths`, the
+    set the warm-up visits (where it would leave the lane, `plan_widths` splits: tests below)."""
     max_len, chunk = 1000, 300
     widths = set(prefill_widths(chunk, max_len))
     for w in range(1, chunk + 1):
-        p = prefill_width(w, 0, max_len)
+        p = prefill_width(w)
         assert p in widths and p >= w
         if w <= EXACT_WIDTHS:
             assert p == w
         else:
             assert p % PREFILL_STEP == 0 and p - w < PREFILL_STEP
-    assert prefill_width(40, max_len - 50, max_len) == 40  # 64 would leave the lane
     assert len(widths) == EXACT_WIDTHS + -(-chunk // PREFILL_STEP)
 
 

@@ -188,7 +188,15 @@ def test_mtp_on_cuda_equals_ordinary_greedy(graphs):
     runtime = _qwen35(torch.float32, mtp=True)
     base, _ = asyncio.run(_run(runtime))
     fins, engine = asyncio.run(_run(runtime, speculative="mtp", num_draft_tokens=3,
-                                    cuda_graphs=graphs))
+                                    cuda_graphs=graphs, warmup=True))
     _same(fins, base)
     assert engine.speculation.rounds > 0
     assert bool(engine.program.captured_sizes.get("verify")) == graphs
+    # With graphs the draft pass of decode and verify rows replays its own graph
+    # (spec/mtp_graphs.py), every one captured by the warm-up (3 sizes x widths 1..K+1), none
+    # on the request path; eager, the same function runs op by op.
+    mtp = engine.proposer.inner
+    assert (mtp.graph_replays > 0) == graphs
+    assert engine.warmup.proposer_graphs == (3 * 4 if graphs else 0)
+    if graphs:
+        assert mtp._graphs.captures == engine.warmup.proposer_graphs

@@ -43,9 +43,9 @@ def runtime():
     return ModelRuntime("q35-tiny", model, model.config, Frontend("q35-tiny", d, ByteTokenizer(d)))
 
 
-async def _run(runtime, *, speculative=None, k=3, drafter=None, record=None):
+async def _run(runtime, *, speculative=None, k=3, drafter=None, record=None, warmup=False):
     client = open_client(runtime, max_batch=3, max_len=128, prefill_chunk=5,
-                         speculative=speculative, num_draft_tokens=k)
+                         speculative=speculative, num_draft_tokens=k, warmup=warmup)
     engine = client.engine
     if drafter is not None:
         engine.proposer = drafter(engine)
@@ -145,6 +145,16 @@ def test_verification_rolls_the_recurrent_state_back(runtime, baseline, corrupt)
     spec = engine.speculation
     assert spec.rounds > 0 and spec.accepted > 0
     assert (spec.accepted < spec.drafts) if corrupt else spec.tokens > 2 * spec.rounds
+
+
+def test_mtp_after_the_start_up_warm_up_equals_ordinary_greedy(runtime, baseline):
+    """The warm-up of a speculative hybrid Program runs verify-width forwards on free lanes and
+    commits them partially (the replay kernels) and the acceptance kernels; none of it may leak
+    into a request: outputs equal ordinary greedy decoding."""
+    fins, engine = asyncio.run(_run(runtime, speculative="mtp", k=3, warmup=True))
+    _same(fins, baseline)
+    assert engine.warmup.commits > 0 and engine.warmup.acceptance > 0
+    assert engine.speculation.rounds > 0
 
 
 def test_mtp_needs_an_mtp_module():

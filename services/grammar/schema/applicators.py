@@ -16,8 +16,9 @@ exactly to the graph, otherwise UnsupportedSchema at its pointer.
 - `dependentRequired {a: [b]}` = objects without a, or with a and b; `dependentSchemas {a: S}` =
   objects without a, or with a that satisfy S; draft-04..07 `dependencies` is either, per name.
 - `multipleOf k` for an integer k: integers divisible by k (a regular language, also within
-  ranges); a fractional k is refused: jsonschema divides binary64 values (0.07 / 0.01 fails), so no
-  exact language agrees with both the decimal reading and the validators.
+  ranges); for a fractional k, the integers both readings take (`_fractional_multiple`:
+  jsonschema divides binary64 values, so 0.07 / 0.01 fails and no language of fractions agrees
+  with both), narrower than either reading.
 - `uniqueItems` over a finite item domain (literals, booleans, null, small integer ranges) of at
   most `arrays.MAX_UNIQUE` values in the grammar; over other scalar items it is not context-free
   and is kept by the content companion (schema/unique_items.py) where one runs
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from services.grammar.schema.algebra import (
     array_type,
@@ -37,6 +38,8 @@ from services.grammar.schema.algebra import (
     too_few_distinct,
 )
 from services.grammar.schema.context import child
+from services.grammar.schema.formats import VALIDATOR_TOO_LONG
+from services.grammar.schema.multiples import multiple_of
 from services.grammar.schema.nodes import (
     ANY,
     FULL_TYPES,
@@ -125,6 +128,9 @@ def complement(r: "Reader", node: Node, pointer: str, depth: int = 0,
             # a pattern every string matches has an empty complement: no value, not an error
             parts.append(g.satisfiable(StringType(patterns=(
                 Pattern(p.source, p.pointer, p.whole, not p.negated, p.literal, p.fmt),))))
+            if not p.negated:  # a checker's length bound beside its language (hostname's)
+                for lo, hi, rx in VALIDATOR_TOO_LONG.get(p.fmt, ()) if p.whole else ():
+                    parts.append(StringType(lo, hi, (Pattern(rx, p.pointer),) if rx else ()))
         return make_union(parts)
     if isinstance(node, ArrayType):
         return _array_complement(r, node, pointer, depth)
@@ -291,7 +297,7 @@ def apply(r: "Reader", s: dict, node: Node, pointer: str, depth: int) -> Node:
         if key in s:
             node = g.meet(node, _dependencies(r, s, key, pointer, depth), child(pointer, key))
     if "multipleOf" in s:
-        node = g.meet(node, _multiple(r, s["multipleOf"], child(pointer, "multipleOf")), pointer)
+        node = g.meet(node, multiple_of(r, s["multipleOf"], child(pointer, "multipleOf")), pointer)
     if s.get("uniqueItems") is True:
         node = _unique(r, node, child(pointer, "uniqueItems"))
     elif "uniqueItems" in s and not isinstance(s["uniqueItems"], bool):
@@ -338,25 +344,6 @@ def _dependencies(r: "Reader", s: dict, key: str, pointer: str, depth: int) -> N
                                          "arrays of names or schemas"))
         out = g.meet(out, make_union(_others("object") + [absent, present]), here)
     return out
-
-
-def _multiple(r: "Reader", k: Any, at: str) -> Node:
-    if not isinstance(k, (int, float)) or isinstance(k, bool) or k <= 0:
-        raise r.ctx.invalid(at, "multipleOf must be a number greater than 0")
-    from services.grammar.schema.typed import rounded
-
-    rounded(r, k, at)
-    if isinstance(k, float):
-        if not k.is_integer():
-            raise r.ctx.unsupported(at, f"multipleOf {k}: a fractional multiple is not supported "
-                                        "(validators divide binary64 values, so 0.07 is not a "
-                                        "multiple of 0.01 for them; no exact language agrees)")
-        k = int(k)
-    from services.grammar.schema.arrays import MAX_MODULUS
-
-    if k > MAX_MODULUS:
-        raise r.ctx.unsupported(at, f"multipleOf {k} is above {MAX_MODULUS}")
-    return make_union(_others("number") + [IntegerType(multiple=k)])
 
 
 def _unique(r: "Reader", node: Node, at: str) -> Node:

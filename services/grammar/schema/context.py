@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.errors import InvalidSchema, SchemaSource, UnsupportedSchema
 
@@ -34,6 +34,17 @@ class Context:
     # pointer, whose positions are checked after the reduction.
     unique_items: bool = False
     unique_items_at: str | None = None
+    # Pointers read under another key than the source's (a misspelt keyword read as the one it
+    # resembles, misspelt.py): the read pointer -> the source's, so errors name the source.
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def original(self, pointer: str) -> str:
+        """`pointer` as the source spells it (longest alias first: an alias may lie inside
+        another)."""
+        for read in sorted(self.aliases, key=len, reverse=True):
+            if pointer == read or pointer.startswith(read + "/"):
+                pointer = self.aliases[read] + pointer[len(read):]
+        return pointer
 
     def _where(self, pointer: str) -> str:
         where = f"at {pointer!r}" if pointer else "at the schema root"
@@ -42,6 +53,7 @@ class Context:
         return where
 
     def invalid(self, pointer: str, message: str) -> InvalidSchema:
+        pointer = self.original(pointer)
         return InvalidSchema(
             f"invalid JSON Schema {self._where(pointer)}: {message}",
             pointer=pointer,
@@ -51,6 +63,7 @@ class Context:
         )
 
     def unsupported(self, pointer: str, message: str) -> UnsupportedSchema:
+        pointer = self.original(pointer)
         return UnsupportedSchema(f"unsupported JSON Schema {self._where(pointer)}: {message}",
                                  pointer=pointer, source=self.source, tool_index=self.tool_index,
                                  tool_name=self.tool_name)

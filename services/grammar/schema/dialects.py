@@ -18,8 +18,9 @@ document's, are refused). What differs between them and what the reader does wit
 
 A keyword in no vocabulary of the dialect is an annotation (the specification's rule), except a
 near-miss of an assertion keyword (one case change, or one edit: insertion, deletion, substitution
-or transposition of adjacent letters, for keywords of four or more letters), which is refused
-because its author meant the assertion; and except an assertion keyword of another dialect (e.g.
+or transposition of adjacent letters, for keywords of four or more letters), whose author meant
+the assertion: it is read as that assertion where that only narrows (`misspelt.py`), else
+refused; and except an assertion keyword of another dialect (e.g.
 `const` in draft-04, `dependencies` in 2020-12), which the declared dialect would ignore: where it
 only narrows the values and reads the same in every dialect that has it
 (`reader.READ_IN_EVERY_DIALECT`), it is enforced as defined, so that each generated value is

@@ -23,9 +23,9 @@ than either):
   uri-reference (RFC 3986, ASCII; an IPvFuture literal with a lowercase "v", as rfc3987-syntax
   reads it), json-pointer (RFC 6901), relative-json-pointer (its draft; jsonschema's checker
   refuses a digit after a "0", e.g. "100#", so those integers are not generated).
-- OpenAPI's registry, applied to the type it is defined for: int32/int64 (integer ranges on
-  numbers), float/double (numbers; no constraint beyond finite binary64), byte (RFC 4648 base64),
-  binary and password (any string).
+- OpenAPI's registry, applied to the type it is defined for: int8..int64 and uint8..uint64
+  (integer ranges on numbers), float/double (numbers; no constraint beyond finite binary64),
+  byte (RFC 4648 base64), binary and password (any string).
 
 - regex: a regular subset of the expressions both ECMAScript and Python's `re` compile (see
   REGEX); draft-03's color: hex triplets and the CSS 2.1 names; draft-03's utc-millisec: any
@@ -33,7 +33,7 @@ than either):
   them, so the generated values are valid in both readings).
 
 Formats a JSON Schema specification defines (draft-03 to 2020-12) that are not reduced here
-(idn-*, iri*, uri-template, draft-03's style, phone, ip-address, host-name) are
+(idn-*, iri*, uri-template, draft-03's style and phone) are
 UnsupportedSchema: validators check them, and we cannot execute the assertion.
 
 Any other name is an unknown format, which no specification makes an assertion: draft-04 7.2 and
@@ -43,12 +43,18 @@ defined formats are then asserted); the JSON-Schema-Test-Suite's optional/format
 every instance valid, and `jsonschema`'s format checker ignores such names. An unknown format is
 therefore read as an annotation, listed as `format:<name>` in the compile result's annotations
 (never silently), with one guard, the same as for keywords (dialects.near_miss): a name within one
-case change or one edit of a defined or supported format (`url` for `uri`, `datetime`, `host-name`,
-`Date-Time`, `guid` for `uuid`) is UnsupportedSchema naming the format it resembles, because its
-author meant that assertion.
+case change or one edit of a defined or supported format (`url` for `uri`, `datetime`,
+`Date-Time`, `guid` for `uuid`) was meant as that format by its author, and is enforced as the
+format it resembles where that is one reduced here (the declared reading accepts every string, so
+the generated values are valid in both; listed as `format:<name>=<format>`, and refused under a
+complement, as misspelt.py does for keywords); draft-03's `host-name` and `ip-address`, which
+later drafts' validators do not check, are read the same way as `hostname` and `ipv4`. A
+near-miss of a format that is not reduced stays UnsupportedSchema naming it.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from services.grammar.schema.dialects import one_edit
 
@@ -171,23 +177,77 @@ STRING_FORMATS: dict[str, tuple[str, int | None]] = {
 # language where it is wider than ours (a `$` anchor in rfc3339-validator also admits a final
 # newline), else the same regex. Every other format is narrower than its checker (fqdn's hostnames,
 # "@" for email, uuid.UUID's braces, isoduration, rfc3987's URIs) or unchecked (`byte`).
+# rfc3986-validator (jsonschema's uri / uri-reference checker without the GPL rfc3987) is our
+# RFC 3986 grammar with IPv4 octets that may have leading zeros, anchored by `$` (a final newline):
+# the same automaton as its compiled regex (a differential test checks it on walks of both).
+_VALIDATOR_OCTET = "(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)"
 VALIDATOR_FORMATS: dict[str, str] = {
     "date": DATE, "ipv4": IPV4, "ipv6": IPV6, "json-pointer": JSON_POINTER,
     "date-time": f"{DATE_TIME}\n?", "time": f"{TIME}\n?",
+    "uri": URI.replace(_DEC_OCTET, _VALIDATOR_OCTET) + "\n?",
+    "uri-reference": URI_REFERENCE.replace(_DEC_OCTET, _VALIDATOR_OCTET) + "\n?",
 }
+# fqdn (jsonschema's hostname checker) lowercases the name, then matches labels of 1..63
+# characters of `[-A-Z\d]` (IGNORECASE, Python's Unicode \d) not starting or ending with "-",
+# joined by dots, an optional final dot, `$` (a final newline); and the name, less a final dot,
+# has at most 253 characters. The label part is `validator_language("hostname")`; the length part
+# is `VALIDATOR_TOO_LONG`: its complement, the strings too long for the checker, which a
+# complement of the format adds (applicators.complement): 255 characters and more, or 254 not
+# ending with a dot.
+VALIDATOR_TOO_LONG: dict[str, tuple[tuple[int, int | None, str | None], ...]] = {
+    "hostname": ((255, None, None), (254, 254, "[^.]$")),
+}
+
+
+def validator_language(fmt: str | None) -> str | None:
+    """The validators' language of format `fmt` as a whole-match regex where it is known
+    (VALIDATOR_FORMATS, and hostname's labels up to VALIDATOR_TOO_LONG), else None."""
+    if fmt == "hostname":
+        return _fqdn_labels()
+    return VALIDATOR_FORMATS.get(fmt) if fmt is not None else None
+
+
+@lru_cache(maxsize=1)
+def _fqdn_labels() -> str:
+    import re
+
+    from services.grammar.regex.charset import CharSet, regex_class
+
+    # the characters whose lowercase is one character the label class matches: the ASCII
+    # letters and digits, Python's Unicode \d, and the letters case-insensitive matching relates
+    # to ASCII ones (K KELVIN SIGN, dotless i, long s); read from sre itself over every scalar
+    label = re.compile(r"[-A-Z\d]", re.IGNORECASE)
+    text = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000)))
+    chars = {ord(c) for c in (m.group() for m in label.finditer(text))
+             if len(c.lower()) == 1 and label.fullmatch(c.lower())}
+    inner = CharSet.of([(c, c) for c in sorted(chars - {0x2D})])
+    any_ = CharSet.of([(c, c) for c in sorted(chars | {0x2D})])
+    d, a = regex_class(inner), regex_class(any_)
+    one = f"(?:{d}(?:{a}{{0,61}}{d})?)"
+    return f"(?:{one}\\.)*{one}\\.?\n?"
 # Formats that assert nothing for the type they apply to (OpenAPI: descriptive).
 # draft-03's utc-millisec is any number (milliseconds since the epoch) and not a string format.
 STRING_NO_CONSTRAINT = frozenset({"binary", "password", "utc-millisec"})
 # OpenAPI integer formats: inclusive ranges.
-INTEGER_FORMATS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+# OpenAPI's format registry also names the other widths; uint64 is cut at the int64 maximum (the
+# generated integers are signed 64-bit: narrower, never looser). `jsonschema` checks none of them,
+# so enforcing them generates values valid in both readings.
+INTEGER_FORMATS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1),
+                   "int8": (-(2**7), 2**7 - 1), "int16": (-(2**15), 2**15 - 1),
+                   "uint8": (0, 2**8 - 1), "uint16": (0, 2**16 - 1), "uint32": (0, 2**32 - 1),
+                   "uint64": (0, 2**63 - 1)}
 NUMBER_NO_CONSTRAINT = frozenset({"float", "double", "utc-millisec"})
 KNOWN = frozenset(STRING_FORMATS) | STRING_NO_CONSTRAINT | frozenset(INTEGER_FORMATS) | \
     NUMBER_NO_CONSTRAINT
 
+# Draft-03 names of formats later drafts renamed: their validators check the new name only, so the
+# old one is read as the format it names (typed._format), as a near-miss is.
+READ_AS = {"host-name": "hostname", "ip-address": "ipv4"}
+
 # Formats the specifications define (draft-03 .. 2020-12) that are not reduced here.
 SPEC_UNREDUCED = frozenset({
     "idn-email", "idn-hostname", "iri", "iri-reference", "uri-template",
-    "style", "phone", "ip-address", "host-name",
+    "style", "phone",
 })
 _RESEMBLED = sorted(KNOWN | SPEC_UNREDUCED)
 

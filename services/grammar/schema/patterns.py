@@ -16,7 +16,8 @@ finite value the readings disagree on is refused, and an emptiness proof (`empty
 `join`, so no conclusion rests on one reading. A pattern whose Python reading differs in
 structure (`[^]`, `\\c`, `\\u{..}`, `(?<name>..)`) is UnsupportedSchema. Formats (`formats.py`)
 have one tree, ours; where the validators' language is known exactly
-(`formats.VALIDATOR_FORMATS`) it is the `join`, and every other format may only be used
+(`formats.validator_language`; hostname's up to a length bound, `formats.VALIDATOR_TOO_LONG`,
+which a complement adds) it is the `join`, and every other format may only be used
 positively: complementing it, or deciding a finite value its automaton refuses, is
 UnsupportedSchema at the format's pointer.
 
@@ -63,7 +64,7 @@ class Readings:
     only strings every reading matches and `join` every string some reading matches, each one
     tree (`regex.reading_bounds`; a product of the readings' automata can grow to tens of
     thousands of states). `known`: the validators' language is known exactly (every pattern
-    Python reads; only `formats.VALIDATOR_FORMATS` among the formats)."""
+    Python reads; only `formats.validator_language` among the formats)."""
 
     trees: tuple[Node, ...]
     meet: Node
@@ -116,7 +117,7 @@ class PatternSupport:
         if pattern.literal:
             out = Readings((ours,), ours, ours, True)
         elif pattern.whole:  # ours is never wider than the validators' (formats.py)
-            theirs = formats.VALIDATOR_FORMATS.get(pattern.fmt)
+            theirs = formats.validator_language(pattern.fmt)
             other = ours if theirs is None else whole_tree(theirs)
             out = Readings((ours,) if other == ours else (ours, other), ours, other,
                            theirs is not None)
@@ -171,7 +172,7 @@ class PatternSupport:
                 dfas.append(tree_dfa(self.readings(p).meet))
                 if not dfas[-1].delta:
                     raise ctx.unsupported(p.pointer, _empty(p))
-            dfa = intersect(tuple(dfas), node.min_length, node.max_length)
+            dfa = intersect(tuple(dfas), node.min_length, _max_length(node))
             negative = []  # a negated pattern: no reading may match
             for p in node.patterns:
                 if p.negated:
@@ -309,7 +310,15 @@ def _narrower(a: Node, b: Node) -> bool:
 def _tree_only(node: StringType) -> bool:
     """One positive pattern and no length: the regex tree is emitted directly."""
     return len(node.patterns) == 1 and not node.patterns[0].negated and node.min_length == 0 and \
-        node.max_length is None
+        _max_length(node) is None
+
+
+def _max_length(node: StringType) -> int | None:
+    """maxLength and the length bounds of the positive formats' automata (hostname's, which
+    narrows what fqdn accepts to names of at most 63 characters)."""
+    bounds = [node.max_length] + [formats.STRING_FORMATS.get(p.fmt, (None, None))[1]
+                                  for p in node.patterns if p.whole and not p.negated]
+    return min((b for b in bounds if b is not None), default=None)
 
 
 def _empty(p: Pattern) -> str:

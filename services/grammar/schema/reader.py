@@ -24,7 +24,7 @@ from services.grammar.schema.dialects import (
     foreign_dialects,
     near_miss,
 )
-from services.grammar.schema.exclusive import exclusive_by_type, prove_exclusive
+from services.grammar.schema.misspelt import read_as_meant
 from services.grammar.schema.nodes import (
     ANY,
     INT64_MAX,
@@ -33,17 +33,14 @@ from services.grammar.schema.nodes import (
     Literals,
     Node,
     Ref,
-    Union,
     make_union,
 )
+from services.grammar.schema.one_of import one_of
 from services.grammar.schema.refs import Document
 from services.grammar.schema.typed import own_node, rounded
-from shared.errors import UnsupportedSchema
 
 # Keywords that name resources or anchors (refs.Document indexes them by the root's dialect).
 _IDENTIFIERS = ("$id", "id", "$anchor", "$dynamicAnchor", "$recursiveAnchor")
-MAX_ONE_OF_COMPLEMENTS = 6  # branches of a oneOf reduced as "this branch and no other"
-MAX_ONE_OF_UNION = 32  # union branches that reduction may produce
 
 # Assertion keywords this reduction enforces (each where it reduces exactly; see their modules).
 ENFORCED = frozenset({
@@ -129,6 +126,7 @@ class Reader:
                 self.annotations.update(k for k in schema if k != "$ref" and k not in
                                         self.dialect.annotations | self.dialect.core)
                 return self._ref(schema["$ref"], pointer, d)
+            schema = read_as_meant(self, schema, pointer)
             self._classify(schema, pointer)
             node = own_node(self, schema, pointer, d)
             if "$ref" in schema:
@@ -148,7 +146,7 @@ class Reader:
                         one = child(at, "oneOf")
                         subs = self._subschemas(sub, "oneOf", at)
                         raw = [self.read(x, child(one, j), d) for j, x in enumerate(subs)]
-                        node = self._one_of(node, raw, one)
+                        node = one_of(self, node, raw, one)
                         continue
                     node = self.graph.meet(node, self.read(sub, at, d), at)
             if "anyOf" in schema:
@@ -165,7 +163,7 @@ class Reader:
                 at = child(pointer, "oneOf")
                 subs = self._subschemas(schema, "oneOf", pointer)
                 raw = [self.read(s, child(at, i), d) for i, s in enumerate(subs)]
-                node = self._one_of(node, raw, at)
+                node = one_of(self, node, raw, at)
             return applicators.apply(self, schema, node, pointer, d)
         finally:
             self.dialect = outer
@@ -252,50 +250,18 @@ class Reader:
         reach a keyword anywhere, so there every foreign keyword counts. A complement taken
         inside a foreign applicator (draft-04's `if`) is exempt: the declared reading ignores the
         applicator whole, so its exact enforcement is the intersection."""
-        for at in self.complemented:
-            if any(at == f or at.startswith(f + "/") for f in self.foreign):
+        original = self.ctx.original
+        foreign = [original(f) for f in self.foreign]
+        for at in sorted({original(c) for c in self.complemented}):
+            if any(at == f or at.startswith(f + "/") for f in foreign):
                 continue  # inside a foreign applicator, which the declared reading ignores whole
             reaches_all = "$ref" in json.dumps(_at_pointer(self.root, at))
-            for key_at in self.foreign:
+            for key_at in foreign:
                 if reaches_all or key_at.startswith(at + "/"):
                     raise self.ctx.unsupported(
-                        key_at, f"a keyword of another dialect than {self.doc.dialect.name} "
-                        f"under a complement (at {at or '/'}): the two readings differ there; "
-                        "declare the dialect with $schema")
-
-    def _one_of(self, node: Node, raw: list[Node], at: str) -> Node:
-        """Exactly one of `raw` (each met with `node`): a union when the met branches are provably
-        disjoint; else node and (X_i and not X_j for every j != i), for each i, where every
-        X_j has an exact complement (`applicators.complement`) among the values of the met
-        branch i (all values, or objects with the names of a closed branch i)."""
-        branches = [self.graph.meet(node, x, at) for x in raw]
-        try:
-            prove_exclusive(self.graph, branches, at)
-            return make_union(branches)
-        except UnsupportedSchema as unproved:
-            sliced = exclusive_by_type(self.graph, branches, at)
-            if sliced is not None:
-                return sliced
-            if len(branches) > MAX_ONE_OF_COMPLEMENTS:
-                raise unproved
-            out = []
-            for i, b in enumerate(branches):
-                # a closed branch has finitely many names: the others' closed objects have an
-                # exact complement among its values (applicators.complement's `within`)
-                within = applicators.closed_names(self.graph, b, at)
-                for j, x in enumerate(raw):
-                    if j != i:
-                        c = applicators.complement(self, x, at, within=within)
-                        if c is None:
-                            raise unproved
-                        b = self.graph.meet(b, c, at)
-                out.append(b)
-            result = make_union(out)
-            size = len(result.branches) if isinstance(result, Union) else 1
-            if size > MAX_ONE_OF_UNION:
-                raise self.ctx.unsupported(at, f"oneOf: the exclusive form needs {size} union "
-                                               f"branches (limit {MAX_ONE_OF_UNION})")
-            return result
+                        key_at, f"a keyword {self.doc.dialect.name} ignores (of another dialect, "
+                        f"or a near-miss) under a complement (at {at or '/'}): the two readings "
+                        "differ there; declare the dialect with $schema, or spell the keyword")
 
     def _check_core(self, key: str, value: Any, pointer: str, at: str) -> None:
         if key in ("$id", "id", "$anchor", "$dynamicAnchor", "$schema") and not isinstance(

@@ -124,10 +124,18 @@ def _format(r: "Reader", s: dict, pointer: str) -> str | None:
         raise r.ctx.invalid(at, "format must be a string")
     if name in formats.KNOWN:
         return name
+    meant = formats.READ_AS.get(name) or formats.resembles(name)
+    if meant in formats.KNOWN:
+        # A draft-03 name the declared dialect's validators do not check, or a near-miss whose
+        # author meant the format it resembles: every value is valid for the declared reading, so
+        # enforcing the format generates values valid in both (misspelt.py); under a complement
+        # it would widen instead (Reader.check_foreign_complements).
+        r.annotations.add(f"format:{name}={meant}")
+        r.foreign.append(at)
+        return meant
     if name in formats.SPEC_UNREDUCED:
         raise r.ctx.unsupported(at, f"format {name!r} is not supported (known formats: "
                                     f"{', '.join(sorted(formats.KNOWN))})")
-    meant = formats.resembles(name)
     if meant is not None:
         raise r.ctx.unsupported(at, f"unknown format {name!r} looks like the format {meant!r} (it "
                                     "would be ignored as an annotation)")
@@ -217,10 +225,11 @@ def _string(r: "Reader", s: dict, pointer: str, fmt: str | None) -> Node:
             raise r.ctx.invalid(at, "pattern must be a string")
         patterns = (Pattern(s["pattern"], at),)
     if fmt in formats.STRING_FORMATS:
-        regex, limit = formats.STRING_FORMATS[fmt]
+        # a format's own length bound (hostname's) is applied where its automaton is built
+        # (patterns.string_dfa), not folded into maxLength: a complement of maxLength is not one
+        # of the format (the checker's bound is formats.VALIDATOR_TOO_LONG)
+        regex = formats.STRING_FORMATS[fmt][0]
         patterns += (Pattern(regex, child(pointer, "format"), whole=True, fmt=fmt),)
-        if limit is not None:
-            hi = limit if hi is None else min(hi, limit)
     elif fmt is not None and fmt not in formats.STRING_NO_CONSTRAINT and "type" in s and \
             s["type"] == "string":
         raise r.ctx.unsupported(

@@ -192,6 +192,10 @@ class KVCache:
         """Nothing to do: keys and values past the kept positions lie beyond the committed
         frontier and are overwritten before being read (models/state.py)."""
 
+    def count_whole(self, lanes: torch.Tensor, counts: torch.Tensor) -> None:
+        """Nothing to do (a forward split into segments, program/prefill_graphs.py
+        `run_segments`, left its KV in place; commit keeps no per-forward count)."""
+
     @staticmethod
     def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
         """Bytes one cached token costs over all layers (keys and values)."""

@@ -1,24 +1,28 @@
 """How the Program runs the target model for a step's rows: a decode step through its captured
 graph (graphs.py) or eagerly, a short prompt chunk through its prefill graph (prefill_graphs.py)
-or eagerly, prompt chunks and verify rows padded on the right, and what the
-proposer reads of each forward (spec/proposer.py `reads`: the final hidden states or the outputs
-of a few target layers) kept for its `after_step`.
+or eagerly, prompt chunks and verify rows padded on the right (a prompt chunk whose padding
+would leave its lane as consecutive forwards of warmed widths inside it: buckets.py
+`plan_widths`, prefill_graphs.py `lane_breaks`), and what the proposer reads of each forward
+(spec/proposer.py `reads`: the final hidden states or the outputs of a few target layers) kept
+for its `after_step`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+from itertools import accumulate
 
 import torch
 
 from services.worker.program.batch import BatchRow, StepBatch
-from services.worker.program.buckets import prefill_width
+from services.worker.program.buckets import plan_widths, prefill_width, prefill_widths
 from services.worker.program.graphs import DecodeGraphs
 from services.worker.program.prefill_graphs import (
     PrefillGraphs,
+    lane_breaks,
     padded_inputs,
     run_segments,
-    segments,
     static_prefill,
 )
 from shared.logging import get_logger
@@ -46,6 +50,9 @@ class Forward:
         # Pad prefill forwards to the finite widths of buckets.py (exact; on CUDA, where each new
         # width could compile kernels on the request path; the CPU compiles nothing)
         self.bucketed = device.type == "cuda"
+        self.widths = prefill_widths(max_len, max_len)  # what `plan_widths` picks from
+        # rows whose prefill split into forwards of warmed widths at the lane's end (cumulative)
+        self.lane_end_rows = 0
         # a decode step's tokens, positions and lanes, uploaded with one non-blocking copy
         self.host_inputs = torch.zeros(max_batch, 3, dtype=torch.int64,
                                        pin_memory=device.type == "cuda")  # [B, 3]
@@ -100,39 +107,62 @@ class Forward:
                                kv_len=kv_len)[:, -1]
         width = max(len(r.tokens) for r in rows)
         cuts = None
-        shape = self._graph_shape(rows, width)
-        if shape is not None:
+        if self._graph_shape(rows, width) is not None:
             cuts = self._cuts(rows)
-            if not cuts:
-                return self._graph_forward([r.tokens for r in rows], [r.start for r in rows],
-                                           [r.request.lane for r in rows])
-            if self._segments_fit(rows, cuts):
-                self.prefill_graphs.split_steps += 1
+            fit = lane_breaks([(r.start, len(r.tokens)) for r in rows], [c[1] for c in cuts],
+                              self.max_len)
+            if fit is not None:
+                breaks, split = fit
+                if not cuts and not breaks:
+                    return self._graph_forward([r.tokens for r in rows], [r.start for r in rows],
+                                               [r.request.lane for r in rows])
+                self.prefill_graphs.split_steps += bool(cuts)
+                self.lane_end_rows += len(split)
                 return run_segments(self.state, [(r.tokens, r.start, r.request.lane)
-                                                 for r in rows], cuts, self._graph_forward)
-        if any(r.start + width > self.max_len for r in rows):  # padding would leave the lane
-            return torch.cat([self.prefill((r,), self._padded(len(r.tokens), r.start))
-                              for r in rows])
-        return self.prefill(rows, self._padded(width, max(r.start for r in rows)), cuts=cuts)
+                                                 for r in rows], cuts, self._graph_forward,
+                                    breaks=breaks)
+        padded = self._padded(width)
+        if any(r.start + padded > self.max_len for r in rows):  # padding would leave a lane
+            if cuts is None:
+                cuts = self._cuts(rows)
+            return torch.cat([self._row(r, [(0, t, slot) for b, t, slot in cuts if b == i])
+                              for i, r in enumerate(rows)])
+        return self.prefill(rows, padded, cuts=cuts)
 
     def _graph_shape(self, rows: Sequence[BatchRow], width: int) -> tuple[int, int] | None:
         # The prefill graph's (rows, width) for these rows, or None where the step runs eagerly:
-        # no graphs, a proposer reading hidden states, or a row whose padding would leave its lane
+        # no graphs, a proposer reading hidden states, or too wide (where the graph width would
+        # leave a lane, `lane_breaks` splits the step)
         if self.prefill_graphs is None or self.reads is not None:
             return None
-        shape = self.prefill_graphs.shape(len(rows), width)
-        if shape is None or any(r.start + shape[1] > self.max_len for r in rows):
-            return None
-        return shape
+        return self.prefill_graphs.shape(len(rows), width)
 
-    def _segments_fit(self, rows: Sequence[BatchRow], cuts) -> bool:
-        # Whether every segment forward of a step split at its cuts (prefill_graphs.py
-        # `run_segments`) has a graph shape whose padding stays inside each row's lane.
-        for p, t, sub in segments([len(r.tokens) for r in rows], [c[1] for c in cuts]):
-            shape = self.prefill_graphs.shape(len(sub), t - p)
-            if shape is None or any(rows[i].start + p + shape[1] > self.max_len for i in sub):
-                return False
-        return True
+    def _row(self, r: BatchRow, cuts: list[tuple[int, int, int]]) -> torch.Tensor:
+        # Logits [1, V] of one row's eager prefill at a warmed width inside its lane: one forward,
+        # or near the lane's end the consecutive forwards of buckets.py `plan_widths`, each
+        # committed before the next (prefill_graphs.py `run_segments`), each taking the snapshot
+        # cuts that fall inside it.
+        n = len(r.tokens)
+        plan = plan_widths(r.start, n, self.max_len, self.widths) if self.bucketed else None
+        if plan is None or len(plan) == 1:
+            return self.prefill((r,), plan[0][1] if plan else n, cuts=cuts)
+        self.lane_end_rows += 1
+        ends = list(accumulate(k for k, _ in plan))
+        width_at = {e - k: w for e, (k, w) in zip(ends, plan)}  # offset -> width
+        kept = len(self._kept)
+
+        def piece(tokens, starts, lanes) -> torch.Tensor:
+            p, k = starts[0] - r.start, len(tokens[0])
+            inside = [(0, t - p, slot) for _, t, slot in cuts if p < t <= p + k]
+            return self.prefill((replace(r, tokens=tuple(tokens[0]), start=starts[0]),),
+                                width_at[p], cuts=inside)
+
+        out = run_segments(self.state, [(r.tokens, r.start, r.request.lane)], [], piece,
+                           breaks=ends[:-1])
+        if len(self._kept) > kept:  # the proposer reads the row's tokens as one forward's
+            parts = self._kept[kept:]
+            self._kept[kept:] = [torch.cat([h[:, :k] for h, (k, _) in zip(parts, plan)], 1)]
+        return out
 
     def _graph_forward(self, tokens, starts, lanes) -> torch.Tensor:
         # Logits [k, V] of rows (tokens, start position, lane each) through their prefill graph,
@@ -159,9 +189,9 @@ class Forward:
                 for t, slot in self.snapshots.plan_snapshots(
                     r.request.lane, r.request.prompt_ids, r.start, r.end)]
 
-    def _padded(self, width: int, start: int) -> int:
-        # The width a prefill forward runs at (buckets.py), its latest row starting at `start`.
-        return prefill_width(width, start, self.max_len) if self.bucketed else width
+    def _padded(self, width: int) -> int:
+        # The width a prefill forward runs at (buckets.py) where it fits every row's lane.
+        return prefill_width(width) if self.bucketed else width
 
     def verify(self, rows: Sequence[BatchRow], full: int) -> torch.Tensor:
         """Logits [n, W, V] of verify rows (anchor + drafts, W <= full = K+1 tokens): the

@@ -18,20 +18,25 @@ runs as consecutive graph forwards that end at its cuts (`run_segments`): a row'
 snapshotted after the segment that ends at its cut, and committed between segments so the next
 one continues it (a prefill row left uncommitted is one whose request is over: its lane is
 released, so committing its leading segments early changes nothing that is read again).
+A step whose graph width would leave a row's lane (a hit's question in a lane's last positions)
+runs the same way, with breaks where that row's tokens split into forwards of graph widths that
+stay inside the lane (`lane_breaks`, buckets.py `plan_widths`), as a dense model's too.
 
 The graph and its eager twin run one function, `static_prefill` (attention bounded by the lane's
 whole length, kv_len = max_len, as the decode graph: the context split count then does not
 depend on the row's length), so a replay's logits equal the eager forward of the same padded
-inputs bit for bit (the gpu test). What stays eager (forward.py): steps with a row whose W
-positions (or a segment's) leave its lane, and forwards whose hidden states a proposer reads.
+inputs bit for bit (the gpu test). What stays eager (forward.py): steps with a row that has
+fewer positions left than the narrowest graph, and forwards whose hidden states a proposer reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 import torch
 
+from services.worker.program.buckets import plan_widths
 from services.worker.program.graphs import graph_sizes
 
 GRAPH_WIDTHS = (8, 16, 32, 64)  # prefill widths with a graph; a forward pads to the next one
@@ -88,14 +93,45 @@ def segments(lengths: Sequence[int], cuts: Sequence[int]) -> list[tuple[int, int
     return out
 
 
+def lane_breaks(rows: Sequence[tuple[int, int]], cuts: Sequence[int], max_len: int,
+                widths: Sequence[int] = GRAPH_WIDTHS) -> tuple[list[int], set[int]] | None:
+    """Where a prefill step of rows (start position, tokens) split at its snapshot `cuts`
+    (offsets) also breaks so that each of its `segments` forwards runs at one of `widths` inside
+    every row's lane: where a segment's width would leave a row's lane, that row's tokens of the
+    segment are planned (buckets.py `plan_widths`) and the segment breaks where a piece ends,
+    until every segment fits. Returns (breaks, the rows planned), or None when a row has fewer
+    positions left than the narrowest width."""
+    lengths = [n for _, n in rows]
+    breaks: set[int] = set()
+    split: set[int] = set()
+    while True:
+        new: set[int] = set()
+        for p, t, sub in segments(lengths, list(cuts) + sorted(breaks)):
+            width = next((w for w in widths if w >= t - p), None)
+            for i in sub:
+                start, n = rows[i]
+                if width is not None and start + p + width <= max_len:
+                    continue
+                plan = plan_widths(start + p, min(t, n) - p, max_len, widths)
+                if plan is None:
+                    return None
+                split.add(i)
+                new |= {p + e for e in accumulate(k for k, _ in plan) if p + e < t}
+                break  # this segment splits: the next round re-reads the rows
+        if not new - breaks:
+            return sorted(breaks), split
+        breaks |= new
+
+
 def run_segments(state, rows: Sequence[tuple[Sequence[int], int, int]],
                  cuts: Sequence[tuple[int, int, int]],
-                 forward: Callable[..., torch.Tensor]) -> torch.Tensor:
-    """A hybrid model's prefill step with snapshot cuts (module docstring) as `segments`
+                 forward: Callable[..., torch.Tensor], breaks: Sequence[int] = ()) -> torch.Tensor:
+    """A prefill step with snapshot cuts or lane-end breaks (module docstring) as `segments`
     forwards: rows (tokens, start position, lane) per batch row; cuts (batch row, offset, slot);
-    forward(tokens per row, starts, lanes) -> logits [k, V] after each given row's last token (a
-    graph's static output: copied here). Returns logits [n, V]; every row's forward is pending,
-    counted whole (commit keeps it as one forward of all its tokens)."""
+    breaks: more offsets a segment ends at (no snapshot there); forward(tokens per row, starts,
+    lanes) -> logits [k, V] after each given row's last token (a graph's static output: copied
+    here). Returns logits [n, V]; every row's forward is pending, counted whole (commit keeps it
+    as one forward of all its tokens)."""
     dev = state.device
     lengths = [len(r[0]) for r in rows]
 
@@ -103,7 +139,7 @@ def run_segments(state, rows: Sequence[tuple[Sequence[int], int, int]],
         return torch.tensor(list(values), dtype=torch.int64).to(dev, non_blocking=True)
 
     parts, order = [], []
-    for p, t, sub in segments(lengths, [c[1] for c in cuts]):
+    for p, t, sub in segments(lengths, [c[1] for c in cuts] + list(breaks)):
         logits = forward([rows[i][0][p:t] for i in sub], [rows[i][1] + p for i in sub],
                          [rows[i][2] for i in sub])  # [k, V]
         done = [j for j, i in enumerate(sub) if lengths[i] <= t]

@@ -161,6 +161,9 @@ class Program:
             self.rounds.use_device_proposer(proposer, graphs=self._use_graphs)
         else:
             self._graph_forwards(keep_hidden=proposer.reads is not None)
+            capture = getattr(proposer, "use_graphs", None)  # optional (spec/proposer.py)
+            if self._use_graphs and capture is not None and switch("mtp_graphs"):
+                capture(self.max_batch, scratch_lane=self.max_batch)
 
     def _graph_forwards(self, *, keep_hidden: bool) -> None:
         # The decode graphs (and the host-launched route's verify graphs, K+1 tokens a row),
@@ -178,6 +181,11 @@ class Program:
             self.forward.verify_graphs = DecodeGraphs(
                 self.model, self.state, self.max_batch, scratch_lane=self.max_batch,
                 width=self.max_drafts + 1, keep_hidden=keep_hidden)
+
+    @property
+    def proposer(self):
+        """The speculative proposer `use` installed (None: ordinary decoding)."""
+        return self._proposer
 
     @property
     def draft_wait_seconds(self) -> float:
@@ -367,6 +375,9 @@ class Program:
             if graphs is not None:
                 graphs.clear()
         self.rounds.close()
+        close = getattr(self._proposer, "close", None)
+        if close is not None and self._proposer.route == "host":
+            close()
         if self._ready is not None:
             self._ready.close()
             self._ready = None

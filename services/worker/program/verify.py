@@ -120,6 +120,33 @@ class Verifier:
                 probs[j, :n, :qp.shape[1]] = qp[:n].cpu()
         return ids.to(self.device), probs.to(self.device)
 
+    def warm(self, sizes: Sequence[int], kinds: Sequence, dtype: torch.dtype) -> int:
+        """Run acceptance once per batch size in `sizes`, sampling kind (`kinds`: objects with
+        the Request's `sampling`, `seed`, `num_output_tokens` a Sampler reads) and mask (none, and
+        every position Ready under an all-empty mask): the kernels compile at the warm-up, not in
+        a request's first round. Returns how many runs."""
+        k, runs = self.k, 0
+        for rows in sizes:
+            z = torch.zeros(rows * (k + 1), self.domain.size, dtype=dtype, device=self.device)
+            drafts = torch.zeros(rows, k, dtype=torch.int64, device=self.device)
+            num = torch.full((rows,), k, dtype=torch.int32, device=self.device)
+            for kind in kinds:
+                logits, params, width = self.sampler.inputs(z, [kind] * rows)
+                for masked in (False, True):
+                    state = PositionState.READY if masked else PositionState.DISABLED
+                    states = torch.full((rows, k + 1), int(state), dtype=torch.int32,
+                                        device=self.device)
+                    mask = None
+                    if masked:
+                        self.masks.host[:rows].zero_()
+                        mask, _ = self.masks.upload(rows)
+                    self._accept(logits, params, drafts, num, states,
+                                 vocab_size=self.domain.size, mask=mask, q_ids=None,
+                                 q_probs=None, penalties=None, eos_ids=self._eos,
+                                 candidate_width=width)
+                    runs += 1
+        return runs
+
     def verify(self, rows: Sequence[BatchRow], logits: torch.Tensor) -> list[RowResult]:
         """logits: [m, W, V'] target logits of the rows' W <= K+1 fed positions. Fills the masks
         (the forward may still run on the device meanwhile), runs acceptance and returns one
@@ -150,8 +177,11 @@ class Verifier:
                               states.to(dev, non_blocking=self.cuda), vocab_size=self.domain.size,
                               mask=mask, q_ids=q_ids, q_probs=q_probs, penalties=penalties,
                               eos_ids=self._eos, candidate_width=cand_width)
-        tokens, count = result.tokens.cpu(), result.num_tokens.cpu()  # the host waits here
-        accepted, status, end = result.accepted.cpu(), result.status.cpu(), result.end.cpu()
+        # One copy to the host (it waits here) instead of one synchronising copy per field.
+        packed = torch.cat([result.tokens, torch.stack(
+            [result.num_tokens, result.accepted, result.status, result.end], 1).long()], 1).cpu()
+        tokens = packed[:, :k + 1]  # [m, K+1]
+        count, accepted, status, end = packed[:, k + 1:].unbind(1)  # [m] each
         row_bytes = 4 * self.domain.mask_words * (k + 1) if self.cuda else 0
         out = []
         for j, row in enumerate(rows):

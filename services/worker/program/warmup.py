@@ -14,6 +14,11 @@ What it visits (buckets.py bounds the set):
 - every decode graph size (capturing it: its forward, greedy and masked greedy sample stages)
   and every verify graph size when drafts are verified in graphs; where a step runs eagerly (no
   graphs) a decode forward per batch-size class and context bound instead;
+- acceptance of a speculative round (verify.py `Verifier.warm`) per batch-size class, greedy
+  and sampled, without and with a mask; and per class a K+1-token forward on free lanes committed
+  at its first token (a hybrid model's replay kernels: a round that rejects drafts);
+- a host proposer's own graphs (`warm_graphs`: MTP's draft pass per padded size and alignment
+  width, writing the scratch lane only);
 - fla-core's chunked kernels at every row count (they compile and autotune per batch size);
 - the eager sampler per batch-size class: greedy, top-p, top-k per power of two and penalized,
   each without and with a mask (what a tempered, penalized or constrained batch runs outside
@@ -60,6 +65,9 @@ class WarmupReport:
     decode_graphs: int = 0  # decode graph sizes captured
     verify_graphs: int = 0  # verify graph sizes captured (host-launched speculation)
     draft_graphs: int = 0  # DFlash Forward graph sizes captured (device-route speculation)
+    proposer_graphs: int = 0  # a host proposer's own graphs (MTP's draft pass: sizes x widths)
+    acceptance: int = 0  # acceptance runs (sizes x greedy/sampled x masked/not)
+    commits: int = 0  # partial commits after a K+1-token forward (a hybrid model's replay)
     sampling: int = 0  # eager sampler variants (rows x greedy/tempered x masked/not)
     prefill_graphs: int = 0  # prefill graph shapes captured (rows x width)
     prefill_graph_seconds: float = 0.0  # of `seconds`: capturing them
@@ -70,7 +78,9 @@ class WarmupReport:
     def to_dict(self) -> dict:
         return {"prefill": self.prefill, "decode": self.decode,
                 "decode_graphs": self.decode_graphs, "verify_graphs": self.verify_graphs,
-                "draft_graphs": self.draft_graphs, "sampling": self.sampling,
+                "draft_graphs": self.draft_graphs, "proposer_graphs": self.proposer_graphs,
+                "acceptance": self.acceptance, "commits": self.commits,
+                "sampling": self.sampling,
                 "prefill_graphs": self.prefill_graphs,
                 "prefill_graph_seconds": round(self.prefill_graph_seconds, 3),
                 "prefill_graph_bytes": self.prefill_graph_bytes,
@@ -150,6 +160,21 @@ def warm_up(program, prefill_chunk: int, *, forward=None) -> WarmupReport:
             program.rounds.graphs.get(size)
             report.draft_graphs += 1
             report.shapes.append(("draft_graph", size, program.max_drafts + 1, max_len))
+    if program.max_drafts > 0:  # a verify forward, then a partial commit (a hybrid's replay)
+        width = program.max_drafts + 1
+        for rows in graph_sizes(max_batch):
+            tokens, positions, lanes, fed = _inputs(rows, width, 0, dev)
+            run(tokens, positions, lanes, width, fed)
+            program.state.commit(lanes, torch.ones(rows, dtype=torch.int64, device=dev))
+            report.commits += 1
+    verifier = program.rounds.verifier
+    if verifier is not None:  # acceptance of a speculative round, greedy and sampled, masked or not
+        kinds = [_fake_request(SamplingParams(temperature=0.0), False),
+                 _fake_request(SamplingParams(temperature=1.0, top_p=0.9), False)]
+        report.acceptance = verifier.warm(graph_sizes(max_batch), kinds, program.runtime.dtype)
+    warm = getattr(program.proposer, "warm_graphs", None)  # optional (spec/proposer.py)
+    if warm is not None and program.proposer.route == "host":
+        report.proposer_graphs = warm()
     _warm_sampler(program, report)
     fwd.reset()
     if program.cuda:

@@ -164,3 +164,14 @@ class GrammarProposer(HostProposer):
 
     def after_step(self, pending, hidden) -> float:
         return 0.0 if self.inner is None else self.inner.after_step(pending, hidden)
+
+    def use_graphs(self, max_batch: int, scratch_lane: int) -> None:
+        if self.inner is not None:
+            self.inner.use_graphs(max_batch, scratch_lane)
+
+    def warm_graphs(self) -> int:
+        return 0 if self.inner is None else self.inner.warm_graphs()
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()

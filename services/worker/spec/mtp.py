@@ -11,7 +11,10 @@ the step's target hidden states and what each row emits (`after_step`), and it
 2. proposes (rows that sampled, and Replays that caught up with their ledger): the prediction at
    the last kept position is the first draft after the new anchor;
    k - 1 more steps feed the module its own output hidden state and its previous draft, at the
-   following positions (greedy, one-hot q, never constrained).
+   following positions (greedy, one-hot q, never constrained). With CUDA graphs the Program
+   calls `use_graphs`: the alignment and the k steps of a decode or verify row group then replay
+   one captured graph (spec/mtp_graphs.py); prefill chunks and rows near the lane's end run the
+   same function eagerly.
 
 Drafts are kept per lane with the committed length they continue; a round that commits something
 else (an aborted round, a failed row, a pause) simply finds no matching drafts and decodes
@@ -26,6 +29,7 @@ import time
 import torch
 
 from services.worker.program.batch import PendingBatch, RowOutcome
+from services.worker.spec.mtp_graphs import MtpDraftGraphs, draft_chain
 from services.worker.spec.proposer import FINAL, HostProposer
 
 
@@ -44,6 +48,7 @@ class MtpProposer(HostProposer):
         self.state = state
         self.vocab_size = vocab_size
         self._drafts: dict[int, tuple[int, list[int]]] = {}  # lane -> (committed length, drafts)
+        self._graphs: MtpDraftGraphs | None = None  # `use_graphs`: the draft pass replayed
 
     def propose(self, job, k: int) -> list[int]:
         """The drafts proposed for `job`'s committed output, at most k; [] when none match."""
@@ -95,6 +100,28 @@ class MtpProposer(HostProposer):
         for group in groups:
             self._align_and_propose(rows, hidden, group, dev)
 
+    def use_graphs(self, max_batch: int, scratch_lane: int) -> None:
+        """Replay the draft pass from CUDA graphs (spec/mtp_graphs.py) for groups of up to
+        `max_batch` rows and widths up to K+1, padding rows writing `scratch_lane`."""
+        held = self._graphs
+        if held is not None and held.max_batch == max_batch:
+            return  # the same Program again (a wrapper installed over this proposer)
+        self._graphs = MtpDraftGraphs(self.model, self.state, max_batch, self.k + 1, self.k,
+                                      self.vocab_size, scratch_lane)
+
+    def warm_graphs(self) -> int:
+        """Capture every draft-pass graph now (the Program's warm-up); how many there are."""
+        return 0 if self._graphs is None else self._graphs.capture_all()
+
+    @property
+    def graph_replays(self) -> int:
+        """Draft passes replayed from a graph so far (0 without `use_graphs`)."""
+        return 0 if self._graphs is None else self._graphs.replays
+
+    def close(self) -> None:
+        if self._graphs is not None:
+            self._graphs.clear()
+
     def _align_and_propose(self, rows, hidden, group, dev) -> None:
         width = max(m for _, m, _, _, _ in group)
         n = len(group)
@@ -105,26 +132,21 @@ class MtpProposer(HostProposer):
         starts = torch.tensor([rows[b].start for b, *_ in group], dtype=torch.int64)  # [n]
         positions = starts[:, None] + torch.arange(width)[None]  # [n, M]
         lanes = torch.tensor([rows[b].request.lane for b, *_ in group], dtype=torch.int64)
-        last = torch.tensor([m - 1 for _, m, _, _, _ in group], dtype=torch.int64)
-        kv_len = int(positions.max()) + 1
-        logits, out = self.model.mtp_forward(h, nxt.to(dev), positions.to(dev), self.state,
-                                             lanes.to(dev), kv_len=kv_len,
-                                             logit_index=last[:, None].to(dev))  # [n, 1, V]
+        last = torch.tensor([m - 1 for _, m, _, _, _ in group], dtype=torch.int64)[:, None]
         sampled = [j for j, w in enumerate(group) if w[4]]
+        inputs = (h, nxt.to(dev), positions.to(dev), lanes.to(dev), last.to(dev))
+        graphs = self._graphs
+        if sampled and graphs is not None and graphs.fits(n, width, int(starts.max())):
+            drafted = graphs.run(*inputs)
+        else:
+            # The last kept position of the furthest row; the chain stops where the lane ends.
+            end = int((starts + last[:, 0]).max())
+            steps = min(self.k, self.state.max_len - end) if sampled else 1
+            kv_lens = [int(positions.max()) + 1] + [end + s + 1 for s in range(1, steps)]
+            drafted = draft_chain(self.model, self.state, *inputs, self.vocab_size, kv_lens)
         if not sampled:
             return
-        drafts = [[] for _ in group]
-        pos = starts + last  # [n] the last kept position: the anchor follows it
-        for step in range(self.k):
-            token = logits[:, 0, :self.vocab_size].argmax(dim=-1)  # [n] greedy, unconstrained
-            for j in sampled:
-                drafts[j].append(int(token[j]))
-            pos = pos + 1
-            if step + 1 == self.k or int(pos.max()) >= self.state.max_len:
-                break
-            logits, out = self.model.mtp_forward(out, token[:, None], pos[:, None].to(dev),
-                                                 self.state, lanes.to(dev),
-                                                 kv_len=int(pos.max()) + 1)
+        chains = drafted.tolist()  # one copy to the host for every row and step
         for j in sampled:
             b, _, _, length, _ = group[j]
-            self._drafts[rows[b].request.lane] = (length, drafts[j])
+            self._drafts[rows[b].request.lane] = (length, chains[j])

@@ -20,6 +20,11 @@ Every proposer has
                  num_drafts, draft_q) or, on the device route, its draft_limit; each row within
                  `draft_limit(row, k, max_len)`. A batch where no row drafts comes back as given
                  (an ordinary decode step).
+    use_graphs(max_batch, scratch_lane), warm_graphs() -> int, close()
+                 (host route, optional) the Program captures CUDA graphs: a proposer with device
+                 passes of its own (MTP) may replay them from graphs padded to the Program's batch
+                 classes, padding rows writing the scratch lane; `warm_graphs` captures them all
+                 at the warm-up, `close` destroys them.
     after_step(pending, hidden) -> float
                  after every Program step (prefill chunks, decode steps, verify rounds), before
                  the commit: `pending` holds each row's result (nothing committed yet), `hidden`
@@ -122,6 +127,17 @@ class HostProposer:
 
     def after_step(self, pending: PendingBatch, hidden: torch.Tensor | None) -> float:
         return 0.0
+
+    def use_graphs(self, max_batch: int, scratch_lane: int) -> None:
+        """The Program captures CUDA graphs: a proposer with device passes of its own may
+        replay them from graphs of up to `max_batch` rows, padding rows writing `scratch_lane`."""
+
+    def warm_graphs(self) -> int:
+        """Capture every graph `use_graphs` allows now (the Program's warm-up); how many."""
+        return 0
+
+    def close(self) -> None:
+        """Destroy what `use_graphs` captured (the Program closes)."""
 
 
 class ContextProposer(HostProposer):
