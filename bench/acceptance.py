@@ -181,6 +181,10 @@ class KnownAcceptance:
     def warm_graphs(self) -> int:
         return self.inner.warm_graphs() if self.inner is not None and self.route == "host" else 0
 
+    def warm_prefill(self, shapes) -> int:
+        host = self.inner is not None and self.route == "host"
+        return self.inner.warm_prefill(shapes) if host else 0
+
     def close(self) -> None:
         if self.inner is not None and self.route == "host":
             self.inner.close()

@@ -217,11 +217,14 @@ async def test_rows_of_one_step_near_their_lanes_end_equal_the_plain_forwards(ki
 
 
 @pytest.mark.asyncio
-async def test_mtp_reads_a_split_rows_hidden_states_as_one_forwards():
+@pytest.mark.parametrize("aligned_bucketed", [False, True])
+async def test_mtp_reads_a_split_rows_hidden_states_as_one_forwards(aligned_bucketed):
     """With MTP drafting (the proposer reads the target's final hidden states), the last chunk
     split at the lane's end hands the proposer the row's 35 hidden states as one forward's: the
     drafts after it equal the MTP drafts computed from scratch over the whole sequence, and the
-    outputs equal plain greedy decoding (spec/mtp.py)."""
+    outputs equal plain greedy decoding (spec/mtp.py). With the MTP alignment bucketed as on
+    CUDA, the first chunk's alignment runs padded (80 -> 128) and the last one, whose padding
+    would leave the lane, as pieces of warmed widths (3 at 3, then 32 at 32): drafts unchanged."""
     from tests.worker.test_worker_spec_mtp import SHAPE, _mtp_from_scratch
 
     d = byte_domain()
@@ -237,6 +240,7 @@ async def test_mtp_reads_a_split_rows_hidden_states_as_one_forwards():
         engine.program.forward.bucketed = True
         seen = []
         if speculative:
+            engine.proposer.inner.bucketed = aligned_bucketed
             inner = engine.proposer.propose
 
             def propose(job, n):
@@ -250,6 +254,8 @@ async def test_mtp_reads_a_split_rows_hidden_states_as_one_forwards():
             _, fin = await collect(client, text_request("m", prompt, greedy(12), runtime.name))
         finally:
             await client.aclose()
+        if speculative:
+            assert (engine.proposer.inner.lane_end_rows > 0) == aligned_bucketed
         return fin, seen, engine.program.forward.lane_end_rows
 
     plain, _, _ = await run(None)

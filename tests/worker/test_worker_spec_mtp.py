@@ -149,11 +149,14 @@ def test_verification_rolls_the_recurrent_state_back(runtime, baseline, corrupt)
 
 def test_mtp_after_the_start_up_warm_up_equals_ordinary_greedy(runtime, baseline):
     """The warm-up of a speculative hybrid Program runs verify-width forwards on free lanes and
-    commits them partially (the replay kernels) and the acceptance kernels; none of it may leak
-    into a request: outputs equal ordinary greedy decoding."""
+    commits them partially (the replay kernels), the acceptance kernels and MTP's alignment at
+    every prefill shape; none of it may leak into a request: outputs equal ordinary greedy
+    decoding."""
     fins, engine = asyncio.run(_run(runtime, speculative="mtp", k=3, warmup=True))
     _same(fins, baseline)
     assert engine.warmup.commits > 0 and engine.warmup.acceptance > 0
+    # MTP's alignment ran at every prefill shape the target's warm-up did
+    assert engine.warmup.proposer_prefill == engine.warmup.prefill > 0
     assert engine.speculation.rounds > 0
 
 

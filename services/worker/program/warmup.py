@@ -18,7 +18,8 @@ What it visits (buckets.py bounds the set):
   and sampled, without and with a mask; and per class a K+1-token forward on free lanes committed
   at its first token (a hybrid model's replay kernels: a round that rejects drafts);
 - a host proposer's own graphs (`warm_graphs`: MTP's draft pass per padded size and alignment
-  width, writing the scratch lane only);
+  width, writing the scratch lane only) and its passes over prompt chunks at every prefill shape
+  above (`warm_prefill`: MTP's alignment, padded to the same widths);
 - fla-core's chunked kernels at every row count (they compile and autotune per batch size);
 - the eager sampler per batch-size class: greedy, top-p, top-k per power of two and penalized,
   each without and with a mask (what a tempered, penalized or constrained batch runs outside
@@ -66,6 +67,7 @@ class WarmupReport:
     verify_graphs: int = 0  # verify graph sizes captured (host-launched speculation)
     draft_graphs: int = 0  # DFlash Forward graph sizes captured (device-route speculation)
     proposer_graphs: int = 0  # a host proposer's own graphs (MTP's draft pass: sizes x widths)
+    proposer_prefill: int = 0  # a host proposer's passes at the prefill shapes (MTP's alignment)
     acceptance: int = 0  # acceptance runs (sizes x greedy/sampled x masked/not)
     commits: int = 0  # partial commits after a K+1-token forward (a hybrid model's replay)
     sampling: int = 0  # eager sampler variants (rows x greedy/tempered x masked/not)
@@ -79,6 +81,7 @@ class WarmupReport:
         return {"prefill": self.prefill, "decode": self.decode,
                 "decode_graphs": self.decode_graphs, "verify_graphs": self.verify_graphs,
                 "draft_graphs": self.draft_graphs, "proposer_graphs": self.proposer_graphs,
+                "proposer_prefill": self.proposer_prefill,
                 "acceptance": self.acceptance, "commits": self.commits,
                 "sampling": self.sampling,
                 "prefill_graphs": self.prefill_graphs,
@@ -130,11 +133,15 @@ def warm_up(program, prefill_chunk: int, *, forward=None) -> WarmupReport:
     report = WarmupReport()
     run = forward if forward is not None else _model_forward(program)
     dev, max_len, max_batch = program.device, program.max_len, program.max_batch
-    for rows, width, kv_len in prefill_shapes(prefill_chunk, max_batch, max_len):
+    shapes = prefill_shapes(prefill_chunk, max_batch, max_len)
+    for rows, width, kv_len in shapes:
         tokens, positions, lanes, fed = _inputs(rows, width, kv_len - width, dev)
         run(tokens, positions, lanes, kv_len, fed)
         report.prefill += 1
         report.shapes.append(("prefill", rows, width, kv_len))
+    warm_prefill = getattr(program.proposer, "warm_prefill", None)  # optional (spec/proposer.py)
+    if warm_prefill is not None and program.proposer.route == "host":
+        report.proposer_prefill = warm_prefill(shapes)  # MTP's alignment of prompt chunks
     fwd = program.forward
     if fwd.prefill_graphs is not None:
         _capture_prefill_graphs(program, prefill_chunk, report)

@@ -172,6 +172,9 @@ class GrammarProposer(HostProposer):
     def warm_graphs(self) -> int:
         return 0 if self.inner is None else self.inner.warm_graphs()
 
+    def warm_prefill(self, shapes) -> int:
+        return 0 if self.inner is None else self.inner.warm_prefill(shapes)
+
     def close(self) -> None:
         if self.inner is not None:
             self.inner.close()

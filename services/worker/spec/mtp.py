@@ -25,10 +25,12 @@ by the next alignment before anything reads it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from services.worker.program.batch import PendingBatch, RowOutcome
+from services.worker.program.buckets import plan_widths, prefill_width, prefill_widths
 from services.worker.spec.mtp_graphs import MtpDraftGraphs, draft_chain
 from services.worker.spec.proposer import FINAL, HostProposer
 
@@ -49,6 +51,11 @@ class MtpProposer(HostProposer):
         self.vocab_size = vocab_size
         self._drafts: dict[int, tuple[int, list[int]]] = {}  # lane -> (committed length, drafts)
         self._graphs: MtpDraftGraphs | None = None  # `use_graphs`: the draft pass replayed
+        # Alignments of prefill chunks at the Program's warmed widths (program/buckets.py), on
+        # CUDA, where each new width would compile kernels; the CPU compiles nothing.
+        self.bucketed = next(model.parameters()).device.type == "cuda"
+        self.widths = prefill_widths(state.max_len, state.max_len)
+        self.lane_end_rows = 0  # alignments split into pieces at a lane's end (cumulative)
 
     def propose(self, job, k: int) -> list[int]:
         """The drafts proposed for `job`'s committed output, at most k; [] when none match."""
@@ -68,7 +75,6 @@ class MtpProposer(HostProposer):
     @torch.inference_mode()
     def _align(self, rows, hidden: torch.Tensor, results) -> None:
         dev = hidden.device
-        max_len = self.state.max_len
         work = []  # (batch index, kept positions m, next tokens, committed length after, sample)
         for b, (row, res) in enumerate(zip(rows, results)):
             job = row.request
@@ -90,15 +96,8 @@ class MtpProposer(HostProposer):
             # (its last chunk ends one behind the ledger, whose newest token is the anchor).
             drafting = bool(emitted) or (bool(job.output_ids) and row.end == job.num_tokens - 1)
             work.append((b, m, nxt, len(future), drafting))
-        if not work:
-            return
-        width = max(m for _, m, _, _, _ in work)
-        if any(rows[b].start + width > max_len for b, *_ in work):
-            groups = [[w] for w in work]  # padding would leave the lane: one row at a time
-        else:
-            groups = [work]
-        for group in groups:
-            self._align_and_propose(rows, hidden, group, dev)
+        if work:
+            self._align_and_propose(rows, hidden, work, dev)
 
     def use_graphs(self, max_batch: int, scratch_lane: int) -> None:
         """Replay the draft pass from CUDA graphs (spec/mtp_graphs.py) for groups of up to
@@ -122,21 +121,55 @@ class MtpProposer(HostProposer):
         if self._graphs is not None:
             self._graphs.clear()
 
+    def warm_prefill(self, shapes) -> int:
+        """Run the eager alignment (and its k - 1 steps) at every prefill shape (rows, width,
+        kv_len) the Program's warm-up visits, on the free lanes from position kv_len - width, so
+        a prompt's alignment compiles nothing on the request path; how many passes ran."""
+        dev = next(self.model.parameters()).device
+        dtype = next(self.model.parameters()).dtype
+        hidden_size = self.model.config.hidden_size
+        for rows, width, kv_len in shapes:
+            steps = max(1, min(self.k, self.state.max_len - kv_len + 1))
+            h = torch.zeros(rows, width, hidden_size, dtype=dtype, device=dev)
+            tokens = torch.zeros(rows, width, dtype=torch.int64, device=dev)
+            positions = (kv_len - width + torch.arange(width, device=dev))[None].repeat(rows, 1)
+            lanes = torch.arange(rows, dtype=torch.int64, device=dev)
+            last = torch.full((rows, 1), width - 1, dtype=torch.int64, device=dev)
+            draft_chain(self.model, self.state, h, tokens, positions, lanes, last,
+                        self.vocab_size, [kv_len + s for s in range(steps)])
+        return len(shapes)
+
     def _align_and_propose(self, rows, hidden, group, dev) -> None:
-        width = max(m for _, m, _, _, _ in group)
+        self._align_rows([_Align(rows[b].start, rows[b].request.lane, hidden[b, :m], tokens,
+                                 length, drafting)
+                          for b, m, tokens, length, drafting in group], dev)
+
+    def _align_rows(self, group: list["_Align"], dev) -> None:
+        width = max(len(a.tokens) for a in group)
         n = len(group)
-        h = torch.stack([hidden[b, :width] for b, *_ in group])  # [n, M, H]; M <= W
-        nxt = torch.zeros(n, width, dtype=torch.int64)
-        for j, (_, m, tokens, _, _) in enumerate(group):
-            nxt[j, :m] = torch.tensor(tokens, dtype=torch.int64)
-        starts = torch.tensor([rows[b].start for b, *_ in group], dtype=torch.int64)  # [n]
-        positions = starts[:, None] + torch.arange(width)[None]  # [n, M]
-        lanes = torch.tensor([rows[b].request.lane for b, *_ in group], dtype=torch.int64)
-        last = torch.tensor([m - 1 for _, m, _, _, _ in group], dtype=torch.int64)[:, None]
-        sampled = [j for j, w in enumerate(group) if w[4]]
+        starts = torch.tensor([a.start for a in group], dtype=torch.int64)  # [n]
+        # The width the alignment runs at: a prefill chunk's padded to the Program's warmed
+        # widths (program/buckets.py) on CUDA, where each new width would compile kernels.
+        padded = prefill_width(width) if self.bucketed else width
+        if int(starts.max()) + padded > self.state.max_len:  # padding would leave a lane
+            if n > 1:
+                for one in group:
+                    self._align_rows([one], dev)
+            else:
+                self._align_pieces(group[0], dev)
+            return
+        h = group[0].hidden.new_zeros(n, padded, group[0].hidden.shape[-1])  # [n, P, H]
+        nxt = torch.zeros(n, padded, dtype=torch.int64)
+        for j, a in enumerate(group):
+            h[j, :len(a.tokens)] = a.hidden
+            nxt[j, :len(a.tokens)] = torch.tensor(a.tokens, dtype=torch.int64)
+        positions = starts[:, None] + torch.arange(padded)[None]  # [n, P]
+        lanes = torch.tensor([a.lane for a in group], dtype=torch.int64)
+        last = torch.tensor([len(a.tokens) - 1 for a in group], dtype=torch.int64)[:, None]
+        sampled = [j for j, a in enumerate(group) if a.drafting]
         inputs = (h, nxt.to(dev), positions.to(dev), lanes.to(dev), last.to(dev))
         graphs = self._graphs
-        if sampled and graphs is not None and graphs.fits(n, width, int(starts.max())):
+        if sampled and graphs is not None and graphs.fits(n, padded, int(starts.max())):
             drafted = graphs.run(*inputs)
         else:
             # The last kept position of the furthest row; the chain stops where the lane ends.
@@ -148,5 +181,39 @@ class MtpProposer(HostProposer):
             return
         chains = drafted.tolist()  # one copy to the host for every row and step
         for j in sampled:
-            b, _, _, length, _ = group[j]
-            self._drafts[rows[b].request.lane] = (length, chains[j])
+            self._drafts[group[j].lane] = (group[j].length, chains[j])
+
+    def _align_pieces(self, a: "_Align", dev) -> None:
+        # One row whose padded alignment would leave its lane: consecutive alignments of warmed
+        # widths inside it (program/buckets.py `plan_widths`, as the target's prefill there),
+        # the last one drafting; each piece's MTP KV is written before the next one reads it.
+        plan = plan_widths(a.start, len(a.tokens), self.state.max_len, self.widths)
+        if plan is None or len(plan) == 1:  # nothing warmed fits: the row's own width
+            self.bucketed, bucketed = False, self.bucketed
+            try:
+                self._align_rows([a], dev)
+            finally:
+                self.bucketed = bucketed
+            return
+        self.lane_end_rows += 1
+        offset = 0
+        for i, (count, _) in enumerate(plan):
+            last = i + 1 == len(plan)
+            self._align_rows([_Align(a.start + offset, a.lane, a.hidden[offset:offset + count],
+                                     a.tokens[offset:offset + count], a.length,
+                                     a.drafting and last)], dev)
+            offset += count
+
+
+@dataclass(frozen=True)
+class _Align:
+    """One row's alignment: its kept positions from `start` in `lane`, their target hidden
+    states [m, H] and next committed tokens (m), the committed length after them, and whether
+    the row drafts."""
+
+    start: int
+    lane: int
+    hidden: torch.Tensor
+    tokens: list[int]
+    length: int
+    drafting: bool

@@ -20,11 +20,13 @@ Every proposer has
                  num_drafts, draft_q) or, on the device route, its draft_limit; each row within
                  `draft_limit(row, k, max_len)`. A batch where no row drafts comes back as given
                  (an ordinary decode step).
-    use_graphs(max_batch, scratch_lane), warm_graphs() -> int, close()
+    use_graphs(max_batch, scratch_lane), warm_graphs() -> int, warm_prefill(shapes) -> int,
+    close()
                  (host route, optional) the Program captures CUDA graphs: a proposer with device
                  passes of its own (MTP) may replay them from graphs padded to the Program's batch
                  classes, padding rows writing the scratch lane; `warm_graphs` captures them all
-                 at the warm-up, `close` destroys them.
+                 at the warm-up, `warm_prefill` runs its eager passes over prefill chunks at the
+                 warm-up's shapes, `close` destroys the graphs.
     after_step(pending, hidden) -> float
                  after every Program step (prefill chunks, decode steps, verify rounds), before
                  the commit: `pending` holds each row's result (nothing committed yet), `hidden`
@@ -134,6 +136,11 @@ class HostProposer:
 
     def warm_graphs(self) -> int:
         """Capture every graph `use_graphs` allows now (the Program's warm-up); how many."""
+        return 0
+
+    def warm_prefill(self, shapes) -> int:
+        """Run the proposer's own passes over prefill chunks at every (rows, width, kv_len) the
+        Program's warm-up visits (free lanes only); how many ran."""
         return 0
 
     def close(self) -> None:
