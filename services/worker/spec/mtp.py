@@ -14,7 +14,8 @@ the step's target hidden states and what each row emits (`after_step`), and it
    following positions (greedy, one-hot q, never constrained). With CUDA graphs the Program
    calls `use_graphs`: the alignment and the k steps of a decode or verify row group then replay
    one captured graph (spec/mtp_graphs.py); prefill chunks and rows near the lane's end run the
-   same function eagerly.
+   same function eagerly. The pass is launched after the step and its drafts are read by the next
+   round's `propose`, so on CUDA it runs while the host commits the step.
 
 Drafts are kept per lane with the committed length they continue; a round that commits something
 else (an aborted round, a failed row, a pause) simply finds no matching drafts and decodes
@@ -56,9 +57,14 @@ class MtpProposer(HostProposer):
         self.bucketed = next(model.parameters()).device.type == "cuda"
         self.widths = prefill_widths(state.max_len, state.max_len)
         self.lane_end_rows = 0  # alignments split into pieces at a lane's end (cumulative)
+        # Draft passes launched, not read yet: (drafts [n, k] on the device, (lane, committed
+        # length, row) of each drafting row); and the host's wait reading the last ones.
+        self._launched: list[tuple[torch.Tensor, list[tuple[int, int, int]]]] = []
+        self._waited = 0.0
 
     def propose(self, job, k: int) -> list[int]:
         """The drafts proposed for `job`'s committed output, at most k; [] when none match."""
+        self._materialize()
         entry = self._drafts.get(job.lane)
         if entry is None or entry[0] != job.num_tokens or k <= 0:
             return []
@@ -67,13 +73,29 @@ class MtpProposer(HostProposer):
     def after_step(self, pending: PendingBatch, hidden: torch.Tensor | None) -> float:
         """hidden: [n, W, H] target hidden states of the step's rows (row b's fed tokens at
         [b, :len(tokens)]); pending: the step's per-row results (nothing is committed yet).
-        The host waits here for the next round's drafts: all of it is exposed draft time."""
+        Launches the draft pass and returns without reading its drafts: on CUDA it runs while
+        the host commits the step, and the next round's `propose` reads them (one copy). The
+        seconds returned are exposed draft time: launching this pass, and the last read's wait."""
         start = time.perf_counter()
         self._align(pending.batch.rows, hidden, pending.results)
-        return time.perf_counter() - start
+        waited, self._waited = self._waited, 0.0
+        return time.perf_counter() - start + waited
+
+    def _materialize(self) -> None:
+        # The launched draft passes' drafts to the host (the host waits for them here).
+        if not self._launched:
+            return
+        start = time.perf_counter()
+        for drafted, entries in self._launched:
+            chains = drafted.tolist()
+            for lane, length, j in entries:
+                self._drafts[lane] = (length, chains[j])
+        self._launched.clear()
+        self._waited += time.perf_counter() - start
 
     @torch.inference_mode()
     def _align(self, rows, hidden: torch.Tensor, results) -> None:
+        self._materialize()  # drafts of an earlier step nobody asked for: before the pops below
         dev = hidden.device
         work = []  # (batch index, kept positions m, next tokens, committed length after, sample)
         for b, (row, res) in enumerate(zip(rows, results)):
@@ -169,7 +191,9 @@ class MtpProposer(HostProposer):
         sampled = [j for j, a in enumerate(group) if a.drafting]
         inputs = (h, nxt.to(dev), positions.to(dev), lanes.to(dev), last.to(dev))
         graphs = self._graphs
-        if sampled and graphs is not None and graphs.fits(n, padded, int(starts.max())):
+        replayed = bool(sampled) and graphs is not None and graphs.fits(n, padded,
+                                                                        int(starts.max()))
+        if replayed:
             drafted = graphs.run(*inputs)
         else:
             # The last kept position of the furthest row; the chain stops where the lane ends.
@@ -179,9 +203,10 @@ class MtpProposer(HostProposer):
             drafted = draft_chain(self.model, self.state, *inputs, self.vocab_size, kv_lens)
         if not sampled:
             return
-        chains = drafted.tolist()  # one copy to the host for every row and step
-        for j in sampled:
-            self._drafts[group[j].lane] = (group[j].length, chains[j])
+        # Read by the next `propose` (one copy for every row and step); a graph's static output
+        # is copied first, since another group of this step may replay the same graph.
+        owned = drafted.clone() if replayed else drafted
+        self._launched.append((owned, [(group[j].lane, group[j].length, j) for j in sampled]))
 
     def _align_pieces(self, a: "_Align", dev) -> None:
         # One row whose padded alignment would leave its lane: consecutive alignments of warmed
