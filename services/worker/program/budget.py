@@ -1,4 +1,5 @@
-"""How long the Program's lanes are when their length comes from the KV budget.
+"""How long the Program's lanes are when their length comes from the KV budget, and the model
+state allocated for them (`new_state`).
 
 One budget pays for everything allocated per lane at start: the model's state (the dense KV pool,
 or a hybrid model's KV pool, recurrent state, conv windows and what verifying up to
@@ -12,6 +13,8 @@ and context cache together fit.
 from __future__ import annotations
 
 import torch
+
+from services.worker.models.kv_cache import BLOCK_SIZE, blocks_per_lane
 
 
 def lane_length(model, lanes: int, budget_bytes: int, dtype: torch.dtype, *, paid: int = 0,
@@ -42,3 +45,27 @@ def lane_length(model, lanes: int, budget_bytes: int, dtype: torch.dtype, *, pai
                          f"lanes beside the draft's context cache ({per_position} bytes per lane "
                          f"position)")
     return lo
+
+
+def new_state(runtime, lanes: int, max_len: int | None, *, kv_budget_bytes: int,
+              max_drafts: int, snapshots: int, kv_cache_tokens: int | None,
+              context_bytes_per_position: int):
+    """The model state of `lanes` lanes (`model.new_state`): `max_len` positions each, or with
+    None the longest that `kv_budget_bytes` pays for beside a hybrid model's `snapshots`
+    prefix-cache snapshot slots and a draft's context cache, capped at the model's context;
+    verifying up to `max_drafts` + 1 tokens a row when drafting; a KV pool of at least
+    `kv_cache_tokens` positions (room beyond the lanes for the prefix cache) when given."""
+    model, dtype = runtime.model, runtime.dtype
+    extra = {"verify_width": max_drafts + 1} if max_drafts else {}
+    if max_len is None:
+        snapshot_bytes = getattr(model, "snapshot_bytes", None)
+        paid = snapshots * snapshot_bytes(dtype) if snapshot_bytes is not None else 0
+        max_len = lane_length(model, lanes, kv_budget_bytes, dtype, paid=paid,
+                              per_position=context_bytes_per_position, **extra)
+    max_len = min(max_len, runtime.config.max_position_embeddings)
+    num_blocks = None
+    if kv_cache_tokens is not None:
+        num_blocks = 1 + max(lanes * blocks_per_lane(max_len, BLOCK_SIZE),
+                             blocks_per_lane(kv_cache_tokens, BLOCK_SIZE))
+    return model.new_state(lanes, max_len, dtype=dtype, device=runtime.device,
+                           num_blocks=num_blocks, **extra)

@@ -29,10 +29,10 @@ import torch
 
 from kernels.sampling_contract import SampleStatus
 from services.settings import switch
-from services.worker.models.kv_cache import BLOCK_SIZE, KVCache, blocks_per_lane
+from services.worker.models.kv_cache import KVCache
 from services.worker.program.batch import BatchRow, PendingBatch, RowOutcome, RowResult, StepBatch
 from services.worker.program.blocks import BlockManager
-from services.worker.program.budget import lane_length
+from services.worker.program.budget import new_state
 from services.worker.program.events import ReadyEvent
 from services.worker.program.forward import Forward
 from services.worker.program.graphs import DecodeGraphs
@@ -89,23 +89,11 @@ class Program:
         self.max_drafts = max_drafts
         self._use_graphs = self.cuda and cuda_graphs
         lanes = max_batch + (1 if self._use_graphs else 0)  # + the scratch lane of padding rows
-        cap = runtime.config.max_position_embeddings
-        # A hybrid model's prefix-cache snapshots are paid from the same budget as the lanes.
-        snapshot_bytes = getattr(self.model, "snapshot_bytes", None)
         snapshots = max(8, 2 * max_batch) if state_snapshots is None else state_snapshots
-        extra = {"verify_width": max_drafts + 1} if max_drafts else {}
-        if max_len is None:
-            paid = snapshots * snapshot_bytes(runtime.dtype) \
-                if snapshot_bytes is not None and prefix_cache else 0
-            max_len = lane_length(self.model, lanes, kv_budget_bytes, runtime.dtype, paid=paid,
-                                  per_position=context_bytes_per_position, **extra)
-        max_len = min(max_len, cap)
-        num_blocks = None
-        if kv_cache_tokens is not None:  # room beyond the lanes for the prefix cache
-            num_blocks = 1 + max(lanes * blocks_per_lane(max_len, BLOCK_SIZE),
-                                 blocks_per_lane(kv_cache_tokens, BLOCK_SIZE))
-        self.state = self.model.new_state(lanes, max_len, dtype=runtime.dtype,
-                                          device=self.device, num_blocks=num_blocks, **extra)
+        self.state = new_state(runtime, lanes, max_len, kv_budget_bytes=kv_budget_bytes,
+                               max_drafts=max_drafts, snapshots=snapshots if prefix_cache else 0,
+                               kv_cache_tokens=kv_cache_tokens,
+                               context_bytes_per_position=context_bytes_per_position)
         self.max_len = self.state.max_len
         self.prefix_cache = prefix_cache
         kv = _kv(self.state)
@@ -121,8 +109,8 @@ class Program:
         log.info("kv_pool", blocks=kv.num_blocks, block_size=kv.block_size, max_len=self.max_len,
                  bytes=kv.nbytes, prefix_cache=self.prefix_cache, state_snapshots=snapshots,
                  draft_context_bytes=lanes * self.max_len * context_bytes_per_position,
-                 snapshot_bytes=snapshots * snapshot_bytes(runtime.dtype)
-                 if snapshots and snapshot_bytes is not None else 0)
+                 snapshot_bytes=snapshots * getattr(self.model, "snapshot_bytes",
+                                                    lambda dtype: 0)(runtime.dtype))
         self.masks = MaskBuffers(self.domain, max_batch, max_drafts, self.device)
         self.sampler = Sampler(self.domain, self.device)
         self.logprobs = LogprobReader(self.domain, self.device, logprobs_mode)
