@@ -182,18 +182,6 @@ class Postprocessor:
                 continue
             tokens = res.tokens
             stop_ids = job.stop_token_ids
-            if len(tokens) == 1 and not stop_ids and not row.num_drafts:  # a decode row
-                result = job.session.preview(tokens, limit=job.remaining,
-                                             position=len(job.output_ids))
-                if result.failure is None:  # its one token accepted
-                    previews[i] = _Preview(result, tokens, False)
-                    kept[i] = len(row.tokens)
-                    continue
-                failures[i] = result.failure
-                if result.row_only:
-                    continue
-                round_.aborted_by = i
-                return round_
             cut = next((k for k, t in enumerate(tokens) if t in stop_ids), None) \
                 if stop_ids else None
             fed = tokens if cut is None else tokens[:cut]
@@ -300,8 +288,7 @@ class Postprocessor:
                         InternalError(f"publishing the output failed: {type(exc).__name__}: {exc}"))
             return False
         if events:
-            for gone in self._outbox.add_all(job.sink, events, job):  # held until flush()
-                gone.cancel_requested = True  # the consumer is gone: stop generating for it
+            self._send_all(job, events)
         return True
 
     def _send_all(self, job: Request, events) -> None:
