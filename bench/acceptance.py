@@ -174,20 +174,25 @@ class KnownAcceptance:
         self.inner.eager_drafts(rows, anchors, starts, lanes)
         return self._table[lanes], None, None
 
+    # The host-route members an inner proposer has of its own passes (spec/proposer.py): its
+    # graphs and warm-up run for cost as its drafting does.
     def use_graphs(self, max_batch: int, scratch_lane: int) -> None:
-        if self.inner is not None and self.route == "host":
-            self.inner.use_graphs(max_batch, scratch_lane)
+        if self._host_inner is not None:
+            self._host_inner.use_graphs(max_batch, scratch_lane)
 
     def warm_graphs(self) -> int:
-        return self.inner.warm_graphs() if self.inner is not None and self.route == "host" else 0
+        return 0 if self._host_inner is None else self._host_inner.warm_graphs()
 
     def warm_prefill(self, shapes) -> int:
-        host = self.inner is not None and self.route == "host"
-        return self.inner.warm_prefill(shapes) if host else 0
+        return 0 if self._host_inner is None else self._host_inner.warm_prefill(shapes)
 
     def close(self) -> None:
-        if self.inner is not None and self.route == "host":
-            self.inner.close()
+        if self._host_inner is not None:
+            self._host_inner.close()
+
+    @property
+    def _host_inner(self):
+        return self.inner if self.inner is not None and self.route == "host" else None
 
     def after_step(self, pending: PendingBatch, hidden: torch.Tensor | None) -> float:
         for row, res in zip(pending.batch.rows, pending.results):

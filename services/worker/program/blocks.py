@@ -57,6 +57,13 @@ def identity_hash(identity: str) -> bytes:
     return hashlib.blake2b(identity.encode("utf-8"), digest_size=16).digest()
 
 
+def model_identity(runtime) -> str:
+    """The identity a runtime's (services/worker/runtime.py `ModelRuntime`) chains start from:
+    the served name, the weights' source, architecture and dtype (an adapter would join here)."""
+    source = getattr(runtime.model, "source_path", None)
+    return f"{runtime.name}|{source}|{type(runtime.model).__name__}|{runtime.dtype}"
+
+
 @dataclass
 class PrefixCacheStats:
     """Cumulative counters (the worker's metrics read their deltas)."""

@@ -31,7 +31,7 @@ from kernels.sampling_contract import SampleStatus
 from services.settings import switch
 from services.worker.models.kv_cache import KVCache
 from services.worker.program.batch import BatchRow, PendingBatch, RowOutcome, RowResult, StepBatch
-from services.worker.program.blocks import BlockManager
+from services.worker.program.blocks import BlockManager, model_identity
 from services.worker.program.budget import new_state
 from services.worker.program.events import ReadyEvent
 from services.worker.program.forward import Forward
@@ -149,7 +149,7 @@ class Program:
             self.rounds.use_device_proposer(proposer, graphs=self._use_graphs)
         else:
             self._graph_forwards(keep_hidden=proposer.reads is not None)
-            capture = getattr(proposer, "use_graphs", None)  # optional (spec/proposer.py)
+            capture = self.proposer_member("use_graphs")
             if self._use_graphs and capture is not None and switch("mtp_graphs"):
                 capture(self.max_batch, scratch_lane=self.max_batch)
 
@@ -170,10 +170,14 @@ class Program:
                 self.model, self.state, self.max_batch, scratch_lane=self.max_batch,
                 width=self.max_drafts + 1, keep_hidden=keep_hidden)
 
-    @property
-    def proposer(self):
-        """The speculative proposer `use` installed (None: ordinary decoding)."""
-        return self._proposer
+    def proposer_member(self, name: str):
+        """The proposer's optional host-route member `name` (spec/proposer.py: `use_graphs`,
+        `warm_graphs`, `warm_prefill`, `close`), or None: no proposer, a device-route one, or
+        one without it."""
+        proposer = self._proposer
+        if proposer is None or proposer.route != "host":
+            return None
+        return getattr(proposer, name, None)
 
     @property
     def draft_wait_seconds(self) -> float:
@@ -363,8 +367,8 @@ class Program:
             if graphs is not None:
                 graphs.clear()
         self.rounds.close()
-        close = getattr(self._proposer, "close", None)
-        if close is not None and self._proposer.route == "host":
+        close = self.proposer_member("close")
+        if close is not None:
             close()
         if self._ready is not None:
             self._ready.close()
@@ -389,13 +393,6 @@ class Program:
             "an empty legal set on the device after the CPU mask said Ready"
         return RowResult(RowOutcome.NONFINITE, error=InternalError(
             f"sampling found {what} at output position {row.request.num_output_tokens}"))
-
-
-def model_identity(runtime: ModelRuntime) -> str:
-    """What the prefix cache's hash chain starts from: the served name, the weights' source,
-    architecture and dtype (an adapter would join here)."""
-    source = getattr(runtime.model, "source_path", None)
-    return f"{runtime.name}|{source}|{type(runtime.model).__name__}|{runtime.dtype}"
 
 
 def _kv(state) -> KVCache:

@@ -139,8 +139,8 @@ def warm_up(program, prefill_chunk: int, *, forward=None) -> WarmupReport:
         run(tokens, positions, lanes, kv_len, fed)
         report.prefill += 1
         report.shapes.append(("prefill", rows, width, kv_len))
-    warm_prefill = getattr(program.proposer, "warm_prefill", None)  # optional (spec/proposer.py)
-    if warm_prefill is not None and program.proposer.route == "host":
+    warm_prefill = program.proposer_member("warm_prefill")
+    if warm_prefill is not None:
         report.proposer_prefill = warm_prefill(shapes)  # MTP's alignment of prompt chunks
     fwd = program.forward
     if fwd.prefill_graphs is not None:
@@ -179,8 +179,8 @@ def warm_up(program, prefill_chunk: int, *, forward=None) -> WarmupReport:
         kinds = [_fake_request(SamplingParams(temperature=0.0), False),
                  _fake_request(SamplingParams(temperature=1.0, top_p=0.9), False)]
         report.acceptance = verifier.warm(graph_sizes(max_batch), kinds, program.runtime.dtype)
-    warm = getattr(program.proposer, "warm_graphs", None)  # optional (spec/proposer.py)
-    if warm is not None and program.proposer.route == "host":
+    warm = program.proposer_member("warm_graphs")
+    if warm is not None:
         report.proposer_graphs = warm()
     _warm_sampler(program, report)
     fwd.reset()

@@ -166,13 +166,13 @@ class MtpProposer(HostProposer):
                                  length, drafting)
                           for b, m, tokens, length, drafting in group], dev)
 
-    def _align_rows(self, group: list["_Align"], dev) -> None:
+    def _align_rows(self, group: list["_Align"], dev, pad: bool = True) -> None:
         width = max(len(a.tokens) for a in group)
         n = len(group)
         starts = torch.tensor([a.start for a in group], dtype=torch.int64)  # [n]
         # The width the alignment runs at: a prefill chunk's padded to the Program's warmed
         # widths (program/buckets.py) on CUDA, where each new width would compile kernels.
-        padded = prefill_width(width) if self.bucketed else width
+        padded = prefill_width(width) if self.bucketed and pad else width
         if int(starts.max()) + padded > self.state.max_len:  # padding would leave a lane
             if n > 1:
                 for one in group:
@@ -214,11 +214,7 @@ class MtpProposer(HostProposer):
         # the last one drafting; each piece's MTP KV is written before the next one reads it.
         plan = plan_widths(a.start, len(a.tokens), self.state.max_len, self.widths)
         if plan is None or len(plan) == 1:  # nothing warmed fits: the row's own width
-            self.bucketed, bucketed = False, self.bucketed
-            try:
-                self._align_rows([a], dev)
-            finally:
-                self.bucketed = bucketed
+            self._align_rows([a], dev, pad=False)
             return
         self.lane_end_rows += 1
         offset = 0

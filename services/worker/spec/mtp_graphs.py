@@ -94,8 +94,8 @@ class MtpDraftGraph:
 
 
 class MtpDraftGraphs:
-    """The draft-pass graphs of one MTP proposer, captured on first use per (padded size, width)
-    for widths 1 .. max_width."""
+    """The draft-pass graphs of one MTP proposer per (padded size, width) for widths
+    1 .. max_width: all at the warm-up (`capture_all`), or on first use without one."""
 
     def __init__(self, model, state, max_batch: int, max_width: int, k: int, vocab_size: int,
                  scratch_lane: int) -> None:
@@ -107,11 +107,6 @@ class MtpDraftGraphs:
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict[tuple[int, int], MtpDraftGraph] = {}
         self.replays = self.captures = 0  # counted for tests and benches (none after warm-up)
-
-    @property
-    def captured(self) -> tuple[tuple[int, int], ...]:
-        """The (padded size, width) pairs captured so far."""
-        return tuple(sorted(self._graphs))
 
     def fits(self, n: int, width: int, last_start: int) -> bool:
         """Whether n rows of `width` kept positions, the furthest starting at `last_start`, can
