@@ -160,6 +160,35 @@ def test_mtp_after_the_start_up_warm_up_equals_ordinary_greedy(runtime, baseline
     assert engine.speculation.rounds > 0
 
 
+def test_a_steps_drafts_are_read_when_the_next_round_asks(runtime, baseline):
+    """After a step the draft pass is launched and not read (on CUDA it runs while the host
+    commits the step); the next round's `propose` reads every launched pass at once, and the
+    host's wait there is counted as exposed draft time by the next `after_step`."""
+    seen = {"after": 0, "proposed": 0}
+
+    def hooked(engine):
+        mtp = engine.proposer.inner
+        after, propose = mtp.after_step, mtp.propose
+
+        def after_step(pending, hidden):
+            waited = after(pending, hidden)
+            seen["after"] += bool(mtp._launched)  # launched, not read yet
+            return waited
+
+        def proposing(job, n):
+            drafts = propose(job, n)
+            assert not mtp._launched  # read by the round that asks
+            seen["proposed"] += bool(drafts)
+            return drafts
+
+        mtp.after_step, mtp.propose = after_step, proposing
+        return engine.proposer
+
+    fins, engine = asyncio.run(_run(runtime, speculative="mtp", k=3, drafter=hooked))
+    _same(fins, baseline)
+    assert seen["after"] > 0 and seen["proposed"] > 0 and engine.speculation.rounds > 0
+
+
 def test_mtp_needs_an_mtp_module():
     from services.worker.engine import Engine, EngineConfig
 
