@@ -186,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
                     "acceptance": list(args.acceptance), "batch_sizes": list(batch_sizes),
                     "modes": list(args.modes), "max_tokens": opts.max_tokens,
                     "cuda_graphs": opts.cuda_graphs, "draft_layers": opts.draft_layers,
+                    "draft_vocab": opts.draft_vocab,
                     "seed": args.seed, "greedy": True,
                     "known_acceptance": "drafts = the plain greedy continuation, each corrupted "
                     "with probability 1 - p; the backend's draft passes run, their ids dropped"},

@@ -109,6 +109,9 @@ def add_spec_parser(sub: argparse._SubParsersAction) -> None:
                    "random-weight draft of the target's width, its cost per round)")
     p.add_argument("--draft-layers", type=int, default=2,
                    help="layers of the random DFlash draft (default: 2)")
+    p.add_argument("--draft-vocab", type=int, metavar="N",
+                   help="MTP rounds: draft among the first N token ids (serve's --draft-vocab; "
+                   "default: the whole vocabulary)")
     p.add_argument("--num-draft-tokens", type=int, nargs="+", default=[2, 4], metavar="K",
                    help="K values (default: 2 4)")
     p.add_argument("--batch-size", type=int, default=1, help="concurrent requests (default: 1)")

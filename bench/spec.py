@@ -109,6 +109,7 @@ class SpecBenchOptions:
     max_tokens: int = 96  # output tokens per request, >= 2
     cuda_graphs: bool = True  # decode and (n-gram, oracle) verify graphs on CUDA
     draft_layers: int = 2  # layers of the random DFlash / DFlash2 draft, >= 1
+    draft_vocab: int | None = None  # MTP rounds: drafts among the first N token ids (None: all)
 
     def __post_init__(self) -> None:
         if not self.tasks or any(t not in TASKS for t in self.tasks):
@@ -129,7 +130,7 @@ class SpecBenchOptions:
         return cls(tasks=tuple(args.tasks), backends=tuple(args.backends),
                    draft_tokens=tuple(args.num_draft_tokens), batch_size=args.batch_size,
                    max_tokens=args.max_tokens, cuda_graphs=not args.no_cuda_graphs,
-                   draft_layers=args.draft_layers)
+                   draft_layers=args.draft_layers, draft_vocab=args.draft_vocab)
 
 
 def _requests(runtime: ModelRuntime, prompts: list[str], schema: dict | list[dict] | None,
@@ -180,6 +181,7 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
                           cuda_graphs=opts.cuda_graphs, speculative=speculative,
                           num_draft_tokens=k, max_waiting=len(prompts),
                           draft_model=(drafts or {}).get((backend, k)),
+                          draft_vocab=opts.draft_vocab if backend == "mtp" else None,
                           # the start-up warm-up, as `serve` runs it on CUDA: no timed round
                           # (the first baseline included) compiles a kernel shape or a graph
                           warmup=runtime.device.type == "cuda")
@@ -338,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
         "options": {"tasks": list(opts.tasks), "backends": list(opts.backends),
                     "draft_tokens": list(opts.draft_tokens), "batch_size": opts.batch_size,
                     "max_tokens": opts.max_tokens, "cuda_graphs": opts.cuda_graphs,
-                    "draft_layers": opts.draft_layers,
+                    "draft_layers": opts.draft_layers, "draft_vocab": opts.draft_vocab,
                     "greedy": True, "route": "host-launched (drafts on the host before the "
                                                "verify forward, a CUDA graph per padded batch "
                                                "size on CUDA, acceptance after it)"},

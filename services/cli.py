@@ -224,7 +224,8 @@ def run_gateway_serve(args: argparse.Namespace) -> int:
 # The engine's flags, shared by `serve` (embedded) and `worker serve` (gRPC)
 ENGINE_FLAGS = ("lanes", "max_len", "prefill_chunk", "preempt_after", "max_waiting",
                 "kv_cache_tokens", "no_prefix_cache", "no_pipeline", "no_warmup", "kernel_cache",
-                "log_level", "speculative", "draft_model", "num_draft_tokens", "logprobs_mode")
+                "log_level", "speculative", "draft_model", "num_draft_tokens", "draft_vocab",
+                "logprobs_mode")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,6 +33,7 @@ class WorkerSettings:
     speculative: str | None = default("speculative")  # backend (services/worker/spec); None: off
     draft_model: str | None = default("draft_model")  # draft checkpoint (dflash, dflash2)
     num_draft_tokens: int = default("num_draft_tokens")  # K, >= 1
+    draft_vocab: int | None = default("draft_vocab")  # mtp: drafts among the first N ids
     prefix_cache: bool = not default("no_prefix_cache")  # the automatic prefix cache
     pipeline: bool = not default("no_pipeline")  # CUDA: launch step n+1 before committing step n
     kv_cache_tokens: int | None = default("kv_cache_tokens")  # KV positions; None: lanes x max_len
@@ -49,7 +50,8 @@ class WorkerSettings:
             raise ValueError(f"kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}")
         from services.worker.spec import check_backend
 
-        check_backend(self.speculative, self.draft_model)  # Unsupported before the model loads
+        # Unsupported before the model loads
+        check_backend(self.speculative, self.draft_model, self.draft_vocab)
 
     @classmethod
     def from_args(cls, args) -> "WorkerSettings":
@@ -57,6 +59,7 @@ class WorkerSettings:
                    prefill_chunk=args.prefill_chunk, preempt_after_s=args.preempt_after,
                    max_waiting=args.max_waiting, speculative=args.speculative,
                    draft_model=args.draft_model, num_draft_tokens=args.num_draft_tokens,
+                   draft_vocab=getattr(args, "draft_vocab", None),
                    prefix_cache=not getattr(args, "no_prefix_cache", False),
                    pipeline=not getattr(args, "no_pipeline", False),
                    kv_cache_tokens=getattr(args, "kv_cache_tokens", None),
@@ -126,6 +129,7 @@ def open_worker(settings: WorkerSettings, *, grammar=None, registry=None):
                           max_waiting=settings.max_waiting,
                           speculative=settings.speculative,
                           num_draft_tokens=settings.num_draft_tokens,
+                          draft_vocab=settings.draft_vocab,
                           draft_model=settings.draft_model, prefix_cache=settings.prefix_cache,
                           pipeline=None if settings.pipeline else False,
                           kv_cache_tokens=settings.kv_cache_tokens,

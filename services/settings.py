@@ -136,6 +136,10 @@ _TABLE = (
             "DIR"),
     Setting("num_draft_tokens", _positive, 4, "drafts per request and round with --speculative",
             "K"),
+    Setting("draft_vocab", _positive, None, "with --speculative mtp: draft among the first N "
+            "token ids only (a BPE vocabulary's most frequent tokens), so each draft step's LM "
+            "head reads N rows instead of the whole vocabulary; the output is unchanged, fewer "
+            "drafts may be accepted; omitted: the whole vocabulary", "N"),
     Setting("logprobs_mode", str, "processed", "what logprobs report: processed (the "
             "distribution each token was sampled from: penalties, the grammar mask and the "
             "sampling transforms applied; greedy rows: the masked log-softmax at temperature 1) "

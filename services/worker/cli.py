@@ -49,7 +49,8 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     """Add the `generate` subcommand to `sub` (its func is `run_generate`)."""
     p = sub.add_parser("generate", help="generate one output with the in-process worker",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_settings(p, "model", "device", "max_len", "speculative", "draft_model", "num_draft_tokens")
+    add_settings(p, "model", "device", "max_len", "speculative", "draft_model", "num_draft_tokens",
+                 "draft_vocab")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", metavar="TEXT",
                         help="one user message, rendered with the model's ChatML chat template "
@@ -180,7 +181,8 @@ def run_generate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
 
         speculative = getattr(args, "speculative", None)
         draft_model = getattr(args, "draft_model", None)
-        check_backend(speculative, draft_model)  # Unsupported before the model loads
+        # Unsupported before the model loads
+        check_backend(speculative, draft_model, getattr(args, "draft_vocab", None))
         request = request_from_args(args)
         if runtime is None:  # the real command line (tests pass a runtime and keep their logging)
             validate_constraint(request)
@@ -198,7 +200,8 @@ def run_generate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     async def main() -> int:
         client = open_in_process(runtime, EngineConfig(
             max_batch=1, max_len=args.max_len, speculative=speculative, draft_model=draft_model,
-            num_draft_tokens=getattr(args, "num_draft_tokens", 4)))
+            num_draft_tokens=getattr(args, "num_draft_tokens", 4),
+            draft_vocab=getattr(args, "draft_vocab", None)))
         try:
             fin = await generate_once(client, request, stream=args.stream, as_json=args.json,
                                       out=out, err=err)

@@ -43,9 +43,11 @@ def runtime():
     return ModelRuntime("q35-tiny", model, model.config, Frontend("q35-tiny", d, ByteTokenizer(d)))
 
 
-async def _run(runtime, *, speculative=None, k=3, drafter=None, record=None, warmup=False):
+async def _run(runtime, *, speculative=None, k=3, drafter=None, record=None, warmup=False,
+               draft_vocab=None):
     client = open_client(runtime, max_batch=3, max_len=128, prefill_chunk=5,
-                         speculative=speculative, num_draft_tokens=k, warmup=warmup)
+                         speculative=speculative, num_draft_tokens=k, warmup=warmup,
+                         draft_vocab=draft_vocab)
     engine = client.engine
     if drafter is not None:
         engine.proposer = drafter(engine)
@@ -97,7 +99,12 @@ def _mtp_from_scratch(model, sequence: tuple[int, ...], k: int, vocab: int) -> l
     return drafts
 
 
-def test_mtp_greedy_equals_ordinary_and_drafts_match_a_fresh_computation(runtime, baseline):
+@pytest.mark.parametrize("draft_vocab", [None, 120])
+def test_mtp_greedy_equals_ordinary_and_drafts_match_a_fresh_computation(runtime, baseline,
+                                                                         draft_vocab):
+    """With `draft_vocab` N the drafts are the greedy choice among the first N token ids (the LM
+    head computing those rows only), recomputed from scratch the same way; the output is
+    ordinary greedy decoding's either way (drafts are proposals)."""
     seen: list[tuple[tuple[int, ...], list[int]]] = []
 
     def recording(engine):
@@ -113,13 +120,37 @@ def test_mtp_greedy_equals_ordinary_and_drafts_match_a_fresh_computation(runtime
         mtp.propose = propose  # the host route's attach asks it for each row's drafts
         return mtp
 
-    fins, engine = asyncio.run(_run(runtime, speculative="mtp", k=3, drafter=recording))
+    fins, engine = asyncio.run(_run(runtime, speculative="mtp", k=3, drafter=recording,
+                                    draft_vocab=draft_vocab))
     _same(fins, baseline)
     assert engine.speculation.rounds > 0 and len(seen) > 10
+    vocab = runtime.domain.size if draft_vocab is None else draft_vocab
+    assert vocab < runtime.domain.size or draft_vocab is None
     # The prefill chunks (5 tokens), decode and verify rounds all aligned the MTP context.
     for context, drafts in seen[:: max(1, len(seen) // 8)]:
-        want = _mtp_from_scratch(runtime.model, context, 3, runtime.domain.size)
+        want = _mtp_from_scratch(runtime.model, context, 3, vocab)
         assert drafts == want[:len(drafts)], context
+    if draft_vocab is not None:
+        assert all(t < draft_vocab for _, drafts in seen for t in drafts)
+
+
+def test_draft_vocab_is_refused_where_it_would_change_nothing():
+    """Nothing that is set is silently ignored: a draft vocabulary beside another backend than
+    mtp is Unsupported, a count below 1 invalid, each naming the field; the flag reaches serve."""
+    from services.cli import build_parser
+    from services.worker.spec import check_backend
+    from shared.errors import InvalidRequest
+
+    check_backend("mtp", None, 32768)
+    for backend in (None, "ngram", "grammar"):
+        with pytest.raises(Unsupported) as err:
+            check_backend(backend, None, 64)
+        assert err.value.field == "draft_vocab"
+    with pytest.raises(InvalidRequest) as err:
+        check_backend("mtp", None, 0)
+    assert err.value.field == "draft_vocab"
+    args = build_parser().parse_args(["serve", "--speculative", "mtp", "--draft-vocab", "4096"])
+    assert args.draft_vocab == 4096
 
 
 @pytest.mark.parametrize("corrupt", [False, True])

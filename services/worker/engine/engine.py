@@ -79,6 +79,7 @@ class EngineConfig:
     speculative: str | None = None  # None, or a backend of services/worker/spec (ngram, ...)
     num_draft_tokens: int = 4  # K: drafts per row and round when speculative, >= 1
     draft_model: str | None = None  # checkpoint directory of a DFlash / DFlash2 draft model
+    draft_vocab: int | None = None  # MTP drafts among the first N token ids; None: all of them
     prefix_cache: bool = True  # reuse cached KV blocks (+ hybrid state snapshots) of equal prefixes
     kv_cache_tokens: int | None = None  # KV pool positions, at least every lane's full length
     # Launch decode step n+1 before committing step n (the pipeline, Engine.step); None: on
@@ -135,7 +136,7 @@ class Engine:
         self.grammar = grammar
         self.config = config
         self.metrics = metrics if metrics is not None else WorkerMetrics()
-        check_backend(config.speculative, config.draft_model)
+        check_backend(config.speculative, config.draft_model, config.draft_vocab)
         check_model(config.speculative, runtime.model)
         self.speculation = SpecCounters()
         self.finish_listeners: list = []  # fn(request) on the worker thread as each one ends

@@ -203,13 +203,15 @@ class Qwen35Model(nn.Module):
             return self.model.norm(x), torch.cat([taps[i] for i in tap], dim=-1)
         return self.model.norm(x)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., hidden] -> [..., vocab] in the model's dtype."""
+    def logits(self, hidden: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """[..., hidden] -> [..., vocab] in the model's dtype; `rows`: only the logits of the
+        first `rows` token ids (a leading slice of the head's rows: no copy)."""
+        weight = self.output_weight if rows is None else self.output_weight[:rows]
         if self.fused:
             from services.worker.models.layers import linear
 
-            return linear(hidden, self.output_weight)
-        return F.linear(hidden, self.output_weight)
+            return linear(hidden, weight)
+        return F.linear(hidden, weight)
 
     def forward(
         self,
@@ -232,12 +234,14 @@ class Qwen35Model(nn.Module):
 
     def mtp_forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
                     state: Qwen35State, lanes: torch.Tensor, *, kv_len: int | None = None,
-                    logit_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    logit_index: torch.Tensor | None = None,
+                    vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The MTP module (models/mtp_head.py): target hidden states h_t [B, T, hidden] (from
         `hidden_states`) and the next tokens x_{t+1} [B, T] at `positions` [B, T] (the MTP layer's
         KV positions, chosen by the caller) -> (logits predicting x_{t+2} [B, T or S, vocab], the
-        module's normed output hidden states [B, T or S, hidden]). Raises ValueError when the model
-        was loaded without MTP weights."""
+        module's normed output hidden states [B, T or S, hidden]); `vocab`: the logits of the
+        first `vocab` token ids only (None: every row of the LM head). Raises ValueError when the
+        model was loaded without MTP weights."""
         if self.mtp is None or state.mtp_layer is None:
             raise ValueError("mtp: this model (or its state) has no MTP module")
         B, T = next_tokens.shape
@@ -247,7 +251,7 @@ class Qwen35Model(nn.Module):
         u = self.mtp.fuse(self.model.embed_tokens(next_tokens), hidden)
         u = self.mtp.layers[0](u, state, state.mtp_layer, lanes, rope=rope, rows=rows)
         out = _gather(self.mtp.norm(u), logit_index)
-        return self.logits(out), out
+        return self.logits(out, vocab), out
 
 
 def _gather(hidden: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:

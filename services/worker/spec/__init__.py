@@ -36,10 +36,19 @@ BACKENDS = ("grammar", "ngram", "mtp", "dflash", "dflash2")  # what --speculativ
 DRAFT_TARGETS = ("DenseDecoder", "Qwen35Model")
 
 
-def check_backend(backend: str | None, draft_model: str | None) -> None:
+def check_backend(backend: str | None, draft_model: str | None,
+                  draft_vocab: int | None = None) -> None:
     """Refuse a speculative configuration before any model loads. Raises Unsupported naming the
     field (`speculative` for an unknown backend, `draft_model` for a draft model the backend
-    takes none of, or a missing one that it needs)."""
+    takes none of, or a missing one that it needs, `draft_vocab` beside another backend than
+    mtp), InvalidRequest(field="draft_vocab") for a count below 1."""
+    if draft_vocab is not None:
+        if draft_vocab < 1:
+            raise InvalidRequest(f"--draft-vocab must be >= 1, got {draft_vocab}",
+                                 field="draft_vocab")
+        if backend != "mtp":  # the other backends' drafts would not change: refused, not ignored
+            raise Unsupported("--draft-vocab narrows the drafts of --speculative mtp only",
+                              field="draft_vocab")
     if backend is None:
         if draft_model is not None:
             raise Unsupported("--draft-model needs --speculative dflash or dflash2",
@@ -133,7 +142,8 @@ def make_proposer(config, runtime, state, draft=None) -> HostProposer | DFlashPr
         ngram = NgramProposer(token_bytes=runtime.domain.token_bytes, encode=encode)
         return GrammarProposer(encode, k, ContextProposer(ngram, k))
     if backend == "mtp":
-        return GrammarProposer(encode, k, MtpProposer(runtime.model, state, k, runtime.domain.size))
+        return GrammarProposer(encode, k, MtpProposer(runtime.model, state, k, runtime.domain.size,
+                                                      config.draft_vocab))
     if backend in ("dflash", "dflash2"):  # drafted on the device in the round's Forward
         if draft is None:
             draft = load_draft(backend, config.draft_model, runtime)

@@ -43,13 +43,20 @@ class MtpProposer(HostProposer):
 
     reads = FINAL
 
-    def __init__(self, model, state, k: int, vocab_size: int) -> None:
+    def __init__(self, model, state, k: int, vocab_size: int,
+                 draft_vocab: int | None = None) -> None:
         if getattr(model, "mtp", None) is None or getattr(state, "mtp_layer", None) is None:
             raise ValueError("mtp: the model (or its state) has no MTP module")
         super().__init__(k)
         self.model = model
         self.state = state
-        self.vocab_size = vocab_size
+        # Drafts are chosen among the first `draft_vocab` token ids where one is set, and the LM
+        # head then computes those rows only: the head (vocab x hidden) is most of a draft
+        # step's bytes (~2 GB of ~2.5 on Qwen3.5-9B). A BPE vocabulary's ids rise with merge
+        # order, so its leading ids are its most frequent tokens; a target token outside them
+        # is never drafted (fewer drafts accepted, the output unchanged: drafts are proposals).
+        self.vocab_size = vocab_size if draft_vocab is None else min(vocab_size, draft_vocab)
+        self.head_rows = None if draft_vocab is None else self.vocab_size
         self._drafts: dict[int, tuple[int, list[int]]] = {}  # lane -> (committed length, drafts)
         self._graphs: MtpDraftGraphs | None = None  # `use_graphs`: the draft pass replayed
         # Alignments of prefill chunks at the Program's warmed widths (program/buckets.py), on
@@ -128,7 +135,7 @@ class MtpProposer(HostProposer):
         if held is not None and held.max_batch == max_batch:
             return  # the same Program again (a wrapper installed over this proposer)
         self._graphs = MtpDraftGraphs(self.model, self.state, max_batch, self.k + 1, self.k,
-                                      self.vocab_size, scratch_lane)
+                                      self.vocab_size, scratch_lane, self.head_rows)
 
     def warm_graphs(self) -> int:
         """Capture every draft-pass graph now (the Program's warm-up); how many there are."""
@@ -158,7 +165,7 @@ class MtpProposer(HostProposer):
             lanes = torch.arange(rows, dtype=torch.int64, device=dev)
             last = torch.full((rows, 1), width - 1, dtype=torch.int64, device=dev)
             draft_chain(self.model, self.state, h, tokens, positions, lanes, last,
-                        self.vocab_size, [kv_len + s for s in range(steps)])
+                        self.vocab_size, [kv_len + s for s in range(steps)], self.head_rows)
         return len(shapes)
 
     def _align_and_propose(self, rows, hidden, group, dev) -> None:
@@ -200,7 +207,8 @@ class MtpProposer(HostProposer):
             end = int((starts + last[:, 0]).max())
             steps = min(self.k, self.state.max_len - end) if sampled else 1
             kv_lens = [int(positions.max()) + 1] + [end + s + 1 for s in range(1, steps)]
-            drafted = draft_chain(self.model, self.state, *inputs, self.vocab_size, kv_lens)
+            drafted = draft_chain(self.model, self.state, *inputs, self.vocab_size, kv_lens,
+                                  self.head_rows)
         if not sampled:
             return
         # Read by the next `propose` (one copy for every row and step); a graph's static output

@@ -28,14 +28,17 @@ from services.worker.program.graphs import graph_sizes
 
 def draft_chain(model, state, hidden: torch.Tensor, next_tokens: torch.Tensor,
                 positions: torch.Tensor, lanes: torch.Tensor, last: torch.Tensor, vocab_size: int,
-                kv_lens: Sequence[int | None]) -> torch.Tensor:
+                kv_lens: Sequence[int | None], head_rows: int | None = None) -> torch.Tensor:
     """hidden [n, M, H] target hidden states, next_tokens / positions [n, M] int64 (the kept
     positions and the next committed token of each), lanes [n], last [n, 1] the index of each
-    row's last kept position -> drafts [n, len(kv_lens)] int64, greedy and unconstrained, on the
-    device (no host synchronisation). kv_lens: the attention bound of the alignment forward and
-    of each following step (None: the lane's whole length)."""
+    row's last kept position -> drafts [n, len(kv_lens)] int64, greedy and unconstrained over
+    the first `vocab_size` token ids, on the device (no host synchronisation). kv_lens: the
+    attention bound of the alignment forward and of each following step (None: the lane's whole
+    length). head_rows: the LM head computes only its first head_rows rows (>= vocab_size;
+    None: all of them, the padded head's tuned shape)."""
     logits, out = model.mtp_forward(hidden, next_tokens, positions, state, lanes,
-                                    kv_len=kv_lens[0], logit_index=last)  # [n, 1, V]
+                                    kv_len=kv_lens[0], logit_index=last,
+                                    vocab=head_rows)  # [n, 1, V]
     pos = positions.gather(1, last)  # [n, 1] the last kept position: the anchor follows it
     drafts = []
     for step, kv_len in enumerate(kv_lens):
@@ -44,7 +47,8 @@ def draft_chain(model, state, hidden: torch.Tensor, next_tokens: torch.Tensor,
         if step + 1 == len(kv_lens):
             break
         pos = pos + 1
-        logits, out = model.mtp_forward(out, token[:, None], pos, state, lanes, kv_len=kv_len)
+        logits, out = model.mtp_forward(out, token[:, None], pos, state, lanes, kv_len=kv_len,
+                                        vocab=head_rows)
     return torch.stack(drafts, dim=1)  # [n, k]
 
 
@@ -52,7 +56,7 @@ class MtpDraftGraph:
     """One captured draft pass for a padded batch size and alignment width: static hidden
     [S, W, H], next tokens and positions [S, W], lanes [S], last [S, 1] in; drafts [S, k] out."""
 
-    def __init__(self, model, state, size: int, width: int, k: int, vocab_size: int,
+    def __init__(self, model, state, size: int, width: int, k: int, vocab: tuple[int, int | None],
                  hidden_size: int, dtype: torch.dtype, scratch_lane: int, pool) -> None:
         device = next(model.parameters()).device
         self.size, self.width, self.scratch_lane = size, width, scratch_lane
@@ -62,7 +66,7 @@ class MtpDraftGraph:
         self.lanes = torch.full((size,), scratch_lane, dtype=torch.int64, device=device)
         self.last = torch.zeros(size, 1, dtype=torch.int64, device=device)
         args = (model, state, self.hidden, self.next_tokens, self.positions, self.lanes,
-                self.last, vocab_size, (None,) * k)
+                self.last, vocab[0], (None,) * k, vocab[1])
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -98,9 +102,9 @@ class MtpDraftGraphs:
     1 .. max_width: all at the warm-up (`capture_all`), or on first use without one."""
 
     def __init__(self, model, state, max_batch: int, max_width: int, k: int, vocab_size: int,
-                 scratch_lane: int) -> None:
+                 scratch_lane: int, head_rows: int | None = None) -> None:
         self._model, self._state = model, state
-        self._k, self._vocab, self._scratch = k, vocab_size, scratch_lane
+        self._k, self._vocab, self._scratch = k, (vocab_size, head_rows), scratch_lane
         self.max_batch, self.max_width = max_batch, max_width
         self._hidden = (model.config.hidden_size, next(model.parameters()).dtype)
         self._sizes = graph_sizes(max_batch)
