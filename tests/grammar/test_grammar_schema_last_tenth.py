@@ -164,3 +164,17 @@ def test_overlapping_patterns_with_the_same_schema():
         check_schema({"type": "object", "patternProperties": {"a": {"type": "string"},
                                                               "b": {"type": "integer"}}})
     assert info.value.pointer == "/patternProperties/b"
+
+
+def test_contains_beside_positional_items_is_refused_before_it_is_met():
+    """`contains` met with `items` matched no string, so the array was taken as no value,
+    though a prefix item may be the witness (`["a"]` is valid here): under `not` that accepted
+    `["a"]` (found by the fuzzer through a near-miss there; main's code has it). The refusal
+    of contains beside positional items now comes first."""
+    inner = {"type": "array", "items": {"type": "number"}, "prefixItems": [{}],
+             "contains": {"type": "string"}}
+    assert jsonschema.Draft202012Validator(inner).is_valid(["a"])
+    for schema in (inner, {"not": inner}):
+        with pytest.raises(UnsupportedSchema) as info:
+            check_schema(schema)
+        assert "positional items" in info.value.message

@@ -428,12 +428,12 @@ def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int |
         return NEVER
     if contains is not None:
         assert graph is not None
+        if prefix:  # before the witness is met with `items`: a prefix item may be the witness
+            raise graph.ctx.unsupported(pointer, "contains together with positional items is not "
+                                                 "supported")
         hit = graph.meet(contains, items, pointer)  # the witness must be an item too
         if isinstance(hit, NoValue) or limit == 0:
             return NEVER
-        if prefix:
-            raise graph.ctx.unsupported(pointer, "contains together with positional items is not "
-                                                 "supported")
         min_items = max(min_items, 1)
         contains = hit
     return ArrayType(tuple(prefix), items, min_items, limit, unique, contains)
