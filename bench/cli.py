@@ -64,6 +64,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="time forward and sample per batch size (CUDA events; the wall clock on "
                    "the CPU) beside the memory floor; host share and idle device from the TPOT")
     p.add_argument("--no-cuda-graphs", action="store_true", help="our engine without decode graphs")
+    p.add_argument("--stagger-ms", type=float, metavar="MS",
+                   help="also rounds whose requests arrive MS apart (unconstrained and with the "
+                   "schemas): p50 TPOT with prefill steps among the decode steps, against the "
+                   "simultaneous round's steady step")
     p.add_argument("--logprobs", type=int, metavar="N",
                    help="also an unconstrained round whose rows ask for logprobs with N "
                    "alternatives, in the same run (its TPOT beside the plain round's)")

@@ -51,6 +51,10 @@ class DecodeBenchOptions:
     # also an unconstrained round whose rows ask for logprobs with this many alternatives
     # (0..20; None: no such round), beside the others in the same run
     logprobs: int | None = None
+    # also rounds whose requests arrive this many milliseconds apart (unconstrained and with the
+    # schemas), beside the simultaneous ones: rows join a decoding batch, so their prefill steps
+    # fall among the others' decode steps (None: no such rounds)
+    stagger_ms: float | None = None
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -75,6 +79,8 @@ class DecodeBenchOptions:
                 raise ValueError(
                     f"DecodeBenchOptions.{name} must be >= {low}, got {getattr(self, name)}"
                 )
+        if self.stagger_ms is not None and not self.stagger_ms > 0:
+            raise ValueError(f"DecodeBenchOptions.stagger_ms must be > 0, got {self.stagger_ms}")
         if self.reference_max_tokens is not None and self.reference_max_tokens < 2:
             raise ValueError(f"DecodeBenchOptions.reference_max_tokens must be >= 2, got "
                              f"{self.reference_max_tokens}")
@@ -162,6 +168,11 @@ def bench_decode(runtime: ModelRuntime, opts: DecodeBenchOptions, log=lambda lin
         else first["speedup_tpot_unconstrained"] >= 3.0,
         "mask_hidden_at_b1": None if first is None else first["engine"]["tpot_ratio"] <= 1.03,
     }
+    if opts.stagger_ms is not None:  # p50 TPOT with staggered arrivals <= 1.15x the steady step
+        targets["staggered_tpot_within_15pct_of_steady"] = {
+            r["batch_size"]: {m: v is not None and v <= 1.15
+                              for m, v in r["engine"]["staggered_over_steady"].items()}
+            for r in rows}
     if breakdown is not None:
         targets.update(_speed_targets(rows, first))
     return {"results": rows, "reference": None if reference is None else {
@@ -234,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         reference_max_tokens=args.reference_max_tokens, cuda_graphs=not args.no_cuda_graphs,
         compare_unfused=args.compare_unfused, compare_serial=args.compare_serial,
         compare_float32=args.compare_float32,
-        breakdown=args.breakdown, logprobs=args.logprobs)
+        breakdown=args.breakdown, logprobs=args.logprobs, stagger_ms=args.stagger_ms)
 
     def log(line: str) -> None:
         print(f"[bench decode] {line}", file=sys.stderr, flush=True)
@@ -252,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
                     "prompt_tokens": opts.prompt_tokens, "reference": opts.reference,
                     "reference_batch_sizes": list(opts.reference_batch_sizes),
                     "cuda_graphs": opts.cuda_graphs, "greedy": True, "paths": list(opts.paths),
-                    "breakdown": opts.breakdown, "logprobs": opts.logprobs},
+                    "breakdown": opts.breakdown, "logprobs": opts.logprobs,
+                    "stagger_ms": opts.stagger_ms},
     }
 
     def partial(results: dict) -> None:

@@ -61,7 +61,7 @@ def steady_step_ms(marks: list[dict]) -> float | None:
 
 async def _engine_round(client, runtime: ModelRuntime, prompts: list[str], max_tokens: int,
                         schemas: list[dict] | None, tag: str,
-                        logprobs: int | None = None) -> dict[str, Any]:
+                        logprobs: int | None = None, stagger_s: float = 0.0) -> dict[str, Any]:
     sampling = SamplingParams(temperature=0.0)
     requests = [
         GenerateRequest(
@@ -80,8 +80,15 @@ async def _engine_round(client, runtime: ModelRuntime, prompts: list[str], max_t
         for i, p in enumerate(prompts)
     ]
     marks: list[dict] = [{} for _ in requests]
+
+    async def arrive(i: int, request: GenerateRequest, m: dict) -> Finished:
+        if stagger_s:  # request i arrives i * stagger_s after the first
+            await asyncio.sleep(i * stagger_s)
+        return await collect(client, request, m)
+
     start = time.perf_counter()
-    finished = await asyncio.gather(*(collect(client, r, m) for r, m in zip(requests, marks)))
+    finished = await asyncio.gather(*(arrive(i, r, m)
+                                      for i, (r, m) in enumerate(zip(requests, marks))))
     wall = time.perf_counter() - start
     tokens = [f.usage.completion_tokens for f in finished]
     tpot = [f.timings["decode"] / (n - 1) for f, n in zip(finished, tokens) if n >= 2]
@@ -126,6 +133,8 @@ async def bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
         modes = [("unconstrained", None, None), ("constrained", schemas, None)]
         if opts.logprobs is not None:
             modes.append(("logprobs", None, opts.logprobs))
+        stagger = (opts.stagger_ms or 0.0) / 1e3
+        staggered = [("staggered_" + m, sch, None) for m, sch, _ in modes[:2]] if stagger else []
         for b in opts.batch_sizes:
             prompts = prompt_texts(runtime, b, opts.prompt_tokens)
             for mode, sch, lp in modes:
@@ -133,11 +142,16 @@ async def bench_engine(runtime: ModelRuntime, opts: DecodeBenchOptions, log,
                     client, runtime, prompts, opts.warmup_tokens, sch, f"w{b}{mode}", lp
                 )
             entry = {}
-            for mode, sch, lp in modes:
-                entry[mode] = await _engine_round(client, runtime, prompts, opts.max_tokens, sch,
-                                                  f"m{b}{mode}", lp)
+            for mode, sch, lp in modes + staggered:
+                entry[mode] = await _engine_round(
+                    client, runtime, prompts, opts.max_tokens, sch, f"m{b}{mode}", lp,
+                    stagger if mode.startswith("staggered_") else 0.0)
                 log(f"engine[{path}] B={b} {mode}: tpot {entry[mode]['tpot_p50_ms']} ms, "
                     f"{entry[mode]['throughput_tok_s']} tok/s")
+            if staggered:  # what joining rows' prefill steps cost the decoding ones
+                entry["staggered_over_steady"] = {
+                    m: _ratio(entry["staggered_" + m]["tpot_p50_ms"], entry[m]["tpot_steady_ms"])
+                    for m, _, _ in modes[:2]}
             entry["tpot_ratio"] = _ratio(entry["constrained"]["tpot_p50_ms"],
                                          entry["unconstrained"]["tpot_p50_ms"])
             entry["tpot_steady_ratio"] = _ratio(entry["constrained"]["tpot_steady_ms"],

@@ -123,6 +123,38 @@ def test_bench_decode_compares_the_unfused_path():
         assert step["host_ms"] == round(step["tpot_ms"] - step["forward_ms"] - step["sample_ms"], 4)
 
 
+def test_bench_decode_staggered_rounds_arrive_apart_and_decode_the_same_texts():
+    """Staggered arrivals (`stagger_ms`): the same greedy requests arriving apart join a decoding
+    batch, so their texts equal the simultaneous round's, each arrives at least its offset after
+    the first (its end is later than the simultaneous round's by about that), and the report
+    sets their p50 TPOT against the simultaneous round's steady step."""
+    domain = byte_domain()
+    runtime = random_qwen3_runtime(domain, ByteTokenizer(domain), name="tiny-qwen3", shape=TINY,
+                                   max_position_embeddings=256, seed=5, dtype=torch.float64,
+                                   device="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        report = bench_decode(runtime, DecodeBenchOptions(
+            batch_sizes=(3,), max_tokens=6, prompt_tokens=8, reference=False, warmup_tokens=2,
+            stagger_ms=40.0))
+    finally:
+        torch.set_num_threads(threads)
+    (row,) = report["results"]
+    engine = row["engine"]
+    for mode in ("unconstrained", "constrained"):
+        together, apart = engine[mode], engine["staggered_" + mode]
+        assert apart["texts"] == together["texts"]
+        assert apart["wall_s"] >= 2 * 0.040  # the last request arrived 80 ms after the first
+        assert engine["staggered_over_steady"][mode] == (
+            None if together["tpot_steady_ms"] is None
+            else round(apart["tpot_p50_ms"] / together["tpot_steady_ms"], 4))
+    assert set(report["targets"]["staggered_tpot_within_15pct_of_steady"][3]) == {
+        "unconstrained", "constrained"}
+    args = build_parser().parse_args(["bench", "decode", "--stagger-ms", "12.5"])
+    assert args.stagger_ms == 12.5
+
+
 def test_bench_prefix_switch_runs_the_rounds_off_then_on(monkeypatch, tmp_path):
     """`--switch NAME`: the same rounds on one runtime with the operator switch at 0, then 1
     (the JSON's `runs`), the environment left as it was."""

@@ -1,6 +1,7 @@
 """The Engine's pipeline (EngineConfig.pipeline; on by default on CUDA): decode step n+1 is
 launched before step n is committed, and samples only the rows that step n's commit left where the
-launch assumed. Design rule it must keep (DESIGN.md, section 5): "Nothing of a step is committed
+launch assumed; a prefill step of rows joining the batch is launched before the held step n
+commits. Design rule it must keep (DESIGN.md, section 5): "Nothing of a step is committed
 until the commit path has previewed every row" and a row left out "leaves no trace": so every
 request's events, text, finish reason and usage are exactly those of the unpipelined engine, for
 greedy, seeded sampling, penalties, JSON Schema, stop strings and stop ids, lane ends,
@@ -122,6 +123,9 @@ async def test_pipelined_engine_publishes_exactly_what_the_unpipelined_one_does(
     assert engine_plain.pipeline.chained_steps == 0 and not engine_plain.pipeline.enabled
     assert engine_piped.pipeline.enabled
     assert engine_piped.pipeline.chained_steps > 0  # the pipeline really ran
+    # and rows joining the batch prefilled while the held decode step committed
+    assert engine_plain.pipeline.overlapped_prefills == 0
+    assert engine_piped.pipeline.overlapped_prefills > 0
     assert plain.keys() == piped.keys()
     for rid in plain:
         assert piped[rid] == plain[rid], rid
@@ -228,6 +232,7 @@ async def test_pipelined_hybrid_model_publishes_what_the_unpipelined_one_does(qw
     assert engine.program.recurrent and engine.pipeline.enabled
     assert engine.pipeline.chained_steps > 0
     assert engine_plain.pipeline.chained_steps == 0
+    assert engine.pipeline.overlapped_prefills > 0  # rows prefilling while others decode
     for rid in plain:
         assert piped[rid] == plain[rid], rid
     assert engine.metrics.forced_closes._value.get() == 1

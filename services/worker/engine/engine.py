@@ -261,6 +261,8 @@ class Engine:
             self._gauges()
             return True
         self._admit()
+        if self.pipeline.holding and not self.scheduler.prefill_next():
+            self.pipeline.commit_held()  # the next step reads what the held one produced
         batch = self.scheduler.schedule()
         if batch is None:
             self.post.flush()
@@ -281,8 +283,9 @@ class Engine:
         blocks = self.program.blocks
         self.metrics.prefix_cache(blocks.stats, free_blocks=blocks.free_blocks,
                                   cached_blocks=blocks.cached_blocks)
+        held = self.pipeline.held_requests()  # a step behind: their commit forces any close
         for job in list(self.scheduler.resident):
-            if job.thinking_due:
+            if id(job) not in held and job.thinking_due:
                 self.post.force_close(job)
 
     def _draft(self, batch: StepBatch) -> StepBatch:
@@ -304,13 +307,23 @@ class Engine:
         launched (on CUDA the device is busy then), after a verify round otherwise. A step that
         fails as a whole fails its rows and commits nothing: None."""
         self.steps += 1
+        if batch.is_decode or batch.has_drafts:
+            self.pipeline.commit_held()  # held only for a prefill step to launch first
+        assert not self.pipeline.held_requests() & {id(r.request) for r in batch.rows}, \
+            "a prefill step overlapping the held commit feeds other requests only"
         try:
             check_membership(batch, self.scheduler.resident)
             if batch.has_drafts:
                 pending = self.program.step(batch)
                 self.post.flush()
             else:
-                launched = self.program.launch(batch)
+                try:
+                    launched = self.program.launch(batch)
+                except BaseException:
+                    self.pipeline.commit_held()
+                    raise
+                # a held decode step commits while the prefill runs (pipeline.py)
+                self.pipeline.commit_held(overlapped=True)
                 self.post.flush()
                 pending = self.program.finish(launched)
         except IntegrityError:

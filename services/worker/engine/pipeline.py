@@ -17,6 +17,18 @@ row left out of it keeps that state, but a row whose step n then aborts (a faile
 nothing of the round commits) holds a token its ledger does not, and resumes by Replay (the
 scheduler pauses it).
 
+A prefill step overlaps the held step too (`holding`, `commit_held`): where the next engine step
+is a prefill step (rows joining the batch), the held decode step stays uncommitted through
+admission and scheduling, the prefill forward is launched, and only then is the held step
+committed (Engine._run_step), so its host work runs while the device prefills. The prefill rows
+are other requests than the held step's, on other lanes: nothing the prefill reads is written by
+that commit (a held step that fed a prompt's last token commits first: until then its request
+still counts as prefilling). Admission's thinking-budget closes skip the held step's requests
+(their ledgers are a step behind; the commit path forces a close that step makes due). Not
+where a preemption may pause a request (it takes committed requests only) or where the next step
+would be a decode step (a request admitted wholly from the prefix cache): the held step commits
+first.
+
 Without a proposer only: a proposer aligns with every committed step (its `after_step` reads
 step n's results before anything of step n+1 is drafted).
 """
@@ -44,6 +56,7 @@ class Pipeline:
         self.post = post
         self.enabled = enabled
         self.chained_steps = 0  # steps launched before the previous step's commit
+        self.overlapped_prefills = 0  # prefill steps launched before the held step's commit
         self._held: PendingBatch | None = None  # a sampled decode step not committed yet
 
     def advance(self) -> bool:
@@ -57,8 +70,29 @@ class Pipeline:
         if self._can_chain(held):
             self._chain(held)
             return True
+        if self._can_overlap(held):
+            self._held = held  # committed once the prefill step's forward is launched
+            return False
         self.commit(held)
         return False
+
+    @property
+    def holding(self) -> bool:
+        """Whether a decode step is held uncommitted across this engine step's admission and
+        scheduling (for a prefill step to launch first)."""
+        return self._held is not None
+
+    def held_requests(self) -> set[int]:
+        """The ids of the held step's requests (their ledgers are a step behind)."""
+        return set() if self._held is None else {id(r.request) for r in self._held.batch.rows}
+
+    def commit_held(self, *, overlapped: bool = False) -> None:
+        """Commit the held step now: after a prefill step's launch (`overlapped`), or before
+        any other step."""
+        held, self._held = self._held, None
+        if held is not None:
+            self.overlapped_prefills += overlapped
+            self.commit(_live(held))
 
     def hold_or_commit(self, pending: PendingBatch) -> None:
         """Hold a sampled decode step for the next engine step to chain onto; commit any other."""
@@ -97,6 +131,19 @@ class Pipeline:
             return False  # a resident row is prefilling
         limit = self.program.max_len
         return all(r.start + 2 <= limit for r in rows)
+
+    def _can_overlap(self, held: PendingBatch) -> bool:
+        # A prefill step can run before the held commit: rows prefilling or waiting for a free
+        # lane, and no preemption that could pause one of the held step's requests.
+        if not held.batch.rows:
+            return False
+        if any(r.request.in_prefill for r in held.batch.rows):
+            return False  # a held prompt's last token: its commit ends that row's prefill
+        sched = self.scheduler
+        if sched.waiting and sched.preempt_after_s is not None:
+            return False
+        return any(j.in_prefill for j in sched.resident) or \
+            bool(sched.waiting and self.program.free_lanes)
 
     def _chain(self, held: PendingBatch) -> None:
         program, post = self.program, self.post

@@ -111,6 +111,12 @@ class Scheduler:
         job.pause()
         self.add(job)
 
+    def prefill_next(self) -> bool:
+        """Whether `schedule` would now return a prefill step."""
+        prefilling = any(j.in_prefill for j in self.resident)
+        return prefilling and (not self._last_was_prefill
+                               or all(j.in_prefill for j in self.resident))
+
     def schedule(self) -> StepBatch | None:
         """The next step's rows, or None when nothing is resident."""
         # Shortest remaining prompt first: a short request admitted beside a long prompt is
