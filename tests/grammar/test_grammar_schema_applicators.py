@@ -190,9 +190,9 @@ def test_applicator_walks_and_instances_agree_with_jsonschema(name, schema, vali
 @pytest.mark.parametrize("schema,pointer", [
     ({"not": {"type": "integer"}}, "/not"),
     ({"not": {"const": [1]}}, "/not"),
-    ({"type": "number", "multipleOf": 0.123}, "/multipleOf"),
+    ({"type": "number", "multipleOf": 0.1001}, "/multipleOf"),  # a numerator past MAX_MODULUS
     ({"not": {"multipleOf": 0.01}}, "/not"),
-    ({"type": "integer", "multipleOf": 1000}, "/multipleOf"),
+    ({"type": "integer", "multipleOf": 1001}, "/multipleOf"),  # past MAX_MODULUS (256)
     ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems"),
     ({"if": {"type": "integer"}, "then": {"minimum": 1}}, "/if"),
     ({"type": "array", "contains": {"type": "integer"}, "maxContains": 2}, "/maxContains"),

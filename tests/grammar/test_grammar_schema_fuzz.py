@@ -54,8 +54,9 @@ FORMATS = ["email", "hostname", "uuid", "duration", "ipv4", "ipv6", "date", "dat
 NAMES = ["a", "b", "é", "a\n", "x"]
 
 
-# Near-misses the reduction reads as what they resemble (misspelt.py): the oracle, which reads
-# them as annotations, checks that doing so only narrows, also under complements.
+# Near-misses the reduction reads as what they resemble (misspelt.py): the oracle checks every
+# accepted text in both readings, the declared one (annotations) and the author's (`meant`),
+# also under complements (bounds.py), and through references to definitions holding them.
 MISSPELT = {"minLength": "minLenght", "maxLength": "maxlength", "required": "require",
             "additionalProperties": "additonalProperties", "properties": "properites",
             "type": "Type", "enum": "enume", "minimum": "minimun", "items": "itmes"}
@@ -64,8 +65,18 @@ MISSPELT_FORMATS = {"date-time": "datetime", "uri": "url", "hostname": "host-nam
 
 
 def random_schema(rng: random.Random, depth: int = 0):
-    schema = _random_schema(rng, depth)
-    if isinstance(schema, dict) and rng.random() < 0.15:
+    if depth == 0 and rng.random() < 0.15:  # references into $defs, from anywhere
+        refs = {"d": _misspelt(rng, _random_schema(rng, 1), 0.5)}
+        root = random_schema(rng, 1)
+        use = {"$ref": "#/$defs/d"}
+        wrap = rng.choice([{"not": use}, {"oneOf": [use, root]}, {"anyOf": [use, root]},
+                           {"if": use, "then": root}, {"allOf": [root, {"not": use}]}])
+        return {"$defs": refs, **wrap}
+    return _misspelt(rng, _random_schema(rng, depth), 0.15)
+
+
+def _misspelt(rng: random.Random, schema, rate: float):
+    if isinstance(schema, dict) and rng.random() < rate:
         keys = [k for k in schema if k in MISSPELT or
                 (k == "format" and schema[k] in MISSPELT_FORMATS)]
         if keys:
@@ -242,9 +253,48 @@ def _compiler() -> xgr.GrammarCompiler:
     return xgr.GrammarCompiler(byte_domain().tokenizer_info(), max_threads=1, cache_enabled=False)
 
 
-def _oracle(schema) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(
-        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+class _Both:
+    """Valid in both readings: the declared one (near-misses and `dependencies` are annotations
+    in 2020-12) and the author's (`meant`: each read as the keyword it resembles)."""
+
+    def __init__(self, schema) -> None:
+        cls = jsonschema.Draft202012Validator
+        self.checks = [cls(schema, format_checker=cls.FORMAT_CHECKER),
+                       cls(meant(schema), format_checker=cls.FORMAT_CHECKER)]
+
+    def is_valid(self, value) -> bool:
+        return all(c.is_valid(value) for c in self.checks)
+
+
+_MEANT = {v: k for k, v in MISSPELT.items()}
+_MEANT_FORMATS = {v: k for k, v in MISSPELT_FORMATS.items()}
+
+
+def meant(schema):
+    """`schema` as its author meant it: near-misses spelt right, draft-03 and misspelt formats
+    as the formats they name, draft-07 `dependencies` as 2020-12's dependentRequired /
+    dependentSchemas (values of const and enum kept as they are)."""
+    if isinstance(schema, list):
+        return [meant(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict = {}
+    for k, v in schema.items():
+        if k in ("const", "enum"):
+            out[k] = v
+        elif k == "format" and v in _MEANT_FORMATS:
+            out[k] = _MEANT_FORMATS[v]
+        elif k == "dependencies":
+            for name, dep in v.items():
+                key = "dependentRequired" if isinstance(dep, list) else "dependentSchemas"
+                out.setdefault(key, {})[name] = meant(dep)
+        else:
+            out[_MEANT.get(k, k)] = meant(v)
+    return out
+
+
+def _oracle(schema) -> _Both:
+    return _Both(schema)
 
 
 def _valid(check, text: str) -> bool:

@@ -54,7 +54,7 @@ def test_fractional_multiple_within_a_range_and_beside_other_types():
 
 
 @pytest.mark.parametrize("schema,pointer", [
-    ({"type": "number", "multipleOf": 0.123}, "/multipleOf"),  # a numerator past MAX_MODULUS
+    ({"type": "number", "multipleOf": 0.1001}, "/multipleOf"),  # a numerator past MAX_MODULUS
     ({"not": {"multipleOf": 0.5}}, "/not"),  # the integers are narrower: no exact complement
     ({"if": {"multipleOf": 0.5}, "then": {"type": "string"}}, "/if"),
 ])

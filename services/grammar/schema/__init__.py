@@ -16,6 +16,7 @@ import xgrammar as xgr
 
 from services.grammar.schema.algebra import Graph
 from services.grammar.schema.arrays import extended
+from services.grammar.schema.bounds import SplitBounds
 from services.grammar.schema.context import Context
 from services.grammar.schema.emit import Emitter
 from services.grammar.schema.layout import layout_text
@@ -56,11 +57,11 @@ def _reduce(schema: Any, ctx: Context, patterns: PatternSupport) -> ReducedSchem
 def _reduce_graph(
     schema: Any, ctx: Context, patterns: PatternSupport
 ) -> tuple[ReducedSchema, Graph]:
-    graph = Graph(ctx, patterns.matches, patterns.empty, patterns.pattern_check)
-    reader = Reader(schema, ctx, graph)
-    root = reader.read(schema)
-    graph.finish()
-    reader.check_foreign_complements()
+    try:
+        graph, reader, root = _read(schema, ctx, patterns, split_bounds=False)
+    except SplitBounds:  # a definition is needed in both bounds (bounds.py)
+        ctx.merges = 0
+        graph, reader, root = _read(schema, ctx, patterns, split_bounds=True)
     reduced = ReducedSchema(root, graph.defs, tuple(sorted(reader.annotations)))
     _finalize(reduced, ctx, patterns)
     if ctx.unique_items_at is not None:
@@ -74,16 +75,32 @@ def _reduce_graph(
     return reduced, graph
 
 
+def _read(schema: Any, ctx: Context, patterns: PatternSupport,
+          split_bounds: bool) -> tuple[Graph, Reader, Any]:
+    graph = Graph(ctx, patterns.matches, patterns.empty, patterns.pattern_check)
+    reader = Reader(schema, ctx, graph)
+    reader.split_bounds = split_bounds
+    root = reader.read(schema)
+    graph.finish()
+    patterns.defs = graph.defs
+    reader.check_foreign_complements()
+    return graph, reader, root
+
+
 def _finalize(reduced: ReducedSchema, ctx: Context, patterns: PatternSupport) -> None:
     """Checks on the reduced graph: required names declared; string patterns compilable."""
     seen: set[int] = set()
-    stack: list[Any] = [reduced.root, *reduced.defs.values()]
+    # what the emitter reaches from the root (a definition only met inside a left-out branch,
+    # such as a meet with a complement that generates nothing, is never emitted)
+    stack: list[Any] = [reduced.root]
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if isinstance(node, Union):
+        if isinstance(node, Ref):
+            stack.append(reduced.defs[node.name])
+        elif isinstance(node, Union):
             kept = [b for b in node.branches if not patterns.generates_nothing(b)]
             stack.extend(kept or node.branches)  # the emitter leaves the others out
         elif isinstance(node, ArrayType):
@@ -95,7 +112,9 @@ def _finalize(reduced: ReducedSchema, ctx: Context, patterns: PatternSupport) ->
             declared = {k for k, _ in node.properties}
             for r in node.required:  # Graph.object_type declares every required name
                 assert r.name in declared, r
-            stack.extend(v for _, v in node.properties)
+            # an optional member whose value generates nothing is left out by the emitter
+            stack.extend(v for k, v in node.properties
+                         if k in node.required_names or not patterns.generates_nothing(v))
             stack.append(node.additional)
             if node.extended:
                 stack.extend(v for _, v in patterns.regions(node))

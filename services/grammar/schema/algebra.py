@@ -159,10 +159,16 @@ class Graph:
             return make_union([self.meet(a, br, pointer) for br in b.branches])
         return self._meet_typed(a, b, pointer)
 
+    def accepts_nothing(self, name: str) -> bool:
+        """A finished definition that is no value (a reference to it is NEVER, not a rule)."""
+        target = self.defs.get(name)
+        return isinstance(target, NoValue) and target is not _IN_PROGRESS
+
     def _meet_ref(self, ref: Ref, other: Node, pointer: str) -> Node:
         key = (ref.name, other)
         if key in self._meet_memo:
-            return Ref(self._meet_memo[key])
+            name = self._meet_memo[key]
+            return NEVER if self.accepts_nothing(name) else Ref(name)
         name = f"{ref.name}&{len(self._meet_memo)}"
         self._meet_memo[key] = name
         self.begin(name)
@@ -175,7 +181,7 @@ class Graph:
             return Ref(name)
         target = self.resolve(ref, pointer)
         self.defs[name] = self.meet(target, other, pointer)
-        return Ref(name)
+        return NEVER if self.accepts_nothing(name) else Ref(name)
 
     def _meet_typed(self, a: Node, b: Node, pointer: str) -> Node:
         if isinstance(a, NumberType) and isinstance(b, IntegerType):
@@ -422,12 +428,12 @@ def array_type(prefix: list[Node], items: Node, min_items: int, max_items: int |
         return NEVER
     if contains is not None:
         assert graph is not None
+        if prefix:  # before the witness is met with `items`: a prefix item may be the witness
+            raise graph.ctx.unsupported(pointer, "contains together with positional items is not "
+                                                 "supported")
         hit = graph.meet(contains, items, pointer)  # the witness must be an item too
         if isinstance(hit, NoValue) or limit == 0:
             return NEVER
-        if prefix:
-            raise graph.ctx.unsupported(pointer, "contains together with positional items is not "
-                                                 "supported")
         min_items = max(min_items, 1)
         contains = hit
     return ArrayType(tuple(prefix), items, min_items, limit, unique, contains)

@@ -284,7 +284,7 @@ def apply(r: "Reader", s: dict, node: Node, pointer: str, depth: int) -> Node:
     g = r.graph
     if "not" in s:
         at = child(pointer, "not")
-        c = complement(r, r.read(s["not"], at, depth), at)
+        c = complement(r, r.flipped(s["not"], at, depth), at)  # Reader.flipped
         if c is None:
             raise r.ctx.unsupported(at, "not: the complement of this schema has no exact reduction "
                                         "(supported: types, null/boolean/string values, bounds, "
@@ -307,12 +307,15 @@ def apply(r: "Reader", s: dict, node: Node, pointer: str, depth: int) -> Node:
 
 def _conditional(r: "Reader", s: dict, pointer: str, depth: int) -> Node:
     at = child(pointer, "if")
+    before = r.marks()
     cond = r.read(s["if"], at, depth)
+    # the condition is complemented for `else`: as the other bound where that differs
+    negated = cond if r.marks() == before else r.flipped(s["if"], at, depth)
     then = r.read(s["then"], child(pointer, "then"), depth) if "then" in s else ANY
     other = r.read(s["else"], child(pointer, "else"), depth) if "else" in s else ANY
     if isinstance(then, AnyValue) and isinstance(other, AnyValue):
         return ANY
-    c = complement(r, cond, at)
+    c = complement(r, negated, at)
     if c is None:
         raise r.ctx.unsupported(at, "if: the complement of the condition has no exact reduction")
     return make_union([r.graph.meet(cond, then, at), r.graph.meet(c, other, at)])

@@ -35,7 +35,7 @@ from services.grammar.schema.nodes import (
 from services.grammar.schema.values import json_equal
 
 MAX_UNIQUE = 8  # values of a unique-items domain
-MAX_MODULUS = 100  # multipleOf: the product with an int64 range stays below ~4,000 states
+MAX_MODULUS = 256  # multipleOf: the product with an int64 range is ~130 kB of grammar at 256
 
 
 def finite_domain(graph: Any, node: Node, pointer: str, depth: int = 0) -> list[str] | None:

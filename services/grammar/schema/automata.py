@@ -23,9 +23,15 @@ from services.grammar.regex.tree import Alt, Chars, Literal, Node, Repeat, Seq, 
 MAX_LENGTH_BOUND = 8192
 MAX_STATES = 65536  # per DFA of one expression, and the design document's ceiling
 # Per intersection result with a length counter: the product is built in Python and emitted as one
-# rule per state; at ~4,000 rules xgrammar's compile already takes seconds on a 49k vocabulary, so
-# the length product stays below this (beyond: UnsupportedSchema, the schema is never loosened).
-MAX_PRODUCT_STATES = 4096
+# rule per state; at ~4,000 rules xgrammar's compile already takes seconds on a 49k vocabulary, and
+# ~9,400 rules (email with maxLength 255) about 12 s on the 2-core development machine, so the
+# length product stays below this (beyond: UnsupportedSchema, the schema is never loosened; the
+# grammar-size limit and the compile deadline still apply below it).
+MAX_PRODUCT_STATES = 16384
+# Products of more states than this write each long character class once (json_string_rules);
+# it was the product limit before, so the grammars of smaller products are as they were.
+SHARE_UNITS_ABOVE = 4096
+SHARED_UNIT = 32
 
 
 class TooComplex(Exception):
@@ -355,12 +361,23 @@ def json_string_rules(dfa: Dfa, prefix: str) -> tuple[str, dict[str, str]]:
     from services.grammar.schema.regex_json import lower
 
     assert dfa.delta, "an empty language has no grammar"
-    rules = {}
+    rules: dict[str, str] = {}
+    # A large product (a length counter times a pattern) repeats each character class in every
+    # state of the counter: there each class of more than SHARED_UNIT characters of text is one
+    # rule, referred to by every state (the same language; smaller products keep their text)
+    shared: dict[str, str] | None = {} if len(dfa.delta) > SHARE_UNITS_ABOVE else None
     for q, moves in enumerate(dfa.delta):
         alts = ['"\\""'] if q in dfa.accepting else []
         for cs, t in moves:
             unit = lower(Chars(cs))
             if unit is not None:
-                alts.append(f"({to_ebnf(unit)}) {prefix}{t}")
+                text = to_ebnf(unit)
+                if shared is not None and len(text) > SHARED_UNIT:
+                    if text not in shared:
+                        shared[text] = f"{prefix}u{len(shared)}"
+                        rules[shared[text]] = text
+                    alts.append(f"{shared[text]} {prefix}{t}")
+                else:
+                    alts.append(f"({text}) {prefix}{t}")
         rules[f"{prefix}{q}"] = " | ".join(alts)
     return f'"\\"" {prefix}0', rules

@@ -132,6 +132,7 @@ class _AnyLayoutView:
         self._em = em
         self.rules = em.rules
         self._fresh = em._fresh
+        self.generates_nothing = em.generates_nothing
 
     def rule(self, node: Node) -> str:
         return self._em.rule(node, 0)
@@ -359,7 +360,9 @@ class Emitter:
     def _object(self, node: ObjectType, d: int) -> str:
         s, lay = self.s, self.layout
         required = node.required_names
-        props = [(k, v) for k, v in node.properties if not isinstance(v, NoValue)]
+        # an optional member whose value generates nothing (`generates_nothing`) is left out
+        props = [(k, v) for k, v in node.properties if not isinstance(v, NoValue) and (
+            k in required or not self.generates_nothing(v))]
         names = [k for k, _ in node.properties] + [n for n in required if
                                                     n not in dict(node.properties)]
         extra = None

@@ -71,10 +71,9 @@ _READ_BY = {
 }
 
 
-def read_as_meant(r: "Reader", schema: dict, pointer: str) -> dict:
-    """`schema` with each enforceable near-miss renamed to the keyword it resembles (its pointer
-    aliased, so errors name the source's key); `schema` itself where there is none. Other
-    near-misses stay, for `Reader._classify` to refuse."""
+def _meant(r: "Reader", schema: dict) -> tuple[dict[str, str], list[str]]:
+    """The near-misses of `schema` read as the keyword they resemble ({name: keyword}) and those
+    repeating that keyword's own value (asserting nothing more)."""
     dialect = r.dialect
     renamed: dict[str, str] = {}
     same: list[str] = []  # near-misses that repeat the resembled keyword's own value
@@ -84,7 +83,6 @@ def read_as_meant(r: "Reader", schema: dict, pointer: str) -> dict:
         meant = near_miss(key, dialect)
         if meant is not None and meant in schema and schema[meant] == schema[key]:
             same.append(key)  # both readings assert the same: nothing to choose between
-            r.annotations.add(f"near-miss:{key}={meant}")
             continue
         if meant is None or meant not in ENFORCEABLE or meant in schema or \
                 meant in renamed.values() or not ENFORCEABLE[meant](schema[key]):
@@ -95,6 +93,16 @@ def read_as_meant(r: "Reader", schema: dict, pointer: str) -> dict:
                 (len(k) >= 4 and one_edit(key, k))]) > 1:
             continue  # resembles two keywords: which one was meant is not known
         renamed[key] = meant
+    return renamed, same
+
+
+def read_as_meant(r: "Reader", schema: dict, pointer: str) -> dict:
+    """`schema` with each enforceable near-miss renamed to the keyword it resembles (its pointer
+    aliased, so errors name the source's key); `schema` itself where there is none. Other
+    near-misses stay, for `Reader._classify` to refuse."""
+    renamed, same = _meant(r, schema)
+    for key in same:
+        r.annotations.add(f"near-miss:{key}={near_miss(key, r.dialect)}")
     if not renamed and not same:
         return schema
     for key, meant in renamed.items():
@@ -102,3 +110,30 @@ def read_as_meant(r: "Reader", schema: dict, pointer: str) -> dict:
         r.annotations.add(f"near-miss:{key}={meant}")
         r.foreign.append(child(pointer, meant))
     return {renamed.get(k, k): v for k, v in schema.items() if k not in same}
+
+
+def declared_only(r: "Reader", schema: dict, pointer: str) -> dict:
+    """`schema` as its declared dialect reads it, for an upper bound of every reading
+    (`Reader.upper`, under a complement): the keywords that only narrow in the reading that
+    enforces them (another dialect's, READ_IN_EVERY_DIALECT; the near-misses read as meant; a
+    format read as the one it resembles) are left out, as that dialect's validators ignore them.
+    The near-misses that would widen stay, for `Reader._classify` to refuse."""
+    from services.grammar.schema import formats
+    from services.grammar.schema.dialects import ALL_ASSERTIONS
+    from services.grammar.schema.reader import READ_IN_EVERY_DIALECT
+
+    dialect = r.dialect
+    renamed, same = _meant(r, schema)
+    drop = set(renamed) | set(same)
+    for key in schema:
+        if key in READ_IN_EVERY_DIALECT and key in ALL_ASSERTIONS and \
+                key not in dialect.assertions and key not in dialect.core:
+            drop.add(key)
+    name = schema.get("format")
+    if isinstance(name, str) and name not in formats.KNOWN and \
+            (formats.READ_AS.get(name) or formats.resembles(name)) in formats.KNOWN:
+        drop.add("format")
+    if not drop:
+        return schema
+    r.ignored.extend(child(pointer, k) for k in sorted(drop))
+    return {k: v for k, v in schema.items() if k not in drop}

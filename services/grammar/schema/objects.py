@@ -2,9 +2,10 @@
 
 Names that are not declared fall into regions, each a regular language of names with one value
 schema: for every pattern, the names it matches (minus the declared names, inside propertyNames);
-and the names no pattern matches, with additionalProperties. The patterns must not overlap on
-undeclared names (an overlap would need the intersection of their schemas per subset: refused,
-UnsupportedSchema at the later pattern); at most `MAX_PATTERNS` patterns. Declared values already
+and the names no pattern matches, with additionalProperties. Patterns with different schemas must
+not overlap on undeclared names (an overlap would need the intersection of their schemas per
+subset: refused, UnsupportedSchema at the later pattern; patterns with equal schemas may, the
+intersection being that schema); at most `MAX_PATTERNS` patterns. Declared values already
 hold the patterns their names match (`Graph.object_type`).
 
 The grammar counts members where a count is bounded: a state is (next declared property, members
@@ -74,6 +75,8 @@ def regions(obj: ObjectType, ps: "PatternSupport", ctx: Context) -> list[tuple[D
             either.append(tree_dfa(ps.readings(p).join))
         for i in range(len(either)):
             for j in range(i + 1, len(either)):
+                if obj.patterns[i][1] == obj.patterns[j][1]:
+                    continue  # the same schema: a name in both regions takes it once either way
                 overlap = combine(base + (either[i], either[j]),
                                   lambda v: inside(v) and v[nb] and v[nb + 1])
                 if overlap.delta:
@@ -101,8 +104,10 @@ def regions(obj: ObjectType, ps: "PatternSupport", ctx: Context) -> list[tuple[D
 
 def emit_object(em: Any, node: ObjectType, found: list[tuple[Dfa | None, Node]]) -> str:
     """The rule body for an extended object; `em` is the Emitter (rules, rule(), _fresh())."""
-    props = [(k, v) for k, v in node.properties if not isinstance(v, NoValue)]
     required = node.required_names
+    # an optional member whose value generates nothing is left out (schema/nothing.py)
+    props = [(k, v) for k, v in node.properties if not isinstance(v, NoValue) and (
+        k in required or not em.generates_nothing(v))]
     extras = []
     for lang, value in found:
         if lang is None:

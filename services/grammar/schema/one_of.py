@@ -26,21 +26,29 @@ MAX_ONE_OF_COMPLEMENTS = 6  # branches of a oneOf reduced as "this branch and no
 MAX_ONE_OF_UNION = 32  # union branches that reduction may produce
 
 
-def one_of(r: "Reader", node: Node, raw: list[Node], at: str) -> Node:
-    """Exactly one of `raw` (each met with `node`): a union when the met branches are provably
-    disjoint; else node and (X_i and not X_j for every j != i), for each i, where every
-    X_j has an exact complement (`applicators.complement`) among the values of the met
-    branch i (all values, or objects with the names of a closed branch i)."""
-    # A proof of exclusivity is a complement too (each branch excludes the others): a keyword
-    # that narrows a branch in one reading only may make branches disjoint in that reading
-    # alone (check_foreign_complements)
-    r.complemented.update(child(at, i) for i in range(len(raw)))
+def one_of(r: "Reader", node: Node, subs: list, at: str, depth: int) -> Node:
+    """Exactly one of the schemas `subs` (each met with `node`): a union when the met branches
+    are provably disjoint; else node and (X_i and not X_j for every j != i), for each i, where
+    every X_j has an exact complement (`applicators.complement`) among the values of the met
+    branch i (all values, or objects with the names of a closed branch i).
+
+    Where a branch holds a keyword that narrows in one reading only (Reader.flipped), X_j is
+    complemented as the other bound, and the proof is made on the upper bounds: disjoint there,
+    each lower-bound branch lies outside the others in every reading."""
+    # A proof of exclusivity is a complement too (each branch excludes the others)
+    r.complemented.update(child(at, i) for i in range(len(subs)))
+    before = r.marks()
+    raw = [r.read(s, child(at, i), depth) for i, s in enumerate(subs)]
+    other = raw if r.marks() == before else \
+        [r.flipped(s, child(at, i), depth) for i, s in enumerate(subs)]
     branches = [r.graph.meet(node, x, at) for x in raw]
+    proved = branches if other is raw or r.upper else [r.graph.meet(node, x, at) for x in other]
     try:
-        prove_exclusive(r.graph, branches, at)
+        prove_exclusive(r.graph, proved, at)
         return make_union(branches)
     except UnsupportedSchema as unproved:
-        sliced = exclusive_by_type(r.graph, branches, at)
+        # one type at a time concludes "in two branches" as well: only where the readings agree
+        sliced = exclusive_by_type(r.graph, branches, at) if other is raw else None
         if sliced is not None:
             return sliced
         if len(branches) > MAX_ONE_OF_COMPLEMENTS:
@@ -50,7 +58,7 @@ def one_of(r: "Reader", node: Node, raw: list[Node], at: str) -> Node:
             # a closed branch has finitely many names: the others' closed objects have an
             # exact complement among its values (applicators.complement's `within`)
             within = applicators.closed_names(r.graph, b, at)
-            for j, x in enumerate(raw):
+            for j, x in enumerate(other):
                 if j != i:
                     c = applicators.complement(r, x, at, within=within)
                     if c is None:

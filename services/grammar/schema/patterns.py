@@ -43,6 +43,7 @@ from services.grammar.schema.automata import Dfa, TooComplex, intersect, json_st
 from services.grammar.schema.context import Context
 from services.grammar.schema.dfa_logic import combine
 from services.grammar.schema.nodes import ObjectType, Pattern, StringType
+from services.grammar.schema.nothing import generates_nothing
 from services.grammar.schema.regex_json import json_string_ebnf, lower, whole_matches
 from shared.errors import InvalidRegex, InvalidSchema, UnsupportedSchema
 
@@ -81,6 +82,8 @@ class PatternSupport:
         self._readings: dict[Pattern, Readings] = {}
         self._dfas: dict[StringType, Dfa] = {}
         self._regions: dict[ObjectType, list] = {}
+        self.defs: dict = {}  # the reduction's definitions (set once it is read)
+        self._nothing: dict = {}  # schema/nothing.py's memo
 
     def tree(self, pattern: Pattern) -> Node:
         """The search-semantics tree of `pattern` (memoized).
@@ -220,10 +223,14 @@ class PatternSupport:
             return None
 
     def generates_nothing(self, node) -> bool:
-        """A string node whose generated language (`string_dfa`, both readings intersected) is
-        empty, though `empty` could not prove it for the validators (a format they read more
-        widely): an alternative the emitter may leave out, narrowing only what is generated."""
-        if not isinstance(node, StringType) or not node.patterns:
+        """A node whose generated language is empty though `empty` could not prove it for the
+        validators (schema/nothing.py: a string node whose `string_dfa`, both readings
+        intersected, is empty, and the nodes that cannot avoid one): a union branch or an
+        optional member the emitter may leave out, narrowing only what is generated."""
+        return generates_nothing(node, self.defs, self._string_nothing, self._nothing)
+
+    def _string_nothing(self, node: StringType) -> bool:
+        if not node.patterns:
             return False
         try:
             self.check(node, self.ctx)

@@ -24,7 +24,7 @@ from services.grammar.schema.dialects import (
     foreign_dialects,
     near_miss,
 )
-from services.grammar.schema.misspelt import read_as_meant
+from services.grammar.schema.misspelt import declared_only, read_as_meant
 from services.grammar.schema.nodes import (
     ANY,
     INT64_MAX,
@@ -88,6 +88,13 @@ class Reader:
         self._def_dialects: dict[str, Dialect] = {}  # definition pointer -> dialect it was read in
         self.foreign: list[str] = []  # pointers of the enforced keywords of other dialects
         self.complemented: set[str] = set()  # pointers of the schemas taken a complement of
+        # Under an odd number of complements the schema is read as an upper bound of every
+        # reading (`flipped`): the keywords that only narrow where they are enforced are left
+        # out there (misspelt.declared_only), their pointers listed here
+        self.upper = False
+        self.ignored: list[str] = []
+        # each definition read once per bound (bounds.py), where one bound alone would not do
+        self.split_bounds = False
 
     # -- entry -------------------------------------------------------------------------------
     def read(self, schema: Any, pointer: str = "", depth: int = 0) -> Node:
@@ -126,7 +133,10 @@ class Reader:
                 self.annotations.update(k for k in schema if k != "$ref" and k not in
                                         self.dialect.annotations | self.dialect.core)
                 return self._ref(schema["$ref"], pointer, d)
-            schema = read_as_meant(self, schema, pointer)
+            if self._ignoring(pointer):
+                schema = declared_only(self, schema, pointer)
+            else:
+                schema = read_as_meant(self, schema, pointer)
             self._classify(schema, pointer)
             node = own_node(self, schema, pointer, d)
             if "$ref" in schema:
@@ -144,9 +154,7 @@ class Reader:
                         # exactly one of (node and X_i): the oneOf read met with node, so that
                         # its proofs see node's assertions (a discriminator required beside it)
                         one = child(at, "oneOf")
-                        subs = self._subschemas(sub, "oneOf", at)
-                        raw = [self.read(x, child(one, j), d) for j, x in enumerate(subs)]
-                        node = one_of(self, node, raw, one)
+                        node = one_of(self, node, self._subschemas(sub, "oneOf", at), one, d)
                         continue
                     node = self.graph.meet(node, self.read(sub, at, d), at)
             if "anyOf" in schema:
@@ -161,12 +169,34 @@ class Reader:
                 )
             if "oneOf" in schema:
                 at = child(pointer, "oneOf")
-                subs = self._subschemas(schema, "oneOf", pointer)
-                raw = [self.read(s, child(at, i), d) for i, s in enumerate(subs)]
-                node = one_of(self, node, raw, at)
+                node = one_of(self, node, self._subschemas(schema, "oneOf", pointer), at, d)
             return applicators.apply(self, schema, node, pointer, d)
         finally:
             self.dialect = outer
+
+    def flipped(self, schema: Any, pointer: str, depth: int) -> Node:
+        """`schema` read for a complement: as the other bound. A keyword that only narrows
+        where it is enforced (another dialect's, a near-miss read as meant) makes the readings'
+        languages nest, enforced one inside ignored one; the generated values must hold in
+        both, so the lower bound enforces such a keyword and a complement takes the upper bound,
+        which leaves it out. The language is monotone in each keyword that is not complemented
+        and antitone in each that is, so reading every complemented schema as the other bound
+        gives values valid in every reading (and exactly their intersection under `not`)."""
+        self.upper = not self.upper
+        try:
+            return self.read(schema, pointer, depth)
+        finally:
+            self.upper = not self.upper
+
+    def marks(self) -> int:
+        """How many narrowing keywords of other readings were met (enforced or left out)."""
+        return len(self.foreign) + len(self.ignored)
+
+    def _ignoring(self, pointer: str) -> bool:
+        """Upper bound, and not inside an enforced foreign keyword: the declared reading ignores
+        such a keyword whole, so below it only the defining reading counts and is exact."""
+        return self.upper and not any(pointer == f or pointer.startswith(f + "/")
+                                      for f in self.foreign)
 
     def _only_one_of(self, sub: Any) -> bool:
         """An allOf item that asserts nothing but its oneOf (other keys are annotations of the
@@ -241,27 +271,10 @@ class Reader:
             self.annotations.add(key)
 
     def check_foreign_complements(self) -> None:
-        """After the whole schema is read: refuse an enforced keyword of another dialect inside
-        a complemented schema (not, a oneOf's branches, an if condition). Enforcing it narrows
-        the values, so both readings accept what is generated only where it is not
-        complemented: under a complement their intersection needs the keyword ignored instead
-        (`{"not": {"type": "object", "dependencies": ...}}` in 2020-12 rejects every object,
-        while the draft-07 reading accepts some). A complemented schema holding a `$ref` may
-        reach a keyword anywhere, so there every foreign keyword counts. A complement taken
-        inside a foreign applicator (draft-04's `if`) is exempt: the declared reading ignores the
-        applicator whole, so its exact enforcement is the intersection."""
-        original = self.ctx.original
-        foreign = [original(f) for f in self.foreign]
-        for at in sorted({original(c) for c in self.complemented}):
-            if any(at == f or at.startswith(f + "/") for f in foreign):
-                continue  # inside a foreign applicator, which the declared reading ignores whole
-            reaches_all = "$ref" in json.dumps(_at_pointer(self.root, at))
-            for key_at in foreign:
-                if reaches_all or key_at.startswith(at + "/"):
-                    raise self.ctx.unsupported(
-                        key_at, f"a keyword {self.doc.dialect.name} ignores (of another dialect, "
-                        f"or a near-miss) under a complement (at {at or '/'}): the two readings "
-                        "differ there; declare the dialect with $schema, or spell the keyword")
+        """After the whole schema is read (bounds.check_references)."""
+        from services.grammar.schema.bounds import check_references
+
+        check_references(self)
 
     def _check_core(self, key: str, value: Any, pointer: str, at: str) -> None:
         if key in ("$id", "id", "$anchor", "$dynamicAnchor", "$schema") and not isinstance(
@@ -288,23 +301,26 @@ class Reader:
             raise self.ctx.invalid(at, "$ref must be a string")
         target_ptr = self.doc.resolve(ref, pointer, at)
         target = self.doc.lookup(target_ptr, at)
+        name = target_ptr + " (upper bound)" if self.split_bounds and self.upper else target_ptr
         # The dialect the target is read in: its own $schema, else the one in force here.
         own = target.get("$schema") if isinstance(target, dict) else None
         dialect = (dialect_of(own) if isinstance(own, str) else None) or self.dialect
-        if target_ptr not in self.graph.defs:
-            self._def_dialects[target_ptr] = dialect
-            self.graph.begin(target_ptr)
+        if name not in self.graph.defs:
+            self._def_dialects[name] = dialect
+            self.graph.begin(name)
             outer, self.dialect = self.dialect, dialect
             try:
-                self.graph.defs[target_ptr] = self.read(target, target_ptr, depth)
+                self.graph.defs[name] = self.read(target, target_ptr, depth)
             finally:
                 self.dialect = outer
             self.graph.settle()
-        elif self._def_dialects.get(target_ptr, dialect) is not dialect:
+        elif self._def_dialects.get(name, dialect) is not dialect:
             raise self.ctx.unsupported(at, f"reference {ref!r} is reached in dialects "
-                                           f"{self._def_dialects[target_ptr].name} and "
+                                           f"{self._def_dialects[name].name} and "
                                            f"{dialect.name}, which read it differently")
-        return Ref(target_ptr)
+        if self.graph.accepts_nothing(name):
+            return NEVER  # no value: unions, members and items see it as such (no rule)
+        return Ref(name)
 
     # -- finite values -----------------------------------------------------------------------
     def _literals(self, schema: dict, key: str, pointer: str) -> Node:
@@ -351,17 +367,3 @@ class Reader:
         if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
             raise self.ctx.unsupported(at, "a string with a lone surrogate is not a Unicode scalar "
                                            "sequence")
-
-
-def _at_pointer(root: Any, pointer: str) -> Any:
-    """The raw schema at a JSON pointer of the document (None where it names nothing)."""
-    node = root
-    for part in pointer.split("/")[1:]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
