@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bench.compiles import compile_log
 from bench.models import build_runtime
 from bench.oracle import OracleProposer
 from bench.report import report_header, write_report
@@ -211,9 +212,10 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
             )
         before = dict(vars(engine.speculation), model=engine.program.draft_wait_seconds)
         requests = _requests(runtime, prompts, schema, opts.max_tokens, tag)
-        start = time.perf_counter()
-        finished = await asyncio.gather(*(_finished(client, r) for r in requests))
-        wall = time.perf_counter() - start
+        with compile_log(runtime.device.type == "cuda") as (compiled, _):
+            start = time.perf_counter()
+            finished = await asyncio.gather(*(_finished(client, r) for r in requests))
+            wall = time.perf_counter() - start
         spec = {name: value - before[name] for name, value in vars(engine.speculation).items()}
         spec["draft_seconds"] += engine.program.draft_wait_seconds - before["model"]
     finally:
@@ -224,7 +226,9 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
            "tok_s": round(tokens / wall, 2), "texts": [f.content for f in finished],
            "mask_seconds": round(sum(r.get("mask_seconds", 0.0) for r in reports), 6),
            "mask_wall_fraction": round(sum(r.get("mask_seconds", 0.0) for r in reports) / wall, 5),
-           "mask_positions": sum(r.get("mask_positions", 0) for r in reports)}
+           "mask_positions": sum(r.get("mask_positions", 0) for r in reports),
+           # kernels the timed requests compiled or autotuned (the warm-ups should leave none)
+           "compiles": [c["kernel"] for c in compiled]}
     if backend:
         rounds = spec["rounds"]
         out.update(

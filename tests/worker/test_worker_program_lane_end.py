@@ -275,8 +275,8 @@ async def test_mtp_reads_a_split_rows_hidden_states_as_one_forwards(aligned_buck
 async def test_no_kernel_compiles_at_the_lane_end(kind):
     """On CUDA after the start-up warm-up, the lane-end prompts of the CPU test (a last chunk
     that would pad past the lane, a hit's question in its last positions), with prefill graphs
-    as served, compile no Triton kernel and run no autotuner (bench/prefix.py `compile_log`)."""
-    from bench.prefix import compile_log
+    as served, compile no Triton kernel and run no autotuner (bench/compiles.py `compile_log`)."""
+    from bench.compiles import compile_log
 
     runtime = (_dense if kind == "dense" else _qwen35)(dtype=torch.bfloat16, device="cuda")
     client = open_client(runtime, max_batch=1, max_len=MAX_LEN, prefill_chunk=CHUNK,
@@ -306,8 +306,8 @@ async def _verify_to_the_lane_end(runtime, *, warmup: bool, bucketed: bool = Fal
     # A 117-token prompt decoded to the lane's last position: first plainly (its sequence
     # recorded), then with the recorded continuation as drafts (K = 4: a round verifies 5
     # positions; the one at 132 would leave the lane). Returns (Finished, speculation, compiles).
+    from bench.compiles import compile_log
     from bench.oracle import OracleProposer
-    from bench.prefix import compile_log
     from tests.worker.test_worker_spec import with_proposer
 
     text = "".join(chr(97 + (7 * i) % 26) for i in range(117))  # rounds at 117, 122, ... 132
