@@ -212,10 +212,12 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
             )
         before = dict(vars(engine.speculation), model=engine.program.draft_wait_seconds)
         requests = _requests(runtime, prompts, schema, opts.max_tokens, tag)
+        captured = _graphs_captured(engine)
         with compile_log(runtime.device.type == "cuda") as (compiled, _):
             start = time.perf_counter()
             finished = await asyncio.gather(*(_finished(client, r) for r in requests))
             wall = time.perf_counter() - start
+        captured = _graphs_captured(engine) - captured
         spec = {name: value - before[name] for name, value in vars(engine.speculation).items()}
         spec["draft_seconds"] += engine.program.draft_wait_seconds - before["model"]
     finally:
@@ -228,7 +230,8 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
            "mask_wall_fraction": round(sum(r.get("mask_seconds", 0.0) for r in reports) / wall, 5),
            "mask_positions": sum(r.get("mask_positions", 0) for r in reports),
            # kernels the timed requests compiled or autotuned (the warm-ups should leave none)
-           "compiles": [c["kernel"] for c in compiled]}
+           "compiles": [c["kernel"] for c in compiled],
+           "graphs_captured": captured}
     if backend:
         rounds = spec["rounds"]
         out.update(
@@ -246,6 +249,19 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
             }
         )
     return out
+
+
+def _graphs_captured(engine) -> int:
+    """CUDA graphs the engine's Program and its MTP proposer (under any wrappers) hold: a timed
+    run that adds some captured them on the request path."""
+    program = engine.program
+    forward = program.forward
+    sets = (forward.graphs, forward.verify_graphs, forward.prefill_graphs, program.rounds.graphs)
+    count = sum(len(g.captured) for g in sets if g is not None)
+    proposer = engine.proposer
+    while proposer is not None and not hasattr(proposer, "graph_captures"):
+        proposer = getattr(proposer, "inner", None)
+    return count + (proposer.graph_captures if proposer is not None else 0)
 
 
 async def _bench(runtime, opts: SpecBenchOptions, log) -> list[dict]:

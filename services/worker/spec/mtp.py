@@ -146,6 +146,11 @@ class MtpProposer(HostProposer):
         """Draft passes replayed from a graph so far (0 without `use_graphs`)."""
         return 0 if self._graphs is None else self._graphs.replays
 
+    @property
+    def graph_captures(self) -> int:
+        """Draft-pass graphs captured so far (0 without `use_graphs`)."""
+        return 0 if self._graphs is None else self._graphs.captures
+
     def close(self) -> None:
         if self._graphs is not None:
             self._graphs.clear()
