@@ -159,8 +159,9 @@ def test_errors_name_the_field_and_keys_are_enforced(server: str) -> None:
         client.chat.completions.create(
             model="smollm2", max_tokens=5, messages=[{"role": "user", "content": "x"}],
             response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {
-                "type": "object", "properties": {"age": {"type": "number", "multipleOf": 0.123}}}}})
-    assert err.value.param == "response_format.json_schema.schema/properties/age/multipleOf"
+                "type": "object",
+                "properties": {"link": {"type": "string", "format": "uri-template"}}}}})
+    assert err.value.param == "response_format.json_schema.schema/properties/link/format"
     with pytest.raises(openai.AuthenticationError):
         _openai(server, key="wrong").chat.completions.create(
             model="smollm2", max_tokens=5, messages=[{"role": "user", "content": "x"}])

@@ -44,8 +44,8 @@ def runtime():
 
 
 async def _run(runtime, *, speculative=None, k=3, drafter=None, record=None, warmup=False,
-               draft_vocab=None):
-    client = open_client(runtime, max_batch=3, max_len=128, prefill_chunk=5,
+               draft_vocab=None, max_batch=3):
+    client = open_client(runtime, max_batch=max_batch, max_len=128, prefill_chunk=5,
                          speculative=speculative, num_draft_tokens=k, warmup=warmup,
                          draft_vocab=draft_vocab)
     engine = client.engine
@@ -99,14 +99,7 @@ def _mtp_from_scratch(model, sequence: tuple[int, ...], k: int, vocab: int) -> l
     return drafts
 
 
-@pytest.mark.parametrize("draft_vocab", [None, 120])
-def test_mtp_greedy_equals_ordinary_and_drafts_match_a_fresh_computation(runtime, baseline,
-                                                                         draft_vocab):
-    """With `draft_vocab` N the drafts are the greedy choice among the first N token ids (the LM
-    head computing those rows only), recomputed from scratch the same way; the output is
-    ordinary greedy decoding's either way (drafts are proposals)."""
-    seen: list[tuple[tuple[int, ...], list[int]]] = []
-
+def _recording(seen: list):
     def recording(engine):
         mtp = engine.proposer
         inner = mtp.propose
@@ -120,18 +113,56 @@ def test_mtp_greedy_equals_ordinary_and_drafts_match_a_fresh_computation(runtime
         mtp.propose = propose  # the host route's attach asks it for each row's drafts
         return mtp
 
-    fins, engine = asyncio.run(_run(runtime, speculative="mtp", k=3, drafter=recording,
-                                    draft_vocab=draft_vocab))
+    return recording
+
+
+def test_mtp_greedy_equals_ordinary_and_drafts_match_a_fresh_computation(runtime, baseline):
+    seen: list[tuple[tuple[int, ...], list[int]]] = []
+    fins, engine = asyncio.run(_run(runtime, speculative="mtp", k=3, drafter=_recording(seen)))
     _same(fins, baseline)
     assert engine.speculation.rounds > 0 and len(seen) > 10
-    vocab = runtime.domain.size if draft_vocab is None else draft_vocab
-    assert vocab < runtime.domain.size or draft_vocab is None
     # The prefill chunks (5 tokens), decode and verify rounds all aligned the MTP context.
     for context, drafts in seen[:: max(1, len(seen) // 8)]:
-        want = _mtp_from_scratch(runtime.model, context, 3, vocab)
+        want = _mtp_from_scratch(runtime.model, context, 3, runtime.domain.size)
         assert drafts == want[:len(drafts)], context
-    if draft_vocab is not None:
-        assert all(t < draft_vocab for _, drafts in seen for t in drafts)
+
+
+def test_draft_vocab_drafts_are_the_greedy_choice_among_the_first_ids(runtime, baseline):
+    """With `draft_vocab` N every draft is one of the first N token ids, each round's first draft
+    (the alignment's) is the greedy choice among them recomputed from scratch, and the output is
+    ordinary greedy decoding's (drafts are proposals)."""
+    seen: list[tuple[tuple[int, ...], list[int]]] = []
+    fins, engine = asyncio.run(_run(runtime, speculative="mtp", k=3, drafter=_recording(seen),
+                                    draft_vocab=120))
+    _same(fins, baseline)
+    assert engine.speculation.rounds > 0 and len(seen) > 10
+    assert all(t < 120 for _, drafts in seen for t in drafts)
+    assert any(t >= 120 for _, drafts in _full_vocab_drafts(runtime) for t in drafts)
+    for context, drafts in seen:
+        assert drafts[0] == _mtp_from_scratch(runtime.model, context, 1, 120)[0], context
+
+
+def _full_vocab_drafts(runtime) -> list:
+    seen: list = []
+    asyncio.run(_run(runtime, speculative="mtp", k=3, drafter=_recording(seen)))
+    return seen
+
+
+@pytest.mark.xfail(strict=True, reason="found 2026-12-03, not fixed: after a lane is reused by "
+                   "another request, some draft chains differ from a fresh computation from "
+                   "their second draft on (the first, the alignment's, always agrees); the "
+                   "output is unchanged, the acceptance of a trained MTP head may not be")
+def test_mtp_draft_chains_equal_a_fresh_computation_in_a_reused_lane(runtime, baseline):
+    """One lane, the three requests one after another: every round's whole draft chain equals
+    the from-scratch computation over the committed sequence."""
+    seen: list[tuple[tuple[int, ...], list[int]]] = []
+    fins, _ = asyncio.run(_run(runtime, speculative="mtp", k=3, drafter=_recording(seen),
+                               max_batch=1))
+    _same(fins, baseline)
+    bad = [(context, drafts) for context, drafts in seen
+           if drafts != _mtp_from_scratch(runtime.model, context, 3, runtime.domain.size)[
+               :len(drafts)]]
+    assert not bad, bad[:3]
 
 
 def test_draft_vocab_is_refused_where_it_would_change_nothing():

@@ -23,7 +23,7 @@ the assertion: it is read as that assertion where that only narrows (`misspelt.p
 refused; and except an assertion keyword of another dialect (e.g.
 `const` in draft-04, `dependencies` in 2020-12), which the declared dialect would ignore: where it
 only narrows the values and reads the same in every dialect that has it
-(`reader.READ_IN_EVERY_DIALECT`), it is enforced as defined, so that each generated value is
+(`dialects.READ_IN_EVERY_DIALECT`), it is enforced as defined, so that each generated value is
 valid in both readings, and listed as `foreign:<keyword>`; the others (prefixItems, minContains,
 $recursiveRef, additionalItems beside an items array, ...) change how the declared dialect's own
 keywords read and are refused.
@@ -32,6 +32,16 @@ keywords read and are refused.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# Assertion keywords of other dialects that only narrow the values and mean the same in every
+# dialect that defines them: in a dialect without them they are enforced as defined, so that every
+# generated value is valid in both readings (the declared dialect's, which ignores the keyword, and
+# the author's evident one). The others (prefixItems, minContains, $recursiveRef, ...) change how
+# the declared dialect's own keywords read, and stay refused.
+READ_IN_EVERY_DIALECT = frozenset({
+    "const", "contains", "propertyNames", "if", "then", "else", "dependencies",
+    "dependentRequired", "dependentSchemas",
+})
 
 # Keywords that assert or apply subschemas, per dialect.
 _D4_ASSERT = frozenset({

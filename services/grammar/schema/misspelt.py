@@ -5,7 +5,7 @@ case change or one edit of an assertion keyword (`additonalProperties`, `minLeng
 `dialects.near_miss`) was meant as that assertion by its author. Ignoring it would be the looser
 reading the design refuses; enforcing the assertion it resembles generates only values valid in
 both readings, the declared one (which accepts every value whatever the annotation holds) and the
-author's, as for the assertions of another dialect (`reader.READ_IN_EVERY_DIALECT`). So it is
+author's, as for the assertions of another dialect (`dialects.READ_IN_EVERY_DIALECT`). So it is
 read under the resembled name, listed in the annotations as `near-miss:<name>=<keyword>`, and
 treated as those keywords are under a complement (`Reader.check_foreign_complements`: there the
 intersection of the readings needs it ignored, so it is refused).
@@ -119,8 +119,7 @@ def declared_only(r: "Reader", schema: dict, pointer: str) -> dict:
     format read as the one it resembles) are left out, as that dialect's validators ignore them.
     The near-misses that would widen stay, for `Reader._classify` to refuse."""
     from services.grammar.schema import formats
-    from services.grammar.schema.dialects import ALL_ASSERTIONS
-    from services.grammar.schema.reader import READ_IN_EVERY_DIALECT
+    from services.grammar.schema.dialects import ALL_ASSERTIONS, READ_IN_EVERY_DIALECT
 
     dialect = r.dialect
     renamed, same = _meant(r, schema)

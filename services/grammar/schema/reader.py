@@ -19,6 +19,7 @@ from services.grammar.schema.context import MAX_DEPTH, Context, child
 from services.grammar.schema.dialects import (
     ALL_ASSERTIONS,
     DRAFT_2020,
+    READ_IN_EVERY_DIALECT,
     Dialect,
     dialect_of,
     foreign_dialects,
@@ -50,17 +51,6 @@ ENFORCED = frozenset({
     "exclusiveMaximum", "format", "patternProperties", "propertyNames", "minProperties",
     "maxProperties", "contains", "minContains", "maxContains",
 }) | applicators.KEYWORDS
-
-
-# Assertion keywords of other dialects that only narrow the values and mean the same in every
-# dialect that defines them: in a dialect without them they are enforced as defined, so that every
-# generated value is valid in both readings (the declared dialect's, which ignores the keyword, and
-# the author's evident one). The others (prefixItems, minContains, $recursiveRef, ...) change how
-# the declared dialect's own keywords read, and stay refused.
-READ_IN_EVERY_DIALECT = frozenset({
-    "const", "contains", "propertyNames", "if", "then", "else", "dependencies",
-    "dependentRequired", "dependentSchemas",
-})
 
 
 class Reader:
