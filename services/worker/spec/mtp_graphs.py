@@ -41,14 +41,15 @@ def draft_chain(model, state, hidden: torch.Tensor, next_tokens: torch.Tensor,
                                     vocab=head_rows)  # [n, 1, V]
     pos = positions.gather(1, last)  # [n, 1] the last kept position: the anchor follows it
     drafts = []
-    for step, kv_len in enumerate(kv_lens):
+    for step in range(len(kv_lens)):
         token = logits[:, 0, :vocab_size].argmax(dim=-1)  # [n]
         drafts.append(token)
         if step + 1 == len(kv_lens):
             break
         pos = pos + 1
-        logits, out = model.mtp_forward(out, token[:, None], pos, state, lanes, kv_len=kv_len,
-                                        vocab=head_rows)
+        # the next step's own bound: its query at `pos` sees its own key there
+        logits, out = model.mtp_forward(out, token[:, None], pos, state, lanes,
+                                        kv_len=kv_lens[step + 1], vocab=head_rows)
     return torch.stack(drafts, dim=1)  # [n, k]
 
 
