@@ -142,3 +142,23 @@ async def test_pipeline_and_masked_sample_graph_publish_what_the_serial_engine_d
     assert used > 0
     assert piped == serial
     assert eager == serial
+
+
+@pytest.mark.asyncio
+async def test_reinstalling_a_proposer_keeps_the_captured_graphs():
+    """A proposer installed again over the same Program (a bench's known-acceptance wrapper over
+    the served one) reads what the first read, so the decode and verify graphs the warm-up
+    captured stay: none is captured again on the request path."""
+    rt = tiny_runtime(device="cuda")
+    client = open_client(rt, max_batch=2, max_len=64, prefill_chunk=8, speculative="ngram",
+                         num_draft_tokens=2, warmup=True)
+    try:
+        program = client.engine.program
+        decode, verify = program.forward.graphs, program.forward.verify_graphs
+        captured = (decode.captured, verify.captured)
+        assert captured[0] and captured[1]  # the warm-up captured both
+        program.use(client.engine.proposer)
+        assert program.forward.graphs is decode and program.forward.verify_graphs is verify
+        assert (decode.captured, verify.captured) == captured
+    finally:
+        await client.aclose()

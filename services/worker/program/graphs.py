@@ -243,6 +243,11 @@ class DecodeGraphs:
         self._graphs: dict[int, DecodeGraph | VerifyGraph] = {}
 
     @property
+    def keep_hidden(self) -> bool:
+        """Whether each graph also keeps the final hidden states (for a proposer reading them)."""
+        return self._keep_hidden
+
+    @property
     def captured(self) -> tuple[int, ...]:
         """The padded sizes captured so far."""
         return tuple(sorted(self._graphs))

@@ -158,6 +158,10 @@ class Program:
         # keeping the final hidden states for a proposer that reads them; captured on first use.
         if not self._use_graphs:
             return
+        held = self.forward.graphs
+        if held is not None and held.keep_hidden == keep_hidden and \
+                (self.max_drafts == 0 or self.forward.verify_graphs is not None):
+            return  # a proposer reading the same: the graphs captured so far (the warm-up's) hold
         sampler, masks = self.sampler, self.masks
         self.forward.graphs = DecodeGraphs(
             self.model, self.state, self.max_batch, scratch_lane=self.max_batch,
