@@ -217,7 +217,8 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
             start = time.perf_counter()
             finished = await asyncio.gather(*(_finished(client, r) for r in requests))
             wall = time.perf_counter() - start
-        captured = _graphs_captured(engine) - captured
+        after = _graphs_captured(engine)
+        captured = {name: after[name] - captured[name] for name in after}
         spec = {name: value - before[name] for name, value in vars(engine.speculation).items()}
         spec["draft_seconds"] += engine.program.draft_wait_seconds - before["model"]
     finally:
@@ -251,17 +252,19 @@ async def _round(runtime, opts: SpecBenchOptions, prompts, schema, *, backend: s
     return out
 
 
-def _graphs_captured(engine) -> int:
-    """CUDA graphs the engine's Program and its MTP proposer (under any wrappers) hold: a timed
-    run that adds some captured them on the request path."""
+def _graphs_captured(engine) -> dict[str, int]:
+    """CUDA graphs the engine's Program and its MTP proposer (under any wrappers) hold, per set:
+    a timed run that adds some captured them on the request path."""
     program = engine.program
     forward = program.forward
-    sets = (forward.graphs, forward.verify_graphs, forward.prefill_graphs, program.rounds.graphs)
-    count = sum(len(g.captured) for g in sets if g is not None)
+    sets = {"decode": forward.graphs, "verify": forward.verify_graphs,
+            "prefill": forward.prefill_graphs, "dflash": program.rounds.graphs}
+    out = {name: len(g.captured) if g is not None else 0 for name, g in sets.items()}
     proposer = engine.proposer
     while proposer is not None and not hasattr(proposer, "graph_captures"):
         proposer = getattr(proposer, "inner", None)
-    return count + (proposer.graph_captures if proposer is not None else 0)
+    out["mtp"] = proposer.graph_captures if proposer is not None else 0
+    return out
 
 
 async def _bench(runtime, opts: SpecBenchOptions, log) -> list[dict]:
