@@ -20,6 +20,21 @@ MODE_KEYS = {"requests", "output_tokens", "wall_s", "ttft_p50_ms", "tpot_p50_ms"
              "throughput_tok_s", "tokens_per_request", "texts"}
 
 
+def _tiny_bench(**options) -> tuple:
+    """`bench_decode` on a tiny random float64 Qwen3-shaped runtime with `options`, on one
+    thread (tiny matrices: more threads only wait on each other); (runtime, report)."""
+    domain = byte_domain()
+    runtime = random_qwen3_runtime(domain, ByteTokenizer(domain), name="tiny-qwen3", shape=TINY,
+                                   max_position_embeddings=256, seed=5, dtype=torch.float64,
+                                   device="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return runtime, bench_decode(runtime, DecodeBenchOptions(**options))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_bench_decode_reports_both_engines_and_modes(tmp_path, capsys):
     """Issue 3 §5: per batch size, unconstrained and JSON-Schema-constrained TTFT p50, TPOT p50,
     throughput and the constraint report's mask CPU seconds, plus the constrained/unconstrained
@@ -27,18 +42,8 @@ def test_bench_decode_reports_both_engines_and_modes(tmp_path, capsys):
     against independent bases: the reference's logits match ours (float64), greedy outputs agree
     token for token, constrained texts are prefixes the schema's language allows (a complete
     one validates with `jsonschema`), and throughput is tokens over wall time."""
-    domain = byte_domain()
-    runtime = random_qwen3_runtime(domain, ByteTokenizer(domain), name="tiny-qwen3", shape=TINY,
-                                   max_position_embeddings=256, seed=5, dtype=torch.float64,
-                                   device="cpu")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: more threads only wait on each other
-    try:
-        report = bench_decode(runtime, DecodeBenchOptions(
-            batch_sizes=(1, 2), max_tokens=5, prompt_tokens=8, reference_batch_sizes=(1, 2),
-            warmup_tokens=2))
-    finally:
-        torch.set_num_threads(threads)
+    _, report = _tiny_bench(batch_sizes=(1, 2), max_tokens=5, prompt_tokens=8,
+                            reference_batch_sizes=(1, 2), warmup_tokens=2)
     out = tmp_path / "decode.json"
     write_report(report, str(out))
     capsys.readouterr()
@@ -90,18 +95,9 @@ def test_bench_decode_compares_the_unfused_path():
     """Before and after from one run. `compare_unfused` runs the engine first on the op-by-op
     model path, `compare_float32` on the fused path with the CPU GEMV off, then the fused path:
     all produce the same greedy texts, and the report carries the per-mode speedups."""
-    domain = byte_domain()
-    runtime = random_qwen3_runtime(domain, ByteTokenizer(domain), name="tiny-qwen3", shape=TINY,
-                                   max_position_embeddings=256, seed=5, dtype=torch.float64,
-                                   device="cpu")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        report = bench_decode(runtime, DecodeBenchOptions(
-            batch_sizes=(2,), max_tokens=4, prompt_tokens=8, reference=False, warmup_tokens=2,
-            compare_unfused=True, compare_serial=True, compare_float32=True, breakdown=True))
-    finally:
-        torch.set_num_threads(threads)
+    runtime, report = _tiny_bench(
+        batch_sizes=(2,), max_tokens=4, prompt_tokens=8, reference=False, warmup_tokens=2,
+        compare_unfused=True, compare_serial=True, compare_float32=True, breakdown=True)
     assert runtime.model.fused  # left on the serving path
     (row,) = report["results"]
     for mode in ("unconstrained", "constrained"):
@@ -130,18 +126,8 @@ def test_bench_decode_staggered_rounds_arrive_apart_and_decode_the_same_texts():
     batch, so their texts equal the simultaneous round's, each arrives at least its offset after
     the first (its end is later than the simultaneous round's by about that), and the report
     sets their p50 TPOT against the simultaneous round's steady step."""
-    domain = byte_domain()
-    runtime = random_qwen3_runtime(domain, ByteTokenizer(domain), name="tiny-qwen3", shape=TINY,
-                                   max_position_embeddings=256, seed=5, dtype=torch.float64,
-                                   device="cpu")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        report = bench_decode(runtime, DecodeBenchOptions(
-            batch_sizes=(3,), max_tokens=6, prompt_tokens=8, reference=False, warmup_tokens=2,
-            stagger_ms=40.0))
-    finally:
-        torch.set_num_threads(threads)
+    _, report = _tiny_bench(batch_sizes=(3,), max_tokens=6, prompt_tokens=8, reference=False,
+                            warmup_tokens=2, stagger_ms=40.0)
     (row,) = report["results"]
     engine = row["engine"]
     for mode in ("unconstrained", "constrained"):
