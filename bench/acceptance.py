@@ -33,7 +33,7 @@ import torch
 
 from bench.oracle import OracleProposer
 from services.worker.program.batch import PendingBatch, RowOutcome, StepBatch
-from services.worker.spec.proposer import Proposal, draft_limit
+from services.worker.spec.proposer import ForwardsHostMembers, Proposal, draft_limit
 
 
 class Replay:
@@ -82,7 +82,7 @@ class RoundStats:
     seconds: float = 0.0
 
 
-class KnownAcceptance:
+class KnownAcceptance(ForwardsHostMembers):
     """A proposer (services/worker/spec/proposer.py) over `inner`, the real backend whose passes
     run for cost, that drafts `replay`'s recorded continuation with each draft kept with
     probability `p` and otherwise corrupted (see the module docstring). `inner` None: no draft
@@ -174,25 +174,10 @@ class KnownAcceptance:
         self.inner.eager_drafts(rows, anchors, starts, lanes)
         return self._table[lanes], None, None
 
-    # The host-route members an inner proposer has of its own passes (spec/proposer.py): its
-    # graphs and warm-up run for cost as its drafting does.
-    def use_graphs(self, max_batch: int, scratch_lane: int) -> None:
-        if self._host_inner is not None:
-            self._host_inner.use_graphs(max_batch, scratch_lane)
-
-    def warm_graphs(self) -> int:
-        return 0 if self._host_inner is None else self._host_inner.warm_graphs()
-
-    def warm_prefill(self, shapes) -> int:
-        return 0 if self._host_inner is None else self._host_inner.warm_prefill(shapes)
-
-    def close(self) -> None:
-        if self._host_inner is not None:
-            self._host_inner.close()
-
     @property
-    def _host_inner(self):
-        return self.inner if self.inner is not None and self.route == "host" else None
+    def wrapped(self):
+        # the inner proposer's own passes run for cost as its drafting does (host route only)
+        return self.inner if self.route == "host" else None
 
     def after_step(self, pending: PendingBatch, hidden: torch.Tensor | None) -> float:
         for row, res in zip(pending.batch.rows, pending.results):

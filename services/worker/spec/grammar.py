@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from services.worker.spec.proposer import HostProposer
+from services.worker.spec.proposer import ForwardsHostMembers, HostProposer
 from shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -137,7 +137,7 @@ def compose(probe, encode: Encode, k: int,
     return drafts
 
 
-class GrammarProposer(HostProposer):
+class GrammarProposer(ForwardsHostMembers, HostProposer):
     """The host-route proposer of grammar drafts (spec/proposer.py), `k` per row and round.
     `encode`: the target's tokenizer (the Frontend's). `inner`: the row's other host proposer
     (n-gram copy, MTP) or None; its `reads` and `after_step` are the wrapper's, its drafts fill
@@ -165,16 +165,3 @@ class GrammarProposer(HostProposer):
     def after_step(self, pending, hidden) -> float:
         return 0.0 if self.inner is None else self.inner.after_step(pending, hidden)
 
-    def use_graphs(self, max_batch: int, scratch_lane: int) -> None:
-        if self.inner is not None:
-            self.inner.use_graphs(max_batch, scratch_lane)
-
-    def warm_graphs(self) -> int:
-        return 0 if self.inner is None else self.inner.warm_graphs()
-
-    def warm_prefill(self, shapes) -> int:
-        return 0 if self.inner is None else self.inner.warm_prefill(shapes)
-
-    def close(self) -> None:
-        if self.inner is not None:
-            self.inner.close()

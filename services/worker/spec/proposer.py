@@ -47,8 +47,8 @@ and a device-route proposer also
 A host proposer is a `HostProposer`: it writes `propose(request, n) -> list[int] | Proposal`
 (at most n drafts continuing the request's committed tokens) and inherits `attach`. A proposer
 that composes with another inside one round (a grammar's forced text, then the other's drafts)
-wraps it: it forwards `route`, `reads` and `after_step` to the inner proposer and joins the
-drafts per row in `propose`.
+wraps it: it forwards `route`, `reads` and `after_step` to the inner proposer (and its optional
+host members: `ForwardsHostMembers`) and joins the drafts per row in `propose`.
 """
 
 from __future__ import annotations
@@ -145,6 +145,31 @@ class HostProposer:
 
     def close(self) -> None:
         """Destroy what `use_graphs` captured (the Program closes)."""
+
+
+class ForwardsHostMembers:
+    """A wrapping proposer's optional host-route members (`use_graphs`, `warm_graphs`,
+    `warm_prefill`, `close`), forwarded to the proposer it wraps: the inner one's own passes are
+    captured, warmed and closed as its drafting runs. `wrapped`: that proposer, or None (its
+    `inner` by default)."""
+
+    @property
+    def wrapped(self):
+        return self.inner
+
+    def use_graphs(self, max_batch: int, scratch_lane: int) -> None:
+        if self.wrapped is not None:
+            self.wrapped.use_graphs(max_batch, scratch_lane)
+
+    def warm_graphs(self) -> int:
+        return 0 if self.wrapped is None else self.wrapped.warm_graphs()
+
+    def warm_prefill(self, shapes) -> int:
+        return 0 if self.wrapped is None else self.wrapped.warm_prefill(shapes)
+
+    def close(self) -> None:
+        if self.wrapped is not None:
+            self.wrapped.close()
 
 
 class ContextProposer(HostProposer):
