@@ -23,6 +23,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from services.grammar.schema.refs import at_pointer
+
 if TYPE_CHECKING:
     from services.grammar.schema.reader import Reader
 
@@ -96,15 +98,3 @@ def _refs(schema: Any) -> list:
     return out
 
 
-def at_pointer(root: Any, pointer: str) -> Any:
-    """The raw schema at a JSON pointer of the document (None where it names nothing)."""
-    node = root
-    for part in pointer.split("/")[1:]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node

@@ -132,15 +132,25 @@ class Document:
         return pointer
 
     def lookup(self, pointer: str, ref_at: str) -> Any:
-        node = self.root
-        if not pointer:
-            return node
-        for raw in pointer[1:].split("/"):
-            token = raw.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and token in node:
-                node = node[token]
-            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-                node = node[int(token)]
-            else:
-                raise self.ctx.invalid(ref_at, f"$ref target '#{pointer}' does not exist")
+        node = at_pointer(self.root, pointer, _MISSING)
+        if node is _MISSING:
+            raise self.ctx.invalid(ref_at, f"$ref target '#{pointer}' does not exist")
         return node
+
+
+_MISSING = object()
+
+
+def at_pointer(root: Any, pointer: str, missing: Any = None) -> Any:
+    """The raw value at a JSON pointer of the document ("" the root), or `missing` where it
+    names nothing."""
+    node = root
+    for raw in pointer.split("/")[1:] if pointer else ():
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return missing
+    return node
