@@ -13,7 +13,7 @@ import pytest
 from services.grammar.engines.matching import accepts
 from services.grammar.schema import check_schema, layout_values
 from shared.errors import UnsupportedSchema
-from tests.grammar.test_grammar_schema_reach import _walks
+from tests.grammar.test_grammar_schema_reach import _walks, assert_accepted_as_all_check
 from tests.grammar.test_grammar_schema_soundness import compiled
 
 D4 = "http://json-schema.org/draft-04/schema#"
@@ -45,12 +45,7 @@ def _checker(schema):
 def assert_both(schema, author, values=VALUES):
     """Accepted (in the generation layout) exactly when the declared validator accepts the
     schema as written and as the author meant it; random walks hold in both."""
-    checks = [_checker(schema), _checker(author)]
-    grammar = compiled(schema)
-    values = list(values) + _walks(schema)
-    for value, text in zip(values, layout_values(schema, values)):
-        both = all(c.is_valid(value) for c in checks)
-        assert accepts(grammar, text) == both, (schema, value)
+    assert_accepted_as_all_check(schema, [_checker(schema), _checker(author)], values)
 
 
 @pytest.mark.parametrize("schema,renames", [

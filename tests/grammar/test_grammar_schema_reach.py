@@ -50,7 +50,12 @@ def assert_both_readings(schema, defining, values=VALUES):
     """Accepted exactly when the declared dialect's validator and the defining dialect's both
     accept (a value checked in the generation layout); random walks hold in both."""
     declared = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    checks = _validators(schema, declared, defining)
+    assert_accepted_as_all_check(schema, _validators(schema, declared, defining), values)
+
+
+def assert_accepted_as_all_check(schema, checks, values) -> None:
+    """`schema`'s grammar accepts each of `values` and of its own random walks (each checked in
+    the generation layout) exactly when every validator of `checks` accepts it."""
     grammar = compiled(schema)
     values = list(values) + _walks(schema)
     for value, text in zip(values, layout_values(schema, values)):
