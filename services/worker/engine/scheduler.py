@@ -113,9 +113,8 @@ class Scheduler:
 
     def prefill_next(self) -> bool:
         """Whether `schedule` would now return a prefill step."""
-        prefilling = any(j.in_prefill for j in self.resident)
-        return prefilling and (not self._last_was_prefill
-                               or all(j.in_prefill for j in self.resident))
+        return _prefill_turn(any(j.in_prefill for j in self.resident),
+                             any(not j.in_prefill for j in self.resident), self._last_was_prefill)
 
     def schedule(self) -> StepBatch | None:
         """The next step's rows, or None when nothing is resident."""
@@ -126,7 +125,7 @@ class Scheduler:
         prefill = sorted((j for j in self.resident if j.in_prefill),
                          key=lambda j: j.prefill_end - j.num_cached)
         decode = [j for j in self.resident if not j.in_prefill]
-        if prefill and (not decode or not self._last_was_prefill):
+        if _prefill_turn(bool(prefill), bool(decode), self._last_was_prefill):
             self._last_was_prefill = True
             rows, budget = [], self.prefill_chunk
             for j in prefill:
@@ -143,6 +142,11 @@ class Scheduler:
             return StepBatch(tuple(BatchRow(j, (j.output_ids[-1],), j.num_cached, True)
                                    for j in decode))
         return None
+
+
+def _prefill_turn(prefill: bool, decode: bool, last_was_prefill: bool) -> bool:
+    # Prefill and decode steps alternate when both kinds of rows are resident.
+    return prefill and (not decode or not last_was_prefill)
 
 
 def _announce(job: Request) -> None:
