@@ -262,7 +262,7 @@ def _graphs_captured(engine) -> dict[str, int]:
     out = {name: len(g.captured) if g is not None else 0 for name, g in sets.items()}
     proposer = engine.proposer
     while proposer is not None and not hasattr(proposer, "graph_captures"):
-        proposer = getattr(proposer, "inner", None)
+        proposer = getattr(proposer, "wrapped", None)
     out["mtp"] = proposer.graph_captures if proposer is not None else 0
     return out
 
