@@ -117,7 +117,11 @@ def check_attention(backend, paged, q, positions, dtype, num_splits=None):
     vmax = max(np.abs(v).max() for v in paged.values)
     err = np.abs(got.cpu().double().numpy() - want)
     assert np.isfinite(got.cpu().double().numpy()).all()
-    assert err.max() <= 4 * UNIT[dtype] * vmax, f"max error {err.max():.3g}"
+    # The process's matmul state rides in the message: one CI run saw the float32 reference 14x
+    # over this bound, order-dependent (it passes alone), with no setting of ours that changes it.
+    assert err.max() <= 4 * UNIT[dtype] * vmax, (
+        f"max error {err.max():.3g}; matmul precision {torch.get_float32_matmul_precision()}, "
+        f"threads {torch.get_num_threads()}, default dtype {torch.get_default_dtype()}")
     return got
 
 
