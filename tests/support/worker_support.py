@@ -4,6 +4,7 @@ hooks that inject failures (NaN logits, cancellation mid-forward, slow steps).""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -81,6 +82,16 @@ def hooked(runtime: ModelRuntime) -> tuple[ModelRuntime, HookedModel]:
 
 def open_client(runtime: ModelRuntime, **config):
     return open_in_process(runtime, EngineConfig(**config))
+
+
+async def until_warm(client, timeout_s: float = 300.0):
+    """The engine's warm-up report once health says ok: the warm-up runs on the worker thread
+    after the client opens, so what it captured is there only then (None if it never ran)."""
+    for _ in range(int(timeout_s / 0.5)):
+        if (await client.health())["status"] == "ok":
+            break
+        await asyncio.sleep(0.5)
+    return client.engine.warmup
 
 
 def greedy(max_tokens: int, **options) -> RequestOptions:

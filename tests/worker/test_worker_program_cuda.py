@@ -18,6 +18,7 @@ from tests.support.worker_support import (
     text_of,
     text_request,
     tiny_runtime,
+    until_warm,
 )
 
 pytestmark = pytest.mark.gpu
@@ -153,12 +154,7 @@ async def test_reinstalling_a_proposer_keeps_the_captured_graphs():
     client = open_client(rt, max_batch=2, max_len=64, prefill_chunk=8, speculative="ngram",
                          num_draft_tokens=2, warmup=True)
     try:
-        # The warm-up runs on the worker thread after the client opens: health says ok after it.
-        for _ in range(600):
-            if (await client.health())["status"] == "ok":
-                break
-            await asyncio.sleep(0.5)
-        assert client.engine.warmup is not None
+        assert await until_warm(client) is not None
         program = client.engine.program
         decode, verify = program.forward.graphs, program.forward.verify_graphs
         captured = (decode.captured, verify.captured)

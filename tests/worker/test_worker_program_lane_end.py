@@ -23,7 +23,14 @@ from services.worker.program.prefill_graphs import GRAPH_WIDTHS, graph_width, la
 from services.worker.runtime import ModelRuntime
 from shared.frontends.frontend import Frontend
 from tests.support.common import byte_domain
-from tests.support.worker_support import collect, greedy, hooked, open_client, text_request
+from tests.support.worker_support import (
+    collect,
+    greedy,
+    hooked,
+    open_client,
+    text_request,
+    until_warm,
+)
 from tests.worker.test_worker_program_prefill_graphs import QWEN35_SHAPE, _EagerGraphs
 
 # ---------------------------------------------------------------- the plan
@@ -282,11 +289,7 @@ async def test_no_kernel_compiles_at_the_lane_end(kind):
     client = open_client(runtime, max_batch=1, max_len=MAX_LEN, prefill_chunk=CHUNK,
                          warmup=True)
     try:
-        for _ in range(600):
-            if (await client.health())["status"] == "ok":
-                break
-            await asyncio.sleep(0.5)
-        assert client.engine.warmup is not None
+        assert await until_warm(client) is not None
         with compile_log(True) as (seen, tag):
             for r in _prompts(runtime):
                 tag(r.request_id)
@@ -325,10 +328,7 @@ async def _verify_to_the_lane_end(runtime, *, warmup: bool, bucketed: bool = Fal
     client.engine.program.forward.bucketed |= bucketed
     with_proposer(client, oracle, 4)
     try:
-        for _ in range(600):
-            if (await client.health())["status"] == "ok":
-                break
-            await asyncio.sleep(0.5)
+        await until_warm(client)
         with compile_log(client.engine.program.cuda) as (seen, tag):
             tag("spec")
             _, fin = await collect(client, text_request("spec", text, greedy(n), runtime.name))

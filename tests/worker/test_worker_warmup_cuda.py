@@ -19,7 +19,7 @@ from bench.random_weights import random_runtime
 from shared.contract import OutputConstraint
 from shared.generation import RequestOptions, SamplingParams
 from tests.support.common import byte_domain
-from tests.support.worker_support import collect, greedy, open_client, text_request
+from tests.support.worker_support import collect, greedy, open_client, text_request, until_warm
 
 pytestmark = pytest.mark.gpu
 
@@ -35,11 +35,7 @@ async def test_no_kernel_compiles_after_the_warm_up():
     client = open_client(rt, max_batch=4, max_len=512, prefill_chunk=256, warmup=True)
     misses: list[str] = []
     try:
-        for _ in range(600):
-            if (await client.health())["status"] == "ok":
-                break
-            await asyncio.sleep(0.5)
-        report = client.engine.warmup
+        report = await until_warm(client)
         assert report is not None and report.prefill > 0 and report.decode_graphs > 0
         # what the prefill graphs' pools hold, measured from an empty allocator cache (from a full
         # one, emptied by the first capture, it read negative)
